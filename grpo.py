@@ -1,0 +1,374 @@
+"""GRPO maths for SCOPE: group advantages, token log-probs, the mixed on/off-policy loss, one update step.
+
+SCOPE (Ren et al., "Recycling Failures: Salvaging Exploration in RLVR via Fine-Grained Off-Policy
+Guidance", arXiv 2602.24110) repairs a failed rollout by keeping the policy's own correct prefix and
+letting a refiner rewrite the rest. In the update the kept prefix is *on-policy* text (sampled by the
+policy) and the refiner's suffix is *off-policy* text. This file credits each token accordingly. Pure
+tensor code: no text, no PRM, no vLLM; the only model calls are the forward passes for log-probs.
+
+Run the tests: `python -m pytest tests/test_grpo.py -q`. scope.py calls, once per training step,
+`group_advantages` → `build_batch` → `token_logprobs` (old log-probs, no gradient) → `update`.
+
+Conventions. Every per-token tensor is (N, L) over the whole right-padded prompt + response sequence.
+`logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t])`; position 0 (nothing predicts it) and every
+position outside the response are 0. `response_mask` is 1 on response tokens, `offpolicy_mask` is 1 on
+the refiner's tokens (a subset of the response).
+
+Equations (token t of sequence i, A_i its advantage, π = exp(logp), ε = clip_eps, γ = shaping_gamma):
+
+    group advantage        A_i = r_i − mean_{j in group(i)} r_j             (÷ (std + 1e-6) with scale_std)
+    on-policy tokens       ρ = exp(logp − old_logp)
+                           ℓ_it = −min(ρ A_i, clip(ρ, 1 − ε, 1 + ε) A_i)       PPO clipped surrogate
+    off-policy tokens      ℓ_it = −f(π) A_i,   f(π) = π / (π + γ)              LUFFY policy shaping,
+                                                                               behaviour prob = 1, no clip
+    KL (optional)          k3_it = exp(r) − r − 1,   r = ref_logp − logp      k3 estimator (Schulman)
+    entropy (optional)     H_it = −Σ_v π_v log π_v  of the distribution that produced token t
+    loss                   L = (1/Z) Σ_i Σ_{t in response_i} [ ℓ_it + kl_coef·k3_it − entropy_coef·H_it ]
+                           Z = N × max_new_tokens              ("constant", Dr. GRPO)
+                           Z = number of response tokens        ("token-mean")
+
+Gradients worth knowing (the tests check them in closed form): an off-policy token gives
+dL/dlogp = −A·γπ/(π+γ)² / Z, largest at π = γ, so low-probability refiner tokens are not ignored the
+way a plain π-weighted term would ignore them; an on-policy token inside the clip range gives −A·ρ / Z,
+and a clipped one gives 0.
+
+References:
+  SCOPE  arXiv 2602.24110 (only its abstract, captions and tables are public);
+  LUFFY  "Learning to Reason under Off-Policy Guidance", Yan et al., arXiv 2504.14945, and its code
+         (ElliottYan/LUFFY, luffy/verl/verl/mix_src/mix_core_alg.py: policy shaping `p_div_p_0.1`);
+  Dr. GRPO  "Understanding R1-Zero-Like Training: A Critical Perspective", Liu et al., arXiv 2503.20783;
+  PPO    Schulman et al., arXiv 1707.06347;  k3 KL estimator: joschu.net/blog/kl-approx.html.
+
+Choices (each is a keyword argument, so a flag in scope.py):
+ 1. No std in the advantage (`scale_std=False`): Dr. GRPO shows that dividing by the group std
+    over-weights groups that are almost all right or all wrong (a difficulty bias); LUFFY's released
+    script also runs with `grpo_use_std=False`.
+ 2. Constant normaliser Z = N × max_new_tokens (`loss_agg="constant"`): Dr. GRPO's fix for the length
+    bias of per-sequence means; it is also LUFFY's `loss_remove_token_mean=True`. `"token-mean"` divides
+    by the number of response tokens instead. Either way Z is computed over the WHOLE batch, so
+    gradient accumulation over micro-batches gives exactly the full-batch gradient.
+ 3. γ = 0.1: LUFFY's setting (`off_policy_reshape="p_div_p_0.1"`).
+ 4. ε = 0.2 PPO clipping on on-policy tokens, although LUFFY's released training script drops clipping
+    (`loss_remove_clip=True`). It is the conservative default: when old_logp is recomputed by the same
+    weights just before a single optimizer step, ρ = 1 and the clip is inert, so it costs nothing there;
+    it only acts once several optimizer steps are taken on one rollout batch, which is exactly when it
+    keeps the policy's own prefix tokens from being pushed too far. One flag away:
+    `clip_eps=float("inf")` gives LUFFY's unclipped ratio. Off-policy tokens are never clipped (as in
+    LUFFY): their ratio has no old probability to be near.
+ 5. The behaviour probability of a refiner token is taken as 1 (LUFFY never queries the teacher's
+    probabilities), so `old_logp` is not used on off-policy tokens.
+ 6. KL off (`kl_coef=0`): LUFFY and Dr. GRPO train without a KL term; k3 is there for ablations.
+    Entropy bonus off by default here (`entropy_coef=0`; LUFFY uses 0.001): scope.py passes its value.
+ 7. A step whose loss or gradient norm is not finite is skipped: gradients are zeroed, the optimizer
+    does not step, parameters stay bit-identical, and `metrics["skipped"] = 1`.
+ 8. Log-probs and entropies are computed in float32 (bf16/fp16 logits are upcast), one micro-batch at a
+    time, with the trailing all-padding columns trimmed, so the (N, L, V) logits of the whole batch
+    never exist.
+"""
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+LOSS_AGGS = ("constant", "token-mean")
+
+
+# ---------------------------------------------------------------------------------------------------
+# Advantages
+# ---------------------------------------------------------------------------------------------------
+def group_advantages(rewards, group_size: int, scale_std: bool = False) -> Tensor:
+    """Advantages for rewards laid out group by group: (B*G,) → (B*G,).
+
+    A = r − (mean of its group); with `scale_std`, divided by (unbiased std of its group + 1e-6).
+    A group whose rewards are all equal gets zero advantages (never NaN), also for a group of one.
+    Ragged groups: call once per group with `group_size=len(rewards)`.
+    """
+    rewards = torch.as_tensor(rewards)
+    if not rewards.is_floating_point():
+        rewards = rewards.float()
+    if rewards.dim() != 1:
+        raise ValueError(f"group_advantages: rewards must be 1-D (B*G,), got shape {tuple(rewards.shape)}")
+    if group_size < 1 or rewards.numel() % group_size != 0:
+        raise ValueError(f"group_advantages: {rewards.numel()} rewards do not split into groups of "
+                         f"group_size={group_size}")
+    r = rewards.view(-1, group_size)  # (B, G)
+    # GRPO group-relative advantage (DeepSeekMath eq. 3 without std; Dr. GRPO)
+    adv = r - r.mean(dim=1, keepdim=True)  # (B, G)
+    if scale_std:
+        if group_size > 1:
+            std = r.std(dim=1, keepdim=True)  # (B, 1) unbiased
+        else:
+            std = torch.zeros_like(r)  # a group of one has no spread; its advantage is 0 anyway
+        adv = adv / (std + 1e-6)  # (B, G)
+    return adv.reshape(-1)  # (B*G,)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Batch layout
+# ---------------------------------------------------------------------------------------------------
+def build_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], offpolicy_mask: list[list[int]],
+                advantages: Tensor, pad_id: int) -> dict[str, Tensor]:
+    """Right-padded (N, L) tensors for `token_logprobs` / `update`.
+
+    Row i is prompt_ids[i] + response_ids[i] + padding. `response_mask` is 1 on the response tokens and
+    `offpolicy_mask` is 1 where `offpolicy_mask[i]` marks a refiner token (None: none), both aligned with
+    input_ids positions. All masks are int64 0/1. `advantages` is returned as a float32 (N,) tensor.
+    """
+    n = len(prompt_ids)
+    if n == 0:
+        raise ValueError("build_batch: no sequences")
+    if not (len(response_ids) == len(offpolicy_mask) == n):
+        raise ValueError(f"build_batch: {n} prompts, {len(response_ids)} responses, "
+                         f"{len(offpolicy_mask)} offpolicy masks; they must match")
+    advantages = torch.as_tensor(advantages, dtype=torch.float32).reshape(-1)  # (N,)
+    if advantages.numel() != n:
+        raise ValueError(f"build_batch: {advantages.numel()} advantages for {n} sequences")
+    # a missing mask (Trajectory's default None) means an all on-policy response
+    offpolicy_mask = [[0] * len(r) if m is None else m for r, m in zip(response_ids, offpolicy_mask)]
+    for i, (p, r, m) in enumerate(zip(prompt_ids, response_ids, offpolicy_mask)):
+        if len(p) == 0:
+            raise ValueError(f"build_batch: prompt_ids[{i}] is empty (the first response token needs context)")
+        if len(m) != len(r):
+            raise ValueError(f"build_batch: offpolicy_mask[{i}] has {len(m)} entries for "
+                             f"{len(r)} response tokens")
+    length = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids))
+    input_ids = torch.full((n, length), pad_id, dtype=torch.long)  # (N, L)
+    attention_mask = torch.zeros((n, length), dtype=torch.long)  # (N, L)
+    response_mask = torch.zeros((n, length), dtype=torch.long)  # (N, L)
+    off_mask = torch.zeros((n, length), dtype=torch.long)  # (N, L)
+    for i, (p, r, m) in enumerate(zip(prompt_ids, response_ids, offpolicy_mask)):
+        a, b = len(p), len(p) + len(r)
+        input_ids[i, :b] = torch.tensor(list(p) + list(r), dtype=torch.long)
+        attention_mask[i, :b] = 1
+        response_mask[i, a:b] = 1
+        if len(r):
+            off_mask[i, a:b] = torch.tensor([1 if x else 0 for x in m], dtype=torch.long)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
+            "offpolicy_mask": off_mask, "advantages": advantages}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Token log-probs and entropy
+# ---------------------------------------------------------------------------------------------------
+def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_grad: bool):
+    """One forward pass over one micro-batch: (logp, entropy), both (n, L), float32 (float64 for a float64
+    model), 0 off the response.
+
+    Columns after the last attended position are trimmed before the forward pass (a causal model's
+    output at t never depends on later positions) and padded back with zeros afterwards. The entropy
+    keeps its graph only when `entropy_grad` (an entropy bonus is on); otherwise it is computed
+    without one, so no extra (n, L, V) tensor is held for the backward pass.
+    """
+    n, length = input_ids.shape
+    if response_mask[:, 0].any():
+        raise ValueError("token_logprobs: response_mask is 1 at position 0, which no token predicts; "
+                         "every row needs at least one prompt token")
+    attended = attention_mask.any(dim=0).nonzero()
+    keep = int(attended.max()) + 1 if attended.numel() else 1
+    ids, attn = input_ids[:, :keep], attention_mask[:, :keep]  # (n, K)
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (n, K, V)
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # log_softmax over a large vocabulary needs float32
+    logprobs_all = F.log_softmax(logits[:, :-1], dim=-1)  # (n, K-1, V) predicts tokens 1..K-1
+    del logits
+    taken = logprobs_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (n, K-1)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        lp = logprobs_all if entropy_grad else logprobs_all.detach()
+        ent = -(lp.exp() * lp).sum(dim=-1)  # (n, K-1) entropy H = -Σ p log p
+    resp = response_mask[:, :keep].to(taken.dtype)  # (n, K)
+    pad = (1, length - keep)  # position 0 and the trimmed tail are 0
+    logp = F.pad(taken, pad) * F.pad(resp[:, 1:], pad)  # (n, L)
+    entropy = F.pad(ent, pad) * F.pad(resp[:, 1:], pad)  # (n, L)
+    return logp, entropy
+
+
+@torch.no_grad()
+def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor,
+                   micro_batch_size: int) -> tuple[Tensor, Tensor]:
+    """Per-token log-prob of the taken token and per-token entropy, both (N, L), 0 off the response.
+
+    logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t]); entropy[:, t] is the entropy of that same
+    distribution. Runs without gradients (old / reference log-probs); `update` computes its own with
+    gradients. Computed `micro_batch_size` rows at a time; returned on input_ids' device, float32 (float64
+    for a float64 model).
+    """
+    if input_ids.shape != attention_mask.shape or input_ids.shape != response_mask.shape:
+        raise ValueError(f"token_logprobs: input_ids {tuple(input_ids.shape)}, attention_mask "
+                         f"{tuple(attention_mask.shape)}, response_mask {tuple(response_mask.shape)} differ")
+    device = next(model.parameters()).device
+    logps, ents = [], []
+    for s in range(0, input_ids.shape[0], max(1, micro_batch_size)):
+        sl = slice(s, s + max(1, micro_batch_size))
+        logp, ent = _forward_logprobs(model, input_ids[sl].to(device), attention_mask[sl].to(device),
+                                      response_mask[sl].to(device), entropy_grad=False)
+        logps.append(logp.to(input_ids.device))
+        ents.append(ent.to(input_ids.device))
+    return torch.cat(logps), torch.cat(ents)  # (N, L), (N, L)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The loss
+# ---------------------------------------------------------------------------------------------------
+def _normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> float:
+    """Z of the loss: N × max_new_tokens (Dr. GRPO constant) or the number of response tokens."""
+    if loss_agg == "constant":
+        if max_new_tokens is None or max_new_tokens <= 0:
+            raise ValueError(f"loss_agg='constant' needs max_new_tokens > 0, got {max_new_tokens!r}")
+        return float(response_mask.shape[0] * max_new_tokens)
+    if loss_agg == "token-mean":
+        return max(float(response_mask.bool().sum()), 1.0)  # an empty batch has a zero sum anyway
+    raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+
+
+def _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip_eps, shaping_gamma,
+                 ref_logp, kl_coef, entropy, entropy_coef):
+    """Per-token loss (N, L), already masked, and the detached sums the metrics are made of."""
+    resp = response_mask.bool()  # (N, L)
+    off = offpolicy_mask.bool() & resp  # (N, L) refiner tokens
+    on = resp & ~off  # (N, L) policy tokens
+    adv = advantages.to(logp.dtype).unsqueeze(1)  # (N, 1)
+
+    # PPO clipped surrogate on on-policy tokens. The log-ratio is zeroed elsewhere so that junk or
+    # inf in old_logp at off-policy / padding positions cannot turn into 0·inf = NaN gradients.
+    log_ratio = torch.where(on, logp - old_logp.detach(), torch.zeros_like(logp))  # (N, L)
+    ratio = torch.exp(log_ratio)  # (N, L)
+    surr = ratio * adv  # (N, L)
+    surr_clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv  # (N, L)
+    on_loss = -torch.min(surr, surr_clipped)  # (N, L)
+    clipped = (-surr_clipped > -surr) & on  # (N, L) the clipped branch is active: zero gradient
+
+    # LUFFY policy shaping f(p) = p / (p + gamma) on off-policy tokens, behaviour prob = 1, no clip
+    prob = torch.exp(torch.where(off, logp, torch.zeros_like(logp)))  # (N, L)
+    shaped = prob / (prob + shaping_gamma)  # (N, L)
+    off_loss = -shaped * adv  # (N, L)
+
+    per_token = torch.where(off, off_loss, on_loss)  # (N, L)
+
+    zero = logp.new_zeros(())
+    kl_sum = ent_sum = zero
+    if ref_logp is not None:
+        # k3 KL estimator: exp(r) - r - 1, r = ref_logp - logp (>= 0, unbiased for KL(pi || ref))
+        r = torch.where(resp, ref_logp.detach() - logp, torch.zeros_like(logp))  # (N, L)
+        k3 = torch.exp(r) - r - 1.0  # (N, L)
+        per_token = per_token + kl_coef * k3
+        kl_sum = k3.detach().sum()
+    if entropy is not None:
+        # entropy bonus: subtracted, so minimising the loss raises the entropy
+        entropy = torch.where(resp, entropy, torch.zeros_like(entropy))  # (N, L)
+        per_token = per_token - entropy_coef * entropy
+        ent_sum = entropy.detach().sum()
+    per_token = torch.where(resp, per_token, torch.zeros_like(per_token))  # (N, L) response tokens only
+
+    sums = {
+        "n_resp": resp.sum(), "n_on": on.sum(), "n_off": off.sum(), "n_clipped": clipped.sum(),
+        "ratio_sum": ratio.detach()[on].sum(), "shaped_sum": shaped.detach()[off].sum(),
+        "kl_sum": kl_sum, "ent_sum": ent_sum,
+    }
+    return per_token, sums
+
+
+def _metrics(sums: dict) -> dict:
+    """Python-float metrics from summed counts: clip fraction and ratio over on-policy tokens, mean f(π)
+    over off-policy tokens, off-policy share, KL and entropy as means over response tokens (0 if none)."""
+    s = {k: float(v) for k, v in sums.items()}
+
+    def div(a, b):
+        return a / b if b > 0 else 0.0
+
+    return {
+        "clip_frac": div(s["n_clipped"], s["n_on"]),
+        "ratio_mean": div(s["ratio_sum"], s["n_on"]),
+        "shaped_mean": div(s["shaped_sum"], s["n_off"]),
+        "offpolicy_share": div(s["n_off"], s["n_resp"]),
+        "kl": div(s["kl_sum"], s["n_resp"]),
+        "entropy": div(s["ent_sum"], s["n_resp"]),
+    }
+
+
+def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, clip_eps=0.2,
+                shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, ref_logp=None, kl_coef=0.0,
+                entropy=None, entropy_coef=0.0) -> tuple[Tensor, dict]:
+    """The SCOPE token loss (see the module docstring): PPO clip on on-policy tokens, LUFFY policy
+    shaping on off-policy tokens, optional k3 KL and entropy bonus, summed and divided by Z.
+
+    logp, old_logp, response_mask, offpolicy_mask, ref_logp, entropy: (N, L); advantages: (N,).
+    Returns (scalar loss with gradient through logp and entropy, metrics of Python floats: loss,
+    clip_frac, ratio_mean, shaped_mean, offpolicy_share, kl, entropy).
+    """
+    shape = tuple(logp.shape)
+    named = {"old_logp": old_logp, "response_mask": response_mask, "offpolicy_mask": offpolicy_mask,
+             "ref_logp": ref_logp, "entropy": entropy}
+    for name, t in named.items():
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"policy_loss: {name} has shape {tuple(t.shape)}, logp has {shape}")
+    if tuple(advantages.shape) != shape[:1]:
+        raise ValueError(f"policy_loss: advantages must be ({shape[0]},), got {tuple(advantages.shape)}")
+    z = _normaliser(response_mask, loss_agg, max_new_tokens)
+    per_token, sums = _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip_eps,
+                                   shaping_gamma, ref_logp, kl_coef, entropy, entropy_coef)
+    loss = per_token.sum() / z  # Dr. GRPO constant normaliser or token mean, per loss_agg
+    metrics = {"loss": float(loss.detach()), **_metrics(sums)}
+    return loss, metrics
+
+
+# ---------------------------------------------------------------------------------------------------
+# One optimizer step
+# ---------------------------------------------------------------------------------------------------
+def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_norm=1.0, clip_eps=0.2,
+           shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
+           ref_model=None) -> dict:
+    """One optimizer step on `batch` with gradient accumulation over micro-batches.
+
+    batch: input_ids, attention_mask, response_mask, offpolicy_mask, old_logp (N, L; computed with
+    `token_logprobs` before the update), advantages (N,), optionally ref_logp (N, L). With kl_coef > 0
+    and no ref_logp, it is computed from `ref_model` per micro-batch. Each micro-batch's loss is divided
+    by the WHOLE batch's Z, so the accumulated gradient equals the single-batch gradient. Gradients are
+    clipped to `max_grad_norm` (None: no clipping). A non-finite loss or gradient norm skips the step
+    (gradients zeroed, parameters untouched). Returns Python-float metrics: loss, grad_norm, skipped,
+    clip_frac, ratio_mean, shaped_mean, offpolicy_share, kl, entropy.
+    """
+    required = ("input_ids", "attention_mask", "response_mask", "offpolicy_mask", "advantages", "old_logp")
+    missing = [k for k in required if k not in batch]
+    if missing:
+        raise ValueError(f"update: batch is missing {missing} (old_logp comes from token_logprobs "
+                         f"before the update)")
+    has_ref = batch.get("ref_logp") is not None
+    if kl_coef > 0 and not has_ref and ref_model is None:
+        raise ValueError("update: kl_coef > 0 needs batch['ref_logp'] or ref_model")
+    n = batch["input_ids"].shape[0]
+    if n == 0:
+        raise ValueError("update: the batch has no sequences")
+    z = _normaliser(batch["response_mask"], loss_agg, max_new_tokens)  # over the whole batch
+    device = next(model.parameters()).device
+    params = [p for p in model.parameters() if p.requires_grad]
+    mb = max(1, int(micro_batch_size))
+
+    optimizer.zero_grad(set_to_none=True)
+    loss_total = 0.0
+    sums = None
+    for s in range(0, n, mb):
+        part = {k: v[s:s + mb].to(device) for k, v in batch.items() if isinstance(v, Tensor)}
+        logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"],
+                                          part["response_mask"], entropy_grad=entropy_coef != 0)
+        ref_logp = part.get("ref_logp")
+        if ref_logp is None and kl_coef > 0:
+            ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"],
+                                         part["response_mask"], micro_batch_size=mb)
+        per_token, part_sums = _token_terms(logp, part["old_logp"], part["advantages"],
+                                            part["response_mask"], part["offpolicy_mask"], clip_eps,
+                                            shaping_gamma, ref_logp, kl_coef, entropy, entropy_coef)
+        loss = per_token.sum() / z  # divided by the whole batch's Z: accumulation = full-batch gradient
+        loss.backward()
+        loss_total += float(loss.detach())
+        sums = part_sums if sums is None else {k: sums[k] + part_sums[k] for k in sums}
+
+    clip_to = float("inf") if max_grad_norm is None else float(max_grad_norm)
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip_to))
+    skipped = not (math.isfinite(loss_total) and math.isfinite(grad_norm))
+    if skipped:
+        optimizer.zero_grad(set_to_none=True)  # no step: parameters and optimizer state untouched
+    else:
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+    return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped), **_metrics(sums)}
