@@ -1,0 +1,441 @@
+"""prm.py — steps, the process reward model, the first error and the choice of which failure to repair.
+
+SCOPE (Ren et al., "Recycling Failures: Salvaging Exploration in RLVR via Fine-Grained Off-Policy
+Guidance", arXiv 2602.24110) uses a process reward model (PRM) to find the *first wrong step* of a failed
+rollout, keeps the policy's own tokens before it and lets a refiner rewrite the rest (paper Fig. 1, 2, 12).
+This file holds everything between "a failed rollout" and "keep this many of its tokens":
+
+1. `split_steps(text)`           a lossless split of a response into steps (`"".join(steps) == text`);
+2. `step_token_spans(ids, steps, tokenizer)`  step k -> the half-open range of response token indices,
+                                  so `ids[:spans[k][0]]` is exactly the token prefix before step k;
+3. `ProcessRewardModel`           P(step correct) per step, Qwen2.5-Math-PRM format (steps joined by and
+                                  followed by `<extra_0>`, softmax of the 2 logits at each separator);
+4. `first_error`, `cut_point`, `keep_ratio`, `mean_score`, `select_candidate`: pure functions that turn
+                                  step scores into "where to cut" and "which failure of the group to repair".
+
+How to run: it is a library (scope.py and refine.py call it). Tests: `python -m pytest tests/test_steps.py
+tests/test_prm.py -q`. A quick look at a real PRM (GPU, weights in the HF cache):
+`python -c "import prm; print(prm.ProcessRewardModel('Qwen/Qwen2.5-Math-PRM-7B', 'cuda', 'bfloat16')
+.score('1+1?', ['1+1 = 3.', 'So the answer is \\\\boxed{3}.']))"`.
+
+Departures and choices (the paper's method section is not public; each choice is ours):
+1. Steps are paragraphs (blank-line separated, the Qwen PRM card's "\\n\\n" convention); a text with no
+   blank line falls back to lines. Pieces with fewer than `min_chars` non-space characters merge into the
+   next piece (the last one into the previous), and at most `max_steps` steps are made (the tail merges
+   into the last). The research notes suggest merging up to ~64 tokens per step for long R1-style traces;
+   we keep the card's granularity by default and expose the knobs.
+2. Each separator belongs to the step *before* it, so the prefix before step k ends with a blank line and
+   the refiner starts a fresh paragraph.
+3. A token that straddles a step boundary belongs to the *later* step: the kept prefix never contains
+   text of a step that was not verified.
+4. Steps are `.strip()`-ed before they go to the PRM (the "\\n\\n" separators are replaced by `<extra_0>`,
+   as in the card) and any literal `<extra_0>` text inside a step or the question is removed, and step
+   text is tokenised with special-token parsing off, so a policy that writes separator text cannot move
+   the positions that are read.
+5. Inputs longer than `max_length` tokens are not truncated: the steps whose separator fits are scored,
+   the rest come back as `None` ("unscored", which the caller treats as not verified).
+6. `first_error` stops at the first unscored step (later scores cannot be trusted to come after a verified
+   prefix); `cut_point` then cuts at that unscored step; with no error and everything scored the last
+   step is cut (the final answer is wrong, so the last step is presumed wrong).
+7. Candidate selection: the largest keep ratio κ = cut / #steps; ties go to the higher mean PRM score over
+   the kept prefix, then to the shorter rollout, then to the earlier index.
+"""
+import codecs
+import os
+
+import torch
+
+SEPARATOR = "<extra_0>"  # the Qwen2.5-Math-PRM step tag
+PRM_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+# ---------------------------------------------------------------------------------------------------
+# 1. Lossless step splitting
+# ---------------------------------------------------------------------------------------------------
+
+def _cut_after(text: str, seps: list[int]) -> list[str]:
+    """Pieces of `text` cut after each position in `seps` (sorted ends of separators); lossless."""
+    pieces, start = [], 0
+    for end in seps:
+        pieces.append(text[start:end])
+        start = end
+    if start < len(text):
+        pieces.append(text[start:])
+    return pieces
+
+
+def _blank_line_ends(text: str) -> list[int]:
+    """End offsets of blank-line separators: a run of >= 2 newlines with only spaces/tabs/\\r between."""
+    ends, i, n = [], 0, len(text)
+    while i < n:
+        if text[i] != "\n":
+            i += 1
+            continue
+        # text[i] is a newline; extend over (horizontal whitespace)* newline, as often as possible
+        end, newlines, j = i + 1, 1, i + 1
+        while j < n:
+            while j < n and text[j] in " \t\r\f\v":
+                j += 1
+            if j < n and text[j] == "\n":
+                newlines += 1
+                j += 1
+                end = j
+            else:
+                break
+        if newlines >= 2:
+            ends.append(end)
+        i = end
+    return ends
+
+
+def split_steps(text: str, *, min_chars: int = 8, max_steps: int = 40) -> list[str]:
+    """Split a response into reasoning steps without losing a character: `"".join(steps) == text`.
+
+    Rules, in order:
+    1. Empty text -> `[]`.
+    2. Separators are blank lines: a run of two or more newlines, possibly with spaces, tabs or `\\r`
+       between them (so `"\\r\\n\\r\\n"` counts). If the text has no blank line, every single `\\n` is a
+       separator instead. If it has no newline at all, the whole text is one step.
+    3. Each separator belongs to the step *before* it (steps end with their separator; whitespace after
+       the last newline of a separator, e.g. indentation, starts the next step).
+    4. A piece with fewer than `min_chars` non-whitespace characters (this includes whitespace-only
+       pieces, such as a leading blank line) merges into the next piece; a short last piece merges into
+       the previous step. A text whose pieces are all short is one step.
+    5. At most `max_steps` steps: steps `max_steps-1 ...` are joined into the last one.
+    """
+    if min_chars < 0 or max_steps < 1:
+        raise ValueError(f"split_steps: need min_chars >= 0 and max_steps >= 1, got {min_chars}, {max_steps}")
+    if not text:
+        return []
+    seps = _blank_line_ends(text)
+    if not seps:
+        seps = [i + 1 for i, ch in enumerate(text) if ch == "\n"]
+    pieces = _cut_after(text, seps)
+
+    def is_short(s: str) -> bool:
+        return len(s) - sum(ch.isspace() for ch in s) < min_chars
+
+    steps, buf = [], ""
+    for piece in pieces:
+        buf += piece
+        if not is_short(buf):
+            steps.append(buf)
+            buf = ""
+    if buf:  # a short tail: into the previous step, or alone when there is none
+        if steps:
+            steps[-1] += buf
+        else:
+            steps.append(buf)
+    if len(steps) > max_steps:
+        steps = steps[:max_steps - 1] + ["".join(steps[max_steps - 1:])]
+    return steps
+
+
+# ---------------------------------------------------------------------------------------------------
+# 2. Step -> token spans
+# ---------------------------------------------------------------------------------------------------
+
+def _byte_level_inverse() -> dict[str, int]:
+    """GPT-2 / Qwen byte-level alphabet, char -> byte: printable bytes stand for themselves, the other
+    bytes are mapped in order onto chr(256), chr(257), ..."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
+    inverse, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            inverse[chr(b)] = b
+        else:
+            inverse[chr(256 + extra)] = b
+            extra += 1
+    return inverse
+
+
+_BYTE_OF = _byte_level_inverse()
+
+
+def _token_bytes(tokenizer, ids: list[int]) -> list[bytes] | None:
+    """The bytes each token contributes to `decode(ids, skip_special_tokens=True)`, or None when this
+    tokenizer's pieces cannot be read directly (the caller then verifies or falls back)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    try:
+        byte_level = type(tokenizer.backend_tokenizer.decoder).__name__ == "ByteLevel"
+    except AttributeError:
+        byte_level = False
+    pieces = tokenizer.convert_ids_to_tokens(list(ids))
+    out = []
+    for tid, piece in zip(ids, pieces):
+        if tid in special or (tid in added and added[tid].special) or piece is None:
+            out.append(b"")  # skipped by decode(skip_special_tokens=True); unknown ids decode to nothing
+        elif tid in added:
+            out.append(added[tid].content.encode("utf-8"))
+        elif byte_level:
+            try:
+                out.append(bytes(_BYTE_OF[ch] for ch in piece))
+            except KeyError:
+                return None
+        else:
+            out.append(piece.encode("utf-8"))
+    return out
+
+
+def _char_reach(tokenizer, ids: list[int], text: str) -> tuple[list[int], list[bool]]:
+    """For each token i: the index of the last character of `text` it holds (a byte of), -1 for leading
+    tokens that hold nothing (non-decreasing), and whether it ends inside a multi-byte character.
+
+    Fast path (O(total bytes)): read each token's bytes and feed them through an incremental UTF-8
+    decoder. Slow path, only when the fast path does not reproduce the decoded text exactly (tokenizers
+    that rewrite spaces on decode): decode growing prefixes, O(n^2)."""
+    pieces = _token_bytes(tokenizer, ids)
+    if pieces is not None:
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        emitted, last, pending, chunks = 0, [], [], []
+        for b in pieces:
+            chunk = dec.decode(b)
+            chunks.append(chunk)
+            emitted += len(chunk)
+            pending.append(bool(dec.getstate()[0]))  # bytes of an unfinished character are buffered
+            last.append(emitted if pending[-1] else emitted - 1)
+        chunks.append(dec.decode(b"", final=True))
+        if "".join(chunks) == text:
+            return last, pending
+    last, pending, hi = [], [], -1
+    for i in range(len(ids)):
+        d = tokenizer.decode(ids[:i + 1], skip_special_tokens=True)
+        common = 0
+        for a, b in zip(d, text):
+            if a != b:
+                break
+            common += 1
+        pending.append(len(d) > common)  # a tail that is not the text: an unfinished character
+        hi = max(hi, common if pending[-1] else common - 1)
+        last.append(hi)
+    return last, pending
+
+
+def step_token_spans(response_ids, steps: list[str], tokenizer) -> list[tuple[int, int]]:
+    """Half-open token ranges `(start, end)` of each step in `response_ids`.
+
+    `response_ids[:spans[k][0]]` is exactly the tokens whose text lies entirely before step k:
+    - a token whose bytes straddle a boundary (a BPE merge across it) belongs to the *later* step, so the
+      kept prefix never holds text of a wrong step; so do tokens holding the first bytes of a multi-byte
+      character that a straddling token finishes, so the prefix always decodes to clean text
+      (`decode(ids[:start_k])` is `"".join(steps[:k])` minus at most the straddling part);
+    - tokens that decode to nothing (special tokens, e.g. a final EOS) go with the step before them, so
+      the spans are contiguous and cover every token, and EOS belongs to the last step;
+    - a step in which no token starts gets an empty span (start == end).
+    `"".join(steps)` must equal `tokenizer.decode(response_ids, skip_special_tokens=True)` (the text
+    `split_steps` got), else ValueError. No steps -> `[]`.
+
+    Byte-level BPE (Qwen, GPT-2) reads token bytes through the byte alphabet and tokenizers whose tokens
+    are their own text (the char tokenizer) read them directly: O(n). Other tokenizers (e.g. SentencePiece
+    "▁" pieces) fall back to decoding growing prefixes, O(n^2).
+    """
+    ids = [int(t) for t in response_ids]
+    if not steps:
+        return []
+    text = "".join(steps)
+    decoded = tokenizer.decode(ids, skip_special_tokens=True)
+    if decoded != text:
+        diff = next((i for i, (a, b) in enumerate(zip(text, decoded)) if a != b),
+                    min(len(text), len(decoded)))
+        raise ValueError(f"step_token_spans: the steps do not join to the decoded response ({len(text)} vs "
+                         f"{len(decoded)} chars; first difference at char {diff}: "
+                         f"{text[diff:diff + 20]!r} vs {decoded[diff:diff + 20]!r})")
+    last, pending = _char_reach(tokenizer, ids, text)
+    starts, t, boundary = [0], 0, 0
+    for step in steps[:-1]:
+        boundary += len(step)  # index of the first char of the next step
+        while t < len(ids) and last[t] < boundary:
+            t += 1
+        start = t
+        while start > starts[-1] and pending[start - 1]:
+            start -= 1  # the token before ends inside a character that the straddling token finishes
+        starts.append(start)
+    ends = starts[1:] + [len(ids)]
+    return list(zip(starts, ends))
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. The process reward model
+# ---------------------------------------------------------------------------------------------------
+
+class ProcessRewardModel:
+    """P(step correct) for each step of a solution, read from a 2-class token classifier.
+
+    Format (Qwen2.5-Math-PRM-7B model card): chat template with system = PRM_SYSTEM, user = question,
+    assistant = "<extra_0>".join(steps) + "<extra_0>", `add_generation_prompt=False`; the score of step k
+    is softmax(logits at the k-th `<extra_0>`)[1]. Input ids are assembled in token space
+    (template head + step ids + separator id + ... + template tail), so the separator positions are known
+    exactly. A tokenizer without a chat template gets the plain layout
+    `f"{PRM_SYSTEM}\\n\\nQuestion: {question}\\n\\nAnswer:\\n"` followed by the steps and separators.
+
+    Loading: a local folder whose config names a `*ForTokenClassification` architecture (e.g. a tiny
+    `Qwen2ForTokenClassification(num_labels=2)` in the tests, or an HF PRM trained with TRL) loads with
+    `AutoModelForTokenClassification`; anything else with `AutoModel(..., trust_remote_code=True)` (the
+    real `Qwen2ForProcessRewardModel`). The model must return logits of shape (B, T, 2) as `outputs[0]`.
+    `max_length` is capped at the model's `max_position_embeddings`.
+    """
+
+    def __init__(self, name_or_path, device="cpu", dtype=None, max_length=4096, micro_batch_size=4):
+        from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification, AutoTokenizer
+
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        self.name = str(name_or_path)
+        try:
+            config = AutoConfig.from_pretrained(self.name, trust_remote_code=True)
+            self.tokenizer = AutoTokenizer.from_pretrained(self.name, trust_remote_code=True)
+            archs = getattr(config, "architectures", None) or []
+            if any(a.endswith("ForTokenClassification") for a in archs):
+                model = AutoModelForTokenClassification.from_pretrained(self.name, dtype=dtype)
+            else:
+                model = AutoModel.from_pretrained(self.name, trust_remote_code=True, dtype=dtype)
+        except (OSError, ValueError, ImportError) as e:
+            where = ("local folder" if os.path.isdir(self.name)
+                     else "no such folder; tried as a Hugging Face id")
+            raise RuntimeError(
+                f"could not load the PRM {self.name!r} ({where}): {type(e).__name__}: {e}. Without network "
+                "the weights must already be in the Hugging Face cache or a local folder.") from e
+        self.model = model.to(device).eval()
+        self.device = device
+        self.micro_batch_size = int(micro_batch_size)
+        if self.micro_batch_size < 1:
+            raise ValueError(f"ProcessRewardModel: micro_batch_size must be >= 1, got {micro_batch_size}")
+        limit = getattr(config, "max_position_embeddings", None)
+        self.max_length = int(min(max_length, limit) if limit else max_length)
+        self.sep_id = self.tokenizer.convert_tokens_to_ids(SEPARATOR)
+        if self.sep_id is None or self.sep_id == self.tokenizer.unk_token_id:
+            raise ValueError(f"the tokenizer of PRM {self.name!r} has no {SEPARATOR!r} token")
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
+
+    # -- input assembly ----------------------------------------------------------------------------
+
+    def _encode(self, text: str) -> list[int]:
+        """Plain text -> ids with special-token parsing off (so "<|im_end|>" in a step stays text)."""
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+    def _head_tail(self, question: str) -> tuple[list[int], list[int]]:
+        """Token ids before the first step and after the last separator."""
+        question = question.replace(SEPARATOR, "")
+        if getattr(self.tokenizer, "chat_template", None):
+            messages = [{"role": "system", "content": PRM_SYSTEM}, {"role": "user", "content": question},
+                        {"role": "assistant", "content": SEPARATOR}]
+            rendered = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                          add_generation_prompt=False)
+            if SEPARATOR not in rendered:
+                raise ValueError(f"the chat template of PRM {self.name!r} drops the assistant turn; "
+                                 "cannot place the steps")
+            head, tail = rendered.rsplit(SEPARATOR, 1)  # the question holds no separator any more
+        else:
+            head, tail = f"{PRM_SYSTEM}\n\nQuestion: {question}\n\nAnswer:\n", ""
+        # the template's own special tokens (<|im_start|> ...) must be parsed as such here
+        enc = lambda s: self.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+        return enc(head), enc(tail)
+
+    def build_input(self, question: str, steps: list[str]) -> tuple[list[int], list[int]]:
+        """(input ids, separator positions of the steps that fit in max_length).
+
+        Steps are stripped and cleaned of "<extra_0>" text (module docstring, choice 4). When everything
+        fits, the template tail is appended too (it cannot change the scores: the model is causal)."""
+        head, tail = self._head_tail(question)
+        ids, positions = list(head), []
+        for step in steps:
+            step_ids = self._encode(step.replace(SEPARATOR, "").strip())
+            if self.sep_id in step_ids:  # cannot happen with split_special_tokens; keep the guard cheap
+                step_ids = [t for t in step_ids if t != self.sep_id]
+            if len(ids) + len(step_ids) + 1 > self.max_length:
+                break  # this step and every later one stay unscored
+            ids += step_ids + [self.sep_id]
+            positions.append(len(ids) - 1)
+        if len(positions) == len(steps) and len(ids) + len(tail) <= self.max_length:
+            ids += tail
+        return ids, positions
+
+    # -- scoring -----------------------------------------------------------------------------------
+
+    def score(self, question: str, steps: list[str]) -> list[float | None]:
+        """P(correct) in [0, 1] for each step; None for steps beyond `max_length`."""
+        return self.score_batch([question], [steps])[0]
+
+    @torch.no_grad()
+    def score_batch(self, questions: list[str], list_of_steps: list[list[str]]) -> list[list[float | None]]:
+        """`score` for many solutions: sorted by length, right-padded, one forward per micro-batch;
+        results come back in input order."""
+        if len(questions) != len(list_of_steps):
+            raise ValueError(f"score_batch: {len(questions)} questions but {len(list_of_steps)} step lists")
+        built = [self.build_input(q, s) for q, s in zip(questions, list_of_steps)]
+        results = [[None] * len(s) for s in list_of_steps]
+        todo = sorted((i for i, (_, pos) in enumerate(built) if pos), key=lambda i: len(built[i][0]))
+        for b0 in range(0, len(todo), self.micro_batch_size):
+            chunk = todo[b0:b0 + self.micro_batch_size]
+            width = max(len(built[i][0]) for i in chunk)
+            input_ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)  # (b, T)
+            attention = torch.zeros((len(chunk), width), dtype=torch.long)  # (b, T)
+            for row, i in enumerate(chunk):
+                ids = built[i][0]
+                input_ids[row, :len(ids)] = torch.tensor(ids)
+                attention[row, :len(ids)] = 1
+            out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device))
+            logits = out if torch.is_tensor(out) else getattr(out, "logits", None)
+            logits = out[0] if logits is None else logits  # (b, T, 2); remote-code models may return tuples
+            if logits.dim() != 3 or logits.shape[-1] != 2:
+                raise ValueError(f"PRM {self.name!r} returned logits of shape {tuple(logits.shape)}, "
+                                 "expected (batch, tokens, 2)")
+            probs = torch.softmax(logits.float(), dim=-1)[..., 1].cpu()  # (b, T) P(step correct)
+            for row, i in enumerate(chunk):
+                for k, p in enumerate(built[i][1]):
+                    results[i][k] = float(probs[row, p])
+        return results
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. First error, cut point, keep ratio, candidate selection (pure)
+# ---------------------------------------------------------------------------------------------------
+
+def first_error(scores, tau: float = 0.5) -> int | None:
+    """0-based index of the first step with score < tau (ProcessBench's "earliest error"); None when no
+    scored step is below tau. Scanning stops at the first unscored step (None): scores after it are
+    ignored, since the steps before them are not verified."""
+    for k, s in enumerate(scores):
+        if s is None:
+            return None
+        if s < tau:
+            return k
+    return None
+
+
+def cut_point(scores, tau: float = 0.5) -> int:
+    """Index of the first step NOT kept for a failed rollout: the first error; else the first unscored
+    step; else the last step (the answer is wrong, so the last step is presumed wrong); 0 for no steps."""
+    if not scores:
+        return 0
+    err = first_error(scores, tau)
+    if err is not None:
+        return err
+    unscored = next((k for k, s in enumerate(scores) if s is None), None)
+    return unscored if unscored is not None else len(scores) - 1
+
+
+def keep_ratio(cut: int, n_steps: int) -> float:
+    """Step keep ratio κ = cut / n_steps (the share of steps kept); 0.0 when there are no steps."""
+    return cut / n_steps if n_steps > 0 else 0.0
+
+
+def mean_score(scores) -> float:
+    """Mean PRM score over the scored steps (None skipped); 0.0 when nothing is scored. Used for the
+    kept-prefix tie-break (`mean_score(scores[:cut])`) and by the prm-reward ablation."""
+    vals = [s for s in scores if s is not None]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def select_candidate(keep_ratios: list[float], prefix_means: list[float], lengths: list[int]) -> int | None:
+    """Index of the most promising failure of a group: the largest keep ratio; ties -> the higher mean
+    PRM score over the kept prefix; then the shorter rollout (in tokens); then the earlier index.
+    None for an empty group."""
+    if not (len(keep_ratios) == len(prefix_means) == len(lengths)):
+        raise ValueError(f"select_candidate: lengths differ ({len(keep_ratios)} keep ratios, "
+                         f"{len(prefix_means)} prefix means, {len(lengths)} lengths)")
+    if not keep_ratios:
+        return None
+    return min(range(len(keep_ratios)), key=lambda i: (-keep_ratios[i], -prefix_means[i], lengths[i], i))
