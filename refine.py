@@ -1,0 +1,197 @@
+"""refine.py — prefix-preserving rectification: the refiner, the token-space splice, reward recomputation, merge.
+
+SCOPE (Ren et al., "Recycling Failures: Salvaging Exploration in RLVR via Fine-Grained Off-Policy Guidance",
+arXiv 2602.24110), design steps 5-7: keep the policy's own token prefix up to the first wrong step, let a
+refiner write the rest, accept the spliced trajectory only if it is now correct, and put it back in its group
+with an `offpolicy_mask` that marks the refiner's tokens (LUFFY's prefix_mask, mirrored: the *suffix* is
+off-policy here).
+
+    refiner = Refiner(HFGenerator(refiner_model, refiner_tok), refiner_tok, prompt_style="continue")
+    new_trajs, traces = rectify(trajs, [(index, prefix_len)], refiner, policy_tok,
+                                attempts=2, merge="replace", max_new_tokens=1024, grade_fn=eval.grade)
+
+Run: `python -m pytest tests/test_refine.py -q` (tiny random models on CPU).
+
+Choices (the paper leaves these open):
+1. Refiner prompt: the question in the *refiner's* chat template (system "Please reason step by step, and put
+   your final answer within \\boxed{}.", add_generation_prompt), then the kept prefix text as the beginning
+   of the assistant turn, so the refiner simply continues (`--refine-prompt continue`). The `hint` variant
+   adds to the user turn a note that the partial solution stops right before a mistake; it is left out
+   when the prefix is empty (nothing to warn about). Without a chat template the plain
+   "Question: ...\\nSolution:\\n" format of generate.format_prompt is used.
+2. The prefix text given to the refiner is policy_tokenizer.decode(prefix_ids, skip_special_tokens=True):
+   the refiner sees text (its own tokenizer may differ); the policy keeps its original ids, never
+   re-tokenised.
+3. Splice: response = prefix_ids + policy_tokenizer(suffix_text) (+ EOS). The refiner's text is taken as a
+   complete answer, so EOS is appended when it fits in max_new_tokens; when the suffix has to be cut to
+   fit, no EOS (the trajectory is truncated, like a policy sample that hit the limit). The mask is 0 on the
+   prefix and 1 on the suffix, the EOS included (the refiner decided to stop there).
+4. Budgets: the suffix gets max_new_tokens - len(prefix) tokens. All picks x attempts go to the generator in
+   ONE call with the largest budget; each suffix is then clipped to its own budget in refiner tokens (the
+   splice enforces the exact budget in policy tokens).
+5. All attempts are graded (the trace records each); the first correct one is accepted with reward 1.0.
+   An empty prefix (mode replace) gives source "replaced", otherwise "rectified". The PRM facts (steps,
+   scores, cut, keep ratios) are copied from the original so the logs can show what was salvaged.
+6. Merge: "replace" (default) puts the repaired trajectory at the original's index (the group keeps G
+   members); "append" inserts it right after the last member of its group. A rejected pick leaves the
+   list holding the very same Trajectory objects (bit-identical ids, masks and rewards).
+"""
+from dataclasses import dataclass
+
+from generate import DEFAULT_SYSTEM, format_prompt
+
+HINT = ("\n\nA partial solution follows. It is correct up to where it stops, and the next step would contain "
+        "a mistake. Continue it from exactly where it stops, avoid that mistake, and finish the solution.")
+
+
+@dataclass
+class Trajectory:
+    """One rollout of one prompt: what the policy (or the refiner) wrote, its reward, and the PRM facts."""
+
+    question: str
+    answer: str  # gold answer string
+    group: int  # index of the prompt within the step (0..B-1)
+    prompt_ids: list[int]
+    response_ids: list[int]  # sampled ids (policy) or prefix_ids + suffix_ids (+eos) (rectified)
+    text: str  # decoded response (skip special tokens)
+    reward: float = 0.0
+    correct: bool = False
+    offpolicy_mask: list[int] = None  # len == len(response_ids); 1 = refiner token; default all 0
+    source: str = "policy"  # "policy" | "rectified" | "replaced" (whole-trajectory, mode replace)
+    steps: list[str] | None = None  # split_steps(text), filled for scored failures
+    step_scores: list | None = None  # PRM P(correct) per step, None where unscored
+    cut: int | None = None  # index of the first step NOT kept (the first error / cut point)
+    keep_ratio: float | None = None  # cut / len(steps)
+    keep_ratio_tokens: float | None = None  # prefix tokens / response tokens
+
+    def __post_init__(self):
+        if self.offpolicy_mask is None:
+            self.offpolicy_mask = [0] * len(self.response_ids)
+        if len(self.offpolicy_mask) != len(self.response_ids):
+            raise ValueError(f"Trajectory (group {self.group}): offpolicy_mask has {len(self.offpolicy_mask)} "
+                             f"entries but response_ids has {len(self.response_ids)}")
+
+
+class Refiner:
+    """Continues kept prefixes with any generator (HF / vLLM / OpenAI) and the REFINER's tokenizer."""
+
+    def __init__(self, generator, tokenizer, *, prompt_style: str = "continue", temperature: float = 0.7,
+                 top_p: float = 1.0):
+        if prompt_style not in ("continue", "hint"):
+            raise ValueError(f"prompt_style must be 'continue' or 'hint', got {prompt_style!r}")
+        self.generator, self.tokenizer, self.prompt_style = generator, tokenizer, prompt_style
+        self.temperature, self.top_p = temperature, top_p
+
+    def prompt_ids(self, question: str, prefix: str) -> list[int]:
+        """The refiner's prompt: question in its chat template, then the prefix opening the assistant turn."""
+        user = question + HINT if self.prompt_style == "hint" and prefix else question
+        ids = format_prompt(self.tokenizer, user, DEFAULT_SYSTEM)
+        return ids + self.tokenizer.encode(prefix, add_special_tokens=False) if prefix else ids
+
+    def continue_from(self, questions: list[str], prefixes: list[str], *, n: int, max_tokens: list[int] | int,
+                      seed: int | None = None) -> list[list[str]]:
+        """Suffix texts [item][attempt]: n continuations of each prefix, one batched generate call."""
+        if len(questions) != len(prefixes):
+            raise ValueError(f"continue_from: {len(questions)} questions but {len(prefixes)} prefixes")
+        budgets = [max_tokens] * len(questions) if isinstance(max_tokens, int) else list(max_tokens)
+        if len(budgets) != len(questions):
+            raise ValueError(f"continue_from: {len(budgets)} max_tokens for {len(questions)} questions")
+        if not questions:
+            return []
+        prompts = [self.prompt_ids(q, p) for q, p in zip(questions, prefixes)]
+        outs = self.generator.generate(prompts, n=n, temperature=self.temperature, top_p=self.top_p,
+                                       max_tokens=max(max(budgets), 0), seed=seed)
+        # one call with the largest budget; clip each item to its own budget (choice 4)
+        return [[c.text if len(c.ids) <= b else self.tokenizer.decode(c.ids[:max(b, 0)], skip_special_tokens=True)
+                 for c in row] for row, b in zip(outs, budgets)]
+
+
+def splice(prefix_ids: list[int], suffix_text: str, tokenizer, *, max_new_tokens: int,
+           eos_id: int | None) -> tuple[list[int], list[int]]:
+    """(response_ids, offpolicy_mask): the original prefix ids untouched + the suffix in POLICY tokens (+ EOS)."""
+    prefix_ids = list(prefix_ids)
+    budget = max_new_tokens - len(prefix_ids)
+    if budget < 0:
+        raise ValueError(f"splice: the prefix has {len(prefix_ids)} tokens, more than max_new_tokens={max_new_tokens}")
+    suffix_ids = tokenizer.encode(suffix_text, add_special_tokens=False)
+    if eos_id is not None and eos_id in suffix_ids:  # the text spelled out the EOS token: it ends there
+        suffix_ids = suffix_ids[:suffix_ids.index(eos_id)]
+    if len(suffix_ids) < budget and eos_id is not None:
+        suffix_ids = suffix_ids + [eos_id]  # complete refiner text and room left: it stops here
+    else:
+        suffix_ids = suffix_ids[:budget]  # cut to fit: a truncated trajectory carries no EOS
+    return prefix_ids + suffix_ids, [0] * len(prefix_ids) + [1] * len(suffix_ids)
+
+
+def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, tokenizer, *, attempts: int = 2,
+            merge: str = "replace", max_new_tokens: int, grade_fn, seed: int | None = None,
+            ) -> tuple[list[Trajectory], list[dict]]:
+    """Repair the picked failures, recompute their rewards, merge the accepted ones.
+
+    picks: (index into trajs, prefix_len in tokens) per selected failure. `tokenizer` is the POLICY's.
+    Returns (new list, one trace dict per pick; "step" is left for the caller to fill).
+    """
+    if merge not in ("replace", "append"):
+        raise ValueError(f"merge must be 'replace' or 'append', got {merge!r}")
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
+    seen = set()
+    for k, (index, prefix_len) in enumerate(picks):
+        if not 0 <= index < len(trajs):
+            raise ValueError(f"rectify: pick {k} names trajectory {index}, but there are {len(trajs)}")
+        if not 0 <= prefix_len <= min(len(trajs[index].response_ids), max_new_tokens):
+            raise ValueError(f"rectify: pick {k} keeps {prefix_len} tokens of trajectory {index}, which has "
+                             f"{len(trajs[index].response_ids)} (max_new_tokens={max_new_tokens})")
+        if index in seen:
+            raise ValueError(f"rectify: trajectory {index} is picked twice")
+        seen.add(index)
+    if not picks:
+        return list(trajs), []
+
+    originals = [trajs[index] for index, _ in picks]
+    prefixes = [t.response_ids[:prefix_len] for t, (_, prefix_len) in zip(originals, picks)]
+    prefix_texts = [tokenizer.decode(p, skip_special_tokens=True) for p in prefixes]
+    suffixes = refiner.continue_from([t.question for t in originals], prefix_texts, n=attempts,
+                                     max_tokens=[max_new_tokens - len(p) for p in prefixes], seed=seed)
+
+    accepted: dict[int, Trajectory] = {}  # index of the original -> its repaired trajectory
+    traces = []
+    for t, (index, _), prefix, prefix_text, texts in zip(originals, picks, prefixes, prefix_texts, suffixes):
+        candidates, verdicts = [], []
+        for suffix_text in texts:
+            response_ids, mask = splice(prefix, suffix_text, tokenizer, max_new_tokens=max_new_tokens,
+                                        eos_id=tokenizer.eos_token_id)
+            text = tokenizer.decode(response_ids, skip_special_tokens=True)
+            candidates.append((response_ids, mask, text))
+            verdicts.append(bool(grade_fn(text, t.answer)))  # reward recomputation with the grader
+        if any(verdicts):
+            response_ids, mask, text = candidates[verdicts.index(True)]  # the first correct attempt
+            accepted[index] = Trajectory(
+                question=t.question, answer=t.answer, group=t.group, prompt_ids=list(t.prompt_ids),
+                response_ids=response_ids, text=text, reward=1.0, correct=True, offpolicy_mask=mask,
+                source="rectified" if prefix else "replaced", steps=_copy(t.steps), step_scores=_copy(t.step_scores),
+                cut=t.cut, keep_ratio=t.keep_ratio, keep_ratio_tokens=t.keep_ratio_tokens)
+        traces.append({
+            "group": t.group, "question": t.question, "answer": t.answer,
+            "mode": "scope" if prefix else "replace", "steps": t.steps, "scores": t.step_scores, "cut": t.cut,
+            "keep_ratio": t.keep_ratio, "keep_ratio_tokens": t.keep_ratio_tokens, "prefix_text": prefix_text,
+            "suffixes": list(texts), "attempt_correct": verdicts, "accepted": index in accepted,
+            "reward_before": t.reward, "reward_after": accepted[index].reward if index in accepted else t.reward,
+        })
+    return merge_into(trajs, accepted, merge), traces
+
+
+def _copy(values: list | None) -> list | None:
+    return None if values is None else list(values)
+
+
+def merge_into(trajs: list[Trajectory], accepted: dict[int, Trajectory], merge: str) -> list[Trajectory]:
+    """A new list: each accepted trajectory replaces its original ("replace") or follows the last member of
+    its group ("append"); every other entry is the very same object as before."""
+    last_of_group = {t.group: i for i, t in enumerate(trajs)}
+    out = []
+    for i, t in enumerate(trajs):
+        out.append(accepted[i] if merge == "replace" and i in accepted else t)
+        if merge == "append" and last_of_group[t.group] == i:
+            out.extend(accepted[j] for j in sorted(accepted) if trajs[j].group == t.group)
+    return out

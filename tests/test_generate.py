@@ -1,0 +1,284 @@
+"""Tests for generate.py sections 1, 2 and 4: prompts, Completion, HFGenerator, OpenAIGenerator (CPU, tiny models)."""
+import json
+import socket
+import threading
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+import torch
+from conftest import make_bpe_tokenizer, make_char_tokenizer
+
+from generate import (DEFAULT_SYSTEM, Completion, HFGenerator, OpenAIGenerator, format_prompt, to_completion,
+                      token_budget)
+
+QUESTIONS = ["Let x = 3. What is 2x + 1?", "Compute 12 * 4 - 5.", "What is \\frac{1}{2} + \\frac{1}{3}?"]
+
+
+# ---------- section 1: prompts and the Completion record ----------
+
+def test_format_prompt_chat_template(bpe_tokenizer):
+    ids = format_prompt(bpe_tokenizer, "What is 2+2?")
+    assert bpe_tokenizer.decode(ids) == (f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n"
+                                         "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n")
+    no_system = format_prompt(bpe_tokenizer, "What is 2+2?", system=None)
+    assert bpe_tokenizer.decode(no_system) == "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"
+    assert bpe_tokenizer.convert_tokens_to_ids("<|im_start|>") == ids[0]  # specials are single tokens
+
+
+def test_format_prompt_plain_without_chat_template():
+    tok = make_char_tokenizer()
+    tok.chat_template = None
+    ids = format_prompt(tok, "What is 2+2?")
+    assert tok.decode(ids) == "Question: What is 2+2?\nSolution:\n"
+    assert len(ids) == len("Question: What is 2+2?\nSolution:\n")  # one id per character, no BOS added
+
+
+def test_to_completion_cuts_after_first_eos_and_drops_padding(bpe_tokenizer):
+    eos, pad = 0, 2
+    a, b = bpe_tokenizer.encode("Let x")[:2]
+    done = to_completion([a, b, eos, pad, pad], bpe_tokenizer, {eos}, max_tokens=10)
+    assert done == Completion(ids=[a, b, eos], text=bpe_tokenizer.decode([a, b]), finished=True)
+    cut = to_completion([a, b, a, eos], bpe_tokenizer, {eos}, max_tokens=2)  # EOS beyond the budget
+    assert cut.ids == [a, b] and not cut.finished
+
+
+def test_token_budget_clamps_to_context_and_names_the_prompt():
+    assert token_budget(0, [1] * 10, 50, context=40) == 30
+    assert token_budget(0, [1] * 10, 5, context=40) == 5
+    assert token_budget(0, [1] * 10, 5, context=None) == 5
+    with pytest.raises(ValueError, match="prompt 3 has 40 tokens"):
+        token_budget(3, [1] * 40, 5, context=40)
+    with pytest.raises(ValueError, match="prompt 1 is empty"):
+        token_budget(1, [], 5, context=40)
+
+
+# ---------- section 2: HFGenerator ----------
+
+@pytest.fixture
+def lm(bpe_tokenizer, tiny_causal_lm):
+    """A tiny random model with larger weights (std 0.3): at the default init (0.02) greedy decoding repeats one
+    token whatever the context, so a padding bug would go unseen."""
+    model = tiny_causal_lm(bpe_tokenizer)
+    torch.manual_seed(0)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    return model
+
+
+def greedy_by_hand(model, prompt, steps):
+    """Reference: argmax decoding with full forward passes, no cache, no padding."""
+    ids = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            logits = model(torch.tensor([ids])).logits  # (1, T, V)
+            ids.append(int(logits[0, -1].argmax()))
+    return ids[len(prompt):]
+
+
+def test_hf_shapes_n_and_max_tokens(bpe_tokenizer, lm):
+    prompts = [format_prompt(bpe_tokenizer, q) for q in QUESTIONS]
+    out = HFGenerator(lm, bpe_tokenizer, micro_batch_size=4).generate(prompts, n=3, temperature=1.0,
+                                                                       max_tokens=7, seed=0)
+    assert len(out) == 3 and all(len(row) == 3 for row in out)
+    for row in out:
+        for c in row:
+            assert len(c.ids) <= 7 and (c.finished or len(c.ids) == 7)
+            assert c.text == bpe_tokenizer.decode(c.ids, skip_special_tokens=True)
+
+
+def test_hf_returns_new_tokens_only_and_matches_plain_greedy(bpe_tokenizer, lm):
+    prompt = format_prompt(bpe_tokenizer, QUESTIONS[0])
+    [[c]] = HFGenerator(lm, bpe_tokenizer).generate([prompt], n=1, temperature=0, max_tokens=6)
+    assert c.ids == greedy_by_hand(lm, prompt, 6)[:len(c.ids)]
+
+
+def test_hf_left_padding_gives_the_unbatched_greedy_output(bpe_tokenizer, lm):
+    """Guards left-padding bugs (missing attention mask / wrong positions): greedy ids must not depend on
+    which other prompts share the batch."""
+    prompts = [format_prompt(bpe_tokenizer, q) for q in QUESTIONS] + [bpe_tokenizer.encode("x")]
+    assert len({len(p) for p in prompts}) == 4  # four different lengths -> real padding
+    gen = HFGenerator(lm, bpe_tokenizer, micro_batch_size=8)
+    batched = gen.generate(prompts, n=2, temperature=0, max_tokens=12)
+    for p, row in zip(prompts, batched):
+        [[alone]] = gen.generate([p], n=1, temperature=0, max_tokens=12)
+        assert row[0].ids == alone.ids and row[1].ids == alone.ids
+    assert len({tuple(row[0].ids) for row in batched}) == 4 and len(set(batched[0][0].ids)) > 3  # not degenerate
+
+
+def test_hf_seed_reproduces_and_leaves_global_rng_alone(bpe_tokenizer, lm):
+    prompts = [format_prompt(bpe_tokenizer, q) for q in QUESTIONS[:2]]
+    gen = HFGenerator(lm, bpe_tokenizer, micro_batch_size=3)
+    torch.manual_seed(123)
+    a = gen.generate(prompts, n=3, temperature=1.0, max_tokens=10, seed=7)
+    after = torch.rand(1)
+    torch.manual_seed(123)
+    expected_after = torch.rand(1)
+    b = gen.generate(prompts, n=3, temperature=1.0, max_tokens=10, seed=7)
+    c = gen.generate(prompts, n=3, temperature=1.0, max_tokens=10, seed=8)
+    assert a == b and a != c
+    assert torch.equal(after, expected_after)  # the caller's random stream did not move
+    assert len({tuple(x.ids) for x in a[0]}) > 1  # the n samples of one prompt differ
+
+
+def test_hf_stops_at_eos_keeps_it_and_strips_padding(tiny_causal_lm):
+    """With pad != eos, rows that stop early are padded by HF; none of that may leak into `ids`."""
+    tok = make_bpe_tokenizer()
+    tok.pad_token = "<|im_start|>"
+    model = tiny_causal_lm(tok)
+    eos, pad = tok.eos_token_id, tok.pad_token_id
+    boost = torch.zeros(len(tok))
+    boost[eos] = 3.0  # about 5 % per token: makes EOS likely enough to stop some samples early
+    handle = model.lm_head.register_forward_hook(lambda module, inputs, logits: logits + boost)
+    try:
+        out = HFGenerator(model, tok, micro_batch_size=8).generate(
+            [format_prompt(tok, q) for q in QUESTIONS], n=4, temperature=1.0, max_tokens=12, seed=0)
+    finally:
+        handle.remove()
+    flat = [c for row in out for c in row]
+    assert any(c.finished for c in flat) and any(not c.finished for c in flat)
+    for c in flat:
+        assert pad not in c.ids
+        assert c.finished == (len(c.ids) > 0 and c.ids[-1] == eos)
+        assert eos not in c.ids[:-1]
+        assert len(c.ids) <= 12 and (c.finished or len(c.ids) == 12)
+
+
+def test_hf_restores_train_mode_and_clamps_to_context(bpe_tokenizer, tiny_causal_lm):
+    model = tiny_causal_lm(bpe_tokenizer)
+    model.config.max_position_embeddings = 40
+    gen = HFGenerator(model, bpe_tokenizer)
+    model.train()
+    [[c]] = gen.generate([[5] * 35], n=1, temperature=0, max_tokens=20)
+    assert model.training  # restored
+    assert len(c.ids) <= 5
+    model.eval()
+    with pytest.raises(ValueError, match="prompt 1 has 40 tokens"):
+        gen.generate([[5] * 3, [5] * 40], max_tokens=4)
+    assert gen.generate([[5] * 3], n=2, max_tokens=0) == [[Completion([], "", False)] * 2]
+
+
+# ---------- section 4: OpenAIGenerator against a local fake server ----------
+
+class FakeServer:
+    """A canned /v1/completions server on 127.0.0.1 (records every request; stops at fixture teardown)."""
+
+    def __init__(self, context=None):
+        self.requests = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def reply(self, code, payload):
+                data = json.dumps(payload).encode()
+                self.send_response(code)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
+            def do_GET(self):
+                outer.requests.append(("GET", self.path, None))
+                entry = {"id": "tiny-refiner"} | ({"max_model_len": context} if context else {})
+                self.reply(200, {"object": "list", "data": [entry]})
+
+            def do_POST(self):
+                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                outer.requests.append(("POST", self.path, body))
+                if body["model"] != "tiny-refiner":
+                    return self.reply(400, {"error": {"message": f"model {body['model']} does not exist"}})
+                choices = [{"index": i * body["n"] + s, "text": f" p{i}s{s} so \\boxed{{7}}",
+                            "finish_reason": "stop" if s == 0 else "length"}
+                           for i in range(len(body["prompt"])) for s in range(body["n"])]
+                self.reply(200, {"object": "text_completion", "choices": choices[::-1]})  # any order
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.timeout = 5
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+        self.thread.start()
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+        self.thread.join(timeout=5)
+
+
+@pytest.fixture
+def fake_server():
+    servers = []
+
+    def start(context=None):
+        servers.append(FakeServer(context))
+        return servers[-1]
+
+    yield start
+    for s in servers:
+        s.close()
+
+
+def test_openai_request_body_and_completions(bpe_tokenizer, fake_server):
+    server = fake_server()
+    prompts = [format_prompt(bpe_tokenizer, q) for q in QUESTIONS[:2]]
+    gen = OpenAIGenerator(server.url + "/v1/", "tiny-refiner", bpe_tokenizer, timeout=10)
+    out = gen.generate(prompts, n=2, temperature=0.7, top_p=0.9, max_tokens=33, seed=5)
+    posts = [r for r in server.requests if r[0] == "POST"]
+    assert len(posts) == 1  # all prompts in one request
+    _, path, body = posts[0]
+    assert path == "/v1/completions"
+    assert body == {"model": "tiny-refiner", "prompt": prompts, "n": 2, "temperature": 0.7, "top_p": 0.9,
+                    "max_tokens": 33, "seed": 5}
+    eos = bpe_tokenizer.eos_token_id
+    for i in range(2):
+        for s in range(2):
+            c = out[i][s]
+            assert c.text == f" p{i}s{s} so \\boxed{{7}}"
+            tail = [eos] if s == 0 else []
+            assert c.ids == bpe_tokenizer.encode(c.text, add_special_tokens=False) + tail
+            assert c.finished == (s == 0)
+
+
+def test_openai_clamps_max_tokens_to_the_served_context(bpe_tokenizer, fake_server):
+    server = fake_server(context=40)
+    gen = OpenAIGenerator(server.url, "tiny-refiner", bpe_tokenizer, timeout=10)
+    out = gen.generate([[5] * 10, [6] * 30, [7] * 12], n=1, temperature=0, max_tokens=25)
+    posts = sorted((r[2] for r in server.requests if r[0] == "POST"), key=lambda b: b["max_tokens"])
+    assert [(b["max_tokens"], b["prompt"]) for b in posts] == [(10, [[6] * 30]), (25, [[5] * 10, [7] * 12])]
+    assert [row[0].text for row in out] == [" p0s0 so \\boxed{7}", " p0s0 so \\boxed{7}", " p1s0 so \\boxed{7}"]
+    assert "seed" not in posts[0]
+
+
+def test_openai_http_error_names_the_url(bpe_tokenizer, fake_server):
+    server = fake_server()
+    gen = OpenAIGenerator(server.url, "no-such-model", bpe_tokenizer, timeout=10, max_model_len=100)
+    with pytest.raises(RuntimeError, match=r"127\.0\.0\.1:\d+/v1/completions answered HTTP 400.*does not exist"):
+        gen.generate([[5, 6]], max_tokens=4)
+
+
+def test_openai_connection_refused_names_the_url(bpe_tokenizer):
+    with socket.socket() as s:  # a port that was free a moment ago, now closed
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    gen = OpenAIGenerator(f"http://127.0.0.1:{port}", "m", bpe_tokenizer, timeout=5)
+    with pytest.raises(RuntimeError, match=f"cannot reach the completions endpoint http://127.0.0.1:{port}"):
+        gen.generate([[5, 6]], max_tokens=4)
+
+
+def test_hf_never_samples_ids_beyond_the_tokenizer(bpe_tokenizer):
+    """Guards Qwen2.5's padded embedding (151936 rows, ~151665 tokenizer ids): an id the tokenizer cannot
+    decode must never be sampled, even when the model favours it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    extra = 8
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(bpe_tokenizer) + extra, hidden_size=32, intermediate_size=64,
+                                         num_hidden_layers=1, num_attention_heads=4, num_key_value_heads=2,
+                                         eos_token_id=bpe_tokenizer.eos_token_id, bos_token_id=None)).eval()
+    boost = torch.zeros(len(bpe_tokenizer) + extra)
+    boost[len(bpe_tokenizer):] = 4.0
+    model.lm_head.register_forward_hook(lambda module, inputs, logits: logits + boost)
+    out = HFGenerator(model, bpe_tokenizer).generate([[5, 6, 7]], n=4, temperature=1.0, max_tokens=10, seed=0)
+    assert all(t < len(bpe_tokenizer) for c in out[0] for t in c.ids)
