@@ -1,0 +1,218 @@
+"""eval.py section 4: `evaluate` with hand-computed numbers, the CLI end to end on a local JSONL benchmark
+with a tiny random model saved to disk (HF backend), `--plot` and the `--trace` viewer."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import eval as ev
+from conftest import make_bpe_tokenizer, make_tiny_causal_lm
+from generate import Completion
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+# ---- evaluate() with a scripted generator ----
+
+class ScriptedGenerator:
+    """Returns fixed texts per prompt, in order, and records the sampling arguments it was given."""
+
+    def __init__(self, texts_per_prompt):
+        self.texts, self.calls = texts_per_prompt, []
+
+    def generate(self, prompts, *, n=1, temperature=1.0, top_p=1.0, max_tokens=256, seed=None):
+        self.calls.append(dict(num_prompts=len(prompts), n=n, temperature=temperature, max_tokens=max_tokens,
+                               seed=seed))
+        out = []
+        for _ in prompts:
+            texts = self.texts[len(out) + sum(c["num_prompts"] for c in self.calls[:-1])]
+            out.append([Completion(ids=[1, 2, 3], text=t, finished=i % 2 == 0) for i, t in enumerate(texts)])
+        return out
+
+
+def test_evaluate_avg_and_pass_at_k_by_hand(bpe_tokenizer):
+    right, wrong = "so \\boxed{7}", "so \\boxed{8}"
+    problems = [{"id": "p0", "question": "3 + 4?", "answer": "7"},
+                {"id": "p1", "question": "2 + 5?", "answer": "7"},
+                {"id": "p2", "question": "1 + 6?", "answer": "7"}]
+    gen = ScriptedGenerator([[right, wrong, right, wrong], [wrong] * 4, [right] * 4])
+    res = ev.evaluate(gen, bpe_tokenizer, problems, n=4, temperature=0.6, max_new_tokens=32, seed=5, batch_size=2)
+    # c = 2, 0, 4 of n = 4 -> avg@4 = (0.5 + 0 + 1) / 3 = 0.5
+    assert res["acc"] == pytest.approx(0.5)
+    # pass@2: p0 = 1 - C(2,2)/C(4,2) = 5/6, p1 = 0, p2 = 1 -> (5/6 + 1) / 3
+    assert res["pass@k"][2] == pytest.approx((5 / 6 + 1) / 3)
+    assert res["pass@k"][1] == pytest.approx(0.5) and res["pass@k"][4] == pytest.approx(2 / 3)
+    assert sorted(res["pass@k"]) == [1, 2, 4]
+    assert [r["correct"] for r in res["per_problem"]] == [2, 0, 4]
+    assert [r["id"] for r in res["per_problem"]] == ["p0", "p1", "p2"]
+    assert res["truncated"] == pytest.approx(0.5)  # samples 1 and 3 of each prompt did not finish
+    assert res["num_problems"] == 3 and res["n"] == 4
+    # batches of 2 prompts; each batch gets its own seed; sampling settings passed through
+    assert [c["num_prompts"] for c in gen.calls] == [2, 1]
+    assert [c["seed"] for c in gen.calls] == [5, 7]
+    assert all(c["n"] == 4 and c["temperature"] == 0.6 and c["max_tokens"] == 32 for c in gen.calls)
+
+
+def test_evaluate_keeps_samples_for_diversity(bpe_tokenizer):
+    gen = ScriptedGenerator([["a b c d", "a b c e"]])
+    res = ev.evaluate(gen, bpe_tokenizer, [{"id": 0, "question": "q", "answer": "1"}], n=2, keep_samples=True)
+    assert res["per_problem"][0]["samples"] == ["a b c d", "a b c e"]
+    summary = ev.diversity_summary(res["per_problem"])
+    assert summary["one_minus_self_rouge"]["median"] == pytest.approx(0.25)  # LCS 3 of 4 tokens -> F1 0.75
+    assert set(summary) == {"distinct_1", "distinct_4", "one_minus_self_bleu", "one_minus_self_rouge", "div_score"}
+
+
+# ---- the CLI end to end, HF backend, tiny random model on disk ----
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory):
+    tok = make_bpe_tokenizer()
+    path = tmp_path_factory.mktemp("tiny_lm")
+    make_tiny_causal_lm(tok).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def test_cli_end_to_end_on_local_jsonl(tiny_model_dir, tmp_path, capsys):
+    bench = tmp_path / "mini.jsonl"
+    rows = [{"id": f"q{i}", "question": f"What is {i} + 1?", "answer": str(i + 1)} for i in range(3)]
+    bench.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "res.json"
+    rc = ev.main(["--model", tiny_model_dir, "--benchmarks", str(bench), "--backend", "hf", "--n", "2",
+                  "--max-new-tokens", "6", "--temperature", "1.0", "--diversity", "--out", str(out)])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert {"model", "n", "temperature", "max_new_tokens", "benchmarks", "ood"} <= set(report)
+    res = report["benchmarks"][str(bench)]
+    assert {"acc", "pass@k", "n", "num_problems", "per_problem", "diversity"} <= set(res)
+    assert set(res["pass@k"]) == {"1", "2"} and res["num_problems"] == 3 and res["n"] == 2
+    assert 0.0 <= res["acc"] <= 1.0
+    assert all(r["n"] == 2 and "samples" not in r for r in res["per_problem"])  # texts only with --save-samples
+    printed = capsys.readouterr().out
+    assert "avg@2" in printed and "pass@2" in printed and "div-score" in printed
+
+
+def test_cli_names_the_model_it_cannot_load(tmp_path, capsys):
+    bench = tmp_path / "one.jsonl"
+    bench.write_text(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\n")
+    missing = str(tmp_path / "no_such_model")
+    assert ev.main(["--model", missing, "--benchmarks", str(bench), "--backend", "hf"]) == 2
+    err = capsys.readouterr().err
+    assert f"could not load model '{missing}'" in err and "Traceback" not in err
+
+
+# ---- --plot ----
+
+def test_plot_writes_png_from_metrics_jsonl(tmp_path):
+    run_a, run_b = tmp_path / "runs" / "scope", tmp_path / "runs" / "grpo"
+    run_a.mkdir(parents=True), run_b.mkdir(parents=True)
+    rows_a = [{"step": s, "reward_mean": 0.1 * s, "keep_ratio_steps": 0.6, "rectify_tried": 4, "rectify_accepted": s % 3,
+               "entropy": 0.9 - 0.1 * s, "response_len": 100 + s, "near_miss_frac": 0.3, "discarded_valid_frac": 0.2}
+              for s in range(1, 6)]
+    rows_a[1]["eval_acc"] = 0.25
+    rows_a[4]["eval_acc"] = 0.5
+    rows_b = [{"step": s, "reward_mean": 0.05 * s, "rectify_tried": 0, "rectify_accepted": 0} for s in range(1, 6)]
+    (run_a / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_a))
+    (run_b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_b))
+    out = tmp_path / "curves.png"
+    assert ev.main(["--plot", str(run_a), str(run_b), "--out", str(out)]) == 0
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+
+
+def test_plot_names_a_bad_line(tmp_path):
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{oops\n')
+    with pytest.raises(ValueError, match=r"metrics.jsonl, line 2"):
+        ev.plot_runs([str(tmp_path)], str(tmp_path / "x.png"))
+
+
+# ---- --trace ----
+
+TRACE = {"step": 3, "group": 1, "question": "Compute 2 + 3 * 4.", "answer": "14", "mode": "scope",
+         "steps": ["First, 3 * 4 = 12.\n\n", "Then 2 + 12 = 15.\n\n", "So \\boxed{15}."],
+         "scores": [0.93, 0.12, None], "cut": 1, "keep_ratio": 1 / 3, "keep_ratio_tokens": 0.4,
+         "prefix_text": "First, 3 * 4 = 12.\n\n",
+         "suffixes": ["Then 2 + 12 = 13. <script>alert('x')</script> \\boxed{13}", "Then 2 + 12 = 14.\n\n\\boxed{14}"],
+         "attempt_correct": [False, True], "accepted": True, "reward_before": 0.0, "reward_after": 1.0}
+
+
+def write_traces(run_dir):
+    earlier = dict(TRACE, step=1, question="an earlier question")
+    (run_dir / "traces.jsonl").write_text(json.dumps(earlier) + "\n" + json.dumps(TRACE) + "\n")
+
+
+def test_trace_terminal_rendering():
+    plain = ev.render_trace_text(TRACE, color=False)
+    assert "\033[" not in plain
+    for piece in ("[0.93] kept", "[0.12] FIRST ERROR", "[  -  ] discarded", "cut: the refiner rewrites from here",
+                  "refiner attempt 2 (correct, accepted)", "refiner attempt 1 (wrong)", "Then 2 + 12 = 14.", "ACCEPTED", "kept 1/3 steps"):
+        assert piece in plain
+    assert plain.index("[0.93] kept") < plain.index("cut:") < plain.index("FIRST ERROR") < plain.index("attempt 1")
+    coloured = ev.render_trace_text(TRACE, color=True)
+    assert "\033[32m  [0.93] kept" in coloured  # green kept step
+    assert "\033[31m  [0.12] FIRST ERROR" in coloured  # red first error
+    assert "\033[34m    Then 2 + 12 = 14." in coloured  # blue refiner text
+
+
+def test_trace_cli_terminal_and_html(tmp_path):
+    """Subprocess run of the real entry point: stdout is a pipe, so no ANSI codes; --html escapes model text."""
+    write_traces(tmp_path)
+    page = tmp_path / "trace.html"
+    proc = subprocess.run([sys.executable, os.path.join(REPO, "eval.py"), "--trace", str(tmp_path),
+                           "--html", str(page)], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "Compute 2 + 3 * 4." in proc.stdout and "an earlier question" not in proc.stdout  # last step only
+    assert "\033[" not in proc.stdout
+    text = page.read_text()
+    assert text.startswith("<!DOCTYPE html>") and "</html>" in text
+    assert "<script>" not in text and "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;" in text
+    assert "class='step kept'" in text and "class='step error'" in text and "class='refined'" in text
+
+
+def test_trace_cli_step_selection(tmp_path, capsys):
+    write_traces(tmp_path)
+    assert ev.main(["--trace", str(tmp_path), "--step", "1", "--no-color"]) == 0
+    printed = capsys.readouterr().out
+    assert "an earlier question" in printed and "Compute 2 + 3 * 4." not in printed
+    assert ev.main(["--trace", str(tmp_path), "--step", "99"]) == 0
+    assert "no rectification traces" in capsys.readouterr().out
+
+
+def test_cli_evaluates_a_toy_checkpoint(tmp_path):
+    """`--benchmarks toy`: held-out toy problems from toy.make_problems, a char-tokenizer model on disk."""
+    toy = pytest.importorskip("toy")
+    tok = toy.make_tokenizer()
+    make_tiny_causal_lm(tok).save_pretrained(tmp_path / "toy_ckpt")
+    tok.save_pretrained(tmp_path / "toy_ckpt")
+    out = tmp_path / "toy.json"
+    assert ev.main(["--model", str(tmp_path / "toy_ckpt"), "--benchmarks", "toy", "--limit", "2", "--n", "1",
+                    "--max-new-tokens", "4", "--backend", "hf", "--out", str(out)]) == 0
+    res = json.loads(out.read_text())["benchmarks"]["toy"]
+    assert res["num_problems"] == 2 and set(res["pass@k"]) == {"1"}
+
+
+def test_cli_argument_errors_and_grader_bench(capsys):
+    with pytest.raises(SystemExit):
+        ev.main(["--benchmarks", "math500"])  # no --model and nothing else to do
+    assert "--model is required" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        ev.main(["--model", "x", "--diversity", "--n", "1"])
+    assert "--n >= 2" in capsys.readouterr().err
+    assert ev.main(["--grader-bench"]) == 0
+    assert '"pairs_per_s"' in capsys.readouterr().out
+
+
+def test_trace_terminal_output_neutralises_escape_sequences():
+    """Guards against model text driving the terminal: an ESC in a step or suffix is shown, not executed."""
+    record = dict(TRACE, suffixes=["\x1b]0;owned\x07 \x1b[2J then 14"], steps=["a \x1b[31m step"])
+    text = ev.render_trace_text(record, color=False)
+    assert "\x1b" not in text and "\x07" not in text and "\\x1b[2J" in text
+
+
+def test_cli_reports_a_missing_run_or_benchmark_in_one_line(tmp_path, capsys):
+    assert ev.main(["--trace", str(tmp_path)]) == 2
+    assert "traces.jsonl: no such file" in capsys.readouterr().err
+    assert ev.main(["--model", "unused", "--benchmarks", str(tmp_path / "nope.jsonl")]) == 2
+    assert "nope.jsonl" in capsys.readouterr().err
