@@ -1,0 +1,397 @@
+"""toy.py — the CPU toy world: SCOPE's loop with stand-ins small enough to run on a laptop.
+
+What it implements (issue 5, item 2; DESIGN.md "The toy world"):
+- a task generator of multi-step arithmetic. Question: "Start at 7, add 5, times 3, minus 4, add 9."
+  Solution: one step per operation, "So 7 + 5 = 12.", "So 12 * 3 = 36.", ..., then "\\boxed{41}", steps
+  separated by a blank line ("\\n\\n") like real solutions, so `prm.split_steps` cuts them as it cuts real
+  ones (the "So ... ." makes every step at least 8 non-blank characters, split_steps' default minimum);
+- a char-level `PreTrainedTokenizerFast` (one token per character) built with `tokenizers`;
+- a tiny `Qwen2ForCausalLM` config and an SFT warm start on solutions of which a fraction carry one injected
+  arithmetic slip, late steps more likely, so the starting policy fails often and often late (near misses).
+  The result is cached on disk; a second call with the same settings loads it in about a second;
+- `ToyPRM`, a rule-based step verifier with the `score`/`score_batch` interface of `prm.ProcessRewardModel`;
+- `OracleRefiner`, with the `continue_from` interface of `refine.Refiner`, that writes the correct remaining
+  steps from any prefix.
+
+Paper: Ren et al., "Recycling Failures: Salvaging Exploration in RLVR via Fine-Grained Off-Policy Guidance"
+(arXiv 2602.24110). The toy world is ours, not the paper's: it exists because no real weights or GPU are
+reachable while building this and students often lack a GPU.
+
+Run: `python scope.py --toy` uses it; `python toy.py` prints a sample problem, its solution and a warm
+start cache path (training one if needed).
+
+Choices and departures (numbered):
+1. A step is correct iff it applies the k-th operation of the QUESTION to the k-th value of the correct
+   chain with the right result. So the first wrong step is where the chain diverges, and a later step that
+   does correct arithmetic on a wrong value is still wrong (0.0): the verifier grades against the
+   question, like a PRM asked "is this step correct?". A step that cannot be parsed scores 0.0; steps past
+   the "\\boxed{}" step score 0.0. Position k counts the items ("So a op b = c." / "\\boxed{v}") stated so
+   far, not the steps, so a step holding two items (split_steps merged them) is judged exactly.
+2. ToyPRM's noise flips each step score (1.0 <-> 0.0) independently with probability `noise`, from a
+   `random.Random(seed)` owned by the instance: the flips are deterministic given the seed AND the order
+   of calls.
+3. OracleRefiner continues as a real refiner would: from the LAST VALUE stated in the prefix (the start
+   value for an empty prefix) it applies the operations that remain (those after the number of items the
+   prefix states), one step each, then "\\boxed{}". A prefix that does not end at a blank line gets the
+   missing newlines first; the suffix is cut to `max_tokens` characters (= tokens). If the
+   prefix already holds an error (possible with a noisy PRM) the continuation is consistent with it and the
+   answer is wrong, which is realistic. It is deterministic: the n attempts are identical.
+4. Injected slips: the result of step k is off by one of +-1, +-2, +-10 (kept >= 0); later steps continue
+   consistently from the wrong value. The step index is drawn with weight (k + 1) ** `lateness` over the
+   operation steps and the final "\\boxed{}" step (a wrong copy there is the nearest miss of all).
+5. Values of the correct chain stay in 0..`max_value`; operations whose result would leave that range are
+   not drawn. Wrong chains may leave it (they are written as they are).
+6. SFT trains on freshly drawn problems each step (no fixed train set), from a seed stream different from the
+   evaluation problems' (`make_problems(n, seed)`); with ~10^7 possible questions and ~4*10^4 drawn,
+   overlap with a few hundred held-out problems is negligible.
+7. The tokenizer has one token per character the task uses, plus "<|endoftext|>" (EOS and pad), "<extra_0>"
+   (the Qwen PRM step separator, so PRM-style code runs) and "<unk>" (a character outside the task maps to it
+   instead of raising). No chat template, so `generate.format_prompt` uses the plain layout
+   "Question: {q}\\nSolution:\\n".
+8. Tuned defaults (issue 7; measured on the shared 2-core machine, see the report/README): 3-4 operations,
+   values 0..30, operands 1..9, multiplier 2; a 2-layer, 128-wide Qwen2 (0.30 M parameters); 1200 SFT
+   steps of 32 at lr 3e-3 with 60 % of the solutions carrying one slip, lateness 3 (slips mostly in the
+   last two steps). Greedy decoding is then almost always right; sampling at temperature 1.0 reproduces
+   the slips, so failures are mostly late near misses that a prefix-keeping repair can salvage. A smaller
+   budget (fewer steps, longer chains, 2-digit operands) left a model that could not even copy operands.
+"""
+import hashlib
+import json
+import math
+import os
+import random
+import re
+import time
+
+import torch
+
+VERSION = 2  # bump when a change to this file should invalidate cached warm starts
+EOS = "<|endoftext|>"
+STEP_SEP = "\n\n"
+TASK_DEFAULTS = dict(min_ops=3, max_ops=4, max_value=30, max_operand=9, max_factor=2)
+WARM_DEFAULTS = dict(sft_steps=1200, batch_size=32, lr=3e-3, warmup=20, error_rate=0.6, lateness=3.0,
+                     slips=(1, -1, 2, -2, 10, -10))
+MODEL_DEFAULTS = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=256, max_position_embeddings=256)
+OPS = {"add": "+", "minus": "-", "times": "*"}          # question word -> step symbol
+SYMBOLS = {v: k for k, v in OPS.items()}
+ITEM_RE = re.compile(r"So (-?\d+) ([+\-*]) (\d+) = (-?\d+)\.|\\boxed\{(-?\d+)\}")  # one step / the answer
+QUESTION_RE = re.compile(r"Start at (\d+)((?:, (?:add|minus|times) \d+)+)\.")
+
+
+# ---------------------------------------------------------------- the task
+
+def _apply(value: int, sym: str, arg: int) -> int:
+    return value + arg if sym == "+" else value - arg if sym == "-" else value * arg
+
+
+def format_step(value: int, sym: str, arg: int, result: int) -> str:
+    return f"So {value} {sym} {arg} = {result}."
+
+
+def _draw_op(rng: random.Random, value: int, *, max_value: int, max_operand: int, max_factor: int):
+    """One operation (symbol, operand) whose result stays in 0..max_value."""
+    choices = []
+    if value + 1 <= max_value:
+        choices.append(("+", rng.randint(1, min(max_operand, max_value - value))))
+    if value >= 1:
+        choices.append(("-", rng.randint(1, min(max_operand, value))))
+    if 1 <= value and 2 * value <= max_value:
+        choices.append(("*", rng.randint(2, min(max_factor, max_value // value))))
+    return rng.choice(choices)
+
+
+def make_problems(n: int, seed: int, **task_kw) -> list[dict]:
+    """n problems {"id", "question", "answer", "solution_steps"}; same (n, seed, task_kw) -> same list.
+
+    task_kw: min_ops, max_ops (operations per question), max_value (range of the correct chain),
+    max_operand (largest number added/subtracted), max_factor (largest multiplier)."""
+    cfg = {**TASK_DEFAULTS, **task_kw}
+    unknown = set(cfg) - set(TASK_DEFAULTS)
+    if unknown:
+        raise TypeError(f"make_problems: unknown task setting(s) {sorted(unknown)}; known: {sorted(TASK_DEFAULTS)}")
+    rng = random.Random(seed)
+    problems = []
+    for i in range(n):
+        start = value = rng.randint(1, cfg["max_value"] // 2)
+        ops = []
+        for _ in range(rng.randint(cfg["min_ops"], cfg["max_ops"])):
+            sym, arg = _draw_op(rng, value, max_value=cfg["max_value"], max_operand=cfg["max_operand"],
+                                max_factor=cfg["max_factor"])
+            ops.append((sym, arg))
+            value = _apply(value, sym, arg)
+        question = f"Start at {start}, " + ", ".join(f"{SYMBOLS[s]} {a}" for s, a in ops) + "."
+        steps = _chain_steps(start, ops)
+        problems.append({"id": f"toy-{seed}-{i}", "question": question, "answer": str(value),
+                         "solution_steps": steps})
+    return problems
+
+
+def _chain_steps(start: int, ops, *, error_at: int | None = None, slip: int = 0) -> list[str]:
+    """Steps "So a op b = c." for each operation, then "\\boxed{final}"; step `error_at` is off by `slip`."""
+    steps, value = [], start
+    for k, (sym, arg) in enumerate(ops):
+        result = _apply(value, sym, arg) + (slip if k == error_at else 0)
+        steps.append(format_step(value, sym, arg, result))
+        value = result
+    steps.append(f"\\boxed{{{value + (slip if error_at == len(ops) else 0)}}}")
+    return steps
+
+
+def parse_question(question: str) -> tuple[int, list[tuple[str, int]]]:
+    """(start, [(symbol, operand), ...]) of a toy question; ValueError naming the question otherwise."""
+    m = QUESTION_RE.search(question)
+    if m is None:
+        raise ValueError(f"not a toy question: {question!r}")
+    ops = [(OPS[word], int(arg)) for word, arg in re.findall(r"(add|minus|times) (\d+)", m.group(2))]
+    return int(m.group(1)), ops
+
+
+def correct_chain(question: str) -> list[int]:
+    """Values v_0 (start), v_1, ..., v_n of the correct chain."""
+    start, ops = parse_question(question)
+    values = [start]
+    for sym, arg in ops:
+        values.append(_apply(values[-1], sym, arg))
+    return values
+
+
+def draw_error_at(n_ops: int, rng: random.Random, lateness: float) -> int:
+    """Index of the slipped step in 0..n_ops (n_ops = the boxed step); weight (k + 1) ** lateness."""
+    weights = [(k + 1) ** lateness for k in range(n_ops + 1)]
+    return rng.choices(range(n_ops + 1), weights=weights)[0]
+
+
+def solution_text(problem: dict, error_at: int | None = None, rng: random.Random | None = None,
+                  slips=WARM_DEFAULTS["slips"]) -> str:
+    """The solution, steps joined by "\\n\\n". With `error_at` = k, step k's result is off by a slip drawn
+    from `slips` with `rng` (the boxed step when k = number of operations); later steps follow the wrong value."""
+    if error_at is None:
+        return STEP_SEP.join(problem["solution_steps"])
+    start, ops = parse_question(problem["question"])
+    if not 0 <= error_at <= len(ops):
+        raise ValueError(f"error_at={error_at} outside 0..{len(ops)} for problem {problem.get('id')}")
+    rng = rng or random.Random(0)
+    right = correct_chain(problem["question"])[min(error_at + 1, len(ops))]
+    slip = rng.choice([s for s in slips if right + s >= 0])
+    return STEP_SEP.join(_chain_steps(start, ops, error_at=error_at, slip=slip))
+
+
+# ---------------------------------------------------------------- tokenizer and model
+
+def make_tokenizer():
+    """Char-level PreTrainedTokenizerFast over exactly the characters of the toy task (+ specials)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    text = "Question: Solution:\nStart at, add minus times. So 0123456789 + - * = \\boxed{}"
+    specials = [EOS, "<extra_0>", "<unk>"]
+    vocab = {s: i for i, s in enumerate(specials)}
+    for ch in sorted(set(text)):
+        vocab[ch] = len(vocab)
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split("", behavior="isolated")  # one token per character
+    core.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=EOS, pad_token=EOS, unk_token="<unk>",
+                                   additional_special_tokens=["<extra_0>"])
+
+
+def tiny_config(tokenizer, **kw):
+    """A tiny Qwen2Config (defaults: ~0.8 M parameters); keyword arguments override MODEL_DEFAULTS."""
+    from transformers import Qwen2Config
+
+    return Qwen2Config(vocab_size=len(tokenizer), tie_word_embeddings=True, bos_token_id=None,
+                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                       **{**MODEL_DEFAULTS, **kw})
+
+
+# ---------------------------------------------------------------- SFT warm start
+
+def _settings(seed: int, kw: dict) -> dict:
+    known = set(WARM_DEFAULTS) | set(MODEL_DEFAULTS) | set(TASK_DEFAULTS)
+    unknown = set(kw) - known
+    if unknown:
+        raise TypeError(f"warm_start: unknown setting(s) {sorted(unknown)}; known: {sorted(known)}")
+    s = {**WARM_DEFAULTS, **MODEL_DEFAULTS, **TASK_DEFAULTS, **kw, "seed": seed, "version": VERSION}
+    s["slips"] = list(s["slips"])
+    return s
+
+
+def cache_path(cache_dir: str, seed: int = 0, **kw) -> str:
+    """Directory of the warm start with these settings: <cache_dir>/toy_warm_<sha256 of settings>[:12]."""
+    s = _settings(seed, kw)
+    digest = hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()[:12]
+    return os.path.join(cache_dir, f"toy_warm_{digest}")
+
+
+def sft_example(tokenizer, problem: dict, solution: str) -> tuple[list[int], list[int]]:
+    """(input ids, labels): prompt + solution + EOS; labels -100 on the prompt (loss on the solution only)."""
+    from generate import format_prompt
+
+    prompt = format_prompt(tokenizer, problem["question"])
+    answer = tokenizer.encode(solution, add_special_tokens=False) + [tokenizer.eos_token_id]
+    return prompt + answer, [-100] * len(prompt) + answer
+
+
+def _sft(model, tokenizer, s: dict) -> list[float]:
+    """Train `model` in place on noisy solutions; returns the loss every 10 steps."""
+    task_kw = {k: s[k] for k in TASK_DEFAULTS}
+    rng = random.Random(10_007 * (s["seed"] + 1))       # problem/slip stream, apart from eval seeds
+    torch.manual_seed(s["seed"])
+    opt = torch.optim.AdamW(model.parameters(), lr=s["lr"], weight_decay=0.01)
+    # linear warmup, then cosine decay to 10 % of lr
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda t: min(1.0, (t + 1) / s["warmup"]) * (
+        0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, t / s["sft_steps"])))))
+    model.train()
+    losses, t0 = [], time.time()
+    for step in range(s["sft_steps"]):
+        batch = make_problems(s["batch_size"], rng.randrange(2**31), **task_kw)
+        rows = []
+        for p in batch:
+            n_ops = len(p["solution_steps"]) - 1
+            err = draw_error_at(n_ops, rng, s["lateness"]) if rng.random() < s["error_rate"] else None
+            rows.append(sft_example(tokenizer, p, solution_text(p, err, rng, s["slips"])))
+        width = max(len(ids) for ids, _ in rows)
+        pad = tokenizer.pad_token_id
+        input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows])  # (B, L)
+        labels = torch.tensor([lab + [-100] * (width - len(lab)) for _, lab in rows])    # (B, L)
+        mask = torch.tensor([[1] * len(ids) + [0] * (width - len(ids)) for ids, _ in rows])
+        loss = model(input_ids=input_ids, attention_mask=mask, labels=labels).loss
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        sched.step()
+        if step % 10 == 0 or step == s["sft_steps"] - 1:
+            losses.append(round(loss.item(), 4))
+        if (step + 1) % 50 == 0 or step == s["sft_steps"] - 1:
+            print(f"  warm start {step + 1}/{s['sft_steps']}  loss {loss.item():.3f}  ({time.time() - t0:.0f}s)",
+                  flush=True)
+    model.eval()
+    return losses
+
+
+def warm_start(cache_dir: str, seed: int = 0, **kw):
+    """(model, tokenizer): the SFT-warm-started toy policy, trained once and cached under `cache_dir`.
+
+    kw overrides WARM_DEFAULTS (sft_steps, batch_size, lr, warmup, error_rate, lateness, slips),
+    MODEL_DEFAULTS (tiny_config fields) and TASK_DEFAULTS (problem distribution). Returned in eval mode."""
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+    s = _settings(seed, kw)
+    path = cache_path(cache_dir, seed, **kw)
+    if os.path.exists(os.path.join(path, "warm_start.json")):
+        t0 = time.time()
+        model = Qwen2ForCausalLM.from_pretrained(path).eval()
+        tokenizer = PreTrainedTokenizerFast.from_pretrained(path)
+        print(f"toy warm start: loaded {path} ({time.time() - t0:.1f}s)", flush=True)
+        return model, tokenizer
+    tokenizer = make_tokenizer()
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(tiny_config(tokenizer, **{k: s[k] for k in MODEL_DEFAULTS}))
+    n_params = sum(p.numel() for p in model.parameters())
+    print(f"toy warm start: training {n_params / 1e6:.2f} M params, {s['sft_steps']} SFT steps x "
+          f"{s['batch_size']} (error_rate {s['error_rate']}, lateness {s['lateness']}) -> {path}", flush=True)
+    t0 = time.time()
+    losses = _sft(model, tokenizer, s)
+    seconds = time.time() - t0
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    with open(os.path.join(path, "warm_start.json"), "w") as f:   # written last: marks a complete cache
+        json.dump({"settings": s, "seconds": round(seconds, 1), "losses": losses,
+                   "torch_threads": torch.get_num_threads()}, f, indent=1)
+    print(f"toy warm start: done in {seconds:.0f}s, saved to {path}", flush=True)
+    return model, tokenizer
+
+
+# ---------------------------------------------------------------- PRM and refiner stand-ins
+
+def parse_items(step: str) -> list[tuple] | None:
+    """The items a step states, in order: ("op", a, sym, b, c) per "So a sym b = c." and ("boxed", v);
+    None when anything but whitespace is left over (a malformed step)."""
+    items, pos = [], 0
+    for m in ITEM_RE.finditer(step):
+        if step[pos:m.start()].strip():
+            return None
+        a, sym, b, c, v = m.groups()
+        items.append(("boxed", int(v)) if v is not None else ("op", int(a), sym, int(b), int(c)))
+        pos = m.end()
+    return items if items and not step[pos:].strip() else None
+
+
+def score_steps(question: str, steps: list[str]) -> list[float]:
+    """1.0/0.0 per step against the correct chain of the question (choice 1).
+
+    The j-th item stated in the whole solution must be the j-th step of the chain ("So v_j sym_j b_j =
+    v_{j+1}.") or, for j = number of operations, "\\boxed{v_n}". A step is correct iff it is well formed and
+    all its items are right; counting items (not steps) keeps this exact when split_steps merges steps."""
+    start, ops = parse_question(question)
+    values = correct_chain(question)
+    expected = [("op", values[k], sym, arg, values[k + 1]) for k, (sym, arg) in enumerate(ops)]
+    expected.append(("boxed", values[-1]))
+    scores, j = [], 0
+    for step in steps:
+        items = parse_items(step)
+        if items is None:
+            scores.append(0.0)
+            continue
+        scores.append(float(items == expected[j:j + len(items)]))
+        j += len(items)
+    return scores
+
+
+class ToyPRM:
+    """Rule-based step verifier playing the PRM: 1.0 for a correct step, 0.0 otherwise (choice 1),
+    each score flipped with probability `noise` (choice 2). Same score/score_batch as ProcessRewardModel."""
+
+    def __init__(self, noise: float = 0.0, seed: int = 0):
+        if not 0.0 <= noise <= 1.0:
+            raise ValueError(f"ToyPRM noise={noise} must be in [0, 1]")
+        self.noise = noise
+        self.rng = random.Random(seed)
+
+    def score(self, question: str, steps: list[str]) -> list[float]:
+        scores = score_steps(question, steps)
+        if self.noise > 0:
+            scores = [1.0 - s if self.rng.random() < self.noise else s for s in scores]
+        return scores
+
+    def score_batch(self, questions: list[str], list_of_steps: list[list[str]]) -> list[list[float]]:
+        if len(questions) != len(list_of_steps):
+            raise ValueError(f"score_batch: {len(questions)} questions but {len(list_of_steps)} step lists")
+        return [self.score(q, steps) for q, steps in zip(questions, list_of_steps)]
+
+
+class OracleRefiner:
+    """Writes the remaining steps correctly from the prefix's last value (choice 3); deterministic.
+    Same continue_from as refine.Refiner; suffixes are plain text in the toy tokenizer's vocabulary."""
+
+    def continue_from(self, questions: list[str], prefixes: list[str], *, n: int, max_tokens, seed=None
+                      ) -> list[list[str]]:
+        if len(questions) != len(prefixes):
+            raise ValueError(f"continue_from: {len(questions)} questions but {len(prefixes)} prefixes")
+        if isinstance(max_tokens, int):
+            max_tokens = [max_tokens] * len(questions)
+        out = []
+        for question, prefix, limit in zip(questions, prefixes, max_tokens):
+            start, ops = parse_question(question)
+            done = [m.groups() for m in ITEM_RE.finditer(prefix) if m.group(5) is None]
+            value = int(done[-1][3]) if done else start      # the last value the prefix states
+            steps = []
+            for sym, arg in ops[len(done):]:
+                steps.append(format_step(value, sym, arg, _apply(value, sym, arg)))
+                value = _apply(value, sym, arg)
+            steps.append(f"\\boxed{{{value}}}")
+            # join onto the prefix at a step boundary, adding whatever part of "\n\n" it lacks
+            lead = "" if not prefix or prefix.endswith(STEP_SEP) else ("\n" if prefix.endswith("\n") else STEP_SEP)
+            suffix = (lead + STEP_SEP.join(steps))[:max(0, limit)]   # one char = one token
+            out.append([suffix] * n)
+        return out
+
+
+if __name__ == "__main__":
+    problem = make_problems(1, seed=0)[0]
+    print(problem["question"], "\n---\n" + solution_text(problem), "\n---")
+    print(solution_text(problem, error_at=2, rng=random.Random(0)))
+    print(cache_path("runs/cache"))
