@@ -1453,11 +1453,13 @@ def load_model(name_or_path: str, device: str):
     Raises RuntimeError naming the model when it cannot be loaded (nothing at that path and no network).
     """
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
+
+    from generate import load_tokenizer
 
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     try:
-        tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+        tokenizer = load_tokenizer(name_or_path)
         model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
     except (OSError, ValueError) as err:
         raise RuntimeError(
@@ -1477,12 +1479,10 @@ def make_generator(name_or_path: str, backend: str, *, seed: int = 0, vllm_mem: 
     if backend == "auto":
         backend = "vllm" if importlib.util.find_spec("vllm") and torch.cuda.is_available() else "hf"
     if backend == "vllm":
-        from transformers import AutoTokenizer
-
-        from generate import VLLMGenerator
+        from generate import VLLMGenerator, load_tokenizer
 
         try:
-            tokenizer = AutoTokenizer.from_pretrained(name_or_path)
+            tokenizer = load_tokenizer(name_or_path)
         except (OSError, ValueError) as err:
             raise RuntimeError(f"could not load the tokenizer of model '{name_or_path}' "
                                f"(no local directory and no network?). [{err}]") from err

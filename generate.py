@@ -119,6 +119,23 @@ def token_budget(index: int, prompt: list[int], max_tokens: int, context: int | 
     return min(max_tokens, context - len(prompt))
 
 
+def load_tokenizer(name_or_path: str, **kw):
+    """AutoTokenizer, except for a folder whose tokenizer was saved as a plain `tokenizers` pipeline (the toy
+    char tokenizer, the tests' tokenizers): transformers 5.20 maps a folder holding a qwen2 config.json to
+    Qwen2Tokenizer, which rebuilds the pre-tokenizer (the toy tokenizer then loses every space), whereas
+    PreTrainedTokenizerFast loads tokenizer.json exactly as it was saved. Shared by scope.py, eval.py, prm.py."""
+    import os
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config = os.path.join(name_or_path, "tokenizer_config.json")
+    if os.path.isfile(config):
+        with open(config) as f:
+            if json.load(f).get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+                return PreTrainedTokenizerFast.from_pretrained(name_or_path)
+    return AutoTokenizer.from_pretrained(name_or_path, **kw)
+
+
 # ==== 2. Hugging Face generate backend ====
 
 

@@ -277,14 +277,16 @@ class ProcessRewardModel:
     """
 
     def __init__(self, name_or_path, device="cpu", dtype=None, max_length=4096, micro_batch_size=4):
-        from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification, AutoTokenizer
+        from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification
+
+        from generate import load_tokenizer
 
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)
         self.name = str(name_or_path)
         try:
             config = AutoConfig.from_pretrained(self.name, trust_remote_code=True)
-            self.tokenizer = AutoTokenizer.from_pretrained(self.name, trust_remote_code=True)
+            self.tokenizer = load_tokenizer(self.name, trust_remote_code=True)
             archs = getattr(config, "architectures", None) or []
             if any(a.endswith("ForTokenClassification") for a in archs):
                 model = AutoModelForTokenClassification.from_pretrained(self.name, dtype=dtype)

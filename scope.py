@@ -57,7 +57,7 @@ import torch
 from tqdm import tqdm
 
 from eval import discarded_valid_share, evaluate, grade, load_problems, near_miss_at_k
-from generate import HFGenerator, format_prompt
+from generate import HFGenerator, format_prompt, load_tokenizer
 from grpo import build_batch, group_advantages, token_logprobs, update
 from prm import cut_point, keep_ratio, mean_score, select_candidate, split_steps, step_token_spans
 from refine import Refiner, Trajectory, rectify
@@ -175,21 +175,6 @@ def problems_or_exit(source: str, **kw) -> list[dict]:
         return load_problems(source, **kw)
     except (ValueError, OSError) as e:
         raise SystemExit(f"error: cannot load problems from '{source}': {e}") from None
-
-
-def load_tokenizer(name: str):
-    """AutoTokenizer, except for a folder whose tokenizer was saved as a plain `tokenizers` pipeline (the toy
-    char tokenizer, the tests' tokenizers): transformers 5.20 maps a folder holding a qwen2 config.json to
-    Qwen2Tokenizer, which rebuilds the pre-tokenizer (the toy tokenizer then loses every space), whereas
-    PreTrainedTokenizerFast loads tokenizer.json exactly as it was saved."""
-    from transformers import AutoTokenizer, PreTrainedTokenizerFast
-
-    config = os.path.join(name, "tokenizer_config.json")
-    if os.path.isfile(config):
-        with open(config) as f:
-            if json.load(f).get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-                return PreTrainedTokenizerFast.from_pretrained(name)
-    return AutoTokenizer.from_pretrained(name)
 
 
 def load_causal_lm(name: str, device: str, dtype=None):
