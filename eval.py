@@ -1607,6 +1607,7 @@ def plot_runs(runs: list[str], out: str) -> str:
     cols = 4
     fig, axes = plt.subplots((len(PLOT_PANELS) + cols - 1) // cols, cols,
                              figsize=(4.5 * cols, 3.4 * ((len(PLOT_PANELS) + cols - 1) // cols)), squeeze=False)
+    colors = {label: f"C{i % 10}" for i, label in enumerate(logs)}  # one colour per run in every panel
     for ax, (title, value) in zip(axes.flat, PLOT_PANELS):
         any_data = False
         for label, rows in logs.items():
@@ -1615,7 +1616,7 @@ def plot_runs(runs: list[str], out: str) -> str:
             if points:
                 any_data = True
                 xs, ys = zip(*points)
-                ax.plot(xs, ys, marker="o" if len(points) <= 30 else None, markersize=3, label=label)
+                ax.plot(xs, ys, marker="o" if len(points) <= 30 else None, markersize=3, color=colors[label])
         if not any_data:
             ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
         ax.set_title(title, fontsize=10)
@@ -1623,10 +1624,11 @@ def plot_runs(runs: list[str], out: str) -> str:
         ax.grid(alpha=0.3)
     for ax in list(axes.flat)[len(PLOT_PANELS):]:
         ax.axis("off")
-    for ax in axes.flat:  # one legend, on the first panel with curves
-        if ax.get_legend_handles_labels()[0]:
-            ax.legend(fontsize=8)
-            break
+    # one legend naming every run (a run without data in the first panel, e.g. grpo's keep ratio, still gets its
+    # entry; regression: per-panel colour cycles used to shift and the legend then mislabelled later panels)
+    handles = [plt.Line2D([], [], color=colors[label], label=label) for label in logs]
+    if handles:
+        axes.flat[0].legend(handles=handles, fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=100)
     plt.close(fig)

@@ -243,6 +243,9 @@ def main(args: Args) -> dict:
     torch.manual_seed(args.seed)
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device.startswith("cuda")
+    if args.toy:
+        torch.set_num_threads(1)   # a 0.3 M-parameter model gains nothing from threads; on a shared 2-core machine
+                                   # two threads per process were ~15x slower (oversubscription)
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else contextlib.nullcontext
     use_vllm = args.backend == "vllm" or (args.backend == "auto" and cuda and _vllm_importable())
     if use_vllm and not _vllm_importable():
@@ -414,8 +417,9 @@ def main(args: Args) -> dict:
                                         seed=seed_for(args.seed, step, "refine"))
         accepted = [tr for tr in traces if tr["accepted"]]
         m["rectify_tried"], m["rectify_accepted"] = len(traces), len(accepted)
-        m["keep_ratio_steps"] = mean(tr["keep_ratio"] for tr in accepted)
-        m["keep_ratio_tokens"] = mean(tr["keep_ratio_tokens"] for tr in accepted)
+        # κ of what was actually kept: a whole-solution repair (mode replace, or a cut at step 0) keeps nothing
+        m["keep_ratio_steps"] = mean(tr["keep_ratio"] if tr["mode"] == "scope" else 0.0 for tr in accepted)
+        m["keep_ratio_tokens"] = mean(tr["keep_ratio_tokens"] if tr["mode"] == "scope" else 0.0 for tr in accepted)
         for tr in traces:
             traces_file.write(json.dumps({"step": step, **tr}) + "\n")
         m["time_refine"] = time.time() - t1

@@ -122,6 +122,24 @@ def test_plot_writes_png_from_metrics_jsonl(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
 
+def test_plot_keeps_one_colour_per_run_across_panels(tmp_path, monkeypatch):
+    """Regression: each panel restarted the colour cycle, so a run with no data in a panel (grpo has no keep
+    ratio) shifted the colours of the runs after it and the single legend mislabelled that panel."""
+    import matplotlib
+    matplotlib.use("Agg")
+    from matplotlib.axes import Axes
+
+    runs = {"grpo": [{"step": s, "reward_mean": 0.1 * s} for s in (1, 2)],
+            "scope": [{"step": s, "reward_mean": 0.2 * s, "keep_ratio_steps": 0.5} for s in (1, 2)]}
+    for name, rows in runs.items():
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    colours, plot = [], Axes.plot
+    monkeypatch.setattr(Axes, "plot", lambda self, *a, **kw: colours.append(kw.get("color")) or plot(self, *a, **kw))
+    ev.plot_runs([str(tmp_path / "grpo"), str(tmp_path / "scope")], str(tmp_path / "c.png"))
+    assert colours == ["C0", "C1", "C1"]   # reward: grpo, scope; keep ratio: scope only, still C1
+
+
 def test_plot_names_a_bad_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{oops\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl, line 2"):

@@ -75,6 +75,8 @@ def test_each_mode_runs_two_toy_steps(tmp_path, toy_model_dir, mode, extra):
         assert {"step", "group", "question", "steps", "scores", "cut", "accepted", "suffixes"} <= set(tr)
         if mode == "replace":
             assert tr["mode"] == "replace" and tr["prefix_text"] == ""
+    if mode == "replace":   # regression: the PRM's κ of the pick was logged although nothing is kept
+        assert all(r["keep_ratio_steps"] in (None, 0.0) and r["keep_ratio_tokens"] in (None, 0.0) for r in rows[1:])
     assert (run / "checkpoint" / "optimizer.pt").exists() and (run / "checkpoint" / "state.pt").exists()
 
 
