@@ -1447,39 +1447,16 @@ def diversity_summary(per_problem: list[dict]) -> dict[str, dict[str, float]]:
     return summary
 
 
-def load_model(name_or_path: str, device: str):
-    """AutoModelForCausalLM + AutoTokenizer from an HF id or a local directory (bf16 on CUDA, fp32 on CPU).
-
-    Raises RuntimeError naming the model when it cannot be loaded (nothing at that path and no network).
-    """
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    from generate import load_tokenizer
-
-    dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
-    try:
-        tokenizer = load_tokenizer(name_or_path)
-        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
-    except (OSError, ValueError) as err:
-        raise RuntimeError(
-            f"could not load model '{name_or_path}': it is not a local checkpoint directory and could not "
-            f"be fetched from the Hugging Face hub (no network, or no such model id). Pass a local directory "
-            f"holding config.json, the weights and the tokenizer. [{type(err).__name__}: {err}]") from err
-    return model.to(device).eval(), tokenizer
-
-
 def make_generator(name_or_path: str, backend: str, *, seed: int = 0, vllm_mem: float = 0.85):
     """(generator, tokenizer) for evaluation: vLLM when asked, or with `auto` when vLLM imports and CUDA
     is present; else Hugging Face generate on CUDA or CPU."""
-    import importlib.util
-
     import torch
 
+    from generate import HFGenerator, VLLMGenerator, load_causal_lm, load_tokenizer, vllm_importable
+
     if backend == "auto":
-        backend = "vllm" if importlib.util.find_spec("vllm") and torch.cuda.is_available() else "hf"
+        backend = "vllm" if vllm_importable() and torch.cuda.is_available() else "hf"
     if backend == "vllm":
-        from generate import VLLMGenerator, load_tokenizer
 
         try:
             tokenizer = load_tokenizer(name_or_path)
@@ -1488,11 +1465,9 @@ def make_generator(name_or_path: str, backend: str, *, seed: int = 0, vllm_mem: 
                                f"(no local directory and no network?). [{err}]") from err
         return VLLMGenerator(name_or_path, tokenizer=tokenizer, gpu_memory_utilization=vllm_mem,
                              seed=seed), tokenizer
-    from generate import HFGenerator
-
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_model(name_or_path, device)
-    return HFGenerator(model, tokenizer), tokenizer
+    model, tokenizer = load_causal_lm(name_or_path, device)
+    return HFGenerator(model.eval(), tokenizer), tokenizer
 
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:

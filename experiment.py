@@ -164,9 +164,8 @@ def evaluate_policy(path: str, args) -> dict:
 
     import toy
     from eval import diversity_summary, discarded_valid_share, evaluate, load_problems, near_miss_at_k
-    from generate import HFGenerator
+    from generate import HFGenerator, load_causal_lm
     from prm import cut_point, keep_ratio, split_steps
-    from scope import load_causal_lm   # keeps the char tokenizer's spaces (AutoTokenizer would drop them)
 
     torch.set_num_threads(1)
     model, tokenizer = load_causal_lm(path, "cpu")
@@ -254,7 +253,7 @@ def write_results(results: list[dict], args, wall_minutes: float) -> str:
         return "\n".join(lines)
 
     command = shlex.join(["python", "experiment.py", *sys.argv[1:]])
-    md = [f"# Toy world: SCOPE vs GRPO vs replace vs PRM reward\n",
+    md = ["# Toy world: SCOPE vs GRPO vs replace vs PRM reward\n",
           f"Command: `{command.strip()}`  \nWall time of this invocation: {wall_minutes:.1f} min on this machine "
           f"(2 shared CPU cores, {args.jobs} jobs at once).  \nTraining: {args.steps} steps of "
           f"`scope.py --toy` defaults{' + ' + ' '.join(args.passthrough) if args.passthrough else ''}"

@@ -136,6 +136,31 @@ def load_tokenizer(name_or_path: str, **kw):
     return AutoTokenizer.from_pretrained(name_or_path, **kw)
 
 
+def load_causal_lm(name_or_path: str, device: str, dtype=None):
+    """(model, tokenizer) from an HF id or a local folder, the one loader of scope.py, eval.py and experiment.py.
+    dtype defaults to bfloat16 on CUDA and float32 on the CPU (scope.py asks float32 for the trained policy).
+    Raises RuntimeError naming the model when it cannot be loaded (nothing at that path and no network)."""
+    from transformers import AutoModelForCausalLM
+
+    dtype = dtype or (torch.bfloat16 if device.startswith("cuda") else torch.float32)
+    try:
+        tokenizer = load_tokenizer(name_or_path)
+        model = AutoModelForCausalLM.from_pretrained(name_or_path, dtype=dtype)
+    except (OSError, ValueError) as err:
+        raise RuntimeError(
+            f"could not load model '{name_or_path}': it is not a local checkpoint directory and could not "
+            f"be fetched from the Hugging Face hub (no network, or no such model id). Pass a local directory "
+            f"holding config.json, the weights and the tokenizer. [{type(err).__name__}: {err}]") from err
+    return model.to(device), tokenizer
+
+
+def vllm_importable() -> bool:
+    """True when vllm can be imported (without importing it: that takes seconds)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
 # ==== 2. Hugging Face generate backend ====
 
 

@@ -57,7 +57,7 @@ import torch
 from tqdm import tqdm
 
 from eval import discarded_valid_share, evaluate, grade, load_problems, near_miss_at_k
-from generate import HFGenerator, format_prompt, load_tokenizer
+from generate import HFGenerator, format_prompt, load_causal_lm, load_tokenizer, vllm_importable
 from grpo import build_batch, group_advantages, token_logprobs, update
 from prm import cut_point, keep_ratio, mean_score, select_candidate, split_steps, step_token_spans
 from refine import Refiner, Trajectory, rectify
@@ -177,15 +177,6 @@ def problems_or_exit(source: str, **kw) -> list[dict]:
         raise SystemExit(f"error: cannot load problems from '{source}': {e}") from None
 
 
-def load_causal_lm(name: str, device: str, dtype=None):
-    from transformers import AutoModelForCausalLM
-
-    with loading(name):
-        tokenizer = load_tokenizer(name)
-        model = AutoModelForCausalLM.from_pretrained(name, dtype=dtype or torch.float32).to(device)
-    return model, tokenizer
-
-
 def save_checkpoint(run_dir: str, step: int, model, tokenizer, optimizer) -> None:
     """runs/<name>/checkpoint: model + tokenizer (save_pretrained), optimizer, RNG states, step."""
     from transformers.utils import logging as hf_logging
@@ -247,8 +238,8 @@ def main(args: Args) -> dict:
         torch.set_num_threads(1)   # a 0.3 M-parameter model gains nothing from threads; on a shared 2-core machine
                                    # two threads per process were ~15x slower (oversubscription)
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else contextlib.nullcontext
-    use_vllm = args.backend == "vllm" or (args.backend == "auto" and cuda and _vllm_importable())
-    if use_vllm and not _vllm_importable():
+    use_vllm = args.backend == "vllm" or (args.backend == "auto" and cuda and vllm_importable())
+    if use_vllm and not vllm_importable():
         raise SystemExit("error: --backend vllm, but vllm is not installed (GPU: pip install vllm==0.33.0)")
 
     # ------------------------------------------------------------------ data (first: a bad file fails fast)
@@ -275,11 +266,13 @@ def main(args: Args) -> dict:
     resuming = bool(args.resume) and os.path.isdir(ckpt)
     if args.resume and not resuming:
         print(f"no checkpoint in {run_dir}: starting from step 1")
-    policy, tokenizer = load_causal_lm(ckpt if resuming else base_path, device)
+    with loading(ckpt if resuming else base_path):   # float32 master weights (bf16 would round lr-1e-6 steps away)
+        policy, tokenizer = load_causal_lm(ckpt if resuming else base_path, device, torch.float32)
     n_params = sum(p.numel() for p in policy.parameters())
     ref_model = None
     if args.kl_coef > 0:   # the KL reference is the model we started from, also after a resume
-        ref_model = load_causal_lm(base_path, device)[0].eval().requires_grad_(False)
+        with loading(base_path):
+            ref_model = load_causal_lm(base_path, device, torch.float32)[0].eval().requires_grad_(False)
 
     if use_vllm:   # in-process engine; its weights follow the policy through sync_weights after every update
         from generate import VLLMGenerator
@@ -306,8 +299,8 @@ def main(args: Args) -> dict:
             refiner = Refiner(OpenAIGenerator(args.refiner_url, args.refiner, refiner_tokenizer), refiner_tokenizer,
                               prompt_style=args.refine_prompt)
         else:   # vLLM allows one engine per process: a separate refiner runs through HF generate
-            refiner_model, refiner_tokenizer = load_causal_lm(args.refiner, device,
-                                                              torch.bfloat16 if cuda else torch.float32)
+            with loading(args.refiner):
+                refiner_model, refiner_tokenizer = load_causal_lm(args.refiner, device)   # bf16 on CUDA
             refiner = Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.micro_batch_size),
                               refiner_tokenizer, prompt_style=args.refine_prompt)
 
@@ -500,11 +493,6 @@ def summary_line(m: dict) -> str:
 
 def _fmt(x) -> str:
     return "n/a" if x is None else f"{x:.3f}"
-
-
-def _vllm_importable() -> bool:
-    import importlib.util
-    return importlib.util.find_spec("vllm") is not None
 
 
 if __name__ == "__main__":

@@ -159,13 +159,12 @@ def test_saved_toy_tokenizer_keeps_its_spaces(toy_model_dir):
     """Guards the bug where AutoTokenizer (transformers 5.20) turned a folder holding a qwen2 config.json and
     the toy char tokenizer into a Qwen2Tokenizer that dropped every space: the policy then saw
     "Question:Startat5,..." and the toy run never learnt. generate.load_tokenizer keeps the saved pipeline;
-    scope.py, eval.py (`eval.load_model`, the CLI on a toy checkpoint) and prm.py all load through it."""
-    import eval as evaluation
+    scope.py, eval.py (the CLI on a toy checkpoint), experiment.py and prm.py all load through it."""
     import generate
     import toy
 
     text = "Question: Start at 5, add 3.\nSolution:\nSo 5 + 3 = 8.\n\n\\boxed{8}"
     want = toy.make_tokenizer().encode(text, add_special_tokens=False)
-    for tok in (generate.load_tokenizer(toy_model_dir), evaluation.load_model(toy_model_dir, "cpu")[1]):
+    for tok in (generate.load_tokenizer(toy_model_dir), generate.load_causal_lm(toy_model_dir, "cpu")[1]):
         assert tok.encode(text, add_special_tokens=False) == want
         assert tok.decode(tok.encode(text, add_special_tokens=False)) == text
