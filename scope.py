@@ -218,45 +218,163 @@ def mean(xs) -> float | None:
     return float(np.mean(xs)) if xs else None
 
 
-def main(args: Args) -> dict:
-    t_start = time.time()
-    if args.mode not in MODES:
-        raise SystemExit(f"error: --mode {args.mode!r}; choose from {MODES}")
-
-    # ------------------------------------------------------------------ run folder, seeding, device
+def run_folder(args: Args) -> str:
+    """runs/<run_name> (or the resumed folder), created, with the resolved Args saved as config.json."""
     run_name = args.run_name or f"{args.mode}-{os.path.basename(args.model.rstrip('/'))}-s{args.seed}"
     run_dir = args.resume or os.path.join("runs", run_name)
     os.makedirs(run_dir, exist_ok=True)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
         json.dump({**asdict(args), "resume": ""}, f, indent=1)
-    random.seed(args.seed)
-    np.random.seed(args.seed)
-    torch.manual_seed(args.seed)
+    return run_dir
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def choose_device(args: Args) -> tuple[str, bool]:
+    """(device, use_vllm): cuda when present unless --device says otherwise; vLLM when asked or (auto) available."""
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     cuda = device.startswith("cuda")
     if args.toy:
         torch.set_num_threads(1)   # a 0.3 M-parameter model gains nothing from threads; on a shared 2-core machine
                                    # two threads per process were ~15x slower (oversubscription)
-    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if cuda else contextlib.nullcontext
     use_vllm = args.backend == "vllm" or (args.backend == "auto" and cuda and vllm_importable())
     if use_vllm and not vllm_importable():
         raise SystemExit("error: --backend vllm, but vllm is not installed (GPU: pip install vllm==0.33.0)")
+    return device, use_vllm
 
-    # ------------------------------------------------------------------ data (first: a bad file fails fast)
-    train_problems = problems_or_exit(args.dataset, split="train")   # toy: another seed than the held-out set
-    eval_problems = problems_or_exit(args.eval_dataset, limit=args.eval_size or None)
 
-    # ------------------------------------------------------------------ models: policy, rollout engine, PRM, refiner
-    if args.mode in ("scope", "replace", "prm-reward") and args.prm == "none":
-        raise SystemExit(f"error: --mode {args.mode} needs a PRM (--prm none only suits --mode grpo)")
+def base_model_path(args: Args) -> str:
+    """Where the policy's starting weights live: the cached toy warm start, an alias's hub id, or the path given."""
+    if args.toy and args.model == "toy":
+        import toy
+        toy.warm_start(CACHE_DIR, seed=0)   # SFT warm start, trained once and cached: the toy "pretrained model"
+        return toy.cache_path(CACHE_DIR, seed=0)
+    return MODEL_ALIASES.get(args.model, args.model)
+
+
+def load_policy(args: Args, path: str, base_path: str, device: str):
+    """(policy in float32, tokenizer, frozen KL reference or None). float32 master weights: AdamW steps of
+    lr 1e-6 would round away in bfloat16. The KL reference is the model we started from, also after a resume."""
+    with loading(path):
+        policy, tokenizer = load_causal_lm(path, device, torch.float32)
+    ref_model = None
+    if args.kl_coef > 0:
+        with loading(base_path):
+            ref_model = load_causal_lm(base_path, device, torch.float32)[0].eval().requires_grad_(False)
+    return policy, tokenizer, ref_model
+
+
+def make_rollout_engine(args: Args, policy, tokenizer, path: str, use_vllm: bool):
+    """vLLM in-process (its weights follow the policy through sync_weights after every update) or HF generate."""
+    if use_vllm:
+        from generate import VLLMGenerator
+        return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed)
+    return HFGenerator(policy, tokenizer, micro_batch_size=args.micro_batch_size)
+
+
+def load_prm(args: Args, device: str, seed: int | None = None):
+    """The process reward model, or the toy world's rule-based stand-in; None with --prm none."""
+    if args.prm == "none":
+        return None
+    if args.toy:   # the toy PRM's noise has its own RNG: main reseeds it from (seed, step) so resume is exact
+        import toy
+        return toy.ToyPRM(args.toy_prm_noise, seed=args.seed if seed is None else seed)
+    from prm import ProcessRewardModel
+    with loading(args.prm):
+        return ProcessRewardModel(args.prm, device=device,
+                                  dtype=torch.bfloat16 if device.startswith("cuda") else None)
+
+
+def load_refiner(args: Args, generator, tokenizer, device: str):
+    """The refiner of --mode scope/replace (None otherwise): the policy itself, the toy oracle, a served
+    model (--refiner-url) or a separate model through HF generate (vLLM allows one engine per process)."""
+    if args.mode not in ("scope", "replace"):
+        return None
+    if args.refiner == "policy":   # self-refinement: the current policy, through the same engine
+        return Refiner(generator, tokenizer, prompt_style=args.refine_prompt)
     if args.toy:
         import toy
-    if args.toy and args.model == "toy":
-        toy.warm_start(CACHE_DIR, seed=0)   # SFT warm start, trained once and cached: the toy "pretrained model"
-        base_path = toy.cache_path(CACHE_DIR, seed=0)
-    else:
-        base_path = MODEL_ALIASES.get(args.model, args.model)
-    if not cuda and not args.toy:
+        return toy.OracleRefiner()
+    if args.refiner_url:           # a big refiner served elsewhere (`vllm serve MODEL`)
+        from generate import OpenAIGenerator
+        with loading(args.refiner):
+            refiner_tokenizer = load_tokenizer(args.refiner)
+        return Refiner(OpenAIGenerator(args.refiner_url, args.refiner, refiner_tokenizer), refiner_tokenizer,
+                       prompt_style=args.refine_prompt)
+    with loading(args.refiner):
+        refiner_model, refiner_tokenizer = load_causal_lm(args.refiner, device)   # bf16 on CUDA
+    return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.micro_batch_size),
+                   refiner_tokenizer, prompt_style=args.refine_prompt)
+
+
+def restore_checkpoint(run_dir: str, ckpt: str, optimizer, device: str) -> int:
+    """Optimizer and RNG states from the checkpoint; logs cut back to its step. Returns the next step."""
+    optimizer.load_state_dict(torch.load(os.path.join(ckpt, "optimizer.pt"), map_location=device))
+    state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
+    restore_rng(state)
+    for name in ("metrics.jsonl", "traces.jsonl"):
+        truncate_jsonl(os.path.join(run_dir, name), state["step"])
+    print(f"resumed {run_dir} at step {state['step'] + 1}")
+    return state["step"] + 1
+
+
+def first_errors(trajs: list[Trajectory], prm, args: Args, tokenizer) -> dict[int, int]:
+    """Step 3: PRM scores for every failed rollout (all rollouts in prm-reward mode); sets steps, step_scores,
+    cut, keep_ratio, keep_ratio_tokens on each. Returns {id(trajectory): tokens before its first error}."""
+    scored = [t for t in trajs if args.mode == "prm-reward" or not t.correct] if prm else []
+    prefix_len = {}
+    if not scored:
+        return prefix_len
+    for t in scored:
+        t.steps = split_steps(t.text)
+    for t, scores in zip(scored, prm.score_batch([t.question for t in scored], [t.steps for t in scored])):
+        t.step_scores = scores
+        t.cut = cut_point(scores, args.tau)
+        t.keep_ratio = keep_ratio(t.cut, len(t.steps))
+        spans = step_token_spans(t.response_ids, t.steps, tokenizer)
+        prefix_len[id(t)] = spans[t.cut][0] if t.cut < len(spans) else len(t.response_ids)
+        t.keep_ratio_tokens = prefix_len[id(t)] / max(1, len(t.response_ids))
+    return prefix_len
+
+
+def select_failures(trajs: list[Trajectory], n_groups: int, prefix_len: dict[int, int], args: Args) -> list[tuple]:
+    """Step 4: (index, tokens to keep) of the most promising failure per group with at least one failure:
+    largest keep ratio, then higher prefix PRM mean, then shorter. Mode replace keeps nothing of the same pick."""
+    if args.mode not in ("scope", "replace"):
+        return []
+    picks = []
+    for b in range(n_groups):
+        idx = [i for i, t in enumerate(trajs) if t.group == b and not t.correct]
+        if not idx:
+            continue
+        j = select_candidate([trajs[i].keep_ratio for i in idx],
+                             [mean_score(trajs[i].step_scores[:trajs[i].cut]) for i in idx],
+                             [len(trajs[i].response_ids) for i in idx])
+        if j is not None:
+            picks.append((idx[j], 0 if args.mode == "replace" else prefix_len[id(trajs[idx[j]])]))
+    return picks
+
+
+def main(args: Args) -> dict:
+    t_start = time.time()
+    if args.mode not in MODES:
+        raise SystemExit(f"error: --mode {args.mode!r}; choose from {MODES}")
+
+    # ------------------------------------------------------------------ setup: run folder, seeding, device, data, models
+    run_dir = run_folder(args)
+    seed_everything(args.seed)
+    device, use_vllm = choose_device(args)
+    amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.startswith("cuda") else contextlib.nullcontext
+    train_problems = problems_or_exit(args.dataset, split="train")   # toy: another seed than the held-out set
+    eval_problems = problems_or_exit(args.eval_dataset, limit=args.eval_size or None)
+    if args.mode in ("scope", "replace", "prm-reward") and args.prm == "none":
+        raise SystemExit(f"error: --mode {args.mode} needs a PRM (--prm none only suits --mode grpo)")
+    base_path = base_model_path(args)
+    if not device.startswith("cuda") and not args.toy:
         print(f"warning: no GPU. Training {base_path} on the CPU takes minutes to hours per step "
               f"({args.prompts_per_step}x{args.group_size} rollouts of up to {args.max_new_tokens} tokens); "
               f"`--toy` shows the method on a CPU in minutes.", file=sys.stderr)
@@ -266,56 +384,15 @@ def main(args: Args) -> dict:
     resuming = bool(args.resume) and os.path.isdir(ckpt)
     if args.resume and not resuming:
         print(f"no checkpoint in {run_dir}: starting from step 1")
-    with loading(ckpt if resuming else base_path):   # float32 master weights (bf16 would round lr-1e-6 steps away)
-        policy, tokenizer = load_causal_lm(ckpt if resuming else base_path, device, torch.float32)
-    n_params = sum(p.numel() for p in policy.parameters())
-    ref_model = None
-    if args.kl_coef > 0:   # the KL reference is the model we started from, also after a resume
-        with loading(base_path):
-            ref_model = load_causal_lm(base_path, device, torch.float32)[0].eval().requires_grad_(False)
-
-    if use_vllm:   # in-process engine; its weights follow the policy through sync_weights after every update
-        from generate import VLLMGenerator
-        generator = VLLMGenerator(ckpt if resuming else base_path, tokenizer=tokenizer, seed=args.seed)
-    else:
-        generator = HFGenerator(policy, tokenizer, micro_batch_size=args.micro_batch_size)
-
-    prm = refiner = None   # the toy world plugs in stand-ins that answer the same calls as the real models
-    if args.prm != "none" and args.toy:
-        prm = toy.ToyPRM(args.toy_prm_noise, seed=args.seed)
-    elif args.prm != "none":
-        from prm import ProcessRewardModel
-        with loading(args.prm):
-            prm = ProcessRewardModel(args.prm, device=device, dtype=torch.bfloat16 if cuda else None)
-    if args.mode in ("scope", "replace"):
-        if args.refiner == "policy":   # self-refinement: the current policy, through the same engine
-            refiner = Refiner(generator, tokenizer, prompt_style=args.refine_prompt)
-        elif args.toy:
-            refiner = toy.OracleRefiner()
-        elif args.refiner_url:         # a big refiner served elsewhere (`vllm serve MODEL`)
-            from generate import OpenAIGenerator
-            with loading(args.refiner):
-                refiner_tokenizer = load_tokenizer(args.refiner)
-            refiner = Refiner(OpenAIGenerator(args.refiner_url, args.refiner, refiner_tokenizer), refiner_tokenizer,
-                              prompt_style=args.refine_prompt)
-        else:   # vLLM allows one engine per process: a separate refiner runs through HF generate
-            with loading(args.refiner):
-                refiner_model, refiner_tokenizer = load_causal_lm(args.refiner, device)   # bf16 on CUDA
-            refiner = Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.micro_batch_size),
-                              refiner_tokenizer, prompt_style=args.refine_prompt)
-
+    policy, tokenizer, ref_model = load_policy(args, ckpt if resuming else base_path, base_path, device)
+    generator = make_rollout_engine(args, policy, tokenizer, ckpt if resuming else base_path, use_vllm)
+    prm = load_prm(args, device)
+    refiner = load_refiner(args, generator, tokenizer, device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)
-    start_step = 1
-    if resuming:
-        optimizer.load_state_dict(torch.load(os.path.join(ckpt, "optimizer.pt"), map_location=device))
-        state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
-        restore_rng(state)
-        start_step = state["step"] + 1
-        for name in ("metrics.jsonl", "traces.jsonl"):
-            truncate_jsonl(os.path.join(run_dir, name), state["step"])
-        print(f"resumed {run_dir} at step {start_step}")
+    start_step = restore_checkpoint(run_dir, ckpt, optimizer, device) if resuming else 1
     metrics_file = open(os.path.join(run_dir, "metrics.jsonl"), "a" if resuming else "w")
     traces_file = open(os.path.join(run_dir, "traces.jsonl"), "a" if resuming else "w")
+    n_params = sum(p.numel() for p in policy.parameters())
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")
 
@@ -365,40 +442,19 @@ def main(args: Args) -> dict:
 
         # ---------------------------------------------------------- 3. PRM: score the steps, find each failure's first error
         t1 = time.time()
-        if args.toy and prm:   # the toy PRM's noise has its own RNG: reseed it from (seed, step) so resume is exact
-            prm = toy.ToyPRM(args.toy_prm_noise, seed=seed_for(args.seed, step, "prm"))
-        scored = [t for t in trajs if args.mode == "prm-reward" or not t.correct] if prm else []
-        prefix_len = {}   # id(trajectory) -> tokens before its first error
-        if scored:
-            for t in scored:
-                t.steps = split_steps(t.text)
-            for t, scores in zip(scored, prm.score_batch([t.question for t in scored], [t.steps for t in scored])):
-                t.step_scores = scores
-                t.cut = cut_point(scores, args.tau)
-                t.keep_ratio = keep_ratio(t.cut, len(t.steps))
-                spans = step_token_spans(t.response_ids, t.steps, tokenizer)
-                prefix_len[id(t)] = spans[t.cut][0] if t.cut < len(spans) else len(t.response_ids)
-                t.keep_ratio_tokens = prefix_len[id(t)] / max(1, len(t.response_ids))
-        failed_scored = [t for t in scored if not t.correct]
+        if args.toy and prm:
+            prm = load_prm(args, device, seed=seed_for(args.seed, step, "prm"))
+        prefix_len = first_errors(trajs, prm, args, tokenizer)   # id(trajectory) -> tokens before its first error
+        failed_scored = [t for t in trajs if not t.correct and t.step_scores is not None]
         m["near_miss_frac"] = near_miss_at_k([(len(t.steps), t.cut) for t in failed_scored], k=1) if failed_scored else None
         m["discarded_valid_frac"] = discarded_valid_share([t.keep_ratio for t in failed_scored]) if failed_scored else None
         if args.mode == "prm-reward":   # naive dense PRM reward (Table 3 row "RL with PRM reward")
-            for t in scored:
-                t.reward = float(t.correct) + args.prm_reward_coef * mean_score(t.step_scores)
+            for t in trajs:
+                t.reward = float(t.correct) + args.prm_reward_coef * mean_score(t.step_scores or [])
         m["time_prm"] = time.time() - t1
 
         # ---------------------------------------------------------- 4. select the most promising failure of each group
-        picks = []
-        if args.mode in ("scope", "replace"):
-            for b in range(B):
-                idx = [i for i, t in enumerate(trajs) if t.group == b and not t.correct]
-                if not idx:
-                    continue
-                j = select_candidate([trajs[i].keep_ratio for i in idx],
-                                     [mean_score(trajs[i].step_scores[:trajs[i].cut]) for i in idx],
-                                     [len(trajs[i].response_ids) for i in idx])
-                if j is not None:   # replace: same pick, empty prefix, the refiner writes everything
-                    picks.append((idx[j], 0 if args.mode == "replace" else prefix_len[id(trajs[idx[j]])]))
+        picks = select_failures(trajs, B, prefix_len, args)
 
         # ---------------------------------------------------------- 5. rectify: keep the prefix ids, refiner writes the rest
         t1 = time.time()
@@ -413,8 +469,6 @@ def main(args: Args) -> dict:
         # κ of what was actually kept: a whole-solution repair (mode replace, or a cut at step 0) keeps nothing
         m["keep_ratio_steps"] = mean(tr["keep_ratio"] if tr["mode"] == "scope" else 0.0 for tr in accepted)
         m["keep_ratio_tokens"] = mean(tr["keep_ratio_tokens"] if tr["mode"] == "scope" else 0.0 for tr in accepted)
-        for tr in traces:
-            traces_file.write(json.dumps({"step": step, **tr}) + "\n")
         m["time_refine"] = time.time() - t1
 
         # ---------------------------------------------------------- 6. advantages over each merged group: A = r − mean(r)
@@ -456,9 +510,11 @@ def main(args: Args) -> dict:
         if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
             m["eval_acc"] = summary["eval_acc_after"] = run_eval()
         m["time_step"] = time.time() - t0
+        for tr in traces:
+            traces_file.write(json.dumps({"step": step, **tr}) + "\n")
+        traces_file.flush()
         metrics_file.write(json.dumps(m) + "\n")
         metrics_file.flush()
-        traces_file.flush()
         tqdm.write(summary_line(m))
         history.append(m)
         if step % args.save_every == 0 or step == args.steps:
@@ -466,6 +522,11 @@ def main(args: Args) -> dict:
 
     metrics_file.close()
     traces_file.close()
+    return finish(summary, history, run_dir, t_start)
+
+
+def finish(summary: dict, history: list[dict], run_dir: str, t_start: float) -> dict:
+    """The closing lines: eval accuracy before → after, train reward first → last steps, where the logs are."""
     summary["minutes"] = (time.time() - t_start) / 60
     before, after = summary.get("eval_acc_before"), summary.get("eval_acc_after")
     print(f"\ndone in {summary['minutes']:.1f} min. eval accuracy: before {_fmt(before)} → after {_fmt(after)}")
