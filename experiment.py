@@ -151,7 +151,8 @@ def train(job: dict, args) -> None:
         if os.path.exists(os.path.join(run_dir, stale)):
             os.remove(os.path.join(run_dir, stale))
     with open(os.path.join(run_dir, "train.log"), "w") as log:
-        rc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT).returncode
+        # --overwrite: this job's folder may hold an unfinished or outdated run of it, redone from step 1
+        rc = subprocess.run([*cmd, "--overwrite"], stdout=log, stderr=subprocess.STDOUT).returncode
     if rc != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {rc}); see {run_dir}/train.log")
     with open(os.path.join(run_dir, "command.json"), "w") as f:

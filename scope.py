@@ -42,11 +42,11 @@ Choices this file makes (the paper leaves them open; each one is a flag unless s
     (model, tokenizer, optimizer, RNG states, step), written to a temporary folder first then renamed.
 """
 import argparse
+import atexit
 import contextlib
 import json
 import os
 import random
-import shutil
 import sys
 import time
 import zlib
@@ -56,11 +56,14 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from eval import discarded_valid_share, evaluate, grade, load_problems, near_miss_at_k
-from generate import HFGenerator, format_prompt, load_causal_lm, load_tokenizer, vllm_importable
+import preflight
+from eval import discarded_valid_share, evaluate, grade, near_miss_at_k
+from generate import HFGenerator, format_prompt, load_causal_lm, load_tokenizer
 from grpo import build_batch, group_advantages, token_logprobs, update
 from prm import cut_point, keep_ratio, mean_score, select_candidate, split_steps, step_token_spans
+from preflight import MODEL_ALIASES
 from refine import Refiner, Trajectory, rectify
+from runs import acquire_lock, clear_run, recover_checkpoint, release_lock, restore_rng, save_checkpoint, truncate_jsonl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.path.join(HERE, "cache")        # toy warm starts (gitignored)
@@ -118,18 +121,15 @@ class Args:
     resume: str = arg("", "continue the run in this folder (runs/<name>) from its checkpoint")
     toy: bool = arg(False, "the CPU toy world: tiny char-level Qwen2, rule-based PRM, oracle refiner")
     toy_prm_noise: float = arg(0.0, "toy world: probability that the toy PRM flips a step score")
+    overwrite: bool = arg(False, "allow starting from step 1 in a folder holding a run (a new run under a used "
+                          "--run-name, or --resume of a folder without checkpoint): its logs are replaced")
+    dry_run: bool = arg(False, "run the pre-flight (flags, folder, data, memory plan), print the resolved Args, exit")
 
 
 # Applied with --toy unless the flag is typed. 30 steps take ~0.5 s each on 2 CPU cores once the warm start is cached.
 TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy", dataset="toy", eval_dataset="toy", eval_size=200,
                     backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
                     lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10)
-
-MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
-    "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-3B", "Qwen2.5-7B", "Qwen2.5-0.5B-Instruct", "Qwen2.5-1.5B-Instruct",
-    "Qwen2.5-3B-Instruct", "Qwen2.5-7B-Instruct", "Qwen2.5-32B-Instruct", "Qwen2.5-Math-1.5B", "Qwen2.5-Math-7B",
-    "Qwen2.5-Math-1.5B-Instruct", "Qwen2.5-Math-7B-Instruct", "Qwen2.5-Math-PRM-7B")}
-
 
 def parse_args(argv=None) -> Args:
     """Args from the command line. Precedence: flags typed > the resumed run's config.json > --toy defaults >
@@ -143,9 +143,9 @@ def parse_args(argv=None) -> Args:
                             choices=f.metadata["choices"], default=argparse.SUPPRESS, **kind)
     typed = vars(parser.parse_args(argv))   # only the flags on the command line (the rest are SUPPRESSed)
     values = asdict(Args())
-    if typed.get("resume"):
-        with open(os.path.join(typed["resume"], "config.json")) as f:
-            values.update(json.load(f))
+    if typed.get("resume"):   # a checked config: missing folder/file, bad JSON or foreign keys stop in one line
+        values.update(preflight.read_run_config(typed["resume"], set(values)))
+        values.update(overwrite=False, dry_run=False)   # never inherited from the resumed run
     elif typed.get("toy"):
         values.update(TOY_DEFAULTS)
     values.update(typed)
@@ -169,82 +169,15 @@ def loading(name: str):
                          f"(`hf download {name}`) or pass a local folder.") from None
 
 
-def problems_or_exit(source: str, **kw) -> list[dict]:
-    """eval.load_problems, with a bad row, a missing file or no network as one clear error."""
-    try:
-        return load_problems(source, **kw)
-    except (ValueError, OSError) as e:
-        raise SystemExit(f"error: cannot load problems from '{source}': {e}") from None
-
-
-def save_checkpoint(run_dir: str, step: int, model, tokenizer, optimizer) -> None:
-    """runs/<name>/checkpoint: model + tokenizer (save_pretrained), optimizer, RNG states, step."""
-    from transformers.utils import logging as hf_logging
-
-    final, tmp = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, "checkpoint.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    hf_logging.disable_progress_bar()   # keep the per-step lines readable
-    model.save_pretrained(tmp)
-    hf_logging.enable_progress_bar()
-    tokenizer.save_pretrained(tmp)
-    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
-    torch.save({"step": step, "python": random.getstate(), "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
-               os.path.join(tmp, "state.pt"))
-    shutil.rmtree(final, ignore_errors=True)
-    os.replace(tmp, final)
-
-
-def restore_rng(state: dict) -> None:
-    random.setstate(state["python"])
-    np.random.set_state(state["numpy"])
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def truncate_jsonl(path: str, last_step: int) -> None:
-    """Drop lines logged after the checkpoint we resume from (a run killed between two checkpoints)."""
-    if os.path.exists(path):
-        with open(path) as f:
-            lines = [line for line in f if json.loads(line)["step"] <= last_step]
-        with open(path, "w") as f:
-            f.writelines(lines)
-
-
 def mean(xs) -> float | None:
     xs = [x for x in xs if x is not None]
     return float(np.mean(xs)) if xs else None
-
-
-def run_folder(args: Args) -> str:
-    """runs/<run_name> (or the resumed folder), created, with the resolved Args saved as config.json."""
-    run_name = args.run_name or f"{args.mode}-{os.path.basename(args.model.rstrip('/'))}-s{args.seed}"
-    run_dir = args.resume or os.path.join("runs", run_name)
-    os.makedirs(run_dir, exist_ok=True)
-    with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump({**asdict(args), "resume": ""}, f, indent=1)
-    return run_dir
 
 
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def choose_device(args: Args) -> tuple[str, bool]:
-    """(device, use_vllm): cuda when present unless --device says otherwise; vLLM when asked or (auto) available."""
-    device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
-    cuda = device.startswith("cuda")
-    if args.toy:
-        torch.set_num_threads(1)   # a 0.3 M-parameter model gains nothing from threads; on a shared 2-core machine
-                                   # two threads per process were ~15x slower (oversubscription)
-    use_vllm = args.backend == "vllm" or (args.backend == "auto" and cuda and vllm_importable())
-    if use_vllm and not vllm_importable():
-        raise SystemExit("error: --backend vllm, but vllm is not installed (GPU: pip install vllm==0.33.0)")
-    return device, use_vllm
 
 
 def base_model_path(args: Args) -> str:
@@ -311,15 +244,28 @@ def load_refiner(args: Args, generator, tokenizer, device: str):
                    refiner_tokenizer, prompt_style=args.refine_prompt)
 
 
-def restore_checkpoint(run_dir: str, ckpt: str, optimizer, device: str) -> int:
-    """Optimizer and RNG states from the checkpoint; logs cut back to its step. Returns the next step."""
+def restore_checkpoint(ckpt: str, optimizer, device: str) -> None:
+    """Optimizer and RNG states from the checkpoint (the model loaded from it already)."""
     optimizer.load_state_dict(torch.load(os.path.join(ckpt, "optimizer.pt"), map_location=device))
-    state = torch.load(os.path.join(ckpt, "state.pt"), weights_only=False)
-    restore_rng(state)
-    for name in ("metrics.jsonl", "traces.jsonl"):
-        truncate_jsonl(os.path.join(run_dir, name), state["step"])
-    print(f"resumed {run_dir} at step {state['step'] + 1}")
-    return state["step"] + 1
+    restore_rng(torch.load(os.path.join(ckpt, "state.pt"), weights_only=False))
+
+
+def kept_tokens(spans: list[tuple[int, int]], cut: int, n_tokens: int) -> int:
+    """Tokens of a failed response kept before its first error: where step `cut` starts, all n_tokens when the
+    cut lies past the last step, and none for a response without steps (an empty or bare-EOS response keeps
+    nothing: keeping its EOS would train it on-policy with a positive advantage and put the refiner after it)."""
+    if not spans:
+        return 0
+    return spans[cut][0] if cut < len(spans) else n_tokens
+
+
+def pad_token_id(tokenizer) -> int:
+    """The pad id for build_batch: the tokenizer's pad token, else its EOS (Llama/Mistral-style tokenizers
+    have no pad token), as generate.HFGenerator does. Padding is masked out, so any valid id works."""
+    for pad in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if pad is not None:
+            return pad
+    raise ValueError("the tokenizer has neither a pad nor an EOS token: set tokenizer.pad_token")
 
 
 def first_errors(trajs: list[Trajectory], prm, args: Args, tokenizer) -> dict[int, int]:
@@ -335,8 +281,8 @@ def first_errors(trajs: list[Trajectory], prm, args: Args, tokenizer) -> dict[in
         t.step_scores = scores
         t.cut = cut_point(scores, args.tau)
         t.keep_ratio = keep_ratio(t.cut, len(t.steps))
-        spans = step_token_spans(t.response_ids, t.steps, tokenizer)
-        prefix_len[id(t)] = spans[t.cut][0] if t.cut < len(spans) else len(t.response_ids)
+        prefix_len[id(t)] = kept_tokens(step_token_spans(t.response_ids, t.steps, tokenizer), t.cut,
+                                        len(t.response_ids))
         t.keep_ratio_tokens = prefix_len[id(t)] / max(1, len(t.response_ids))
     return prefix_len
 
@@ -359,39 +305,56 @@ def select_failures(trajs: list[Trajectory], n_groups: int, prefix_len: dict[int
     return picks
 
 
+def open_run(args: Args, run_dir: str, resume_step: int | None) -> tuple[str | None, int]:
+    """Take the folder's lock, then: a resume recovers its newest complete checkpoint (a kill mid-save leaves
+    it as checkpoint.tmp/.old); --overwrite clears the old run; config.json is (re)written.
+    Returns (checkpoint path or None, the first step to run)."""
+    atexit.register(release_lock, acquire_lock(run_dir))
+    ckpt = None
+    if resume_step is not None:
+        ckpt, step = recover_checkpoint(run_dir)
+        for name in ("metrics.jsonl", "traces.jsonl"):   # drop what was logged after the checkpoint
+            truncate_jsonl(os.path.join(run_dir, name), step)
+    elif args.overwrite:
+        clear_run(run_dir)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump({**asdict(args), "resume": "", "overwrite": False, "dry_run": False}, f, indent=1)
+    return ckpt, 1 if resume_step is None else resume_step + 1
+
+
 def main(args: Args) -> dict:
     t_start = time.time()
-    if args.mode not in MODES:
-        raise SystemExit(f"error: --mode {args.mode!r}; choose from {MODES}")
 
-    # ------------------------------------------------------------------ setup: run folder, seeding, device, data, models
-    run_dir = run_folder(args)
+    # ------------------------------------------------------------------ pre-flight: nothing loaded or written yet
+    preflight.check_args(args)                                        # every flag: one line and exit 2
+    run_dir = preflight.run_dir_of(args)
+    resume_step = preflight.check_run_dir(args, run_dir)              # no clobbering, no resume below the checkpoint
+    device, use_vllm, notes = preflight.choose_device(args)           # the GPU before the data
+    offline, hub_notes = preflight.check_hub(args, resume_step)       # no network: one line, no retry noise
+    train_problems, eval_problems = preflight.load_data(args, offline, notes)  # non-empty, before any model
+    preflight.check_memory(args, device, use_vllm)                    # printed; stops on a GPU too small
+    if args.dry_run:
+        preflight.print_dry_run(args, run_dir, notes + hub_notes)
+        return {"run_dir": run_dir, "dry_run": True}
+
+    # ------------------------------------------------------------------ setup: run folder + lock, seeding, models
+    ckpt, start_step = open_run(args, run_dir, resume_step)
     seed_everything(args.seed)
-    device, use_vllm = choose_device(args)
+    if args.toy:
+        torch.set_num_threads(1)   # a 0.3 M-parameter model gains nothing from threads; on a shared 2-core machine
+                                   # two threads per process were ~15x slower (oversubscription)
     amp = (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device.startswith("cuda") else contextlib.nullcontext
-    train_problems = problems_or_exit(args.dataset, split="train")   # toy: another seed than the held-out set
-    eval_problems = problems_or_exit(args.eval_dataset, limit=args.eval_size or None)
-    if args.mode in ("scope", "replace", "prm-reward") and args.prm == "none":
-        raise SystemExit(f"error: --mode {args.mode} needs a PRM (--prm none only suits --mode grpo)")
     base_path = base_model_path(args)
-    if not device.startswith("cuda") and not args.toy:
-        print(f"warning: no GPU. Training {base_path} on the CPU takes minutes to hours per step "
-              f"({args.prompts_per_step}x{args.group_size} rollouts of up to {args.max_new_tokens} tokens); "
-              f"`--toy` shows the method on a CPU in minutes.", file=sys.stderr)
-        if args.device == "auto":
-            raise SystemExit("error: no CUDA device found; pass --device cpu to train on the CPU anyway.")
-    ckpt = os.path.join(run_dir, "checkpoint")
-    resuming = bool(args.resume) and os.path.isdir(ckpt)
-    if args.resume and not resuming:
-        print(f"no checkpoint in {run_dir}: starting from step 1")
-    policy, tokenizer, ref_model = load_policy(args, ckpt if resuming else base_path, base_path, device)
-    generator = make_rollout_engine(args, policy, tokenizer, ckpt if resuming else base_path, use_vllm)
+    policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
+    generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm)
     prm = load_prm(args, device)
     refiner = load_refiner(args, generator, tokenizer, device)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)
-    start_step = restore_checkpoint(run_dir, ckpt, optimizer, device) if resuming else 1
-    metrics_file = open(os.path.join(run_dir, "metrics.jsonl"), "a" if resuming else "w")
-    traces_file = open(os.path.join(run_dir, "traces.jsonl"), "a" if resuming else "w")
+    if ckpt:
+        restore_checkpoint(ckpt, optimizer, device)
+        print(f"resumed {run_dir} at step {start_step}")
+    metrics_file = open(os.path.join(run_dir, "metrics.jsonl"), "a" if ckpt else "w", encoding="utf-8")
+    traces_file = open(os.path.join(run_dir, "traces.jsonl"), "a" if ckpt else "w", encoding="utf-8")
     n_params = sum(p.numel() for p in policy.parameters())
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")
@@ -482,7 +445,7 @@ def main(args: Args) -> dict:
         # ---------------------------------------------------------- 7. update: old log-probs, then one optimizer step
         t1 = time.time()
         batch = build_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                            [t.offpolicy_mask for t in trajs], advantages, tokenizer.pad_token_id)
+                            [t.offpolicy_mask for t in trajs], advantages, pad_token_id(tokenizer))
         batch = {k: v.to(device) for k, v in batch.items()}
         with torch.no_grad(), amp():
             batch["old_logp"], entropy = token_logprobs(policy, batch["input_ids"], batch["attention_mask"],

@@ -1,0 +1,445 @@
+"""preflight.py — everything scope.py checks before a model loads or a run folder is written.
+
+Not part of the paper. A real run costs hours of GPU time; a typo should cost seconds. In this order:
+
+ 1. `check_args`: every flag's range and the flags' coherence. A refusal is one line naming the flag, its
+    value and what is valid, exit code 2 (runs.stop).
+ 2. `check_run_dir`: a new run's folder holds no other run (else `--overwrite`); a resumed folder has a
+    complete checkpoint (else `--overwrite` restarts it) at a step not above `--steps`; no live process
+    holds its lock.
+ 3. `choose_device`: the GPU (or `--device cpu`) and the rollout engine, before any data is read.
+ 4. `check_hub`: when a model or data set must come from the Hugging Face hub, a 3-second probe; when the
+    hub is unreachable the hub libraries are put in offline mode (no screens of retries) and a model that
+    is in neither a local folder nor the local cache stops the run with one line saying what to do.
+ 5. `load_data`: training and evaluation problems loaded and checked non-empty (toy questions with --toy).
+ 6. `memory_plan`: weights, gradients and AdamW state of the float32 policy, the rollout engine's share,
+    the PRM, the refiner, update activations and the KV cache, from the model configs (a local folder, the
+    hub cache, or the known sizes of the aliases below). Printed at start; on a GPU that cannot hold it the
+    run stops with the plan and the flags that would make it fit. `--dry-run` prints it and the resolved
+    Args, then exits: it needs neither network nor GPU (what it could not check is listed as notes).
+The memory plan is an estimate (activations and allocator slack vary with lengths and library versions);
+its formulas are in `memory_plan`.
+"""
+import json
+import os
+import socket
+import sys
+import urllib.parse
+from dataclasses import asdict
+
+from runs import find_checkpoint, holds_run, lock_holder, stop
+
+GIB = 2 ** 30
+MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
+    "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-3B", "Qwen2.5-7B", "Qwen2.5-0.5B-Instruct", "Qwen2.5-1.5B-Instruct",
+    "Qwen2.5-3B-Instruct", "Qwen2.5-7B-Instruct", "Qwen2.5-32B-Instruct", "Qwen2.5-Math-1.5B", "Qwen2.5-Math-7B",
+    "Qwen2.5-Math-1.5B-Instruct", "Qwen2.5-Math-7B-Instruct", "Qwen2.5-Math-PRM-7B")}
+MODES_WITH_PRM = ("scope", "replace", "prm-reward")
+MODES_WITH_REFINER = ("scope", "replace")
+VLLM_SHARE = 0.3          # generate.VLLMGenerator's default gpu_memory_utilization, as scope.py builds it
+PROMPT_TOKENS = 256       # assumed prompt length (system prompt + a MATH question) for the plan
+
+# The published config.json fields the plan needs, for the aliases (so --dry-run works offline).
+_QWEN_1_5B = dict(vocab_size=151936, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+                  num_key_value_heads=2, intermediate_size=8960, tie_word_embeddings=True)
+_QWEN_7B = dict(vocab_size=152064, hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+                num_key_value_heads=4, intermediate_size=18944, tie_word_embeddings=False)
+KNOWN_CONFIGS = {
+    "Qwen2.5-0.5B": dict(vocab_size=151936, hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+                         num_key_value_heads=2, intermediate_size=4864, tie_word_embeddings=True),
+    "Qwen2.5-1.5B": _QWEN_1_5B, "Qwen2.5-Math-1.5B": _QWEN_1_5B,
+    "Qwen2.5-3B": dict(vocab_size=151936, hidden_size=2048, num_hidden_layers=36, num_attention_heads=16,
+                       num_key_value_heads=2, intermediate_size=11008, tie_word_embeddings=True),
+    "Qwen2.5-7B": _QWEN_7B, "Qwen2.5-Math-7B": _QWEN_7B,
+    "Qwen2.5-32B": dict(vocab_size=152064, hidden_size=5120, num_hidden_layers=64, num_attention_heads=40,
+                        num_key_value_heads=8, intermediate_size=27648, tie_word_embeddings=False),
+    "Qwen2.5-Math-PRM-7B": {**_QWEN_7B, "head": "prm"},   # the 7B backbone + a 2-layer scoring head, no LM head
+}
+
+
+# ---------------------------------------------------------------------------------------------------------- 1. flags
+def check_args(args) -> None:
+    """Every flag's range and coherence; one line and exit 2 on the first problem."""
+    from dataclasses import fields
+
+    for f in fields(args):   # argparse checks choices; an Args built in code is checked here
+        choices = f.metadata.get("choices")
+        if choices and getattr(args, f.name) not in choices:
+            stop(f"--{f.name.replace('_', '-')} {getattr(args, f.name)!r}: choose from {', '.join(choices)}")
+
+    def need(ok: bool, flag: str, valid: str):
+        if not ok:
+            stop(f"--{flag} {getattr(args, flag.replace('-', '_'))!r}: must be {valid}")
+
+    for flag in ("steps", "prompts-per-step", "max-new-tokens", "refine-attempts", "micro-batch-size", "save-every"):
+        need(getattr(args, flag.replace("-", "_")) >= 1, flag, "an integer >= 1")
+    need(args.group_size >= 2, "group-size", ">= 2 (advantages are centred within a group: one rollout per "
+                                             "prompt gives zero loss and zero gradient)")
+    for flag in ("eval-every", "eval-size", "seed"):
+        need(getattr(args, flag.replace("-", "_")) >= 0, flag, "an integer >= 0")
+    need(args.lr > 0 and args.lr < 1, "lr", "> 0 and < 1")
+    need(0 < args.tau <= 1, "tau", "in (0, 1] (a PRM score is a probability; tau > 1 flags every step)")
+    need(0 <= args.toy_prm_noise <= 1, "toy-prm-noise", "a probability in [0, 1]")
+    need(args.temperature > 0, "temperature", "> 0")
+    need(0 < args.clip_eps < 1, "clip-eps", "in (0, 1)")
+    need(args.shaping_gamma > 0, "shaping-gamma", "> 0")
+    need(args.kl_coef >= 0, "kl-coef", ">= 0")
+    need(args.entropy_coef >= 0, "entropy-coef", ">= 0")
+    need(abs(args.prm_reward_coef) < float("inf"), "prm-reward-coef", "a finite number")
+    if not args.toy:
+        if args.toy_prm_noise != 0:
+            stop(f"--toy-prm-noise {args.toy_prm_noise!r}: only with --toy (the real PRM has no noise knob)")
+        for flag in ("model", "prm", "refiner"):
+            if getattr(args, flag) == "toy":
+                stop(f"--{flag} toy: only with --toy")
+    if args.mode in MODES_WITH_PRM and args.prm == "none":
+        stop(f"--prm none: --mode {args.mode} needs a PRM (--prm none only suits --mode grpo)")
+    if args.refiner_url and args.refiner in ("policy", "toy"):
+        stop(f"--refiner-url {args.refiner_url!r}: needs --refiner NAME of the served model, not {args.refiner!r}")
+
+
+# ---------------------------------------------------------------------------------------------------------- 2. folder
+def run_dir_of(args) -> str:
+    name = args.run_name or f"{args.mode}-{os.path.basename(args.model.rstrip('/'))}-s{args.seed}"
+    return args.resume.rstrip("/") or os.path.join("runs", name)
+
+
+def check_run_dir(args, run_dir: str) -> int | None:
+    """Refuse to clobber a run, resume without a checkpoint or below its step, or share a live run's folder.
+    Returns the step of the checkpoint a resume starts from (None: from step 1)."""
+    holder = lock_holder(run_dir)
+    if holder is not None:
+        stop(f"{run_dir} is in use by another run ({holder}); wait for it, or delete {run_dir}/lock if that "
+             f"process is gone")
+    if not args.resume:
+        if holds_run(run_dir) and not args.overwrite:
+            stop(f"{run_dir} already holds a run; continue it (--resume {run_dir}), pick another --run-name, "
+                 f"or replace it (--overwrite)")
+        return None
+    found = find_checkpoint(run_dir)
+    if found is None:
+        if not args.overwrite:
+            stop(f"{run_dir} has no complete checkpoint (the run stopped before its first save); restart it "
+                 f"from step 1 with --resume {run_dir} --overwrite (its logs are replaced)")
+        return None
+    if args.steps < found[1]:
+        stop(f"--steps {args.steps}: below the step of {run_dir}'s checkpoint ({found[1]}); pass --steps >= {found[1]}")
+    return found[1]
+
+
+def read_run_config(run_dir: str, known: set[str]) -> dict:
+    """The config.json of a run folder to resume, checked: the folder, the file, JSON, no foreign keys."""
+    path = os.path.join(run_dir, "config.json")
+    if not os.path.isdir(run_dir):
+        stop(f"--resume {run_dir}: no such folder")
+    if not os.path.isfile(path):
+        stop(f"--resume {run_dir}: no config.json there (not a scope.py run folder, or it never started)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            config = json.load(f)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        stop(f"--resume {run_dir}: config.json is not valid JSON ({e})")
+    if not isinstance(config, dict):
+        stop(f"--resume {run_dir}: config.json is not an object of flags")
+    foreign = sorted(set(config) - known)
+    if foreign:
+        stop(f"--resume {run_dir}: config.json has keys scope.py does not know ({', '.join(foreign[:5])}); "
+             f"was it written by another program or version?")
+    return config
+
+
+# ---------------------------------------------------------------------------------------------------------- 3. device
+def choose_device(args) -> tuple[str, bool, list[str]]:
+    """(device, use_vllm, notes). No GPU with --device auto stops the run (a note with --dry-run)."""
+    import torch
+
+    from generate import vllm_importable
+
+    notes = []
+    cuda_present = torch.cuda.is_available()
+    device = args.device if args.device != "auto" else ("cuda" if cuda_present else "cpu")
+    if device.startswith("cuda") and not cuda_present:
+        stop(f"--device {args.device}: no CUDA device is visible")
+    if not device.startswith("cuda") and not args.toy:
+        if args.device == "auto":
+            if not args.dry_run:
+                stop("no CUDA device found; pass --device cpu to train on the CPU anyway (minutes to hours per "
+                     "step), or try --toy")
+            notes.append("no CUDA device here: the run itself needs one (or --device cpu)")
+        else:
+            print(f"warning: no GPU. Training on the CPU takes minutes to hours per step "
+                  f"({args.prompts_per_step}x{args.group_size} rollouts of up to {args.max_new_tokens} tokens); "
+                  f"`--toy` shows the method on a CPU in minutes.", file=sys.stderr)
+    use_vllm = args.backend == "vllm" or (args.backend == "auto" and device.startswith("cuda") and vllm_importable())
+    if use_vllm and not vllm_importable():
+        stop("--backend vllm: vllm is not installed (GPU: pip install vllm==0.33.0), or use --backend hf")
+    return device, use_vllm, notes
+
+
+# ---------------------------------------------------------------------------------------------------------- 4. hub
+def hub_models(args, resume_step: int | None) -> list[str]:
+    """Hub ids of the models this run loads that are not local folders."""
+    names = []
+    if not args.toy:
+        if resume_step is None or args.kl_coef > 0:   # a resume loads the policy from its checkpoint
+            names.append(MODEL_ALIASES.get(args.model, args.model))
+        if args.prm != "none":
+            names.append(MODEL_ALIASES.get(args.prm, args.prm))
+        if args.mode in MODES_WITH_REFINER and args.refiner != "policy":
+            names.append(MODEL_ALIASES.get(args.refiner, args.refiner))
+    for name in names:   # a path that does not exist is a typo, not a hub id ("owner/name")
+        if not os.path.exists(name) and (name.startswith((".", "/", "~")) or name.count("/") != 1):
+            stop(f"'{name}': no such folder, and not a Hugging Face id (owner/name) nor an alias "
+                 f"({', '.join(sorted(MODEL_ALIASES)[:3])}, ...)")
+    return [n for n in names if not os.path.exists(n)]
+
+
+def hub_datasets(args) -> list[str]:
+    from eval import BENCHMARKS
+
+    sources = [args.dataset] + ([args.eval_dataset] if args.eval_every else [])
+    return [s for s in sources if s in BENCHMARKS or ("/" in s and not os.path.exists(s))]
+
+
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """A TCP connection to the hub endpoint within `timeout` seconds."""
+    url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def go_offline() -> None:
+    """Offline mode for huggingface_hub, transformers and datasets (also when they are already imported)."""
+    os.environ["HF_HUB_OFFLINE"] = os.environ["HF_DATASETS_OFFLINE"] = os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    import huggingface_hub.constants
+
+    huggingface_hub.constants.HF_HUB_OFFLINE = True
+
+
+def in_hub_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:   # an id the hub library rejects (e.g. a typo'd path): not cached
+        return False
+
+
+def check_hub(args, resume_step: int | None) -> tuple[bool, list[str]]:
+    """(offline, notes). Probes the hub only when something must come from it; offline, a model missing from
+    the local cache stops the run (a note with --dry-run)."""
+    models, data = hub_models(args, resume_step), hub_datasets(args)
+    if not (models or data):
+        return False, []
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or not hub_reachable()
+    if not offline:
+        return False, []
+    go_offline()
+    notes = []
+    for name in models:
+        if not in_hub_cache(name):
+            message = (f"no network: cannot reach the Hugging Face hub and '{name}' is neither a local folder nor "
+                       f"in the local cache; pass a local folder, download it where there is network "
+                       f"(`hf download {name}`), or try --toy")
+            if not args.dry_run:
+                stop(message)
+            notes.append(message)
+    return True, notes
+
+
+# ---------------------------------------------------------------------------------------------------------- 5. data
+def load_data(args, offline: bool, notes: list[str] | None = None) -> tuple[list[dict], list[dict]]:
+    """(train, eval) problems, loaded before any model and checked non-empty (toy questions with --toy).
+    A --dry-run without network skips hub data sets and says so in `notes`."""
+    from eval import load_problems
+
+    def load(flag: str, source: str, **kw) -> list[dict]:
+        if args.dry_run and offline and source in hub_datasets(args):
+            if notes is not None:
+                notes.append(f"--{flag} {source}: not checked (no network; the run needs it from the hub or its cache)")
+            return []
+        try:
+            problems = load_problems(source, **kw)
+        except (ValueError, OSError, RuntimeError) as e:
+            hint = "; no network: pass a local .jsonl file or try --toy" if offline else ""
+            stop(f"--{flag} {source}: cannot load problems: {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                 f"{hint}")
+        if not problems:
+            stop(f"--{flag} {source}: no problems in it")
+        if args.toy:
+            import toy
+            for k, p in enumerate(problems):
+                try:
+                    toy.parse_question(p["question"])
+                except ValueError:
+                    stop(f"--{flag} {source}: problem {k + 1} is not a toy question ({p['question'][:60]!r}); "
+                         f"--toy trains on 'Start at A, add B. ...' chains (its PRM and refiner know only those)")
+        return problems
+
+    train = load("dataset", args.dataset, split="train")   # toy: another seed than the held-out set
+    evals = load("eval-dataset", args.eval_dataset, limit=args.eval_size or None) if args.eval_every else []
+    return train, evals
+
+
+# ---------------------------------------------------------------------------------------------------------- 6. memory
+def model_config(name: str) -> dict | None:
+    """The config fields of a model: its local config.json, the hub cache's, or the known sizes of an alias."""
+    path = MODEL_ALIASES.get(name, name)
+    local = os.path.join(path, "config.json")
+    if not os.path.isfile(local) and not os.path.exists(path) and "/" in path:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(path, "config.json")
+            local = cached if isinstance(cached, str) else local
+        except Exception:
+            pass
+    if os.path.isfile(local):
+        try:
+            with open(local, encoding="utf-8") as f:
+                config = json.load(f)
+            if "architectures" in config and any("ProcessReward" in a for a in config["architectures"] or []):
+                config["head"] = "prm"
+            return config
+        except (OSError, ValueError):
+            return None
+    return KNOWN_CONFIGS.get(path.split("/")[-1].removesuffix("-Instruct"))
+
+
+def n_params(cfg: dict) -> int:
+    """Parameters of a Qwen2/Llama-style decoder from its config: embeddings, attention (q/k/v with bias, o),
+    SwiGLU MLP, norms, and an untied LM head (or the PRM's hidden→hidden→2 scoring head)."""
+    h, layers, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    heads = cfg["num_attention_heads"]
+    kv, hd = cfg.get("num_key_value_heads") or heads, cfg.get("head_dim") or h // heads
+    per_layer = (h * heads * hd + heads * hd) + 2 * (h * kv * hd + kv * hd) + heads * hd * h \
+        + 3 * h * cfg["intermediate_size"] + 2 * h
+    head = h * h + h + 2 * h + 2 if cfg.get("head") == "prm" else (0 if cfg.get("tie_word_embeddings") else v * h)
+    return v * h + layers * per_layer + h + head
+
+
+def kv_bytes_per_token(cfg: dict, dtype_bytes: int = 2) -> int:
+    """KV cache per token: 2 (K and V) · layers · kv_heads · head_dim · bytes."""
+    heads = cfg["num_attention_heads"]
+    kv, hd = cfg.get("num_key_value_heads") or heads, cfg.get("head_dim") or cfg["hidden_size"] // heads
+    return 2 * cfg["num_hidden_layers"] * kv * hd * dtype_bytes
+
+
+def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True) -> tuple[list[tuple[str, float]], list[str]]:
+    """([(row, GiB)], notes): the GPU memory a run with these Args needs, estimated.
+
+    policy (float32, trained): weights 4 + gradients 4 + AdamW m and v 8 = 16 bytes per parameter;
+    KL reference (--kl-coef > 0): 4 bytes per parameter;
+    rollout engine: vLLM reserves VLLM_SHARE of the GPU (without a GPU size: bf16 weights + the KV cache of all
+    B·G sequences); HF generate: the KV cache of one micro-batch of G sequences;
+    PRM and a separate refiner: bfloat16 weights (2 bytes per parameter), plus the refiner's KV cache;
+    update activations, one micro-batch of T = PROMPT_TOKENS + max_new_tokens tokens per sequence:
+    34 · hidden · layers bytes per token (Korthikanti et al. 2022, no recomputation, fused attention) and
+    14 · vocab bytes per token for the logits (bf16 logits, their float32 copy, log-softmax, its gradient);
+    CUDA context and allocator slack: 2 GiB."""
+    if args.toy:
+        return [("toy world (CPU)", 0.1)], []
+    notes, rows = [], []
+    cfg = model_config(args.model)
+    if cfg is None:
+        return [], [f"no config for '{args.model}' (not local, not cached, not an alias): no memory plan"]
+    p, T = n_params(cfg), PROMPT_TOKENS + args.max_new_tokens
+    rows.append((f"policy {p / 1e9:.2f} B params: fp32 weights + grads + AdamW (16 B/param)", 16 * p / GIB))
+    if args.kl_coef > 0:
+        rows.append(("KL reference (fp32)", 4 * p / GIB))
+    kv = kv_bytes_per_token(cfg)
+    if use_vllm:
+        need = (2 * p + args.prompts_per_step * args.group_size * T * kv) / GIB
+        if gpu_gib:
+            rows.append((f"rollout engine: vLLM, {VLLM_SHARE:.0%} of the GPU", VLLM_SHARE * gpu_gib))
+            if 2 * p / GIB > 0.8 * VLLM_SHARE * gpu_gib:
+                notes.append("vLLM's share of this GPU barely holds the bf16 weights: little room for the KV cache")
+        else:
+            rows.append((f"rollout engine: vLLM bf16 weights + KV of {args.prompts_per_step}x{args.group_size} "
+                         f"sequences ({VLLM_SHARE:.0%} of the GPU once one is known)", need))
+    else:
+        rows.append((f"rollout KV cache (HF generate, {args.micro_batch_size} sequences)",
+                     args.micro_batch_size * T * kv / GIB))
+    if args.prm != "none":
+        prm_cfg = model_config(args.prm)
+        if prm_cfg is None:
+            notes.append(f"no config for PRM '{args.prm}': left out of the plan")
+        else:
+            rows.append((f"PRM {n_params(prm_cfg) / 1e9:.2f} B params (bf16)", 2 * n_params(prm_cfg) / GIB))
+    if args.mode in MODES_WITH_REFINER and args.refiner != "policy" and not args.refiner_url:
+        ref_cfg = model_config(args.refiner)
+        if ref_cfg is None:
+            notes.append(f"no config for refiner '{args.refiner}': left out of the plan")
+        else:
+            rows.append((f"refiner {n_params(ref_cfg) / 1e9:.2f} B params (bf16) + KV cache",
+                         (2 * n_params(ref_cfg) + args.micro_batch_size * T * kv_bytes_per_token(ref_cfg)) / GIB))
+    act = args.micro_batch_size * T * (34 * cfg["hidden_size"] * cfg["num_hidden_layers"] + 14 * cfg["vocab_size"])
+    rows.append((f"update activations ({args.micro_batch_size} sequences x {T} tokens)", act / GIB))
+    rows.append(("CUDA context and allocator slack", 2.0))
+    return rows, notes
+
+
+def plan_total(rows) -> float:
+    return sum(gib for _, gib in rows)
+
+
+def fixes(args, gpu_gib: float, use_vllm: bool) -> list[str]:
+    """Flag changes (fewest first) under which the plan fits in 95 % of gpu_gib."""
+    from dataclasses import replace
+
+    options = [{}]
+    if args.mode in MODES_WITH_REFINER and args.refiner != "policy" and not args.refiner_url:
+        options += [{"refiner": "policy"}, {"refiner_url": "http://HOST:8000/v1"}]
+    found = []
+    for change in options:
+        mb = args.micro_batch_size
+        while mb >= 1:
+            trial = replace(args, **change, micro_batch_size=mb)
+            if plan_total(memory_plan(trial, gpu_gib, use_vllm)[0]) <= 0.95 * gpu_gib:
+                flags = [f"--{k.replace('_', '-')} {v}" for k, v in change.items()]
+                flags += [f"--micro-batch-size {mb}"] if mb != args.micro_batch_size else []
+                found.append(" ".join(flags) + (" (serve the refiner: vllm serve NAME)" if "refiner_url" in change else ""))
+                break
+            mb //= 2
+    return [f for f in found if f][:3]
+
+
+def format_plan(args, rows, notes, gpu_gib: float | None) -> str:
+    lines = [f"memory plan (estimate, GiB){'' if gpu_gib is None else f' on a {gpu_gib:.0f} GiB GPU'}:"]
+    lines += [f"  {gib:7.1f}  {row}" for row, gib in rows]
+    total = plan_total(rows)
+    lines.append(f"  {total:7.1f}  total")
+    if gpu_gib is None and not args.toy and rows:
+        for size in (24, 48, 80):
+            gib = size * 1e9 / GIB
+            need = plan_total(memory_plan(args, gib, args.backend != "hf")[0])
+            ways = [] if need <= 0.95 * gib else fixes(args, gib, args.backend != "hf")
+            lines.append(f"  on a {size} GB GPU: {need:.0f} GiB, " + ("fits" if need <= 0.95 * gib else
+                         "does not fit" + (f"; fits with {' | '.join(ways)}" if ways else "")))
+    lines += [f"  note: {n}" for n in notes]
+    return "\n".join(lines)
+
+
+def check_memory(args, device: str, use_vllm: bool) -> None:
+    """Print the plan; on a GPU that cannot hold it, stop with the plan and the flags that would make it fit."""
+    gpu_gib = None
+    if device.startswith("cuda"):
+        import torch
+
+        gpu_gib = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
+    rows, notes = memory_plan(args, gpu_gib, use_vllm or (gpu_gib is None and args.backend != "hf"))
+    print(format_plan(args, rows, notes, gpu_gib))
+    if gpu_gib is not None and rows and plan_total(rows) > 0.95 * gpu_gib and not args.dry_run:
+        ways = fixes(args, gpu_gib, use_vllm)
+        stop(f"this run needs about {plan_total(rows):.0f} GiB, the GPU has {gpu_gib:.0f} GiB"
+             + (f"; it would fit with: {' | '.join(ways)}" if ways else "; use a smaller model or a larger GPU"))
+
+
+def print_dry_run(args, run_dir: str, notes: list[str]) -> None:
+    print(f"dry run: would write {run_dir}; resolved Args:")
+    print(json.dumps(asdict(args), indent=1))
+    for n in notes:
+        print(f"note: {n}")

@@ -1,0 +1,236 @@
+"""runs.py — run folders that never lose work: naming, no clobbering, a lock, a checkpoint swap without a
+gap, recovery on resume, and JSONL logs that survive a kill.
+
+Not part of the paper: this is the bookkeeping a real run (hours on a GPU) needs so that an ordinary
+mistake or a kill -9 costs at most the steps since the last checkpoint. The rules, each tested in
+tests/test_runs.py:
+
+ 1. A new run never writes into a folder that holds another run (a config.json, metrics.jsonl,
+    traces.jsonl or checkpoint): it stops with one line naming the folder and the three ways out
+    (`--resume`, another `--run-name`, `--overwrite`). Exit code 2, before any model loads.
+ 2. A lock file `runs/<name>/lock` ("pid host") makes a second process on the same folder stop at once.
+    A lock left by a process that no longer runs on this host is stale and taken over (said in one line).
+ 3. Checkpoint swap: write `checkpoint.tmp/` (state.pt last, itself written to a .part file then renamed),
+    rename `checkpoint/` to `checkpoint.old/`, rename `checkpoint.tmp/` to `checkpoint/`, delete the old one.
+    At every instant at least one complete checkpoint exists under one of the three names.
+ 4. Resume takes the newest complete checkpoint among the three names (complete = state.pt present) and
+    makes it `checkpoint/`; nothing is deleted before that choice is made. A folder without any
+    checkpoint is resumed (from step 1, its logs replaced) only with `--overwrite`.
+ 5. Logs: a torn last line of metrics.jsonl / traces.jsonl (a kill mid-write) is dropped with a warning;
+    lines logged after the checkpoint's step are dropped on resume; a broken line elsewhere stops the
+    resume with one line naming the file and line.
+"""
+import json
+import os
+import random
+import shutil
+import socket
+import sys
+
+import numpy as np
+import torch
+
+RUN_FILES = ("config.json", "metrics.jsonl", "traces.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old")
+
+
+def stop(message: str, code: int = 2):
+    """One line on stderr and exit (code 2: the command line asked for something this run refuses)."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+# ---------------------------------------------------------------------------------------------------------- folder
+def holds_run(run_dir: str) -> bool:
+    """True when run_dir holds (part of) a run: its config, logs or a checkpoint."""
+    return any(os.path.exists(os.path.join(run_dir, name)) for name in RUN_FILES)
+
+
+def clear_run(run_dir: str) -> None:
+    """Remove a previous run's files (only called with --overwrite, while holding the lock)."""
+    for name in RUN_FILES:
+        path = os.path.join(run_dir, name)
+        if os.path.isdir(path):
+            shutil.rmtree(path)
+        elif os.path.exists(path):
+            os.remove(path)
+
+
+# ---------------------------------------------------------------------------------------------------------- lock
+def _lock_owner(path: str) -> tuple[int, str] | None:
+    """(pid, host) written in a lock file; None when it cannot be read."""
+    try:
+        with open(path) as f:
+            pid, host = f.read().split()
+        return int(pid), host
+    except (OSError, ValueError):
+        return None
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:   # it exists, owned by someone else
+        return True
+    return True
+
+
+def lock_holder(run_dir: str) -> str | None:
+    """A description of the live process holding run_dir's lock, or None (no lock, or a stale one)."""
+    owner = _lock_owner(os.path.join(run_dir, "lock"))
+    if owner is None:
+        return None
+    pid, host = owner
+    if host == socket.gethostname() and not pid_alive(pid):
+        return None
+    return f"pid {pid} on {host}"
+
+
+def acquire_lock(run_dir: str) -> str:
+    """Create run_dir/lock holding "pid host" (atomically); stop if a live process holds it. Returns its path."""
+    os.makedirs(run_dir, exist_ok=True)
+    path = os.path.join(run_dir, "lock")
+    me = f"{os.getpid()} {socket.gethostname()}"
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+        except FileExistsError:
+            holder = lock_holder(run_dir)
+            if holder is not None:
+                stop(f"{run_dir} is in use by another run ({holder}); wait for it, or delete {path} "
+                     f"if that process is gone")
+            print(f"note: taking over the stale lock of {run_dir} (its process is gone)", file=sys.stderr)
+            stale = f"{path}.stale.{os.getpid()}"
+            try:
+                os.replace(path, stale)   # only one taker wins the rename; the others retry the O_EXCL create
+                os.remove(stale)
+            except FileNotFoundError:
+                pass
+            continue
+        with os.fdopen(fd, "w") as f:
+            f.write(me)
+        return path
+    stop(f"could not take the lock of {run_dir}: another process keeps taking it")
+
+
+def release_lock(path: str) -> None:
+    """Remove the lock if it is still ours."""
+    if _lock_owner(path) == (os.getpid(), socket.gethostname()):
+        os.remove(path)
+
+
+# ---------------------------------------------------------------------------------------------------------- checkpoint
+def checkpoint_step(path: str) -> int | None:
+    """The step of a complete checkpoint folder (state.pt is written last), else None."""
+    state = os.path.join(path, "state.pt")
+    if not os.path.isfile(state):
+        return None
+    try:
+        return int(torch.load(state, weights_only=False)["step"])
+    except Exception:   # a torn state.pt (older layouts wrote it in place): not a complete checkpoint
+        return None
+
+
+def find_checkpoint(run_dir: str) -> tuple[str, int] | None:
+    """(path, step) of the newest complete checkpoint among checkpoint/, checkpoint.tmp/, checkpoint.old/.
+    Reads only; on equal steps the canonical name wins."""
+    found = []
+    for rank, name in enumerate(("checkpoint", "checkpoint.tmp", "checkpoint.old")):
+        step = checkpoint_step(os.path.join(run_dir, name))
+        if step is not None:
+            found.append((step, -rank, os.path.join(run_dir, name)))
+    if not found:
+        return None
+    step, _, path = max(found)
+    return path, step
+
+
+def recover_checkpoint(run_dir: str) -> tuple[str, int] | None:
+    """Make the newest complete checkpoint `checkpoint/` (a kill mid-swap leaves it as .tmp or .old) and
+    remove the leftovers; (path, step) or None. The chosen one exists complete at every instant."""
+    found = find_checkpoint(run_dir)
+    if found is None:
+        return None
+    best, step = found
+    final = os.path.join(run_dir, "checkpoint")
+    if best != final:
+        print(f"note: recovered the checkpoint of step {step} from {best} (a kill interrupted a save)",
+              file=sys.stderr)
+        shutil.rmtree(final, ignore_errors=True)   # incomplete or older than `best`
+        os.replace(best, final)
+    for name in ("checkpoint.tmp", "checkpoint.old"):
+        shutil.rmtree(os.path.join(run_dir, name), ignore_errors=True)
+    return final, step
+
+
+def save_checkpoint(run_dir: str, step: int, model, tokenizer, optimizer) -> None:
+    """runs/<name>/checkpoint: model + tokenizer (save_pretrained), optimizer, RNG states, step; swapped in
+    without a moment in which no complete checkpoint exists (rule 3 above)."""
+    from transformers.utils import logging as hf_logging
+
+    final, tmp, old = (os.path.join(run_dir, n) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    shutil.rmtree(tmp, ignore_errors=True)   # a half-written one from a killed save (resume recovered any whole one)
+    hf_logging.disable_progress_bar()   # keep the per-step lines readable
+    model.save_pretrained(tmp)
+    hf_logging.enable_progress_bar()
+    tokenizer.save_pretrained(tmp)
+    torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+    torch.save({"step": step, "python": random.getstate(), "numpy": np.random.get_state(),
+                "torch": torch.get_rng_state(),
+                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+               os.path.join(tmp, "state.pt.part"))
+    os.replace(os.path.join(tmp, "state.pt.part"), os.path.join(tmp, "state.pt"))   # now tmp is complete
+    swap_in(run_dir)
+
+
+def swap_in(run_dir: str) -> None:
+    """checkpoint → checkpoint.old, checkpoint.tmp → checkpoint, delete checkpoint.old."""
+    final, tmp, old = (os.path.join(run_dir, n) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
+    if os.path.isdir(final):
+        shutil.rmtree(old, ignore_errors=True)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def restore_rng(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# ---------------------------------------------------------------------------------------------------------- logs
+def read_log(path: str) -> list[dict]:
+    """The records of a JSONL log; a torn last line is dropped with a warning, a broken line elsewhere stops."""
+    if not os.path.exists(path):
+        return []
+    with open(path, encoding="utf-8", errors="replace") as f:
+        lines = f.read().split("\n")
+    while lines and not lines[-1].strip():
+        lines.pop()
+    records = []
+    for lineno, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError:
+            if lineno == len(lines):
+                print(f"warning: {path}: dropped a torn last line {lineno} ({len(line)} characters; "
+                      f"a kill mid-write leaves one)", file=sys.stderr)
+                break
+            stop(f"{path}: line {lineno} is not valid JSON (not a torn last line; was the folder written by "
+                 f"two processes at once?)")
+    return records
+
+
+def truncate_jsonl(path: str, last_step: int) -> None:
+    """Keep the lines up to last_step (the checkpoint we resume from), dropping a torn last line."""
+    if os.path.exists(path):
+        records = [r for r in read_log(path) if r.get("step", 0) <= last_step]
+        with open(path + ".part", "w", encoding="utf-8") as f:
+            f.writelines(json.dumps(r) + "\n" for r in records)
+        os.replace(path + ".part", path)
