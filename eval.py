@@ -1025,22 +1025,39 @@ def _record(row, spec: dict, index: int, name: str) -> dict:
     return record
 
 
+class _BadLine(str):
+    """A .jsonl line that could not be read (invalid JSON, not UTF-8): the reason. load_problems raises it
+    with the file and line, or skips it with skip_bad=True."""
+
+
 def _read_local(path: str) -> list[tuple[int, object]]:
-    """[(row number, row)] of a .jsonl (row number = line number) or .json (a list, or {"...": [rows]})."""
-    with open(path, encoding="utf-8") as f:
-        if path.endswith(".jsonl"):
-            rows = []
-            for lineno, line in enumerate(f, start=1):
-                if line.strip():
-                    try:
-                        rows.append((lineno, json.loads(line)))
-                    except json.JSONDecodeError as e:
-                        raise ValueError(f"{path}: line {lineno}: invalid JSON ({e.msg})") from None
-            return rows
-        try:
-            data = json.load(f)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{path}: invalid JSON at line {e.lineno} ({e.msg})") from None
+    """[(row number, row)] of a .jsonl (row number = line number; an unreadable line is a _BadLine) or .json
+    (a list, or {"...": [rows]}). Text must be UTF-8: an error names the file and the line."""
+    with open(path, "rb") as f:
+        raw = f.read()
+    if path.endswith(".jsonl"):
+        rows = []
+        for lineno, line in enumerate(raw.split(b"\n"), start=1):
+            try:
+                text = line.decode("utf-8-sig" if lineno == 1 else "utf-8")
+            except UnicodeDecodeError as e:
+                rows.append((lineno, _BadLine(f"not UTF-8 text (byte {line[e.start]:#04x} at column {e.start + 1})")))
+                continue
+            if text.strip():
+                try:
+                    rows.append((lineno, json.loads(text)))
+                except json.JSONDecodeError as e:
+                    rows.append((lineno, _BadLine(f"invalid JSON ({e.msg})")))
+        return rows
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[:e.start].count(b"\n") + 1
+        raise ValueError(f"{path}: line {line}: not UTF-8 text (byte {raw[e.start]:#04x})") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{path}: invalid JSON at line {e.lineno} ({e.msg})") from None
     if isinstance(data, dict):
         lists = [v for v in data.values() if isinstance(v, list)]
         if len(lists) != 1:
@@ -1111,6 +1128,8 @@ def load_problems(source: str, split: str | None = None, limit: int | None = Non
         if limit is not None and len(problems) >= limit:
             break
         try:
+            if isinstance(row, _BadLine):   # an unreadable .jsonl line: reported or skipped like a bad row
+                raise ValueError(str(row))
             problems.append(_record(row, spec, rowno, name))
         except ValueError as e:
             where = "line" if source.endswith(".jsonl") else "row"
@@ -1748,7 +1767,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="generation backend; auto = vLLM when importable and CUDA is present, else HF")
     p.add_argument("--vllm-mem", type=float, default=0.85, help="vLLM gpu_memory_utilization")
     p.add_argument("--out", default=None,
-                   help="output file: results JSON (default eval_<model>.json) or the PNG of --plot (curves.png)")
+                   help="output file: results JSON (default: eval_<folder>.json next to a local model folder, else "
+                        "eval_<hub id>.json) or the PNG of --plot (curves.png)")
     p.add_argument("--save-samples", action="store_true", help="keep every sampled text in the results JSON")
     p.add_argument("--diversity", action="store_true",
                    help="also print the Table-4 diversity table (needs --n >= 2; paper: --n 10 --temperature 1.0)")
@@ -1797,6 +1817,16 @@ def show_traces(run: str, *, step: int | None, limit: int | None, html_out: str 
         print(f"wrote {html_out}")
 
 
+def report_path(model: str) -> str:
+    """Where the results JSON goes without --out: next to the evaluated run (a local checkpoint folder
+    runs/X/checkpoint gives runs/X/eval_checkpoint.json), so evaluating two runs never overwrites one file;
+    a hub id gives eval_<owner_name>.json in the working directory."""
+    if os.path.isdir(model):
+        folder = os.path.normpath(model)
+        return os.path.join(os.path.dirname(folder) or ".", f"eval_{os.path.basename(folder)}.json")
+    return f"eval_{re.sub(r'[^A-Za-z0-9_.-]+', '_', model.strip('/'))}.json"
+
+
 def run_evaluation(args: argparse.Namespace) -> dict:
     """Load every benchmark first (so a bad name fails before the model loads), then the model, then
     evaluate, print the tables and write the JSON report."""
@@ -1827,7 +1857,7 @@ def run_evaluation(args: argparse.Namespace) -> dict:
                 print("\ndiversity across prompts: median [p10, p90] (paper Table 4)")
                 print(diversity_table(results, model_name))
         report[group] = results
-    out = args.out or f"eval_{re.sub(r'[^A-Za-z0-9_.-]+', '_', model_name)}.json"
+    out = args.out or report_path(args.model)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
     print(f"\nwrote {out}")
