@@ -1,0 +1,259 @@
+"""The pre-flight (preflight.py, scope.main's first block): every refusal is one line, exit code 2, before any
+model loads, and leaves no run folder; the memory plan's numbers; the data checks; the no-network path.
+
+In-process tests call scope.main(scope.parse_args([...])) in an empty working directory (the refusals happen
+before anything is imported or loaded, so they take milliseconds); a few subprocess tests check the real
+entry point (exit code, one line, seconds, no traceback). Issue 13's findings are named in the docstrings.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import preflight  # noqa: E402
+import scope  # noqa: E402
+
+OFFLINE_ENV = {"HF_ENDPOINT": "http://127.0.0.1:9"}   # a closed port: the hub probe fails at once
+
+
+def refused(argv, tmp_path, monkeypatch, capsys) -> str:
+    """Run scope.main on argv in tmp_path; assert exit code 2, one line on stderr, no run folder. The line."""
+    monkeypatch.chdir(tmp_path)
+    for key, value in OFFLINE_ENV.items():
+        monkeypatch.setenv(key, value)
+    with pytest.raises(SystemExit) as exc:
+        scope.main(scope.parse_args(argv))
+    assert exc.value.code == 2, exc.value.code
+    err = capsys.readouterr().err.strip().splitlines()
+    err = [line for line in err if not line.startswith("warning:")]
+    assert len(err) == 1 and err[0].startswith("error: "), err
+    assert not (tmp_path / "runs").exists(), "a refused run left a run folder"
+    return err[0]
+
+
+@pytest.mark.parametrize("flags, culprit", [
+    (["--group-size", "0"], "--group-size 0"),
+    (["--group-size", "1"], "--group-size 1"),         # silently accepted before: loss and gradient 0 every step
+    (["--lr", "-1"], "--lr -1"),
+    (["--prompts-per-step", "0"], "--prompts-per-step 0"),
+    (["--max-new-tokens", "0"], "--max-new-tokens 0"),
+    (["--save-every", "0"], "--save-every 0"),          # was a ZeroDivisionError after step 1
+    (["--micro-batch-size", "0"], "--micro-batch-size 0"),
+    (["--refine-attempts", "0"], "--refine-attempts 0"),
+    (["--toy-prm-noise", "1.5"], "--toy-prm-noise 1.5"),
+    (["--tau", "2"], "--tau 2"),                        # silently made every repair a whole-solution replacement
+    (["--tau", "0"], "--tau 0"),
+    (["--steps", "0"], "--steps 0"),                    # printed a checkpoint path that did not exist
+    (["--eval-size", "-1"], "--eval-size -1"),
+    (["--temperature", "0"], "--temperature 0"),
+    (["--prm", "none"], "--prm none"),                  # mode scope needs a PRM
+])
+def test_bad_flag_values_are_refused_before_anything_loads(flags, culprit, tmp_path, monkeypatch, capsys):
+    """Issue 13, 'Bad values are only rejected deep inside the run' and 'Silently accepted nonsense'."""
+    line = refused(["--toy", *flags], tmp_path, monkeypatch, capsys)
+    assert culprit in line, line
+
+
+def test_toy_only_flags_need_toy(tmp_path, monkeypatch, capsys):
+    line = refused(["--toy-prm-noise", "0.2"], tmp_path, monkeypatch, capsys)
+    assert "--toy-prm-noise" in line and "--toy" in line
+    assert "--model toy" in refused(["--model", "toy", "--device", "cpu"], tmp_path, monkeypatch, capsys)
+
+
+def test_args_built_in_code_are_checked_too(tmp_path, monkeypatch, capsys):
+    """argparse checks choices on the command line; an Args built in code is checked by check_args."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exc:
+        scope.main(scope.Args(toy=True, mode="nonsense"))
+    assert exc.value.code == 2 and "--mode 'nonsense'" in capsys.readouterr().err
+
+
+def test_empty_dataset_is_refused_before_any_model(tmp_path, monkeypatch, capsys):
+    """Issue 13: `--dataset empty.jsonl` ran the whole evaluation, then numpy raised."""
+    (tmp_path / "empty.jsonl").write_text("")
+    line = refused(["--toy", "--dataset", str(tmp_path / "empty.jsonl")], tmp_path, monkeypatch, capsys)
+    assert "--dataset" in line and "empty.jsonl" in line and "no problems" in line
+
+
+def test_empty_eval_dataset_is_refused(tmp_path, monkeypatch, capsys):
+    """Issue 13: an empty --eval-dataset ended in a traceback."""
+    (tmp_path / "empty.jsonl").write_text("\n")
+    line = refused(["--toy", "--eval-dataset", str(tmp_path / "empty.jsonl")], tmp_path, monkeypatch, capsys)
+    assert "--eval-dataset" in line and "no problems" in line
+
+
+def test_ordinary_questions_with_toy_are_refused(tmp_path, monkeypatch, capsys):
+    """Issue 13: ordinary questions with --toy → `ValueError: not a toy question` from the toy PRM mid-run."""
+    data = tmp_path / "math.jsonl"
+    data.write_text(json.dumps({"question": "What is 1+1?", "answer": "2"}) + "\n")
+    line = refused(["--toy", "--dataset", str(data)], tmp_path, monkeypatch, capsys)
+    assert "not a toy question" in line and "problem 1" in line
+
+
+def test_no_gpu_is_refused_before_the_data(tmp_path, monkeypatch, capsys):
+    """Issue 13: the data loaded before the GPU check. A data set that cannot load must not be reached."""
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    line = refused(["--dataset", str(tmp_path / "missing.jsonl")], tmp_path, monkeypatch, capsys)
+    assert "no CUDA device" in line and "--device cpu" in line
+
+
+def test_missing_local_model_path_is_named(tmp_path, monkeypatch, capsys):
+    line = refused(["--model", str(tmp_path / "nope"), "--device", "cpu", "--mode", "grpo", "--prm", "none"],
+                   tmp_path, monkeypatch, capsys)
+    assert "nope" in line and "no such folder" in line
+
+
+def test_resume_problems_are_one_line(tmp_path, monkeypatch, capsys):
+    """Issue 13: `--resume` of a missing folder → FileNotFoundError; of an empty one → the same; of a folder with
+    a foreign config → `TypeError: Args.__init__() got an unexpected keyword argument`."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "config.json").write_text(json.dumps({"learning_rate": 1e-5, "steps": 3}))
+    for folder, words in (("missing", "no such folder"), ("empty", "no config.json"), ("foreign", "learning_rate")):
+        with pytest.raises(SystemExit) as exc:
+            scope.parse_args(["--resume", str(tmp_path / folder)])
+        assert exc.value.code == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and words in err[0], err
+
+
+def test_memory_plan_hand_numbers():
+    """Parameter counts from the published configs match the published sizes; KV bytes per token as
+    2 · layers · kv_heads · head_dim · 2 bytes; the policy row is 16 bytes per parameter."""
+    q15, q7 = preflight.KNOWN_CONFIGS["Qwen2.5-1.5B"], preflight.KNOWN_CONFIGS["Qwen2.5-7B"]
+    assert preflight.n_params(q15) == 1_543_714_304              # Qwen2.5-1.5B model card: 1.54 B
+    assert preflight.n_params(q7) == 7_615_616_512               # Qwen2.5-7B: 7.61 B
+    assert preflight.n_params(preflight.KNOWN_CONFIGS["Qwen2.5-0.5B"]) == 494_032_768
+    assert preflight.kv_bytes_per_token(q15) == 2 * 28 * 2 * 128 * 2 == 28_672
+    assert preflight.kv_bytes_per_token(q7) == 2 * 28 * 4 * 128 * 2 == 57_344
+    args = scope.Args(model="Qwen2.5-1.5B", mode="grpo", prm="none", micro_batch_size=1, max_new_tokens=768)
+    rows, _ = preflight.memory_plan(args, gpu_gib=80.0, use_vllm=True)
+    plan = dict(rows)
+    policy = next(v for k, v in plan.items() if k.startswith("policy"))
+    assert policy == pytest.approx(16 * 1_543_714_304 / 2**30)   # ≈ 23.0 GiB
+    assert plan["rollout engine: vLLM, 30% of the GPU"] == pytest.approx(24.0)
+    act = next(v for k, v in plan.items() if k.startswith("update activations"))
+    assert act == pytest.approx(1 * 1024 * (34 * 1536 * 28 + 14 * 151936) / 2**30)
+
+
+def test_a_gpu_too_small_stops_with_the_flags_that_fit(monkeypatch, capsys):
+    """The run stops with the plan and the flags that would make it fit, instead of an OOM after loading."""
+    import torch
+
+    class Props:
+        total_memory = 80 * 10**9
+
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: Props())
+    args = scope.Args(model="Qwen2.5-1.5B")   # defaults: 7B PRM + 7B refiner + 1.5B policy, micro-batch 4
+    with pytest.raises(SystemExit) as exc:
+        preflight.check_memory(args, "cuda", use_vllm=True)
+    assert exc.value.code == 2
+    captured = capsys.readouterr()
+    assert "memory plan" in captured.out and "total" in captured.out
+    line = captured.err.strip()
+    assert "GiB" in line and "--refiner policy" in line, line
+    for way in line.split("fit with: ")[1].split(" | "):   # every suggestion really fits
+        flags = way.split(" (")[0].split()
+        change = {flags[i][2:].replace("-", "_"): flags[i + 1] for i in range(0, len(flags), 2)}
+        change = {k: int(v) if k == "micro_batch_size" else v for k, v in change.items()}
+        trial = scope.Args(**{**vars(args), **change})
+        gib = 80 * 10**9 / 2**30
+        assert preflight.plan_total(preflight.memory_plan(trial, gib, True)[0]) <= 0.95 * gib
+    small = scope.Args(model="Qwen2.5-0.5B", mode="grpo", prm="none", micro_batch_size=1)
+    preflight.check_memory(small, "cuda", use_vllm=True)    # fits: printed, no stop
+
+
+def test_dry_run_offline_prints_the_plan_and_exits(tmp_path):
+    """`python scope.py --dry-run --model Qwen2.5-1.5B` without network or GPU: the plan, the Args, rc 0, no folder;
+    and a real start without network: one line saying what to do, no screens of hub retries."""
+    env = {**os.environ, **OFFLINE_ENV, "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
+    env.pop("HF_HUB_OFFLINE", None)
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), "--dry-run", "--model", "Qwen2.5-1.5B"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "memory plan" in proc.stdout and "policy 1.54 B params" in proc.stdout
+    assert "on a 80 GB GPU" in proc.stdout and '"model": "Qwen2.5-1.5B"' in proc.stdout
+    assert not (tmp_path / "runs").exists() and "Traceback" not in proc.stderr
+    data = tmp_path / "p.jsonl"
+    data.write_text(json.dumps({"question": "What is 1+1?", "answer": "2"}) + "\n")
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), "--model", "Qwen2.5-1.5B", "--device",
+                           "cpu", "--dataset", str(data), "--eval-dataset", str(data)],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and time.time() - t0 < 30
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no network" in errors[0] and "hf download Qwen/Qwen2.5-1.5B" in errors[0]
+    assert "Retrying" not in proc.stderr and "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_rejected_flag_from_the_command_line_is_fast(tmp_path):
+    """The real entry point: exit 2, one line, seconds, no run folder."""
+    t0 = time.time()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), "--toy", "--group-size", "0"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2 and time.time() - t0 < 20
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "--group-size 0" in proc.stderr
+    assert not (tmp_path / "runs").exists()
+
+
+def test_load_problems_names_file_and_line_of_non_utf8(tmp_path):
+    """Issue 13: a non-UTF-8 data file's error had no line number."""
+    from eval import load_problems
+
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps({"question": "ok?", "answer": "1"}).encode() + b"\n"
+                     + b'{"question": "caf\xe9?", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"latin1\.jsonl: line 2: not UTF-8"):
+        load_problems(str(path))
+    jpath = tmp_path / "latin1.json"
+    jpath.write_bytes(b'[\n{"question": "a", "answer": "1"},\n{"question": "caf\xe9", "answer": "2"}\n]')
+    with pytest.raises(ValueError, match=r"latin1\.json: line 3: not UTF-8"):
+        load_problems(str(jpath))
+    with pytest.warns(UserWarning, match="line 2: not UTF-8"):
+        assert [p["answer"] for p in load_problems(str(path), skip_bad=True)] == ["1"]
+
+
+def test_skip_bad_skips_invalid_json_lines(tmp_path):
+    """Issue 13: `load_problems(..., skip_bad=True)` still raised on an invalid-JSON line."""
+    from eval import load_problems
+
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"question": "a", "answer": "1"}\n{"question": "b", "ans\n{"question": "c", "answer": "3"}\n')
+    with pytest.raises(ValueError, match=r"p\.jsonl: line 2: invalid JSON"):
+        load_problems(str(path))
+    with pytest.warns(UserWarning, match="skipped 1 bad row"):
+        assert [p["answer"] for p in load_problems(str(path), skip_bad=True)] == ["1", "3"]
+
+
+def test_eval_report_goes_next_to_the_evaluated_run(tmp_path):
+    """Issue 13: `eval.py --model runs/X/checkpoint` wrote eval_checkpoint.json into the working directory, so
+    every run's evaluation overwrote the same file."""
+    from eval import report_path
+
+    for name in ("a", "b"):
+        (tmp_path / "runs" / name / "checkpoint").mkdir(parents=True)
+    a = report_path(str(tmp_path / "runs" / "a" / "checkpoint"))
+    b = report_path(str(tmp_path / "runs" / "b" / "checkpoint") + "/")
+    assert a == str(tmp_path / "runs" / "a" / "eval_checkpoint.json")
+    assert b == str(tmp_path / "runs" / "b" / "eval_checkpoint.json")
+    assert report_path("Qwen/Qwen2.5-Math-7B") == "eval_Qwen_Qwen2.5-Math-7B.json"
+
+
+def test_gitignore_has_no_mangled_lines():
+    """Issue 13: .gitignore had its comment block pasted three times and `.pytest_# toy warm…` entries."""
+    with open(os.path.join(ROOT, ".gitignore")) as f:
+        lines = [line.rstrip("\n") for line in f if line.strip()]
+    assert all(line.startswith("#") or "#" not in line for line in lines), lines
+    assert len(lines) == len(set(lines)), "duplicated lines"
+    assert ".pytest_cache/" in lines and "!cache/toy_warm_de94cdd2e5b3/" in lines
