@@ -1,0 +1,295 @@
+"""Runs that never lose work (runs.py, scope.open_run) and the training-path fixes of issue 13.
+
+- unit tests of the checkpoint swap, its recovery, the lock and the JSONL reader, on fake models (no torch
+  model is saved: save_pretrained writes one file), each kill window simulated by the state it leaves;
+- subprocess tests of the CLI on one finished 2-step toy run (built once, copied per test): a second run
+  under the same name is refused, a resume recovers from a kill mid-save and from a torn last log line,
+  a folder without checkpoint is resumed only with --overwrite, a second process on a live run stops;
+- kept_tokens and pad_token_id, the regression tests of the two training-path bugs.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import runs  # noqa: E402
+import scope  # noqa: E402
+
+TINY = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "96",
+        "--micro-batch-size", "4", "--eval-size", "4", "--save-every", "1", "--eval-every", "0"]
+
+
+class FakeModel:
+    def __init__(self, tag, file="model.txt"):
+        self.tag, self.file = tag, file
+
+    def save_pretrained(self, path):
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, self.file), "w") as f:
+            f.write(self.tag)
+
+
+class FakeOptimizer:
+    def state_dict(self):
+        return {"state": {}}
+
+
+def save(run_dir, step):
+    runs.save_checkpoint(str(run_dir), step, FakeModel(f"step {step}"), FakeModel("tokenizer", "tokenizer.txt"), FakeOptimizer())
+
+
+def model_tag(path):
+    with open(os.path.join(path, "model.txt")) as f:
+        return f.read()
+
+
+# ------------------------------------------------------------------------------------------------ checkpoint swap
+def test_save_swaps_without_leftovers(tmp_path):
+    save(tmp_path, 10)
+    save(tmp_path, 20)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint"]
+    assert model_tag(tmp_path / "checkpoint") == "step 20" and runs.checkpoint_step(str(tmp_path / "checkpoint")) == 20
+
+
+def test_kill_after_old_checkpoint_removed_recovers_the_tmp_one(tmp_path):
+    """Issue 13: a kill after `rmtree(checkpoint)` and before `os.replace(tmp, checkpoint)` left no checkpoint/
+    but a complete checkpoint.tmp/; `--resume` then restarted from step 1, truncated the logs and deleted
+    checkpoint.tmp (20 steps lost). The state that kill leaves: only a complete checkpoint.tmp."""
+    save(tmp_path, 20)
+    os.replace(tmp_path / "checkpoint", tmp_path / "checkpoint.tmp")
+    assert runs.find_checkpoint(str(tmp_path)) == (str(tmp_path / "checkpoint.tmp"), 20)
+    assert os.path.isdir(tmp_path / "checkpoint.tmp"), "find_checkpoint must only read"
+    assert runs.recover_checkpoint(str(tmp_path)) == (str(tmp_path / "checkpoint"), 20)
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint"] and model_tag(tmp_path / "checkpoint") == "step 20"
+
+
+def test_every_kill_point_of_the_swap_leaves_the_newest_complete_checkpoint(tmp_path):
+    """Each state a kill can leave during save_checkpoint(step 20) after a checkpoint of step 10."""
+    save(tmp_path, 10)
+    states = {}
+    # (a) killed while writing checkpoint.tmp (state.pt not yet there): step 10 stays the one
+    a = tmp_path / "a"
+    shutil.copytree(tmp_path / "checkpoint", a / "checkpoint")
+    FakeModel("half").save_pretrained(str(a / "checkpoint.tmp"))
+    states["a"] = (a, 10, "step 10")
+    # (b) tmp complete, checkpoint renamed to checkpoint.old, tmp not yet renamed in
+    b = tmp_path / "b"
+    shutil.copytree(tmp_path / "checkpoint", b / "checkpoint.old")
+    save(b / "new", 20)
+    os.replace(b / "new" / "checkpoint", b / "checkpoint.tmp")
+    states["b"] = (b, 20, "step 20")
+    # (c) new one in place, old not yet deleted
+    c = tmp_path / "c"
+    shutil.copytree(tmp_path / "checkpoint", c / "checkpoint.old")
+    save(c, 20)
+    states["c"] = (c, 20, "step 20")
+    # (d) tmp complete, checkpoint not yet renamed aside
+    d = tmp_path / "d"
+    shutil.copytree(tmp_path / "checkpoint", d / "checkpoint")
+    save(d / "new", 20)
+    os.replace(d / "new" / "checkpoint", d / "checkpoint.tmp")
+    states["d"] = (d, 20, "step 20")
+    for name, (folder, step, tag) in states.items():
+        assert runs.recover_checkpoint(str(folder)) == (str(folder / "checkpoint"), step), name
+        assert model_tag(folder / "checkpoint") == tag, name
+        assert not (folder / "checkpoint.tmp").exists() and not (folder / "checkpoint.old").exists(), name
+
+
+def test_a_torn_state_file_is_not_a_checkpoint(tmp_path):
+    save(tmp_path, 10)
+    (tmp_path / "checkpoint" / "state.pt").write_bytes(b"\x80\x02torn")
+    assert runs.checkpoint_step(str(tmp_path / "checkpoint")) is None and runs.find_checkpoint(str(tmp_path)) is None
+
+
+# ------------------------------------------------------------------------------------------------ lock
+def test_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path, capsys):
+    """Issue 13: two runs with the same --run-name at once both ran and interleaved their JSONL lines."""
+    path = runs.acquire_lock(str(tmp_path))
+    with pytest.raises(SystemExit) as exc:    # this process is alive: a second taker stops at once
+        runs.acquire_lock(str(tmp_path))
+    assert exc.value.code == 2 and f"pid {os.getpid()}" in capsys.readouterr().err
+    runs.release_lock(path)
+    assert not os.path.exists(path)
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    with open(path, "w") as f:
+        f.write(f"{dead.pid} {__import__('socket').gethostname()}")
+    assert runs.lock_holder(str(tmp_path)) is None
+    runs.acquire_lock(str(tmp_path))
+    assert "stale lock" in capsys.readouterr().err
+    with open(path) as f:
+        assert f.read().split()[0] == str(os.getpid())
+
+
+# ------------------------------------------------------------------------------------------------ logs
+def test_torn_last_jsonl_line_is_dropped_with_a_warning(tmp_path, capsys):
+    """Issue 13: a torn last line (a kill mid-write) made `--resume` die with JSONDecodeError in truncate_jsonl."""
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 0.1 * s}) + "\n" for s in range(1, 5)) + '{"step": 5, "lo')
+    runs.truncate_jsonl(str(path), 3)
+    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
+    assert "torn last line" in capsys.readouterr().err
+    path.write_text('{"step": 1}\n{"step": 2, "garb\n{"step": 3}\n')   # interleaved writers: not a torn tail
+    with pytest.raises(SystemExit) as exc:
+        runs.truncate_jsonl(str(path), 3)
+    assert exc.value.code == 2 and "line 2" in capsys.readouterr().err
+    assert path.read_text().count("\n") == 3, "a refused truncation must not rewrite the file"
+
+
+# ------------------------------------------------------------------------------------------------ CLI, on a real toy run
+def run_scope(args, cwd, check=True):
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=300)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"scope.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def read_steps(path):
+    with open(path) as f:
+        return [json.loads(line)["step"] for line in f]
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    """A finished 2-step toy run (checkpoint every step) of a tiny warm start: (cwd, command flags)."""
+    import toy
+
+    cache = str(tmp_path_factory.mktemp("toy_cache"))
+    kw = dict(sft_steps=20, batch_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+              num_attention_heads=2, num_key_value_heads=1)
+    toy.warm_start(cache, seed=0, **kw)
+    cwd = tmp_path_factory.mktemp("work")
+    flags = ["--toy", "--model", toy.cache_path(cache, seed=0, **kw), "--run-name", "r", *TINY]
+    run_scope(flags, cwd)
+    return cwd, flags
+
+
+@pytest.fixture
+def run_copy(finished_run, tmp_path):
+    cwd, flags = finished_run
+    shutil.copytree(cwd / "runs", tmp_path / "runs")
+    return tmp_path, flags
+
+
+def test_second_run_under_the_same_name_is_refused(run_copy):
+    """Issue 13: `python scope.py --toy --toy-prm-noise 0.2` after `python scope.py --toy` reopened
+    runs/scope-toy-s0 with "w": metrics, traces and checkpoint replaced without a word."""
+    cwd, flags = run_copy
+    before = (cwd / "runs" / "r" / "metrics.jsonl").read_text()
+    t0 = time.time()
+    proc = run_scope([*flags, "--toy-prm-noise", "0.2"], cwd, check=False)
+    assert proc.returncode == 2 and time.time() - t0 < 30
+    assert "already holds a run" in proc.stderr and "--overwrite" in proc.stderr and "--resume" in proc.stderr
+    assert (cwd / "runs" / "r" / "metrics.jsonl").read_text() == before
+    run_scope([*flags, "--toy-prm-noise", "0.2", "--steps", "1", "--overwrite"], cwd)   # on purpose: replaced
+    assert read_steps(cwd / "runs" / "r" / "metrics.jsonl") == [1]
+    assert json.loads((cwd / "runs" / "r" / "config.json").read_text())["toy_prm_noise"] == 0.2
+    assert not (cwd / "runs" / "r" / "lock").exists(), "the lock is released at exit"
+
+
+def test_resume_after_a_kill_mid_save_and_a_torn_log_line(run_copy):
+    """Issue 13: the checkpoint kill window (only checkpoint.tmp left) and a torn last JSONL line both lost work
+    or crashed the resume; now the resume continues from step 2 and keeps steps 1-2 of the logs."""
+    cwd, _ = run_copy
+    run = cwd / "runs" / "r"
+    os.replace(run / "checkpoint", run / "checkpoint.tmp")
+    with open(run / "metrics.jsonl", "a") as f:
+        f.write('{"step": 3, "mode": "sco')
+    with open(run / "traces.jsonl", "a") as f:
+        f.write('{"step": 3, "gro')
+    proc = run_scope(["--resume", "runs/r", "--steps", "3"], cwd)
+    assert "recovered the checkpoint of step 2" in proc.stderr and "torn last line" in proc.stderr
+    assert "resumed runs/r at step 3" in proc.stdout
+    assert read_steps(run / "metrics.jsonl") == [1, 2, 3]
+    assert all(s <= 3 for s in read_steps(run / "traces.jsonl"))
+    assert sorted(p for p in os.listdir(run) if p.startswith("checkpoint")) == ["checkpoint"]
+    assert runs.checkpoint_step(str(run / "checkpoint")) == 3
+
+
+def test_resume_below_the_checkpoint_step_is_refused(run_copy):
+    """Issue 13: `--resume RUN --steps 5` on a run at step 30 said "done" and rewrote config.json to steps 5."""
+    cwd, _ = run_copy
+    config = (cwd / "runs" / "r" / "config.json").read_text()
+    proc = run_scope(["--resume", "runs/r", "--steps", "1"], cwd, check=False)
+    assert proc.returncode == 2 and "--steps 1" in proc.stderr and "(2)" in proc.stderr
+    assert (cwd / "runs" / "r" / "config.json").read_text() == config
+
+
+def test_folder_without_checkpoint_is_resumed_only_on_purpose(run_copy):
+    """Issue 13: a run folder with a config but no checkpoint (a crash before the first save) was silently
+    restarted from step 1, wiping its logs."""
+    cwd, _ = run_copy
+    run = cwd / "runs" / "r"
+    shutil.rmtree(run / "checkpoint")
+    logs = (run / "metrics.jsonl").read_text()
+    proc = run_scope(["--resume", "runs/r"], cwd, check=False)
+    assert proc.returncode == 2 and "no complete checkpoint" in proc.stderr and "--overwrite" in proc.stderr
+    assert (run / "metrics.jsonl").read_text() == logs
+    run_scope(["--resume", "runs/r", "--steps", "1", "--overwrite"], cwd)
+    assert read_steps(run / "metrics.jsonl") == [1]
+
+
+def test_second_process_on_a_live_run_stops_at_once(run_copy):
+    """Issue 13: two runs on one folder at once interleaved their logs and overwrote each other's checkpoint."""
+    cwd, _ = run_copy
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        with open(cwd / "runs" / "r" / "lock", "w") as f:
+            f.write(f"{holder.pid} {__import__('socket').gethostname()}")
+        proc = run_scope(["--resume", "runs/r", "--steps", "3"], cwd, check=False)
+        assert proc.returncode == 2 and f"in use by another run (pid {holder.pid}" in proc.stderr
+    finally:
+        holder.kill()
+        holder.wait()
+    run_scope(["--resume", "runs/r", "--steps", "3"], cwd)   # the holder is gone: its lock is stale, taken over
+    assert read_steps(cwd / "runs" / "r" / "metrics.jsonl") == [1, 2, 3]
+
+
+# ------------------------------------------------------------------------------------------------ training path
+def test_empty_failed_response_keeps_nothing():
+    """Issue 13: an empty failed response (split_steps → no steps, cut 0) got prefix_len = len(response_ids): a
+    bare EOS was kept as the "prefix", trained on-policy with positive advantage, the refiner's tokens followed
+    an EOS, and keep_ratio_tokens logged 1.0."""
+    from refine import Trajectory
+
+    class PRM:
+        def score_batch(self, questions, steps):
+            return [[0.9] * len(s) for s in steps]
+
+    class Tok:
+        def decode(self, ids, **kw):
+            return "".join(chr(i) for i in ids)
+
+    eos = 3
+    trajs = [Trajectory(question="q", answer="1", group=0, prompt_ids=[1], response_ids=[eos], text="")]
+    trajs[0].correct = False
+    prefix = scope.first_errors(trajs, PRM(), scope.Args(toy=True), Tok())
+    assert prefix[id(trajs[0])] == 0 and trajs[0].keep_ratio_tokens == 0.0
+    assert scope.kept_tokens([], 0, 1) == 0
+    assert scope.kept_tokens([(0, 4), (4, 9)], 1, 12) == 4 and scope.kept_tokens([(0, 4)], 1, 12) == 12
+
+
+def test_pad_id_falls_back_to_eos():
+    """Issue 13: scope.py passed tokenizer.pad_token_id to build_batch unguarded; a tokenizer without a pad token
+    (Llama/Mistral style) crashed the update (`full(): ... must be Number, not NoneType`)."""
+    from types import SimpleNamespace
+
+    from grpo import build_batch
+
+    tok = SimpleNamespace(pad_token_id=None, eos_token_id=2)
+    assert scope.pad_token_id(tok) == 2
+    assert scope.pad_token_id(SimpleNamespace(pad_token_id=0, eos_token_id=2)) == 0
+    batch = build_batch([[5], [7]], [[8], [9, 10]], [None, None], torch.tensor([1.0, -1.0]), scope.pad_token_id(tok))
+    assert batch["input_ids"][1, -1].item() == 10 and batch["input_ids"][0, -1].item() == 2
+    with pytest.raises(ValueError, match="neither a pad nor an EOS"):
+        scope.pad_token_id(SimpleNamespace(pad_token_id=None, eos_token_id=None))
