@@ -432,10 +432,11 @@ def check_memory(args, device: str, use_vllm: bool) -> None:
         gpu_gib = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
     rows, notes = memory_plan(args, gpu_gib, use_vllm or (gpu_gib is None and args.backend != "hf"))
     print(format_plan(args, rows, notes, gpu_gib))
-    if gpu_gib is not None and rows and plan_total(rows) > 0.95 * gpu_gib and not args.dry_run:
+    if gpu_gib is not None and rows and plan_total(rows) > 0.95 * gpu_gib and args.memory_check and not args.dry_run:
         ways = fixes(args, gpu_gib, use_vllm)
         stop(f"this run needs about {plan_total(rows):.0f} GiB, the GPU has {gpu_gib:.0f} GiB"
-             + (f"; it would fit with: {' | '.join(ways)}" if ways else "; use a smaller model or a larger GPU"))
+             + (f"; it would fit with: {' | '.join(ways)}" if ways else "; use a smaller model or a larger GPU")
+             + " (the plan is an estimate: --no-memory-check starts anyway)")
 
 
 def print_dry_run(args, run_dir: str, notes: list[str]) -> None:

@@ -17,6 +17,7 @@ Run:
     python scope.py --toy --mode grpo            # the on-policy baseline in the same world (also: replace, prm-reward)
     python scope.py --model Qwen2.5-1.5B         # the real path on one GPU (vLLM rollouts when installed)
     python scope.py --resume runs/NAME           # continue a run exactly where its last checkpoint left it
+    python scope.py --model Qwen2.5-1.5B --dry-run   # the pre-flight only: memory plan and resolved Args
     python scope.py --help                       # every flag with its default
 
 Choices this file makes (the paper leaves them open; each one is a flag unless said otherwise):
@@ -38,8 +39,11 @@ Choices this file makes (the paper leaves them open; each one is a flag unless s
     bfloat16) and runs forward passes under bfloat16 autocast; PRM and refiner load in bfloat16.
  8. Periodic evaluation: one sample per problem at temperature 0.6 (LUFFY harness) on `--eval-dataset`;
     `python eval.py` does the full protocol (avg@n, pass@k, diversity) on saved checkpoints.
- 9. One checkpoint, `runs/<name>/checkpoint`, overwritten every `--save-every` steps and at the end
-    (model, tokenizer, optimizer, RNG states, step), written to a temporary folder first then renamed.
+ 9. One checkpoint, `runs/<name>/checkpoint`, replaced every `--save-every` steps and at the end
+    (model, tokenizer, optimizer, RNG states, step) without a moment in which no complete one exists;
+    a run folder is never clobbered and is locked while a run uses it (runs.py).
+10. Before anything loads or is written, the pre-flight (preflight.py) checks every flag, the run folder,
+    the GPU, the network, the data and the memory plan; a refusal is one line and exit code 2.
 """
 import argparse
 import atexit
@@ -123,6 +127,8 @@ class Args:
     toy_prm_noise: float = arg(0.0, "toy world: probability that the toy PRM flips a step score")
     overwrite: bool = arg(False, "allow starting from step 1 in a folder holding a run (a new run under a used "
                           "--run-name, or --resume of a folder without checkpoint): its logs are replaced")
+    memory_check: bool = arg(True, "stop before loading when the memory plan (an estimate) exceeds the GPU; "
+                             "--no-memory-check starts anyway")
     dry_run: bool = arg(False, "run the pre-flight (flags, folder, data, memory plan), print the resolved Args, exit")
 
 
