@@ -301,7 +301,11 @@ def model_config(name: str) -> dict | None:
         try:
             with open(local, encoding="utf-8") as f:
                 config = json.load(f)
-            if "architectures" in config and any("ProcessReward" in a for a in config["architectures"] or []):
+            config = config.get("text_config", config)   # multimodal wrappers keep the LM fields one level down
+            if not all(k in config for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
+                                             "intermediate_size", "vocab_size")):
+                return None   # not a Qwen2/Llama-style config: no estimate rather than a wrong one
+            if any("ProcessReward" in a for a in config.get("architectures") or []):
                 config["head"] = "prm"
             return config
         except (OSError, ValueError):
@@ -431,7 +435,8 @@ def check_memory(args, device: str, use_vllm: bool) -> None:
 
         gpu_gib = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
     rows, notes = memory_plan(args, gpu_gib, use_vllm or (gpu_gib is None and args.backend != "hf"))
-    print(format_plan(args, rows, notes, gpu_gib))
+    if not args.toy or args.dry_run:
+        print(format_plan(args, rows, notes, gpu_gib))
     if gpu_gib is not None and rows and plan_total(rows) > 0.95 * gpu_gib and args.memory_check and not args.dry_run:
         ways = fixes(args, gpu_gib, use_vllm)
         stop(f"this run needs about {plan_total(rows):.0f} GiB, the GPU has {gpu_gib:.0f} GiB"
