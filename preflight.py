@@ -202,7 +202,9 @@ def hub_datasets(args) -> list[str]:
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
-    """A TCP connection to the hub endpoint within `timeout` seconds."""
+    """A TCP connection to the hub endpoint within `timeout` seconds (behind a proxy: assumed reachable)."""
+    if any(os.environ.get(k) for k in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return True
     url = urllib.parse.urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co"))
     try:
         socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()

@@ -27,6 +27,8 @@ def refused(argv, tmp_path, monkeypatch, capsys) -> str:
     monkeypatch.chdir(tmp_path)
     for key, value in OFFLINE_ENV.items():
         monkeypatch.setenv(key, value)
+    for key in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.delenv(key, raising=False)
     with pytest.raises(SystemExit) as exc:
         scope.main(scope.parse_args(argv))
     assert exc.value.code == 2, exc.value.code
@@ -176,7 +178,8 @@ def test_dry_run_offline_prints_the_plan_and_exits(tmp_path):
     """`python scope.py --dry-run --model Qwen2.5-1.5B` without network or GPU: the plan, the Args, rc 0, no folder;
     and a real start without network: one line saying what to do, no screens of hub retries."""
     env = {**os.environ, **OFFLINE_ENV, "HF_HOME": str(tmp_path / "hf"), "OMP_NUM_THREADS": "1"}
-    env.pop("HF_HUB_OFFLINE", None)
+    for key in ("HF_HUB_OFFLINE", "HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy"):
+        env.pop(key, None)
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), "--dry-run", "--model", "Qwen2.5-1.5B"],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
