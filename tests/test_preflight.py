@@ -208,6 +208,10 @@ def test_rejected_flag_from_the_command_line_is_fast(tmp_path):
     assert proc.returncode == 2 and time.time() - t0 < 20
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "--group-size 0" in proc.stderr
     assert not (tmp_path / "runs").exists()
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), "--resume", "runs/nope"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 2 and proc.stderr.strip() == "error: --resume runs/nope: no such folder", proc.stderr
 
 
 def test_load_problems_names_file_and_line_of_non_utf8(tmp_path):
