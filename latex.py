@@ -549,9 +549,11 @@ def linear_in(expr, name: str) -> tuple[Fraction, Fraction] | None:
 
 
 def decimal_matches(decimal: str, expr) -> bool:
-    """A decimal as stated ("0.0833333333333333") against an exact value: True when the value lies within
-    one unit of the last shown digit, i.e. the decimal is the value truncated or rounded to the digits it
-    shows. The caller decides which decimals are long enough for this (grader: >= 12 significant digits)."""
+    """A decimal as stated ("0.0833333333333333") against an exact value: True when the two differ by less
+    than one unit of the decimal's last shown digit (the value truncated or rounded to the digits shown,
+    or a float's last digit), or by less than 1e-15 relative (a double printed with 16-17 digits: Python
+    prints sqrt(7) as 2.6457513110645907, the true value is 2.64575131106459059...). The caller decides
+    which decimals are long enough for this (grader: >= 12 significant digits)."""
     mantissa = decimal.lstrip("+-")
     if not mantissa.replace(".", "", 1).isdigit() or len(mantissa) > MAX_DIGITS:
         return False
@@ -559,10 +561,11 @@ def decimal_matches(decimal: str, expr) -> bool:
     shown = Fraction(decimal)
     target = exact(expr)
     if target is not None:
-        return abs(shown - target) < Fraction(1, 10 ** places)
+        return abs(shown - target) < max(Fraction(1, 10 ** places), abs(target) / 10 ** 15)
     if expr.free_symbols or places > 45:          # beyond the 60-digit evaluator's resolution
         return False
     value = num_or_none(expr, {})
     if value is None or isinstance(value, _MP.mpc):
         return False
-    return abs(_MP.mpf(shown.numerator) / shown.denominator - value) < _MP.mpf(10) ** (-places)
+    return abs(_MP.mpf(shown.numerator) / shown.denominator - value) < max(_MP.mpf(10) ** (-places),
+                                                                          abs(value) * _MP.mpf("1e-15"))
