@@ -242,9 +242,12 @@ def _normalize(s: str, strip_prefix: bool = True) -> str:
         s = _TEXT_CMD_RE.sub(lambda m: m.group(1), s)
     s = _PERCENT_RE.sub("\\%", s.strip())
     s = _strip_units(s)
-    s = _JOINER_RE.sub(",", s)
-    s = _semicolons(s).strip().rstrip(".;").strip()
-    if strip_prefix and s.count("=") >= 2 and len(_split_top(s, ",")) == len(_split_top(s, ";")) == 1:
+    if _JOINER_RE.search(s):
+        s = _JOINER_RE.sub(",", s).strip(",") or s
+    s = _semicolons(s).strip().rstrip(".").strip()
+    s = re.sub(r"(?<=.);+$", "", s)
+    if (strip_prefix and s.count("=") >= 2 and len(_split_top(s, ",")) == len(_split_top(s, ";")) == 1
+            and all(part.strip() for part in s.split("="))):
         s = s[s.rindex("=") + 1:]                            # D2: x = 5+5+1 = 11 -> 11
     s = re.sub(r"^[a-zA-Z]\([a-zA-Z]\)\s*=\s*(?=\S)", "", s)   # f(x) = ...
     if strip_prefix and (s.count("=") == 1 or "\\in" in s):
@@ -502,7 +505,10 @@ def _variable(s: str):
 
 def _sign(text: str) -> int | None:
     """Sign of a constant bound, or None when it is not a known real number."""
-    value = exact(to_sympy(text))
+    try:
+        value = exact(to_sympy(text))
+    except Refuse:
+        return None
     return None if value is None else (value > 0) - (value < 0)
 
 
@@ -651,8 +657,9 @@ def grade(response: str, gold: str) -> bool:
                 return True
         for raw, other in ((pred, g), (gold, p)):         # D1: "1000,99" against one number
             m = _DECIMAL_COMMA_RE.fullmatch(raw)
-            if m and not _THOUSANDS_RE.match(raw.strip(" $")) and as_number(other) is not None:
-                return as_number(f"{m.group(1)}.{m.group(2)}") == as_number(other)
+            if (m and not _THOUSANDS_RE.match(raw.strip(" $")) and as_number(other) is not None
+                    and as_number(f"{m.group(1)}.{m.group(2)}") == as_number(other)):
+                return True
         boxes = final_boxes(response)                     # N4: the final run of boxes as one list
         if 1 < len(boxes) <= _MAX_ITEMS and sum(map(len, boxes)) <= _MAX_CHARS:
             return _equiv(";".join(_normalize(b) for b in boxes), g)
@@ -662,15 +669,21 @@ def grade(response: str, gold: str) -> bool:
 
 
 # ---- benchmark and command line ----
-def grader_benchmark(n_pairs: int = 3000, seed: int = 0) -> dict:
+def grader_benchmark(n_pairs: int = 3000, seed: int = 0, mix: str = "math") -> dict:
     """Grade n_pairs synthetic (response, gold) pairs and time each call.
 
-    The pairs mix equal answers written differently, near misses, structures (tuples, intervals, sets,
-    matrices, MC letters, text) and adversarial inputs (power towers, 100k-digit numbers, deep nesting).
-    Returns {"pairs", "seconds", "pairs_per_s", "agree" (share of verdicts matching the label the
-    generator intended), "max_seconds", "slowest": [{"seconds", "gold", "response"} x 5]}."""
+    mix="math" (the default, unchanged since issue 2): equal answers written differently, near misses,
+    structures (tuples, intervals, sets, matrices, MC letters, text) and adversarial inputs (power towers,
+    100k-digit numbers, deep nesting). mix="numina": half of the pairs come from _numina_pair instead (named
+    answers, records, ";" lists, several boxes, inequalities, equations, pct, long decimals, chains, and
+    adversarial inputs for those paths). Returns {"mix", "pairs", "seconds", "pairs_per_s", "agree" (share
+    of verdicts matching the label the generator intended), "max_seconds", "slowest": [{"seconds", "gold",
+    "response"} x 5]}."""
+    if mix not in ("math", "numina"):
+        raise ValueError(f"grader_benchmark: mix must be 'math' or 'numina', got {mix!r}")
     rng = random.Random(seed)
-    pairs = [_bench_pair(rng) for _ in range(n_pairs)]
+    pairs = [_numina_pair(rng) if mix == "numina" and rng.random() < 0.5 else _bench_pair(rng)
+             for _ in range(n_pairs)]
     times, agree = [], 0
     start = time.perf_counter()
     for response, gold, label in pairs:
@@ -680,7 +693,7 @@ def grader_benchmark(n_pairs: int = 3000, seed: int = 0) -> dict:
         agree += verdict == label
     total = time.perf_counter() - start
     order = sorted(range(len(pairs)), key=lambda k: -times[k])[:5]
-    return {"pairs": n_pairs, "seconds": round(total, 3), "pairs_per_s": round(n_pairs / max(total, 1e-9), 1),
+    return {"mix": mix, "pairs": n_pairs, "seconds": round(total, 3), "pairs_per_s": round(n_pairs / max(total, 1e-9), 1),
             "agree": round(agree / max(n_pairs, 1), 4), "max_seconds": round(max(times, default=0.0), 4),
             "slowest": [{"seconds": round(times[k], 4), "gold": pairs[k][1][:60],
                          "response": pairs[k][0][-80:]} for k in order]}
@@ -729,19 +742,56 @@ def _bench_pair(rng: random.Random) -> tuple[str, str, bool]:
     return lead + tail.replace("%s", pred), gold, label
 
 
+def _numina_pair(rng: random.Random) -> tuple[str, str, bool]:
+    """One (response, gold, intended verdict) in the NuminaMath / OpenR1 style (conventions N1-N8, D2)."""
+    a, b = rng.randint(1, 99), rng.randint(2, 99)
+    c = a + b
+    p = rng.choice([3, 7, 11, 13, 17])
+    equal = [  # (written by the model, gold)
+        (f"({a},{b})", f"(p,q)=({a},{b})"), (f"{a}, {b}", f"AB={a},\\ CD={b}"), (f"{a}", f"|AB|={a}"),
+        (f"\\{{{a}, {c}\\}}", f"{a};{c}"), (f"({a},{b}),({b},{a})", f"({b};{a}),({a};{b})"),
+        (f"({a},{b})", f"m={a},n={b}"), (f"{a}}}, \\boxed{{{c}", f"{c},{a}"), (f"(-{a}, {c})", f"-{a} < x < {c}"),
+        (f"{b} \\ge x", f"x \\le {b}"), (f"y = {a}x + {b}", f"{2 * a}x - 2y + {2 * b} = 0"),
+        (f"{a} pct", f"{a}\\%"), (f"\\cfrac{{{a}}}{{{b}}}", f"\\frac{{{a}}}{{{b}}}"),
+        (repr(1 / p), f"\\frac{{1}}{{{p}}}"), (f"x = {a}+{b} = {c}", f"{c}"), (f"{a}\\textnormal{{ miles}}", f"{a}"),
+    ]
+    near = [
+        (f"({b},{a})", f"(p,q)=({a},{a + 2 * b})"), (f"{b}, {a}", f"AB={a},\\ CD={c}"), (f"{c}", f"|AB|={a}"),
+        (f"(-{a}, {c}]", f"-{a} < x < {c}"), (f"{b} \\le x", f"x \\le {b}"), (f"y = {a}x + {c}", f"{a}x - y + {b} = 0"),
+        (f"{round(1 / p, 4)}", f"\\frac{{1}}{{{p}}}"), (f"{1 / p + 1e-9!r}", f"\\frac{{1}}{{{p}}}"),
+        (f"x = {a}+{b} = {c + 1}", f"{c}"), (f"{a}}}, \\boxed{{{c}", f"{a},{c},{b}"),
+    ]
+    adversarial = [
+        (";".join(["1"] * 400), "1"), ("<".join(["x"] * 300), "(0,1)"), ("=".join(["x"] * 300), "y"),
+        (" or ".join(["(1,2)"] * 200), "(1,2)"), ("1}, \\boxed{" * 500 + "1", "1,1"),
+        ("1<|x|<9^{9^{9^{9}}}", "(1,2)"), ("x^{2^{2^{2^{2^{2}}}}}=y", "y=x"),
+    ]
+    roll = rng.random()
+    if roll < 0.55:
+        (pred, gold), label = rng.choice(equal), True
+    elif roll < 0.9:
+        (pred, gold), label = rng.choice(near), False
+    else:
+        (pred, gold), label = rng.choice(adversarial), False
+    lead = rng.choice(["", "Let us compute step by step.\n\n", "We have $a = 2$, so the guess \\boxed{3} is wrong.\n\n"])
+    tail = rng.choice(["The answer is \\boxed{%s}.", "Therefore $\\boxed{%s}$"])
+    return lead + tail.replace("%s", pred), gold, label
+
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="grader.py", description="Grade one response against a gold answer, or "
                                 "time the grader on generated pairs (--bench).")
     p.add_argument("--bench", action="store_true", help="time the grader on generated pairs and print JSON")
     p.add_argument("--pairs", type=int, default=3000, help="number of generated pairs for --bench")
+    p.add_argument("--mix", choices=["math", "numina"], default="math",
+                   help="--bench pairs: MATH-style only (default) or half NuminaMath/OpenR1-style")
     p.add_argument("response", nargs="?", help="a response (its last \\boxed{} is graded)")
     p.add_argument("gold", nargs="?", help="the gold answer")
     args = p.parse_args(argv)
     if args.bench:
         if args.pairs < 1:
             p.error("--pairs must be >= 1")
-        print(json.dumps(grader_benchmark(n_pairs=args.pairs), indent=2))
+        print(json.dumps(grader_benchmark(n_pairs=args.pairs, mix=args.mix), indent=2))
         return 0
     if args.response is None or args.gold is None:
         p.error("give RESPONSE and GOLD, or --bench")

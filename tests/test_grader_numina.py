@@ -4,6 +4,9 @@ choices and adversarial inputs for every new path. All examples are our own.
 
 Each case is (model's final answer, gold, expected); the answer is wrapped in a response with a \\boxed{}.
 Equal pairs are also checked with the roles swapped: every new rule is symmetric."""
+import json
+import subprocess
+import sys
 import time
 
 import pytest
@@ -155,6 +158,9 @@ SEVERAL_BOXES = [  # N4: (response, gold, expected)
      "-2, 0, 5", False),
     ("\\boxed{(1, 4)} \\quad \\text{and} \\quad \\boxed{(4, 1)}", "(1,4)", False),
     ("\\boxed{1}, \\boxed{2}", "(1, 2)", False),
+    # regression: a gold "77,71" (no space) once ended grading through the decimal-comma rule (D1) with
+    # False before the run of boxes was read
+    ("The answer is \\boxed{71}, \\boxed{77}.", "77,71", True),
 ]
 
 
@@ -213,3 +219,26 @@ def test_many_boxes_are_bounded():
 def test_numina_rules_are_counted():
     cases = NAMED + RECORDS + LISTS + INEQUALITIES + EQUATIONS + NOTATION + LONG_DECIMALS + DELIBERATE + DEBATABLE
     assert len(cases) >= 120 and sum(not c[2] for c in cases) >= 50
+
+
+def test_benchmark_numina_mix_agrees_and_is_bounded():
+    result = G.grader_benchmark(n_pairs=300, seed=2, mix="numina")
+    assert result["mix"] == "numina" and result["agree"] == 1.0 and result["max_seconds"] < 2.0
+    with pytest.raises(ValueError, match="mix"):
+        G.grader_benchmark(n_pairs=10, mix="gsm8k")
+
+
+def test_grader_cli_smoke():
+    """`python grader.py --bench` and the one-pair form, run as a user would."""
+    root = G.__file__.rsplit("/", 1)[0]
+    out = subprocess.run([sys.executable, "grader.py", "--bench", "--pairs", "60", "--mix", "numina"], cwd=root,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    report = json.loads(out.stdout)
+    assert report["pairs"] == 60 and report["agree"] == 1.0
+    one = subprocess.run([sys.executable, "grader.py", "\\boxed{x = 5+5+1 = 11}", "11"], cwd=root,
+                         capture_output=True, text=True, timeout=60)
+    assert one.stdout.strip() == "True"
+    bad = subprocess.run([sys.executable, "grader.py", "--bench", "--pairs", "0"], cwd=root,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--pairs" in bad.stderr
