@@ -224,12 +224,14 @@ def _normalize(s: str, strip_prefix: bool = True) -> str:
     s = s.replace("\\$", "").replace("$", "")
     s = re.sub(r"\\[()\[\]]", "", s)
     s = re.sub(r"\\(?:left|right|bigl|bigr|Bigl|Bigr|big|Big)(?![a-zA-Z])\s*", "", s)
-    s = re.sub(r"\\(?:displaystyle|quad|qquad)(?![a-zA-Z])|(?<!\\)\\[!,;: ]|~", " ", s)
+    s = re.sub(r"(?<!\\)\\!\s*", "", s)                     # negative thin space: "10,\\! 000" stays 10,000
+    s = re.sub(r"\\(?:displaystyle|quad|qquad)(?![a-zA-Z])|(?<!\\)\\[,;: ]|~", " ", s)
     s = re.sub(r"\s+", " ", s)                                  # one space per run (keeps regexes linear)
     s = re.sub(r"\\[dtc]frac(?![a-zA-Z])", r"\\frac", s)
     s = re.sub(r"\\[dt]binom(?![a-zA-Z])", r"\\binom", s)
     s = re.sub(r"\\(neq|leq|geq|leqslant|geqslant|leqq|geqq)(?![a-zA-Z])", lambda m: "\\" + m.group(1)[:2], s)
     s = re.sub(r"\\([lg])t(?![a-zA-Z])", lambda m: "<" if m.group(1) == "l" else ">", s)
+    s = s.replace("<=", "\\le ").replace(">=", "\\ge ")
     s = re.sub(r"\^\s*\{?\s*\\circ\s*\}?|\\circ(?![a-zA-Z])|\\degree(?![a-zA-Z])", "", s)
     s = s.replace("{,}", "")
     s = s.replace("\\{", "{").replace("\\}", "}")
@@ -252,9 +254,10 @@ def _normalize(s: str, strip_prefix: bool = True) -> str:
     s = re.sub(r"^[a-zA-Z]\([a-zA-Z]\)\s*=\s*(?=\S)", "", s)   # f(x) = ...
     if strip_prefix and (s.count("=") == 1 or "\\in" in s):
         s = _PREFIX_RE.sub("", s, count=1)
+    thousands = _THOUSANDS_RE.match(s)                    # M3: "32, 349" (a space) is a list, not 32349
     s = re.sub(r"\s+", _space, s)
     s = re.sub(r"([_^])\{(\w)\}", r"\1\2", s)                 # x^{2} -> x^2, 1011_{2} -> 1011_2
-    if _THOUSANDS_RE.match(s):
+    if thousands:
         s = s.replace(",", "")
     return s
 
@@ -441,6 +444,10 @@ def _equiv(pred: str, gold: str, depth: int = 0) -> bool:
         if ip and ig and ip[0] != ig[0]:
             return False
         return _equiv(ip[1] if ip else pred, ig[1] if ig else gold, depth + 1)
+    if "=" in pred and "=" in gold:                       # N2: "(x,y)=(1,2)" is the record "x=1,y=2"
+        tp, tg = _tuple_record(pred), _tuple_record(gold)
+        if tp or tg:
+            return _equiv(tp or pred, tg or gold, depth + 1)
     if ("=" in pred) != ("=" in gold):                    # N1: a label is dropped when the other side has none
         named = _label_of(pred if "=" in pred else gold)
         if named:
@@ -466,6 +473,17 @@ def _equiv(pred: str, gold: str, depth: int = 0) -> bool:
         return (po == go and pc == gc and len(pitems) == len(gitems) <= _MAX_ITEMS
                 and all(_equiv(x, y, depth + 1) for x, y in zip(pitems, gitems)))
     return _scalar_equal(pred, gold)
+
+
+def _tuple_record(s: str) -> str | None:
+    """"(x,y)=(1,2)" -> "x=1,y=2" when the labels and values pair up one to one; else None."""
+    sides = _split_top(s, "=")
+    if len(sides) != 2 or not all(x[:1] == "(" and _outer_close(x) == len(x) - 1 for x in sides):
+        return None
+    labels, values = _split_top(sides[0][1:-1], ","), _split_top(sides[1][1:-1], ",")
+    if not 2 <= len(labels) == len(values) <= _MAX_ITEMS or not all(map(_is_label, labels)):
+        return None
+    return ",".join(f"{label}={value}" for label, value in zip(labels, values))
 
 
 def _record_equal(kp: str, p, kg: str, g, depth: int) -> bool:

@@ -36,6 +36,8 @@ RECORDS = [  # N2: records with distinct labels, in order against lists and (...
     ("6, 8", "AC=6, BD=8", True), ("(6, 8)", "AC=6,BD=8", True), ("-1, \\frac{7}{2}", "m = -1,\\ k = \\frac{7}{2}", True),
     ("BD=8, AC=6", "AC=6, BD=8", True), ("a=1, b=-2, c=3", "a=1,b=-2,c=3", True),
     ("8, 6", "AC=6, BD=8", False), ("[6, 8]", "AC=6, BD=8", False), ("\\{6, 8\\}", "AC=6, BD=8", False),
+    ("x=2, y=-1", "(x, y) = (2, -1)", True), ("(y,x)=(-1,2)", "x=2, y=-1", True),
+    ("x=-1, y=2", "(x, y) = (2, -1)", False), ("(x,y)=(2,1)", "x=2, y=-1", False),
     ("6, 8, 10", "AC=6, BD=8", False), ("AC=8, BD=6", "AC=6, BD=8", False), ("AC=6, CD=8", "AC=6, BD=8", False),
 ]
 LISTS = [  # N3: ";" lists, ";" inside brackets, "or" / "and" with or without spaces
@@ -51,7 +53,7 @@ INEQUALITIES = [  # N5: chained and two-sided inequalities compare as intervals 
     ("3 \\geq x", "x \\leq 3", True), ("x > -2", "-2 < x", True), ("-2x < 4", "x > -2", True),
     ("(\\frac{1}{2}, 1)", "0.5 < g(x) < 1", True), ("[3, \\infty)", "y \\geqslant 3", True), ("9 > x > 1", "1<x<9", True),
     ("[-4,-2]\\cup[2,4]", "2 \\le |w| \\le 4", True), ("(-5, 5)", "|u| < 5", True),
-    ("(-\\infty,-1)\\cup(1,\\infty)", "|v| > 1", True), ("3x+1 \\le 7", "x \\le 2", True),
+    ("(-\\infty,-1)\\cup(1,\\infty)", "|v| > 1", True), ("3x+1 \\le 7", "x \\le 2", True), ("x <= 4", "(-\\infty, 4]", True),
     # near misses: a wrong interval (end, bracket, direction), another variable, a bound that is off
     ("(-4, 16)", "-4 < t < 17", False), ("[-4, 17)", "-4 < t < 17", False), ("(-\\infty, 3)", "x \\leq 3", False),
     ("x \\geq 3", "x \\leq 3", False), ("y \\le 3", "x \\le 3", False), ("[2,4]", "2 \\le |w| \\le 4", False),
@@ -87,6 +89,8 @@ DELIBERATE = [  # kept on purpose (issue 15, item 2)
     ("0.33", "\\frac{1}{3}", False), ("0.3333333333", "\\frac13", False), ("0.666667", "\\frac23", False),
     ("(3, 1)", "(1, 3)", False), ("(1, 3]", "(1, 3)", False), ("\\{3, 1\\}", "\\{1, 3\\}", True),
     ("2,345,678", "2345678", True), ("12,34", "1234", False), ("1,2345", "12345", False), ("123,456", "123456", True),
+    ("12, 345", "12345", False), ("12, 345", "12,345", False),   # regression: a space after the comma makes a list
+    ("12,\\! 345", "12345", True), ("1,\\!000,\\!000", "10^6", True),          # MATH's ",\\!" stays a thousands comma
 ]
 DEBATABLE = [
     # D1: "a,b" (no space, not the 1,234 pattern) is the decimal a.b against one number; with a space a list
