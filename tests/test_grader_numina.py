@@ -26,14 +26,16 @@ def check(pred: str, gold: str, expected: bool):
 
 NAMED = [  # N1: a label before "=" is dropped when the other side has no "="
     ("(2,9)", "(m,n)=(2,9)", True), ("7", "|PQ|=7", True), ("\\frac{2}{5}", "\\frac{AM}{MB}=\\frac{2}{5}", True),
-    ("3:4", "S_{1}:S_{2}=3:4", True), ("45", "\\angle ABC = 45^\\circ", True), ("\\frac{\\pi}{6}", "\\alpha=\\frac{\\pi}{6}", True),
+    ("3:4", "S_{1}:S_{2}=3:4", True), ("45", "\\angle ABC = 45^\\circ", True),
+    ("\\frac{\\pi}{6}", "\\alpha=\\frac{\\pi}{6}", True),
     ("12", "f(3)=12", True), ("\\sqrt{3}", "a_{n}=\\sqrt{3}", True), ("0.2", "P(A)=0.2", True),
     # near misses: a wrong named answer, a formula that is not a label, a tuple in the wrong order
     ("8", "|PQ|=7", False), ("(9,2)", "(m,n)=(2,9)", False), ("4:3", "S_{1}:S_{2}=3:4", False),
     ("5", "x+y=5", False), ("1", "x^2+y^2=1", False), ("0", "2x-3=0", False),
 ]
 RECORDS = [  # N2: records with distinct labels, in order against lists and (...) tuples, by label otherwise
-    ("6, 8", "AC=6, BD=8", True), ("(6, 8)", "AC=6,BD=8", True), ("-1, \\frac{7}{2}", "m = -1,\\ k = \\frac{7}{2}", True),
+    ("6, 8", "AC=6, BD=8", True), ("(6, 8)", "AC=6,BD=8", True),
+    ("-1, \\frac{7}{2}", "m = -1,\\ k = \\frac{7}{2}", True),
     ("BD=8, AC=6", "AC=6, BD=8", True), ("a=1, b=-2, c=3", "a=1,b=-2,c=3", True),
     ("8, 6", "AC=6, BD=8", False), ("[6, 8]", "AC=6, BD=8", False), ("\\{6, 8\\}", "AC=6, BD=8", False),
     ("x=2, y=-1", "(x, y) = (2, -1)", True), ("(y,x)=(-1,2)", "x=2, y=-1", True),
@@ -51,9 +53,11 @@ LISTS = [  # N3: ";" lists, ";" inside brackets, "or" / "and" with or without sp
 INEQUALITIES = [  # N5: chained and two-sided inequalities compare as intervals or unions
     ("(-4, 17)", "-4 < t < 17", True), ("[2, 9)", "2 \\le b < 9", True), ("(-\\infty, 3]", "x \\leq 3", True),
     ("3 \\geq x", "x \\leq 3", True), ("x > -2", "-2 < x", True), ("-2x < 4", "x > -2", True),
-    ("(\\frac{1}{2}, 1)", "0.5 < g(x) < 1", True), ("[3, \\infty)", "y \\geqslant 3", True), ("9 > x > 1", "1<x<9", True),
+    ("(\\frac{1}{2}, 1)", "0.5 < g(x) < 1", True), ("[3, \\infty)", "y \\geqslant 3", True),
+    ("9 > x > 1", "1<x<9", True),
     ("[-4,-2]\\cup[2,4]", "2 \\le |w| \\le 4", True), ("(-5, 5)", "|u| < 5", True),
-    ("(-\\infty,-1)\\cup(1,\\infty)", "|v| > 1", True), ("3x+1 \\le 7", "x \\le 2", True), ("x <= 4", "(-\\infty, 4]", True),
+    ("(-\\infty,-1)\\cup(1,\\infty)", "|v| > 1", True), ("3x+1 \\le 7", "x \\le 2", True),
+    ("x <= 4", "(-\\infty, 4]", True),
     # near misses: a wrong interval (end, bracket, direction), another variable, a bound that is off
     ("(-4, 16)", "-4 < t < 17", False), ("[-4, 17)", "-4 < t < 17", False), ("(-\\infty, 3)", "x \\leq 3", False),
     ("x \\geq 3", "x \\leq 3", False), ("y \\le 3", "x \\le 3", False), ("[2,4]", "2 \\le |w| \\le 4", False),
