@@ -53,7 +53,7 @@ from collections import Counter
 
 import numpy as np
 
-from grader import extract_answer, grade, grader_benchmark  # noqa: F401  (section 1 lives in grader.py)
+from grader import _BOX_RE, extract_answer, grade, grader_benchmark  # noqa: F401  (section 1 lives in grader.py)
 
 # ==== 1. answer extraction and grading: grader.py (re-exported here for existing callers) ====
 

@@ -84,9 +84,9 @@ Measured agreement, with a script outside this repository, on the public regress
 0.8 (tests/test_numina_cases.py, test_open_thoughts.py, test_all.py, test_boxed.py, test_strict.py), the
 pairs whose response is boxed or a bare formula (186; a bare formula was wrapped in \\boxed{}): 86.6 %
 (161) against 62.4 % (116) for the grader before issue 15, and 0 false positives against 1; on its
-Numina and OpenR1 files (58 pairs) 86.2 % against 41.4 %. That set was read after the rules were written and used once more to fix the thousands
-comma, so it is not fully held out; none of its cases is copied into the tests. The benchmark generator's
-labels: 100 % on both mixes (by construction).
+Numina and OpenR1 files (58 pairs) 86.2 % against 41.4 %. That set was read after the rules were written
+and used once more to fix the thousands comma, so it is not fully held out; none of its cases is copied
+into the tests. The benchmark generator's labels: 100 % on both mixes (by construction).
 """
 import argparse
 import json
