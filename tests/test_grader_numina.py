@@ -10,6 +10,8 @@ import sys
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import grader as G
 
@@ -250,3 +252,22 @@ def test_grader_cli_smoke():
     bad = subprocess.run([sys.executable, "grader.py", "--bench", "--pairs", "0"], cwd=root,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--pairs" in bad.stderr
+
+
+NEW_PATH_ALPHABET = st.sampled_from(list("0123456789+-/^_{}()[]|,;.=<>xyabAB ") +
+                                    ["\\le", "\\ge", "\\leq", "\\lt", " or ", " and ", "or", "\\boxed{", "}, \\boxed{",
+                                     "\\frac", "\\sqrt", "\\infty", "\\cup", "\\{", "\\}", "\\quad", "pct", "\\cfrac",
+                                     "\\textnormal{", "0.142857142857143", "\\!", "\\angle "])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(NEW_PATH_ALPHABET, max_size=40), st.lists(NEW_PATH_ALPHABET, max_size=25))
+def test_new_paths_never_raise_and_stay_fast_on_random_text(pred_tokens, gold_tokens):
+    pred, gold = "".join(pred_tokens), "".join(gold_tokens)
+    start = time.perf_counter()
+    assert G.grade(boxed(pred), gold) in (True, False)
+    assert G.grade("\\boxed{" + pred, gold) in (True, False)
+    assert G.grade(boxed(pred), boxed(gold)) in (True, False)
+    assert time.perf_counter() - start < 2.0
+    if G.extract_answer(boxed(pred)) == pred.strip() and G._normalize(pred):
+        assert G.grade(boxed(pred), pred) is True                  # reflexive whatever the new rules do
