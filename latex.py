@@ -14,6 +14,7 @@ What it implements (used by grader.py; the SCOPE paper leaves its verifier unspe
      absolute 1e-55), else, for small polynomial-like expressions only, when expand(a - b) == 0.
   4. `proportional`: lhs - rhs of two equations differ by a constant nonzero factor (same test points).
   5. `linear_in`: k*v + m with rational k, m for an expression linear in one symbol (for inequalities).
+  6. `decimal_matches`: a long decimal against a constant, by the digits it shows.
 
 Safety limits (each checked before any sympy work): at most MAX_TOKENS tokens reach the parser, nesting
 depth <= MAX_DEPTH, number literals <= MAX_DIGITS digits, n! and binomials only for n <= 1000, exact powers

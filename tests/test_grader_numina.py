@@ -71,6 +71,7 @@ EQUATIONS = [  # N6: equal when one side's lhs - rhs is a nonzero constant multi
     ("-2y = 6 - 4x", "y = 2x - 3", True),
     ("y = 3x + 2", "6x - 2y - 4 = 0", False), ("\\frac{x^2}{9}+\\frac{y^2}{5}=1", "5x^2+9y^2=9", False),
     ("x^2 - x = 0", "x - 1 = 0", False), ("y = x^2", "y = 2x^2", False),
+    ("x - x = 0", "2x - 6 = 0", False), ("0x = 0", "x + y = 3", False),   # an identity is no multiple of a line
 ]
 NOTATION = [  # N7
     ("\\cfrac{3}{8}", "0.375", True), ("\\cfrac{1}{1+\\cfrac{1}{2}}", "\\frac{2}{3}", True),
