@@ -51,7 +51,9 @@ tests/test_grader_numina.py (test_numina_<kind>):
   N5. Inequalities compare as intervals or unions: "-793 < a < 10" == "(-793, 10)", "x \\le 5" ==
       "(-\\infty, 5]" == "5 \\ge x", "x < 1" == "-x > -1" (the middle may be a label or linear in one
       variable, k x + m with rational k != 0), "1 \\le |z| \\le \\frac32" == "[-\\frac32,-1] \\cup [1,\\frac32]",
-      "|x| < 3" == "(-3, 3)". Two inequalities must name the same variable. At most two operators.
+      "|x| < 3" == "(-3, 3)"; a list of inequalities in one variable is their union ("x<-1 or x>3" ==
+      "(-\\infty,-1)\\cup(3,\\infty)"; "and" reads the same way, so "1<x and x<3" is not "(1,3)").
+      Two inequalities must name the same variable. At most two operators per inequality.
   N6. Equations: two equations are equal when lhs - rhs of one is a nonzero constant multiple of the
       other's ("2x+4y-3=0" == "y=-\\frac12x+\\frac34"; "x^2/4+y^2/3=1" == "x^2/16+y^2/12=\\frac14").
   N7. Notation: \\cfrac is \\frac; \\textnormal, \\textsf, \\texttt, \\textup, \\mathsf, \\hbox are text
@@ -75,11 +77,11 @@ of boxes hold at most _MAX_ITEMS items; structures nest at most 4 deep; an inequ
 operators; plus latex.py's parser limits. No signals or threads, so the grader is safe in any thread.
 Anything malformed or refused is False; grade never raises.
 
-Limits (known misses, kept rather than guessed): a ratio "11:21" does not equal "\\frac{11}{21}"; "x<1 or
-x>2" is a list, not a union; "\\approx" answers, renamed variables (f(x) vs f(y)), a list with a repeated
-item against one without, boxes separated by words ("\\boxed{1} for (a) and \\boxed{2}"), systems of
-inequalities, set-builder notation and answers in words beyond a case-insensitive string match are not
-understood; Minerva's "keep units" exception is not reproduced.
+Limits (known misses, kept rather than guessed): a ratio "11:21" does not equal "\\frac{11}{21}";
+"1<x and x<3" (an intersection written as a list) is not "(1,3)"; "\\approx" answers, renamed variables
+(f(x) vs f(y)), a list with a repeated item against one without, boxes separated by words ("\\boxed{1} for
+(a) and \\boxed{2}"), systems of inequalities, set-builder notation and answers in words beyond a
+case-insensitive string match are not understood; Minerva's "keep units" exception is not reproduced.
 
 Measured agreement, with a script outside this repository, on the public regression cases of Math-Verify
 0.8 (tests/test_numina_cases.py, test_open_thoughts.py, test_all.py, test_boxed.py, test_strict.py), the
@@ -449,8 +451,8 @@ def _equiv(pred: str, gold: str, depth: int = 0) -> bool:
         return True
     if depth > 4 or len(pred) > _MAX_CHARS or len(gold) > _MAX_CHARS:
         return False
-    ip = _interval(pred) if _INEQ_RE.search(pred) else None
-    ig = _interval(gold) if _INEQ_RE.search(gold) else None
+    ip = _intervals(pred) if _INEQ_RE.search(pred) else None
+    ig = _intervals(gold) if _INEQ_RE.search(gold) else None
     if ip or ig:                                          # N5: inequalities as intervals
         if ip and ig and ip[0] != ig[0]:
             return False
@@ -583,6 +585,20 @@ def _interval(s: str) -> tuple[str, str] | None:
         shift = lambda b: b and (f"(({b[0]})-({m.numerator}/{m.denominator}))/({k.numerator}/{k.denominator})", b[1])
         lo, hi = (shift(hi), shift(lo)) if k < 0 else (shift(lo), shift(hi))
     return name, _bracket(lo, hi)
+
+
+def _intervals(s: str) -> tuple[str, str] | None:
+    """N5: one inequality, or a list of inequalities in one variable ("x<-1 or x>3" became "x<-1,x>3"),
+    as (variable, interval or union text); None otherwise."""
+    parts = _split_top(s, ",")
+    if len(parts) == 1:
+        return _interval(s)
+    if len(parts) > _MAX_ITEMS:
+        return None
+    pieces = [_interval(part) for part in parts]
+    if not all(pieces) or len({name for name, _ in pieces}) != 1:
+        return None
+    return pieces[0][0], "\\cup".join(text for _, text in pieces)
 
 
 def _bracket(lo, hi) -> str:

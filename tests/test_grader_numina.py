@@ -60,6 +60,10 @@ INEQUALITIES = [  # N5: chained and two-sided inequalities compare as intervals 
     ("[-4,-2]\\cup[2,4]", "2 \\le |w| \\le 4", True), ("(-5, 5)", "|u| < 5", True),
     ("(-\\infty,-1)\\cup(1,\\infty)", "|v| > 1", True), ("3x+1 \\le 7", "x \\le 2", True),
     ("x <= 4", "(-\\infty, 4]", True),
+    ("x<-1 \\text{ or } x>3", "(-\\infty,-1)\\cup(3,\\infty)", True),
+    ("x \\ge 3, x \\le -1", "x\\le-1 or x\\ge3", True),
+    ("x<-1 or x>3", "(-\\infty,-1]\\cup(3,\\infty)", False), ("x<-1 or y>3", "(-\\infty,-1)\\cup(3,\\infty)", False),
+    ("x<-1 or x>3", "(-\\infty,-1)", False),
     # near misses: a wrong interval (end, bracket, direction), another variable, a bound that is off
     ("(-4, 16)", "-4 < t < 17", False), ("[-4, 17)", "-4 < t < 17", False), ("(-\\infty, 3)", "x \\leq 3", False),
     ("x \\geq 3", "x \\leq 3", False), ("y \\le 3", "x \\le 3", False), ("[2,4]", "2 \\le |w| \\le 4", False),
