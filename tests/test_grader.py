@@ -1,4 +1,4 @@
-"""Tests of eval.py section 1: extract_answer and the safe grader (issue 2).
+"""Tests of grader.py and latex.py: extract_answer and the safe grader (issues 2, 14, 15).
 
 Each case is (model's final answer, gold, expected verdict); the model's answer is wrapped in a short
 response with a \\boxed{} so that extraction runs too. Cases are grouped by the rule they exercise."""
@@ -12,8 +12,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eval as E
+import grader as G
+import latex as L
 
-EVAL_PY = pathlib.Path(E.__file__)
+GRADER_FILES = [pathlib.Path(m.__file__) for m in (G, L, E)]   # every file that holds grader code
 
 
 def boxed(answer: str) -> str:
@@ -157,14 +159,14 @@ def test_at_least_150_grading_cases():
 
 @pytest.mark.parametrize("pred,gold,expected", GRADE_CASES)
 def test_grade(pred, gold, expected):
-    assert E.grade(boxed(pred), gold) is expected
+    assert G.grade(boxed(pred), gold) is expected
 
 
 @pytest.mark.parametrize("pred,gold,expected", [c for c in GRADE_CASES if c[2]][:40])
 def test_grade_symmetric_for_equal_pairs(pred, gold, expected):
     """Equal pairs stay equal with the roles swapped (except MC keys, whose gold must be a letter)."""
     if len(gold) > 1 and not gold.startswith("("):
-        assert E.grade(boxed(gold), pred)
+        assert G.grade(boxed(gold), pred)
 
 
 EXTRACTION = [
@@ -192,29 +194,29 @@ EXTRACTION = [
 
 @pytest.mark.parametrize("text,expected", EXTRACTION)
 def test_extract_answer(text, expected):
-    assert E.extract_answer(text) == expected
+    assert G.extract_answer(text) == expected
 
 
 def test_last_box_wins_in_grading():
     text = "Maybe \\boxed{3}. No wait, it is \\boxed{4}."
-    assert E.grade(text, "4") and not E.grade(text, "3")
+    assert G.grade(text, "4") and not G.grade(text, "3")
 
 
 def test_no_answer_and_unbalanced_are_false():
-    assert not E.grade("I do not know.", "4")
-    assert not E.grade("\\boxed{4", "4")
-    assert not E.grade("\\boxed{}", "4")
-    assert not E.grade(boxed("4"), "")
+    assert not G.grade("I do not know.", "4")
+    assert not G.grade("\\boxed{4", "4")
+    assert not G.grade("\\boxed{}", "4")
+    assert not G.grade(boxed("4"), "")
 
 
 def test_gold_with_box_is_extracted():
-    assert E.grade(boxed("\\frac12"), "The solution gives \\boxed{0.5}.")
+    assert G.grade(boxed("\\frac12"), "The solution gives \\boxed{0.5}.")
 
 
 @pytest.mark.parametrize("bad", [None, 3, b"\\boxed{1}", ["\\boxed{1}"]])
 def test_non_string_inputs_are_false(bad):
-    assert E.grade(bad, "1") is False
-    assert E.grade(boxed("1"), bad) is False
+    assert G.grade(bad, "1") is False
+    assert G.grade(boxed("1"), bad) is False
 
 
 ADVERSARIAL = [
@@ -234,7 +236,7 @@ def test_adversarial_inputs_are_fast_and_do_not_raise(answer):
     """Guards against a grader hang (power towers, huge literals, deep nesting): each call < 2 s."""
     for response, gold in [(boxed(answer), "1"), (boxed("1"), answer), (boxed(answer), answer + "+1")]:
         start = time.perf_counter()
-        verdict = E.grade(response, gold)
+        verdict = G.grade(response, gold)
         elapsed = time.perf_counter() - start
         assert isinstance(verdict, bool)
         assert elapsed < 2.0, f"{elapsed:.2f} s for {answer[:40]!r}"
@@ -245,7 +247,7 @@ def test_grade_from_threads():
     results = []
 
     def work():
-        results.append(all(E.grade(boxed("(x+1)^2"), "x^2+2x+1") for _ in range(5)))
+        results.append(all(G.grade(boxed("(x+1)^2"), "x^2+2x+1") for _ in range(5)))
 
     threads = [threading.Thread(target=work) for _ in range(3)]
     for t in threads:
@@ -256,39 +258,40 @@ def test_grade_from_threads():
 
 
 def test_identical_huge_answers_still_match_as_strings():
-    assert E.grade(boxed("9^{9^{9^{9}}}"), "9^{9^{9^{9}}}")
-    assert E.grade(boxed("1" * 100_000), "1" * 100_000)
+    assert G.grade(boxed("9^{9^{9^{9}}}"), "9^{9^{9^{9}}}")
+    assert G.grade(boxed("1" * 100_000), "1" * 100_000)
 
 
 def test_power_tower_is_never_computed():
     """9^(9^9) has ~370 million digits: the parser builds it unevaluated, the exact evaluator refuses it
     (digit budget) and the numeric one too (magnitude guard)."""
-    tree = E._Parser("9^{9^{9^{9}}}").parse()
-    assert E._exact(tree) is None
-    assert E._num_or_none(tree, {}) is None
-    assert E._numeric_equal(tree, E._Parser("1").parse()) is False   # only one side evaluates
+    tree = L.Parser("9^{9^{9^{9}}}").parse()
+    assert L.exact(tree) is None
+    assert L.num_or_none(tree, {}) is None
+    assert L.numeric_equal(tree, L.Parser("1").parse()) is False   # only one side evaluates
 
 
 def test_construction_never_evaluates():
     """Guards against sympy's automatic evaluation, which can call simplify() and hang (found by fuzzing:
     a nested root of a power built with evaluate=True ran for minutes)."""
-    tree = E._Parser("\\sqrt[3]{{(x+1)^{\\frac{1}{2}}}^{3}}").parse()
+    tree = L.Parser("\\sqrt[3]{{(x+1)^{\\frac{1}{2}}}^{3}}").parse()
     assert tree.is_Pow and tree.args[0].is_Pow
 
 
 def test_nesting_depth_is_capped():
-    with pytest.raises(E._Refuse):
-        E._Parser("(" * 100 + "1" + ")" * 100).parse()
+    with pytest.raises(L.Refuse):
+        L.Parser("(" * 100 + "1" + ")" * 100).parse()
 
 
 FORBIDDEN = {"eval", "exec", "compile", "sympify", "parse_expr", "parse_latex", "S", "lambdify"}
 FORBIDDEN_METHODS = {"sympify", "parse_expr", "parse_latex", "S", "lambdify", "eval", "exec"}  # as x.name(...)
 
 
-def test_grader_section_never_calls_eval_or_sympy_parsers():
-    """The safety rule of issue 2: no eval/exec/sympify/parse_expr/parse_latex anywhere in eval.py
-    (a torch `model.eval()` is a method of a model object and is allowed)."""
-    tree = ast.parse(EVAL_PY.read_text())
+@pytest.mark.parametrize("path", GRADER_FILES, ids=lambda p: p.name)
+def test_grader_files_never_call_eval_or_sympy_parsers(path):
+    """The safety rule of issue 2: no eval/exec/sympify/parse_expr/parse_latex/lambdify anywhere in
+    grader.py, latex.py or eval.py (a torch `model.eval()` is a method of a model object and is allowed)."""
+    tree = ast.parse(path.read_text())
     offenders = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -310,8 +313,8 @@ def test_grader_section_never_calls_eval_or_sympy_parsers():
 @settings(max_examples=300, deadline=None)
 @given(st.text(max_size=200), st.text(max_size=40))
 def test_grade_never_raises_on_random_text(response, gold):
-    assert E.grade(response, gold) in (True, False)
-    assert E.grade("\\boxed{" + response + "}", gold) in (True, False)
+    assert G.grade(response, gold) in (True, False)
+    assert G.grade("\\boxed{" + response + "}", gold) in (True, False)
 
 
 LATEX_ALPHABET = st.sampled_from(list("0123456789+-*/^_{}()[]|,.=xye ") +
@@ -324,18 +327,32 @@ LATEX_ALPHABET = st.sampled_from(list("0123456789+-*/^_{}()[]|,.=xye ") +
 def test_grade_never_raises_on_random_latex(pred_tokens, gold_tokens):
     pred, gold = "".join(pred_tokens), "".join(gold_tokens)
     start = time.perf_counter()
-    assert E.grade(boxed(pred), gold) in (True, False)
+    assert G.grade(boxed(pred), gold) in (True, False)
     assert time.perf_counter() - start < 2.0
 
 
 def test_grade_is_reflexive_on_random_latex_strings():
     for text in ["\\frac{x}{y}", "(1,2]", "\\{a\\}", "x^{2}_{1}", "\\sqrt[3]{x}"]:
-        assert E.grade(boxed(text), text)
+        assert G.grade(boxed(text), text)
 
 
 def test_grader_benchmark_runs_and_agrees_with_labels():
-    result = E.grader_benchmark(n_pairs=200, seed=1)
+    result = G.grader_benchmark(n_pairs=200, seed=1)
     assert result["pairs"] == 200 and result["pairs_per_s"] > 0
     assert result["agree"] == 1.0
     assert len(result["slowest"]) == 5 and result["max_seconds"] < 2.0
     assert {"seconds", "gold", "response"} <= set(result["slowest"][0])
+
+
+def test_eval_reexports_the_grader():
+    """Existing callers (scope.py, refine.grade_fn, tests) import grade / extract_answer from eval."""
+    assert E.grade is G.grade and E.extract_answer is G.extract_answer
+    assert E.grade("\\boxed{\\frac12}", "0.5") and not E.grade("\\boxed{0.33}", "\\frac13")
+
+
+def test_safety_scan_catches_a_forbidden_call(tmp_path):
+    """The AST scan itself can fail: a file that calls sympify on text is reported."""
+    bad = tmp_path / "bad.py"
+    bad.write_text("import sympy\nsympy.sympify(text)\neval(text)\n")
+    with pytest.raises(AssertionError):
+        test_grader_files_never_call_eval_or_sympy_parsers(bad)
