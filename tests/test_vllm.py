@@ -195,7 +195,8 @@ def test_prefix_continuation_keeps_the_prefix_ids(engine, tok):
     assert tail == full[k:]
     refiner = Refiner(engine, tok, temperature=0.0)
     [[suffix]] = refiner.continue_from(["compute 12 * 4 - 5"], [tok.decode(prefix)], n=1, max_tokens=[20])
-    response, mask = splice(prefix, suffix, tok, max_new_tokens=40, eos_id=tok.eos_token_id)
+    response, mask = splice(prefix, suffix.text, tok, max_new_tokens=40, eos_id=tok.eos_token_id,
+                            finished=suffix.finished)
     assert response[:k] == prefix and mask[:k] == [0] * k and len(mask) == len(response)
     assert set(mask[k:]) <= {1}
 
