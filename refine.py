@@ -22,7 +22,9 @@ Choices (the paper leaves these open):
 2. The prefix text given to the refiner is policy_tokenizer.decode(prefix_ids, skip_special_tokens=True):
    the refiner sees text (its own tokenizer may differ); the policy keeps its original ids, never
    re-tokenised.
-3. Splice: response = prefix_ids + policy_tokenizer(suffix_text) (+ EOS). EOS is appended only when the
+3. Splice: response = prefix_ids + policy_tokenizer(suffix_text) (+ EOS). The suffix is encoded with special-
+   token parsing off (a refiner text holding "<|im_start|>" cannot forge that id), except that the EOS text
+   itself ends the suffix there (the refiner spelled out its stop). EOS is appended only when the
    refiner stopped by itself (`Suffix.finished`, carried from the generator's Completion) and it fits in
    max_new_tokens; a refiner text cut at its token budget, or a suffix cut to fit, gets no EOS (the
    trajectory is truncated, like a policy sample that hit the limit), even when it re-tokenises shorter
@@ -129,9 +131,11 @@ def splice(prefix_ids: list[int], suffix_text: str, tokenizer, *, max_new_tokens
     budget = max_new_tokens - len(prefix_ids)
     if budget < 0:
         raise ValueError(f"splice: the prefix has {len(prefix_ids)} tokens, more than max_new_tokens={max_new_tokens}")
-    suffix_ids = tokenizer.encode(suffix_text, add_special_tokens=False)
-    if eos_id is not None and eos_id in suffix_ids:  # the text spelled out the EOS token: it ends there
-        suffix_ids, finished = suffix_ids[:suffix_ids.index(eos_id)], True
+    eos_text = tokenizer.decode([eos_id]) if eos_id is not None else ""
+    if eos_text and eos_text in suffix_text:  # the text spelled out the EOS token: it ends there
+        suffix_text, finished = suffix_text[:suffix_text.index(eos_text)], True
+    # the refiner's text is text: "<|im_start|>" written out in it stays plain tokens, never the special id
+    suffix_ids = tokenizer(suffix_text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
     if finished and len(suffix_ids) < budget and eos_id is not None:
         suffix_ids = suffix_ids + [eos_id]  # the refiner stopped by itself and there is room: it stops here
     else:
