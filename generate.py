@@ -494,8 +494,8 @@ class OpenAIGenerator:
                 return json.loads(raw)
             except json.JSONDecodeError as e:
                 raise RuntimeError(f"{url} did not return JSON: {raw[:200]!r}") from e
-        raise GeneratorUnavailable(f"{url} did not answer after {1 + max(0, self.retries)} tries of at most "
-                                   f"{self.timeout:g} s each (last: {problem})")
+        raise GeneratorUnavailable(f"cannot reach the completions endpoint {url}: no answer after "
+                                   f"{1 + max(0, self.retries)} tries of at most {self.timeout:g} s each (last: {problem})")
 
 
 # ==== 5. a vLLM server we start and own (the refiner on vLLM) ====
