@@ -13,7 +13,8 @@ share one `generate(prompts, *, n, temperature, top_p, max_tokens, seed) -> list
    with the standard library: a server elsewhere (`--refiner-url`), or one this process starts and owns
    (`serve_with_vllm`, section 5: the refiner on vLLM whenever vLLM is installed).
 
-Run: nothing to run on its own; `python -m pytest tests/test_generate.py -q` exercises sections 1, 2, 4.
+Run: nothing to run on its own; `python -m pytest tests/test_generate.py tests/test_served.py -q` exercises sections
+1, 2, 4, 5 (section 3 and a real `vllm serve`: tests/test_vllm.py in the vLLM stage).
 
 Choices (the paper leaves these open):
 1. Prompts are chat-templated (system = "Please reason step by step, and put your final answer within
