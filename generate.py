@@ -519,15 +519,19 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def _die_with_parent() -> None:
-    """In the child, before exec: ask Linux to send SIGTERM when the parent dies, whatever kills it (even
-    SIGKILL, which runs no Python cleanup). Elsewhere a no-op: there atexit is the only guard."""
+def _parent_death_signal():
+    """A function for Popen's preexec_fn that, in the child before exec, asks Linux to send SIGTERM when the
+    parent dies, whatever kills it (even SIGKILL, which runs no Python cleanup); None elsewhere (there atexit
+    is the only guard). libc is loaded HERE, in the parent: the forked child of a multi-threaded trainer
+    should only call the resolved function, not dlopen."""
     import ctypes
     import signal
     import sys
 
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, int(signal.SIGTERM))  # 1 = PR_SET_PDEATHSIG
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl, sigterm = ctypes.CDLL("libc.so.6", use_errno=True).prctl, int(signal.SIGTERM)
+    return lambda: prctl(1, sigterm)  # 1 = PR_SET_PDEATHSIG
 
 
 class ServedModel:
@@ -555,7 +559,7 @@ class ServedModel:
 
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
-                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_die_with_parent)
+                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_parent_death_signal())
         atexit.register(self.close)
         deadline = time.time() + self.startup_timeout
         while True:
