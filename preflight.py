@@ -86,6 +86,8 @@ def check_args(args) -> None:
     need(args.kl_coef >= 0, "kl-coef", ">= 0")
     need(args.entropy_coef >= 0, "entropy-coef", ">= 0")
     need(abs(args.prm_reward_coef) < float("inf"), "prm-reward-coef", "a finite number")
+    need(0 < args.refiner_mem < 1, "refiner-mem", "a share of the GPU's memory in (0, 1)")
+    need(args.refiner_timeout > 0, "refiner-timeout", "> 0 seconds")
     if not args.toy:
         if args.toy_prm_noise != 0:
             stop(f"--toy-prm-noise {args.toy_prm_noise!r}: only with --toy (the real PRM has no noise knob)")

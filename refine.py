@@ -22,10 +22,14 @@ Choices (the paper leaves these open):
 2. The prefix text given to the refiner is policy_tokenizer.decode(prefix_ids, skip_special_tokens=True):
    the refiner sees text (its own tokenizer may differ); the policy keeps its original ids, never
    re-tokenised.
-3. Splice: response = prefix_ids + policy_tokenizer(suffix_text) (+ EOS). The refiner's text is taken as a
-   complete answer, so EOS is appended when it fits in max_new_tokens; when the suffix has to be cut to
-   fit, no EOS (the trajectory is truncated, like a policy sample that hit the limit). The mask is 0 on the
-   prefix and 1 on the suffix, the EOS included (the refiner decided to stop there).
+3. Splice: response = prefix_ids + policy_tokenizer(suffix_text) (+ EOS). The suffix is encoded with special-
+   token parsing off (a refiner text holding "<|im_start|>" cannot forge that id), except that the EOS text
+   itself ends the suffix there (the refiner spelled out its stop). EOS is appended only when the
+   refiner stopped by itself (`Suffix.finished`, carried from the generator's Completion) and it fits in
+   max_new_tokens; a refiner text cut at its token budget, or a suffix cut to fit, gets no EOS (the
+   trajectory is truncated, like a policy sample that hit the limit), even when it re-tokenises shorter
+   than the budget. The mask is 0 on the prefix and 1 on the suffix, the EOS included (the refiner decided
+   to stop there).
 4. Budgets: the suffix gets max_new_tokens - len(prefix) tokens. All picks x attempts go to the generator in
    ONE call with the largest budget; each suffix is then clipped to its own budget in refiner tokens (the
    splice enforces the exact budget in policy tokens).
@@ -72,6 +76,15 @@ class Trajectory:
                              f"entries but response_ids has {len(self.response_ids)}")
 
 
+@dataclass(frozen=True)
+class Suffix:
+    """One refiner continuation: its text and whether the refiner stopped by itself (EOS) rather than at its
+    token budget. A plain str from a stand-in refiner (toy.OracleRefiner) counts as finished."""
+
+    text: str
+    finished: bool
+
+
 class Refiner:
     """Continues kept prefixes with any generator (HF / vLLM / OpenAI) and the REFINER's tokenizer."""
 
@@ -89,8 +102,9 @@ class Refiner:
         return ids + self.tokenizer.encode(prefix, add_special_tokens=False) if prefix else ids
 
     def continue_from(self, questions: list[str], prefixes: list[str], *, n: int, max_tokens: list[int] | int,
-                      seed: int | None = None) -> list[list[str]]:
-        """Suffix texts [item][attempt]: n continuations of each prefix, one batched generate call."""
+                      seed: int | None = None) -> list[list[Suffix]]:
+        """Suffixes [item][attempt]: n continuations of each prefix, one batched generate call. A suffix clipped
+        to its item's budget is not finished (it stopped at the budget, not at EOS)."""
         if len(questions) != len(prefixes):
             raise ValueError(f"continue_from: {len(questions)} questions but {len(prefixes)} prefixes")
         budgets = [max_tokens] * len(questions) if isinstance(max_tokens, int) else list(max_tokens)
@@ -102,22 +116,28 @@ class Refiner:
         outs = self.generator.generate(prompts, n=n, temperature=self.temperature, top_p=self.top_p,
                                        max_tokens=max(max(budgets), 0), seed=seed)
         # one call with the largest budget; clip each item to its own budget (choice 4)
-        return [[c.text if len(c.ids) <= b else self.tokenizer.decode(c.ids[:max(b, 0)], skip_special_tokens=True)
+        return [[Suffix(c.text, c.finished) if len(c.ids) <= b
+                 else Suffix(self.tokenizer.decode(c.ids[:max(b, 0)], skip_special_tokens=True), False)
                  for c in row] for row, b in zip(outs, budgets)]
 
 
 def splice(prefix_ids: list[int], suffix_text: str, tokenizer, *, max_new_tokens: int,
-           eos_id: int | None) -> tuple[list[int], list[int]]:
-    """(response_ids, offpolicy_mask): the original prefix ids untouched + the suffix in POLICY tokens (+ EOS)."""
+           eos_id: int | None, finished: bool = True) -> tuple[list[int], list[int]]:
+    """(response_ids, offpolicy_mask): the original prefix ids untouched + the suffix in POLICY tokens (+ EOS).
+
+    `finished`: the refiner stopped by itself. Only then is EOS appended (when it fits): a refiner text cut at
+    its budget stays a truncated trajectory however few policy tokens it re-tokenises to."""
     prefix_ids = list(prefix_ids)
     budget = max_new_tokens - len(prefix_ids)
     if budget < 0:
         raise ValueError(f"splice: the prefix has {len(prefix_ids)} tokens, more than max_new_tokens={max_new_tokens}")
-    suffix_ids = tokenizer.encode(suffix_text, add_special_tokens=False)
-    if eos_id is not None and eos_id in suffix_ids:  # the text spelled out the EOS token: it ends there
-        suffix_ids = suffix_ids[:suffix_ids.index(eos_id)]
-    if len(suffix_ids) < budget and eos_id is not None:
-        suffix_ids = suffix_ids + [eos_id]  # complete refiner text and room left: it stops here
+    eos_text = tokenizer.decode([eos_id]) if eos_id is not None else ""
+    if eos_text and eos_text in suffix_text:  # the text spelled out the EOS token: it ends there
+        suffix_text, finished = suffix_text[:suffix_text.index(eos_text)], True
+    # the refiner's text is text: "<|im_start|>" written out in it stays plain tokens, never the special id
+    suffix_ids = tokenizer(suffix_text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    if finished and len(suffix_ids) < budget and eos_id is not None:
+        suffix_ids = suffix_ids + [eos_id]  # the refiner stopped by itself and there is room: it stops here
     else:
         suffix_ids = suffix_ids[:budget]  # cut to fit: a truncated trajectory carries no EOS
     return prefix_ids + suffix_ids, [0] * len(prefix_ids) + [1] * len(suffix_ids)
@@ -158,9 +178,10 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
     traces = []
     for t, (index, _), prefix, prefix_text, texts in zip(originals, picks, prefixes, prefix_texts, suffixes):
         candidates, verdicts = [], []
-        for suffix_text in texts:
-            response_ids, mask = splice(prefix, suffix_text, tokenizer, max_new_tokens=max_new_tokens,
-                                        eos_id=tokenizer.eos_token_id)
+        texts = [s if isinstance(s, Suffix) else Suffix(s, True) for s in texts]
+        for suffix in texts:
+            response_ids, mask = splice(prefix, suffix.text, tokenizer, max_new_tokens=max_new_tokens,
+                                        eos_id=tokenizer.eos_token_id, finished=suffix.finished)
             text = tokenizer.decode(response_ids, skip_special_tokens=True)
             candidates.append((response_ids, mask, text))
             verdicts.append(bool(grade_fn(text, t.answer)))  # reward recomputation with the grader
@@ -175,7 +196,8 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
             "group": t.group, "question": t.question, "answer": t.answer,
             "mode": "scope" if prefix else "replace", "steps": t.steps, "scores": t.step_scores, "cut": t.cut,
             "keep_ratio": t.keep_ratio, "keep_ratio_tokens": t.keep_ratio_tokens, "prefix_text": prefix_text,
-            "suffixes": list(texts), "attempt_correct": verdicts, "accepted": index in accepted,
+            "suffixes": [s.text for s in texts], "suffix_finished": [s.finished for s in texts],
+            "attempt_correct": verdicts, "accepted": index in accepted,
             "reward_before": t.reward, "reward_after": accepted[index].reward if index in accepted else t.reward,
         })
     return merge_into(trajs, accepted, merge), traces

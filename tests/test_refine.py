@@ -8,7 +8,7 @@ from generate import DEFAULT_SYSTEM, Completion, HFGenerator, format_prompt
 from refine import HINT, Refiner, Trajectory, rectify, splice
 
 TRACE_KEYS = {"group", "question", "answer", "mode", "steps", "scores", "cut", "keep_ratio", "keep_ratio_tokens",
-              "prefix_text", "suffixes", "attempt_correct", "accepted", "reward_before", "reward_after"}
+              "prefix_text", "suffixes", "suffix_finished", "attempt_correct", "accepted", "reward_before", "reward_after"}
 
 
 def boxed_grade(text, gold):
@@ -125,7 +125,8 @@ def test_continue_from_one_call_and_per_item_budgets(char_tokenizer):
     gen = RecordingGenerator(char_tokenizer, ["abcdefgh", "xy"])
     refiner = Refiner(gen, char_tokenizer, temperature=0.5, top_p=0.9)
     out = refiner.continue_from(["q1", "q2"], ["p1", ""], n=2, max_tokens=[3, 6], seed=11)
-    assert out == [["abc", "xy"], ["abcdef", "xy"]]  # clipped to 3 and 6 refiner tokens
+    assert [[x.text for x in row] for row in out] == [["abc", "xy"], ["abcdef", "xy"]]  # clipped to 3 and 6 tokens
+    assert [[x.finished for x in row] for row in out] == [[False, True], [False, True]]  # a clipped text is cut
     [call] = gen.calls
     assert call["n"] == 2 and call["max_tokens"] == 6 and call["seed"] == 11
     assert call["temperature"] == 0.5 and call["top_p"] == 0.9 and len(call["prompts"]) == 2
@@ -280,3 +281,30 @@ def test_rectify_end_to_end_with_hf_refiner(policy_tok, bpe_tokenizer, tiny_caus
     for got, want in zip(rejected, before[3:6]):
         assert (got.response_ids, got.offpolicy_mask, got.reward) == (want.response_ids, want.offpolicy_mask,
                                                                       want.reward)
+
+
+def test_truncated_refiner_text_gets_no_eos_and_is_judged_truncated(bpe_tokenizer, char_tokenizer):
+    """Regression (issue 13): `Refiner.continue_from` returned text only, so whether the refiner finished was
+    lost; a refiner text cut at its budget that re-tokenises SHORTER than the budget in the policy's tokens
+    (here the refiner is char-level, the policy BPE) got an EOS appended and was accepted as a finished
+    solution. Now `finished` travels with the text and only a finished refiner text gets the EOS."""
+    text = "First, compute 12 * 4 = 48. So \\boxed{43}"
+    eos = bpe_tokenizer.eos_token_id
+    trajs = handmade_group(bpe_tokenizer)[:1]
+    budget = 200
+    for finished in (False, True):
+        completion = Completion(ids=char_tokenizer.encode(text), text=text, finished=finished)
+        gen = type("Gen", (), {"generate": lambda self, prompts, **kw: [[completion] for _ in prompts]})()
+        refiner = Refiner(gen, char_tokenizer)
+        [[suffix]] = refiner.continue_from(["q"], [""], n=1, max_tokens=budget)
+        assert suffix.finished is finished and suffix.text == text
+        assert len(bpe_tokenizer.encode(text)) < budget  # shorter than the budget in policy tokens
+        new, [trace] = rectify(trajs, [(0, 0)], refiner, bpe_tokenizer, attempts=1, max_new_tokens=budget,
+                               grade_fn=lambda t, a: True)
+        assert trace["suffix_finished"] == [finished] and trace["accepted"]
+        assert (new[0].response_ids[-1] == eos) is finished  # the old code appended EOS in both cases
+        assert new[0].response_ids[:-1 if finished else None] == bpe_tokenizer.encode(text)
+    # splice directly: not finished -> never an EOS, even with room; finished -> EOS when it fits
+    ids, mask = splice([], " x = 3", bpe_tokenizer, max_new_tokens=50, eos_id=eos, finished=False)
+    assert eos not in ids and mask == [1] * len(ids)
+    assert splice([], " x = 3", bpe_tokenizer, max_new_tokens=50, eos_id=eos)[0][-1] == eos

@@ -16,7 +16,11 @@ SFT steps so that greedy decoding says something that ends with EOS. One engine 
    greedy output and != the old one (the prefix cache is reset: the prompts span two cached KV blocks;
    the tied output layer is re-packed on the CPU backend);
 4. a prefix continuation through vLLM keeps the prefix ids exactly;
-5. a two-step toy run with --backend vllm writes the same metric fields as with --backend hf.
+5. a two-step toy run with --backend vllm writes the same metric fields as with --backend hf;
+6. a two-step real-path run with Qwen2.5's real tokenizer (tiny random policy, PRM, separate refiner) through
+   vLLM: policy rollouts in-process, the refiner on its own `vllm serve` (log in the run folder), and no
+   server process left afterwards;
+7. refiner tokens/s through `vllm serve` vs HF generate, same tiny model and prompts (printed; README figures).
 """
 import copy
 import json
@@ -195,7 +199,8 @@ def test_prefix_continuation_keeps_the_prefix_ids(engine, tok):
     assert tail == full[k:]
     refiner = Refiner(engine, tok, temperature=0.0)
     [[suffix]] = refiner.continue_from(["compute 12 * 4 - 5"], [tok.decode(prefix)], n=1, max_tokens=[20])
-    response, mask = splice(prefix, suffix, tok, max_new_tokens=40, eos_id=tok.eos_token_id)
+    response, mask = splice(prefix, suffix.text, tok, max_new_tokens=40, eos_id=tok.eos_token_id,
+                            finished=suffix.finished)
     assert response[:k] == prefix and mask[:k] == [0] * k and len(mask) == len(response)
     assert set(mask[k:]) <= {1}
 
@@ -228,3 +233,95 @@ def test_toy_run_with_vllm_backend_logs_the_same_fields_as_hf(tmp_path_factory):
             assert "vLLM" in proc.stdout  # the run really used the engine
             assert all(r["time_sync"] > 0 for r in rows[1:])
     assert fields["vllm"] == fields["hf"]
+
+
+def _processes_mentioning(text: str) -> list[int]:
+    """pids of live (non-zombie) processes whose command line contains `text`."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as f:
+                cmdline = f.read().decode(errors="replace")
+            with open(f"/proc/{entry}/stat") as f:
+                state = f.read().split(")")[-1].split()[0]
+        except OSError:
+            continue
+        if text in cmdline and state not in ("Z", "X"):
+            pids.append(int(entry))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def qwen_models(tmp_path_factory):
+    import conftest
+
+    if conftest.qwen_tokenizer_file() is None:
+        pytest.skip(conftest.QWEN_SKIP)
+    return conftest.make_tiny_qwen_models(tmp_path_factory.mktemp("qwen_models"))
+
+
+def test_real_tokenizer_run_with_the_refiner_on_vllm_serve(tmp_path, qwen_models):
+    """(6) With vLLM installed, refiner work never goes through HF generate: scope.py starts `vllm serve` for
+    the separate refiner, health-checks it, refines through it, logs it in the run folder, and stops it."""
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"question": f"Compute $\\frac{{{a}}}{{4}} + \\frac{{1}}{{4}}$.",
+                                        "answer": f"\\frac{{{a + 1}}}{{4}}"}) + "\n" for a in range(1, 5)))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scope.py"), "--model", qwen_models["policy"], "--prm", qwen_models["prm"],
+         "--refiner", qwen_models["refiner"], "--device", "cpu", "--backend", "vllm", "--dataset", str(data),
+         "--eval-dataset", str(data), "--eval-every", "0", "--steps", "2", "--prompts-per-step", "2",
+         "--group-size", "2", "--max-new-tokens", "24", "--micro-batch-size", "4", "--save-every", "100",
+         "--run-name", "q"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    run = tmp_path / "runs" / "q"
+    assert "starting the refiner server" in proc.stdout and "did not start" not in proc.stderr
+    log = (run / "refiner_server.log").read_text()
+    assert "/v1/completions" in log  # the refinement requests reached the server
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert sum(r["rectify_tried"] for r in rows) >= 1 and not any(r["refiner_unavailable"] for r in rows)
+    assert all(r["time_sync"] > 0 for r in rows)  # the policy's rollouts ran on the in-process engine
+    assert _processes_mentioning(qwen_models["refiner"]) == []  # no server left behind
+
+
+def test_refiner_tokens_per_second_vllm_serve_vs_hf(tmp_path, qwen_models):
+    """(7) The same refiner model, prompts and sampling through HF generate and through `vllm serve`;
+    tokens/s as counted by each backend (HF: sampled ids; vLLM: the server's usage.completion_tokens).
+    Three alternating rounds each, medians printed. Figures only: on a shared CPU the ranking of a tiny
+    model says little about a 7B refiner on a GPU."""
+    import statistics
+    import time
+
+    from transformers import AutoModelForCausalLM
+
+    from generate import load_tokenizer, serve_with_vllm
+    from refine import Refiner
+
+    tok = load_tokenizer(qwen_models["refiner"])
+    hf = HFGenerator(AutoModelForCausalLM.from_pretrained(qwen_models["refiner"]).eval(), tok, micro_batch_size=16)
+    served = serve_with_vllm(qwen_models["refiner"], tok, log_path=str(tmp_path / "bench_server.log"), cpu=True,
+                             timeout=120, startup_timeout=900)
+    questions = [f"Compute ${a} \\cdot {a + 1} + \\frac{{{a}}}{{2}}$." for a in range(8)]
+    prefixes = ["We first multiply.\n\n"] * 8
+    prompts = [Refiner(None, tok).prompt_ids(q, p) for q, p in zip(questions, prefixes)]  # the refiner's prompts
+    rates = {"hf": [], "vllm": []}
+    try:
+        for _ in range(3):
+            for name, gen in (("hf", hf), ("vllm", served)):
+                before = served.completion_tokens
+                t0 = time.perf_counter()
+                out = gen.generate(prompts, n=2, temperature=0.7, max_tokens=64, seed=0)
+                seconds = time.perf_counter() - t0
+                tokens = sum(len(c.ids) for row in out for c in row) if name == "hf" else \
+                    served.completion_tokens - before
+                assert tokens > 0 and len(out) == 8 and all(len(row) == 2 for row in out)
+                rates[name].append(tokens / seconds)
+    finally:
+        served.server.close()
+    hf_rate, vllm_rate = statistics.median(rates["hf"]), statistics.median(rates["vllm"])
+    print(f"\nrefiner tokens/s (tiny Qwen2 refiner, 8 prompts x 2 attempts x <= 64 new tokens, CPU): "
+          f"HF generate {hf_rate:.0f}, vllm serve {vllm_rate:.0f} (x{vllm_rate / hf_rate:.2f}); rounds "
+          f"HF {[round(r) for r in rates['hf']]}, vLLM {[round(r) for r in rates['vllm']]}")
