@@ -55,6 +55,8 @@ def refused(argv, tmp_path, monkeypatch, capsys) -> str:
     (["--eval-size", "-1"], "--eval-size -1"),
     (["--temperature", "0"], "--temperature 0"),
     (["--prm", "none"], "--prm none"),                  # mode scope needs a PRM
+    (["--refiner-mem", "1.5"], "--refiner-mem 1.5"),
+    (["--refiner-timeout", "0"], "--refiner-timeout 0"),
 ])
 def test_bad_flag_values_are_refused_before_anything_loads(flags, culprit, tmp_path, monkeypatch, capsys):
     """Issue 13, 'Bad values are only rejected deep inside the run' and 'Silently accepted nonsense'."""
