@@ -113,6 +113,7 @@ def splice(prefix_ids: list[int], suffix_text: str, tokenizer, *, max_new_tokens
     budget = max_new_tokens - len(prefix_ids)
     if budget < 0:
         raise ValueError(f"splice: the prefix has {len(prefix_ids)} tokens, more than max_new_tokens={max_new_tokens}")
+    # BEGIN SOLUTION splice
     suffix_ids = tokenizer.encode(suffix_text, add_special_tokens=False)
     if eos_id is not None and eos_id in suffix_ids:  # the text spelled out the EOS token: it ends there
         suffix_ids = suffix_ids[:suffix_ids.index(eos_id)]
@@ -121,6 +122,7 @@ def splice(prefix_ids: list[int], suffix_text: str, tokenizer, *, max_new_tokens
     else:
         suffix_ids = suffix_ids[:budget]  # cut to fit: a truncated trajectory carries no EOS
     return prefix_ids + suffix_ids, [0] * len(prefix_ids) + [1] * len(suffix_ids)
+    # END SOLUTION
 
 
 def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, tokenizer, *, attempts: int = 2,

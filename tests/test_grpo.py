@@ -62,7 +62,7 @@ def hand_inputs():
     """Two members of the group with rewards [1, 0, 0, 1]: A = +0.5 (row 0) and -0.5 (row 1).
     A 2x3 response mask [[1, 1, 1], [1, 1, 0]]; one off-policy token, (0, 2). Probabilities chosen so
     every number below is exact. Junk at the padding position (1, 2) must not matter."""
-    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 4)[:2]  # [0.5, -0.5]
+    adv = torch.tensor([0.5, -0.5])  # group_advantages of [1, 0, 0, 1], first two (by hand: mean 0.5)
     logp = torch.tensor([[LN(0.5), LN(0.6), LN(0.4)], [LN(0.3), LN(0.35), 0.0]], dtype=torch.float64)
     old = torch.tensor([[LN(0.5), LN(0.4), LN(0.9)], [LN(0.5), LN(0.4), -5.0]], dtype=torch.float64)
     resp = torch.tensor([[1, 1, 1], [1, 1, 0]])
@@ -313,7 +313,8 @@ def tiny_batch(tok, n=4, seed=0, max_prompt=5, max_resp=6):
     for r in responses:
         cut = int(torch.randint(0, len(r) + 1, (1,), generator=g))
         offmask.append([0] * cut + [1] * (len(r) - cut))
-    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (n // 4) + [1.0] * (n % 4)), n)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0] * (n // 4) + [1.0] * (n % 4))
+    adv = rewards - rewards.mean()  # an input here (one group), not the quantity under test
     return build_batch(prompts, responses, offmask, adv, pad_id=tok.pad_token_id), prompts, responses
 
 
@@ -327,9 +328,11 @@ def test_token_logprobs_matches_plain_forward(bpe_tokenizer):
         ids = torch.tensor([p + r])
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0]  # (T, V) one unpadded row, plain forward
-        lsm = torch.log_softmax(logits.float(), dim=-1)
-        want = lsm[:-1].gather(-1, ids[0, 1:, None])[:, 0]  # logp of token t given tokens < t
-        want_ent = -(lsm.exp() * lsm).sum(-1)[:-1]  # entropy of the distribution that produced token t
+        # written another way than grpo.py: log p(v) = z_v - logsumexp(z); H = logsumexp(z) - E_p[z]
+        z = logits.double()[:-1]  # (T-1, V) the distributions that produced tokens 1..T-1
+        lse = torch.logsumexp(z, dim=-1)  # (T-1,)
+        want = (z[torch.arange(len(z)), ids[0, 1:]] - lse).float()  # logp of token t given tokens < t
+        want_ent = (lse - (torch.softmax(z, dim=-1) * z).sum(-1)).float()
         a, b = len(p), len(p) + len(r)
         assert_close(logp[i, a:b], want[a - 1:b - 1], atol=1e-5, rtol=1e-5)
         assert_close(ent[i, a:b], want_ent[a - 1:b - 1], atol=1e-5, rtol=1e-5)
