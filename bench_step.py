@@ -36,7 +36,8 @@ def main(argv=None):
     ap.add_argument("--micro-batch-size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--old-logp-pass", action="store_true",
-                    help="ours with the separate no-grad old-log-prob forward it ran before issue 12")
+                    help="also time our step with the separate no-grad old-log-prob forward it ran before "
+                         "issue 12 (same model; the two variants alternate their order every step)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -58,7 +59,7 @@ def main(argv=None):
     path = toy.cache_path(cache, seed=0)
     if not os.path.isdir(path):
         raise SystemExit(f"error: no toy warm start at {path}; run `python toy.py` once first")
-    n_total = args.prompts * (args.steps + args.warmup + 2)
+    n_total = args.prompts * 2 * (args.steps + args.warmup + 2)
     problems = toy.make_problems(n_total, seed=12345)
     answers = {p["question"]: p["answer"] for p in problems}
 
@@ -69,7 +70,7 @@ def main(argv=None):
     B, G = args.prompts, args.group_size
     state = {"k": 0}
 
-    def our_step():
+    def our_step(old_logp_pass=False):
         batch_problems = problems[state["k"] * B:(state["k"] + 1) * B]
         state["k"] += 1
         t0 = time.perf_counter()
@@ -82,7 +83,7 @@ def main(argv=None):
         adv = group_advantages(rewards, G)
         resp = [list(c.ids) for group in completions for c in group]
         batch = build_batch([prompts[i // G] for i in range(B * G)], resp, [None] * (B * G), adv, tok.pad_token_id)
-        if args.old_logp_pass:
+        if old_logp_pass:
             batch["old_logp"], _ = token_logprobs(ours, batch["input_ids"], batch["attention_mask"],
                                                   batch["response_mask"], args.micro_batch_size)
         ours.train()
@@ -107,8 +108,8 @@ def main(argv=None):
         lr_scheduler_type="constant", warmup_steps=0, num_iterations=1,
         max_steps=args.steps + args.warmup, logging_steps=10_000, save_strategy="no", report_to="none",
         shuffle_dataset=False, seed=0, disable_dropout=True, dataloader_num_workers=0)
-    times = {"trl": [], "ours": []}
-    info = {"trl_reward": [], "ours_reward": [], "ours_len": []}
+    times = {"trl": [], "ours": [], "ours_old_pass": []}
+    info = {"ours_len": []}
 
     class Alternate(TrainerCallback):
         def on_step_begin(self, *a, **k):
@@ -116,16 +117,27 @@ def main(argv=None):
 
         def on_step_end(self, cb_args, cb_state, control, **k):
             t_trl = time.perf_counter() - self.t0
-            t_ours, r, n = our_step()
             step = cb_state.global_step
+            order = [False, True] if args.old_logp_pass else [False]
+            if step % 2 == 0:
+                order.reverse()
+            t_old = None
+            for old in order:
+                t, r, n = our_step(old)
+                if old:
+                    t_old = t
+                else:
+                    t_ours = t
             timed = step > args.warmup
             if timed:
                 times["trl"].append(t_trl)
                 times["ours"].append(t_ours)
-                info["ours_reward"].append(r)
+                if t_old is not None:
+                    times["ours_old_pass"].append(t_old)
                 info["ours_len"].append(n)
-            print(f"step {step}{'' if timed else ' (warm-up)'}: TRL {t_trl:.3f} s, ours {t_ours:.3f} s "
-                  f"(our reward {r:.2f}, mean response {n:.0f} tokens)", flush=True)
+            extra = f", ours with the old-log-prob pass {t_old:.3f} s" if t_old is not None else ""
+            print(f"step {step}{'' if timed else ' (warm-up)'}: TRL {t_trl:.3f} s, ours {t_ours:.3f} s{extra} "
+                  f"(mean response {n:.0f} tokens)", flush=True)
 
     trainer = GRPOTrainer(model=theirs, reward_funcs=reward_fn, args=config, train_dataset=data,
                           processing_class=tok, callbacks=[Alternate()])
@@ -134,8 +146,11 @@ def main(argv=None):
     med_t, med_o = statistics.median(times["trl"]), statistics.median(times["ours"])
     print(f"\ntoy GRPO step, {B} prompts x {G} rollouts, <= {args.max_new_tokens} new tokens, 1 thread, "
           f"{len(times['ours'])} alternating steps each (trl {trl.__version__}, torch {torch.__version__}):")
-    print(f"  ours{' (with the separate old-log-prob pass)' if args.old_logp_pass else ''}")
     print(f"  ours  median {med_o:.3f} s  (min {min(times['ours']):.3f}, max {max(times['ours']):.3f})")
+    if times["ours_old_pass"]:
+        o = times["ours_old_pass"]
+        print(f"  ours with the separate old-log-prob pass: median {statistics.median(o):.3f} s "
+              f"(min {min(o):.3f}, max {max(o):.3f})")
     print(f"  TRL   median {med_t:.3f} s  (min {min(times['trl']):.3f}, max {max(times['trl']):.3f})")
     paired = statistics.median(o / t for o, t in zip(times["ours"], times["trl"]))
     print(f"  median of the paired ratios ours_k / TRL_k = {paired:.2f}")

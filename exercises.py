@@ -22,11 +22,12 @@ assignment. The teacher's tools (this file and its contract test) are not copied
 
 `EXERCISES` below is the one table: each exercise's paper concept, the tests that grade it (pytest node
 ids; a parametrised test is named once), its difficulty (1 easy … 4 challenge) and the exercises its
-code calls. `expected_failures` adds, for a chosen set, the tests of every exercise that calls a chosen
-one and the end-to-end tests (`breaks`): on a generated copy exactly those tests fail, each with
-NotImplementedError, and all others pass (tests/test_exercises.py checks this). When a new test calls an
-exercise's function, add its node id to that exercise's `tests` (or `breaks`, for a test of something
-else that merely runs through it).
+tests call (do those first). `breaks` lists every other test that fails while the exercise is a stub
+(tests of functions built on it, end-to-end runs), so `expected_failures` of a chosen set is the union of
+`tests` and `breaks`: on a generated copy exactly those tests fail, each with NotImplementedError, and
+all others pass (tests/test_exercises.py checks this, and lists any unexpected or missing failure).
+When a new test calls an exercise's function, add its node id to that exercise's `tests` (or `breaks`,
+for a test of something else that merely runs through it).
 
 The reference is public, so these tests are a self-check for students, not a grader: a graded course
 should add its own held-out fixtures.
@@ -48,8 +49,22 @@ END = re.compile(r"^[ \t]*# END SOLUTION[ \t]*$")
 # end-to-end runs that go through every exercise of the training step (scope.py subprocess smoke runs and
 # the toy-world demo): they fail whenever any exercise they reach is a stub
 SCOPE_RUNS = ("tests/test_scope.py::test_each_mode_runs_two_toy_steps",
-              "tests/test_scope.py::test_resume_continues_exactly",
-              "tests/test_scope.py::test_real_path_hf_backend_runs")
+              "tests/test_scope.py::test_resume_reproduces_the_next_step",
+              "tests/test_scope.py::test_real_path_on_cpu_with_self_refinement")
+
+
+POLICY_LOSS_TESTS = ("tests/test_grpo.py::test_policy_loss_hand_computed",
+                     "tests/test_grpo.py::test_policy_loss_without_clipping_is_luffy_ratio",
+                     "tests/test_grpo.py::test_policy_loss_gradient_closed_form",
+                     "tests/test_grpo.py::test_kl_and_entropy_gradients",
+                     "tests/test_grpo.py::test_junk_outside_its_tokens_gives_no_nan",
+                     "tests/test_grpo.py::test_policy_loss_matches_loop")
+UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch",
+                "tests/test_grpo.py::test_update_loss_equals_policy_loss",
+                "tests/test_grpo.py::test_update_changes_every_parameter_tiny_qwen2",
+                "tests/test_grpo.py::test_update_kl_from_ref_model",
+                "tests/test_grpo.py::test_update_without_old_logp_gives_the_separate_pass_gradient",
+                "tests/test_grpo.py::test_update_non_finite_guard")
 
 
 @dataclass(frozen=True)
@@ -59,8 +74,8 @@ class Exercise:
     concept: str       # the paper's idea it implements
     tests: tuple       # pytest node ids that grade it
     difficulty: int    # 1 easy … 4 challenge
-    depends: tuple = ()  # exercises its code calls (their tests must pass first)
-    breaks: tuple = ()   # other tests that run through it (end-to-end runs, other files)
+    depends: tuple = ()  # exercises its tests call: do those first
+    breaks: tuple = ()   # every other test that fails while it is a stub (they run through it)
     task: str = ""     # one line for the NotImplementedError message
 
 
@@ -68,42 +83,41 @@ EXERCISES = [
     Exercise("first_error", "prm.py:first_error, prm.py:cut_point",
              "first-error localisation: the first step the PRM scores below τ, and where the kept prefix ends",
              ("tests/test_prm.py::test_first_error", "tests/test_prm.py::test_cut_point"), 1,
-             breaks=SCOPE_RUNS + ("tests/test_prm.py::test_keep_ratio",),
+             breaks=SCOPE_RUNS + ("tests/test_prm.py::test_keep_ratio",
+                                  "tests/test_metrics.py::test_near_miss_with_prm_cut_point"),
              task="return the index of the first step scored below tau (first_error) and the cut point"),
     Exercise("keep_ratio", "prm.py:keep_ratio, prm.py:select_candidate",
              "keep ratio κ and picking the most promising failure of a group",
              ("tests/test_prm.py::test_keep_ratio", "tests/test_prm.py::test_select_candidate"), 1,
-             breaks=SCOPE_RUNS, task="kappa = cut / n_steps; pick by (kappa, prefix mean, length, index)"),
+             depends=("first_error",), breaks=SCOPE_RUNS, task="kappa = cut / n_steps; pick by (kappa, prefix mean, length, index)"),
     Exercise("group_advantages", "grpo.py:group_advantages", "GRPO group-relative advantage A = r − mean(r)",
              ("tests/test_grpo.py::test_group_advantages_hand_computed",
               "tests/test_grpo.py::test_group_advantages_ragged_and_edges"), 1,
              breaks=SCOPE_RUNS, task="A = r - mean of its group (optionally / (std + 1e-6))"),
     Exercise("build_batch", "grpo.py:build_batch",
              "token-space batch layout: prompt + response, response and off-policy (refiner) masks",
-             ("tests/test_grpo.py::test_build_batch_layout",), 1, breaks=SCOPE_RUNS,
+             ("tests/test_grpo.py::test_build_batch_layout",), 1,
+             breaks=("tests/test_grpo.py::test_token_logprobs_matches_plain_forward",) + UPDATE_TESTS + SCOPE_RUNS,
              task="right-padded input_ids, attention/response/offpolicy masks"),
     Exercise("logprob_entropy", "grpo.py:logprobs_and_entropy, grpo.py:entropy_from_logprobs",
              "per-token log π(token) and entropy from the logits",
              ("tests/test_grpo.py::test_logprobs_and_entropy_hand_computed",
-              "tests/test_grpo.py::test_token_logprobs_matches_plain_forward"), 2, task="log_softmax, gather, -sum p log p"),
+              "tests/test_grpo.py::test_token_logprobs_matches_plain_forward"), 2, depends=("build_batch",),
+             breaks=UPDATE_TESTS + SCOPE_RUNS, task="log_softmax, gather, -sum p log p"),
     Exercise("clipped_surrogate", "grpo.py:clipped_surrogate",
              "PPO clipped surrogate on the policy's own tokens (the kept prefix and every other rollout)",
              ("tests/test_grpo.py::test_clipped_surrogate_hand_computed",), 2,
+             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + SCOPE_RUNS,
              task="-min(rho*A, clip(rho, 1-eps, 1+eps)*A) on the mask"),
     Exercise("shaped_offpolicy", "grpo.py:shaped_offpolicy_loss",
              "LUFFY policy shaping f(π) = π/(π+γ) on the refiner's off-policy tokens",
              ("tests/test_grpo.py::test_shaped_offpolicy_loss_hand_computed",), 2,
+             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + SCOPE_RUNS,
              task="-f(pi)*A with f(pi) = pi / (pi + gamma) on the mask"),
     Exercise("policy_loss", "grpo.py:loss_normaliser, grpo.py:policy_loss (and _token_terms)",
              "the mixed on/off-policy objective with the Dr. GRPO constant normaliser",
-             ("tests/test_grpo.py::test_loss_normaliser_hand_computed",
-              "tests/test_grpo.py::test_policy_loss_hand_computed",
-              "tests/test_grpo.py::test_policy_loss_without_clipping_is_luffy_ratio",
-              "tests/test_grpo.py::test_policy_loss_gradient_closed_form",
-              "tests/test_grpo.py::test_kl_and_entropy_gradients",
-              "tests/test_grpo.py::test_junk_outside_its_tokens_gives_no_nan",
-              "tests/test_grpo.py::test_policy_loss_matches_loop"), 2,
-             depends=("clipped_surrogate", "shaped_offpolicy"),
+             ("tests/test_grpo.py::test_loss_normaliser_hand_computed",) + POLICY_LOSS_TESTS, 2,
+             depends=("clipped_surrogate", "shaped_offpolicy"), breaks=UPDATE_TESTS + SCOPE_RUNS,
              task="Z, then compose the clipped surrogate, the shaped term, KL and entropy, sum / Z"),
     Exercise("splice", "refine.py:splice",
              "prefix-preserving rectification: the policy's prefix ids kept verbatim + the refiner's suffix",
@@ -113,19 +127,14 @@ EXERCISES = [
              breaks=("tests/test_refine.py::test_rectify_fake_refiner_accept_reject_and_merge",
                      "tests/test_refine.py::test_rectify_empty_prefix_is_whole_replacement",
                      "tests/test_refine.py::test_rectify_end_to_end_with_hf_refiner",
-                     "tests/test_scope.py::test_each_mode_runs_two_toy_steps",
-                     "tests/test_scope.py::test_resume_continues_exactly",
-                     "tests/test_scope.py::test_real_path_hf_backend_runs"),
+                     "tests/test_scope.py::test_each_mode_runs_two_toy_steps[scope-extra0]",   # not grpo,
+                     "tests/test_scope.py::test_each_mode_runs_two_toy_steps[replace-extra2]",  # prm-reward
+                     "tests/test_scope.py::test_resume_reproduces_the_next_step",
+                     "tests/test_scope.py::test_real_path_on_cpu_with_self_refinement"),
              task="encode the suffix once, EOS if it fits, cut to the budget, mask 1 on the suffix"),
     Exercise("update", "grpo.py:update",
              "one optimizer step with micro-batch accumulation equal to the full batch (and ρ = 1 without old_logp)",
-             ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch",
-              "tests/test_grpo.py::test_update_loss_equals_policy_loss",
-              "tests/test_grpo.py::test_update_changes_every_parameter_tiny_qwen2",
-              "tests/test_grpo.py::test_update_kl_from_ref_model",
-              "tests/test_grpo.py::test_update_without_old_logp_gives_the_separate_pass_gradient",
-              "tests/test_grpo.py::test_update_non_finite_guard"), 3,
-             depends=("logprob_entropy", "policy_loss"), breaks=SCOPE_RUNS,
+             UPDATE_TESTS, 3, depends=("build_batch", "logprob_entropy", "policy_loss"), breaks=SCOPE_RUNS,
              task="per micro-batch: forward, loss / whole-batch Z, backward; accumulate the metric sums"),
     Exercise("split_steps", "prm.py:split_steps", "lossless step splitting at blank lines (what the PRM scores)",
              ("tests/test_steps.py::test_split_is_lossless_and_follows_the_rules",
@@ -135,7 +144,12 @@ EXERCISES = [
               "tests/test_steps.py::test_no_newline_is_one_step_and_empty_is_none",
               "tests/test_steps.py::test_short_pieces_merge_forward_and_a_short_tail_merges_back",
               "tests/test_steps.py::test_max_steps_merges_the_tail_into_the_last_step"), 3,
-             breaks=SCOPE_RUNS, task='cut after blank lines, merge short pieces; "".join(steps) == text'),
+             breaks=("tests/test_steps.py::test_spans_of_real_encodings_with_eos",
+                     "tests/test_steps.py::test_char_tokenizer_and_special_tokens_in_the_middle",
+                     "tests/test_steps.py::test_tokenizers_that_rewrite_text_on_decode_use_the_slow_path",
+                     "tests/test_steps.py::test_spans_are_linear_time",
+                     "tests/test_toy.py::test_prm_split_steps_keeps_one_step_per_operation") + SCOPE_RUNS,
+             task='cut after blank lines, merge short pieces; "".join(steps) == text'),
     Exercise("step_token_spans", "prm.py:step_token_spans (and _char_reach)",
              "steps → token ranges, so the kept prefix is the policy's own token ids (straddling tokens go later)",
              ("tests/test_steps.py::test_spans_of_real_encodings_with_eos",
@@ -151,21 +165,10 @@ EXERCISES = [
 BY_NAME = {e.name: e for e in EXERCISES}
 
 
-def dependents(names) -> set:
-    """The chosen exercises and every exercise whose code calls one of them, transitively."""
-    out, grew = set(names), True
-    while grew:
-        grew = False
-        for e in EXERCISES:
-            if e.name not in out and out.intersection(e.depends):
-                out.add(e.name)
-                grew = True
-    return out
-
-
 def expected_failures(names) -> set:
-    """Node ids (as written in the table) of the tests that must fail when `names` are stubs."""
-    return {t for n in dependents(names) for t in BY_NAME[n].tests + BY_NAME[n].breaks}
+    """Node ids (as written in the table; a parametrised test once) of the tests that must fail when the
+    exercises `names` are stubs: their own tests and every test listed in their `breaks`."""
+    return {t for n in names for t in BY_NAME[n].tests + BY_NAME[n].breaks}
 
 
 def test_command(e: Exercise) -> str:
