@@ -7,7 +7,10 @@ policy) and the refiner's suffix is *off-policy* text. This file credits each to
 tensor code: no text, no PRM, no vLLM; the only model calls are the forward passes for log-probs.
 
 Run the tests: `python -m pytest tests/test_grpo.py -q`. scope.py calls, once per training step,
-`group_advantages` → `build_batch` → `token_logprobs` (old log-probs, no gradient) → `update`.
+`group_advantages` → `build_batch` → `update`. Each term of the loss is its own public function
+(`logprobs_and_entropy`, `entropy_from_logprobs`, `clipped_surrogate`, `shaped_offpolicy_loss`,
+`k3_kl`, `loss_normaliser`), composed by `policy_loss` and by `update`; the `# BEGIN SOLUTION` /
+`# END SOLUTION` comments mark what `exercises.py` turns into student exercises.
 
 Conventions. Every per-token tensor is (N, L) over the whole right-padded prompt + response sequence.
 `logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t])`; position 0 (nothing predicts it) and every
@@ -61,7 +64,11 @@ Choices (each is a keyword argument, so a flag in scope.py):
     Entropy bonus off by default here (`entropy_coef=0`; LUFFY uses 0.001): scope.py passes its value.
  7. A step whose loss or gradient norm is not finite is skipped: gradients are zeroed, the optimizer
     does not step, parameters stay bit-identical, and `metrics["skipped"] = 1`.
- 8. Log-probs and entropies are computed in float32 (bf16/fp16 logits are upcast), one micro-batch at a
+ 8. No separate old-log-prob forward pass: scope.py takes one optimizer step per rollout batch, so
+    π_old = π_θ at the update and `update` uses its own log-probs, detached, as old log-probs (ρ = 1
+    exactly, the gradient of a separate no-grad pass to float tolerance, as TRL does). Pass
+    `batch["old_logp"]` from `token_logprobs` for several optimizer steps on one batch.
+ 9. Log-probs and entropies are computed in float32 (bf16/fp16 logits are upcast), one micro-batch at a
     time, with the trailing all-padding columns trimmed, so the (N, L, V) logits of the whole batch
     never exist.
 """
@@ -93,6 +100,7 @@ def group_advantages(rewards, group_size: int, scale_std: bool = False) -> Tenso
         raise ValueError(f"group_advantages: {rewards.numel()} rewards do not split into groups of "
                          f"group_size={group_size}")
     r = rewards.view(-1, group_size)  # (B, G)
+    # BEGIN SOLUTION group_advantages
     # GRPO group-relative advantage (DeepSeekMath eq. 3 without std; Dr. GRPO)
     adv = r - r.mean(dim=1, keepdim=True)  # (B, G)
     if scale_std:
@@ -102,6 +110,7 @@ def group_advantages(rewards, group_size: int, scale_std: bool = False) -> Tenso
             std = torch.zeros_like(r)  # a group of one has no spread; its advantage is 0 anyway
         adv = adv / (std + 1e-6)  # (B, G)
     return adv.reshape(-1)  # (B*G,)
+    # END SOLUTION
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -132,6 +141,7 @@ def build_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], offp
         if len(m) != len(r):
             raise ValueError(f"build_batch: offpolicy_mask[{i}] has {len(m)} entries for "
                              f"{len(r)} response tokens")
+    # BEGIN SOLUTION build_batch
     length = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids))
     input_ids = torch.full((n, length), pad_id, dtype=torch.long)  # (N, L)
     attention_mask = torch.zeros((n, length), dtype=torch.long)  # (N, L)
@@ -146,19 +156,46 @@ def build_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], offp
             off_mask[i, a:b] = torch.tensor([1 if x else 0 for x in m], dtype=torch.long)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
             "offpolicy_mask": off_mask, "advantages": advantages}
+    # END SOLUTION
 
 
 # ---------------------------------------------------------------------------------------------------
 # Token log-probs and entropy
 # ---------------------------------------------------------------------------------------------------
+def entropy_from_logprobs(logprobs_all: Tensor) -> Tensor:
+    """Entropy of each next-token distribution: (..., V) log-probs → (...).
+
+    H = −Σ_v π_v log π_v, from log-probs (e.g. a log_softmax output, finite everywhere).
+    """
+    # BEGIN SOLUTION logprob_entropy
+    return -(logprobs_all.exp() * logprobs_all).sum(dim=-1)  # (...) entropy H = −Σ p log p
+    # END SOLUTION
+
+
+def logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+    """The per-token core: (n, T, V) logits and (n, T) target ids → (log π(target), entropy), both (n, T).
+
+    logits[:, t] is the distribution that produced targets[:, t] (the caller shifts by one). Computed in
+    float32 (bf16/fp16 logits are upcast; float64 stays float64). The entropy carries a graph only when
+    `entropy_grad` (an entropy bonus is on), so no extra (n, T, V) tensor is kept for the backward pass.
+    """
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # log_softmax over a large vocabulary needs float32
+    # BEGIN SOLUTION logprob_entropy
+    logprobs_all = F.log_softmax(logits, dim=-1)  # (n, T, V) log π(v | context)
+    taken = logprobs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n, T) log π(target)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = entropy_from_logprobs(logprobs_all if entropy_grad else logprobs_all.detach())  # (n, T)
+    return taken, entropy
+    # END SOLUTION
+
+
 def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_grad: bool):
     """One forward pass over one micro-batch: (logp, entropy), both (n, L), float32 (float64 for a float64
     model), 0 off the response.
 
     Columns after the last attended position are trimmed before the forward pass (a causal model's
-    output at t never depends on later positions) and padded back with zeros afterwards. The entropy
-    keeps its graph only when `entropy_grad` (an entropy bonus is on); otherwise it is computed
-    without one, so no extra (n, L, V) tensor is held for the backward pass.
+    output at t never depends on later positions) and padded back with zeros afterwards.
     """
     n, length = input_ids.shape
     if response_mask[:, 0].any():
@@ -168,14 +205,8 @@ def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_g
     keep = int(attended.max()) + 1 if attended.numel() else 1
     ids, attn = input_ids[:, :keep], attention_mask[:, :keep]  # (n, K)
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (n, K, V)
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()  # log_softmax over a large vocabulary needs float32
-    logprobs_all = F.log_softmax(logits[:, :-1], dim=-1)  # (n, K-1, V) predicts tokens 1..K-1
+    taken, ent = logprobs_and_entropy(logits[:, :-1], ids[:, 1:], entropy_grad)  # (n, K-1) predicts 1..K-1
     del logits
-    taken = logprobs_all.gather(-1, ids[:, 1:].unsqueeze(-1)).squeeze(-1)  # (n, K-1)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        lp = logprobs_all if entropy_grad else logprobs_all.detach()
-        ent = -(lp.exp() * lp).sum(dim=-1)  # (n, K-1) entropy H = -Σ p log p
     resp = response_mask[:, :keep].to(taken.dtype)  # (n, K)
     pad = (1, length - keep)  # position 0 and the trimmed tail are 0
     logp = F.pad(taken, pad) * F.pad(resp[:, 1:], pad)  # (n, L)
@@ -189,9 +220,9 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_ma
     """Per-token log-prob of the taken token and per-token entropy, both (N, L), 0 off the response.
 
     logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t]); entropy[:, t] is the entropy of that same
-    distribution. Runs without gradients (old / reference log-probs); `update` computes its own with
-    gradients. Computed `micro_batch_size` rows at a time; returned on input_ids' device, float32 (float64
-    for a float64 model).
+    distribution. Runs without gradients (old log-probs when several optimizer steps share one rollout
+    batch, reference log-probs); `update` computes its own with gradients. Computed `micro_batch_size`
+    rows at a time; returned on input_ids' device, float32 (float64 for a float64 model).
     """
     if input_ids.shape != attention_mask.shape or input_ids.shape != response_mask.shape:
         raise ValueError(f"token_logprobs: input_ids {tuple(input_ids.shape)}, attention_mask "
@@ -208,17 +239,66 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_ma
 
 
 # ---------------------------------------------------------------------------------------------------
-# The loss
+# The loss, one term per function
 # ---------------------------------------------------------------------------------------------------
-def _normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> float:
-    """Z of the loss: N × max_new_tokens (Dr. GRPO constant) or the number of response tokens."""
+def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
+                      clip_eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """PPO clipped surrogate on the policy's own tokens: ℓ = −min(ρ A, clip(ρ, 1 − ε, 1 + ε) A), ρ = π/π_old.
+
+    logp, old_logp, mask: (N, L); advantages: (N,). Returns (per-token loss, ratio ρ, clipped), all
+    (N, L) and 0 / 1 / False where `mask` is 0; `clipped` marks tokens on the clipped branch (zero
+    gradient). The log-ratio is zeroed off the mask BEFORE exp, so junk or inf in old_logp there cannot
+    become a 0·inf = NaN gradient. old_logp is treated as a constant.
+    """
+    # BEGIN SOLUTION clipped_surrogate
+    mask = mask.bool()  # (N, L)
+    adv = advantages.to(logp.dtype).unsqueeze(1)  # (N, 1)
+    log_ratio = torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))  # (N, L)
+    ratio = torch.exp(log_ratio)  # (N, L) PPO importance ratio ρ
+    surr = ratio * adv  # (N, L)
+    surr_clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv  # (N, L)
+    loss = torch.where(mask, -torch.min(surr, surr_clipped), torch.zeros_like(logp))  # (N, L)
+    clipped = (-surr_clipped > -surr) & mask  # (N, L) the clipped branch is active
+    return loss, ratio, clipped
+    # END SOLUTION
+
+
+def shaped_offpolicy_loss(logp: Tensor, advantages: Tensor, mask: Tensor,
+                          shaping_gamma: float) -> tuple[Tensor, Tensor]:
+    """LUFFY policy shaping on the refiner's tokens: ℓ = −f(π) A with f(π) = π / (π + γ).
+
+    The behaviour probability is taken as 1 and nothing is clipped. logp, mask: (N, L); advantages: (N,).
+    Returns (per-token loss, f(π)), both (N, L) and 0 where `mask` is 0. Its gradient w.r.t. logp is
+    −A γπ/(π+γ)², largest at π = γ. (A unit-weight variant, −A·log π, would be a sibling function.)
+    """
+    # BEGIN SOLUTION shaped_offpolicy
+    mask = mask.bool()  # (N, L)
+    adv = advantages.to(logp.dtype).unsqueeze(1)  # (N, 1)
+    prob = torch.exp(torch.where(mask, logp, torch.zeros_like(logp)))  # (N, L) π, 1 off the mask
+    shaped = torch.where(mask, prob / (prob + shaping_gamma), torch.zeros_like(prob))  # (N, L) f(π)
+    return -shaped * adv, shaped
+    # END SOLUTION
+
+
+def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
+    """k3 KL estimator per token: exp(r) − r − 1 with r = ref_logp − logp (≥ 0; Schulman). (N, L), 0 off
+    the mask; ref_logp is a constant."""
+    r = torch.where(mask.bool(), ref_logp.detach() - logp, torch.zeros_like(logp))  # (N, L)
+    return torch.exp(r) - r - 1.0  # (N, L)
+
+
+def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> float:
+    """Z of the loss: N × max_new_tokens ("constant", Dr. GRPO) or the number of response tokens
+    ("token-mean", at least 1). Always over the WHOLE batch, never per micro-batch."""
+    if loss_agg not in LOSS_AGGS:
+        raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+    if loss_agg == "constant" and (max_new_tokens is None or max_new_tokens <= 0):
+        raise ValueError(f"loss_agg='constant' needs max_new_tokens > 0, got {max_new_tokens!r}")
+    # BEGIN SOLUTION policy_loss
     if loss_agg == "constant":
-        if max_new_tokens is None or max_new_tokens <= 0:
-            raise ValueError(f"loss_agg='constant' needs max_new_tokens > 0, got {max_new_tokens!r}")
-        return float(response_mask.shape[0] * max_new_tokens)
-    if loss_agg == "token-mean":
-        return max(float(response_mask.bool().sum()), 1.0)  # an empty batch has a zero sum anyway
-    raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
+        return float(response_mask.shape[0] * max_new_tokens)  # Dr. GRPO constant normaliser
+    return max(float(response_mask.bool().sum()), 1.0)  # masked token mean; an empty batch sums to 0 anyway
+    # END SOLUTION
 
 
 def _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip_eps, shaping_gamma,
@@ -227,30 +307,14 @@ def _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip
     resp = response_mask.bool()  # (N, L)
     off = offpolicy_mask.bool() & resp  # (N, L) refiner tokens
     on = resp & ~off  # (N, L) policy tokens
-    adv = advantages.to(logp.dtype).unsqueeze(1)  # (N, 1)
-
-    # PPO clipped surrogate on on-policy tokens. The log-ratio is zeroed elsewhere so that junk or
-    # inf in old_logp at off-policy / padding positions cannot turn into 0·inf = NaN gradients.
-    log_ratio = torch.where(on, logp - old_logp.detach(), torch.zeros_like(logp))  # (N, L)
-    ratio = torch.exp(log_ratio)  # (N, L)
-    surr = ratio * adv  # (N, L)
-    surr_clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv  # (N, L)
-    on_loss = -torch.min(surr, surr_clipped)  # (N, L)
-    clipped = (-surr_clipped > -surr) & on  # (N, L) the clipped branch is active: zero gradient
-
-    # LUFFY policy shaping f(p) = p / (p + gamma) on off-policy tokens, behaviour prob = 1, no clip
-    prob = torch.exp(torch.where(off, logp, torch.zeros_like(logp)))  # (N, L)
-    shaped = prob / (prob + shaping_gamma)  # (N, L)
-    off_loss = -shaped * adv  # (N, L)
-
-    per_token = torch.where(off, off_loss, on_loss)  # (N, L)
-
     zero = logp.new_zeros(())
-    kl_sum = ent_sum = zero
+    kl_sum = ent_sum = ent_on_sum = zero
+    # BEGIN SOLUTION policy_loss
+    on_loss, ratio, clipped = clipped_surrogate(logp, old_logp, advantages, on, clip_eps)  # (N, L) each
+    off_loss, shaped = shaped_offpolicy_loss(logp, advantages, off, shaping_gamma)  # (N, L) each
+    per_token = torch.where(off, off_loss, on_loss)  # (N, L)
     if ref_logp is not None:
-        # k3 KL estimator: exp(r) - r - 1, r = ref_logp - logp (>= 0, unbiased for KL(pi || ref))
-        r = torch.where(resp, ref_logp.detach() - logp, torch.zeros_like(logp))  # (N, L)
-        k3 = torch.exp(r) - r - 1.0  # (N, L)
+        k3 = k3_kl(logp, ref_logp, resp)  # (N, L)
         per_token = per_token + kl_coef * k3
         kl_sum = k3.detach().sum()
     if entropy is not None:
@@ -258,12 +322,13 @@ def _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip
         entropy = torch.where(resp, entropy, torch.zeros_like(entropy))  # (N, L)
         per_token = per_token - entropy_coef * entropy
         ent_sum = entropy.detach().sum()
+        ent_on_sum = entropy.detach()[on].sum()
     per_token = torch.where(resp, per_token, torch.zeros_like(per_token))  # (N, L) response tokens only
-
+    # END SOLUTION
     sums = {
         "n_resp": resp.sum(), "n_on": on.sum(), "n_off": off.sum(), "n_clipped": clipped.sum(),
         "ratio_sum": ratio.detach()[on].sum(), "shaped_sum": shaped.detach()[off].sum(),
-        "kl_sum": kl_sum, "ent_sum": ent_sum,
+        "kl_sum": kl_sum, "ent_sum": ent_sum, "ent_on_sum": ent_on_sum,
     }
     return per_token, sums
 
@@ -289,8 +354,9 @@ def _metrics(sums: dict) -> dict:
 def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, clip_eps=0.2,
                 shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, ref_logp=None, kl_coef=0.0,
                 entropy=None, entropy_coef=0.0) -> tuple[Tensor, dict]:
-    """The SCOPE token loss (see the module docstring): PPO clip on on-policy tokens, LUFFY policy
-    shaping on off-policy tokens, optional k3 KL and entropy bonus, summed and divided by Z.
+    """The SCOPE token loss (see the module docstring): `clipped_surrogate` on on-policy tokens,
+    `shaped_offpolicy_loss` on off-policy tokens, optional `k3_kl` and entropy bonus, summed and divided
+    by `loss_normaliser`.
 
     logp, old_logp, response_mask, offpolicy_mask, ref_logp, entropy: (N, L); advantages: (N,).
     Returns (scalar loss with gradient through logp and entropy, metrics of Python floats: loss,
@@ -304,10 +370,13 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
             raise ValueError(f"policy_loss: {name} has shape {tuple(t.shape)}, logp has {shape}")
     if tuple(advantages.shape) != shape[:1]:
         raise ValueError(f"policy_loss: advantages must be ({shape[0]},), got {tuple(advantages.shape)}")
-    z = _normaliser(response_mask, loss_agg, max_new_tokens)
+    z = loss_normaliser(response_mask, loss_agg, max_new_tokens)
     per_token, sums = _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip_eps,
                                    shaping_gamma, ref_logp, kl_coef, entropy, entropy_coef)
-    loss = per_token.sum() / z  # Dr. GRPO constant normaliser or token mean, per loss_agg
+    sums.pop("ent_on_sum")
+    # BEGIN SOLUTION policy_loss
+    loss = per_token.sum() / z  # L = (1/Z) Σ_i Σ_t ℓ_it
+    # END SOLUTION
     metrics = {"loss": float(loss.detach()), **_metrics(sums)}
     return loss, metrics
 
@@ -320,26 +389,29 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
            ref_model=None) -> dict:
     """One optimizer step on `batch` with gradient accumulation over micro-batches.
 
-    batch: input_ids, attention_mask, response_mask, offpolicy_mask, old_logp (N, L; computed with
-    `token_logprobs` before the update), advantages (N,), optionally ref_logp (N, L). With kl_coef > 0
-    and no ref_logp, it is computed from `ref_model` per micro-batch. Each micro-batch's loss is divided
-    by the WHOLE batch's Z, so the accumulated gradient equals the single-batch gradient. Gradients are
-    clipped to `max_grad_norm` (None: no clipping). A non-finite loss or gradient norm skips the step
-    (gradients zeroed, parameters untouched). Returns Python-float metrics: loss, grad_norm, skipped,
-    clip_frac, ratio_mean, shaped_mean, offpolicy_share, kl, entropy.
+    batch: input_ids, attention_mask, response_mask, offpolicy_mask (N, L), advantages (N,), optionally
+    old_logp and ref_logp (N, L). Without old_logp (one optimizer step per rollout batch, scope.py's
+    case) the old log-probs are this forward's own log-probs, detached: ρ = 1 exactly and the gradient is
+    the one a separate no-grad pass would give, without that pass. Pass old_logp (from `token_logprobs`
+    before the first of several steps) when one rollout batch gets several optimizer steps. With
+    kl_coef > 0 and no ref_logp, ref_logp is computed from `ref_model` per micro-batch. Each micro-batch's
+    loss is divided by the WHOLE batch's Z, so the accumulated gradient equals the single-batch gradient.
+    Gradients are clipped to `max_grad_norm` (None: no clipping). A non-finite loss or gradient norm
+    skips the step (gradients zeroed, parameters untouched). Returns Python-float metrics: loss,
+    grad_norm, skipped, clip_frac, ratio_mean, shaped_mean, offpolicy_share, kl, entropy (mean over all
+    response tokens) and entropy_policy (mean over policy-written tokens, refiner tokens left out).
     """
-    required = ("input_ids", "attention_mask", "response_mask", "offpolicy_mask", "advantages", "old_logp")
+    required = ("input_ids", "attention_mask", "response_mask", "offpolicy_mask", "advantages")
     missing = [k for k in required if k not in batch]
     if missing:
-        raise ValueError(f"update: batch is missing {missing} (old_logp comes from token_logprobs "
-                         f"before the update)")
+        raise ValueError(f"update: batch is missing {missing} (build_batch makes them)")
     has_ref = batch.get("ref_logp") is not None
     if kl_coef > 0 and not has_ref and ref_model is None:
         raise ValueError("update: kl_coef > 0 needs batch['ref_logp'] or ref_model")
     n = batch["input_ids"].shape[0]
     if n == 0:
         raise ValueError("update: the batch has no sequences")
-    z = _normaliser(batch["response_mask"], loss_agg, max_new_tokens)  # over the whole batch
+    z = loss_normaliser(batch["response_mask"], loss_agg, max_new_tokens)  # over the whole batch
     device = next(model.parameters()).device
     params = [p for p in model.parameters() if p.requires_grad]
     mb = max(1, int(micro_batch_size))
@@ -347,21 +419,26 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     optimizer.zero_grad(set_to_none=True)
     loss_total = 0.0
     sums = None
+    # BEGIN SOLUTION update
     for s in range(0, n, mb):
         part = {k: v[s:s + mb].to(device) for k, v in batch.items() if isinstance(v, Tensor)}
         logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"],
                                           part["response_mask"], entropy_grad=entropy_coef != 0)
+        old_logp = part.get("old_logp")
+        if old_logp is None:
+            old_logp = logp.detach()  # one optimizer step per rollout batch: ρ = 1 exactly
         ref_logp = part.get("ref_logp")
         if ref_logp is None and kl_coef > 0:
             ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"],
                                          part["response_mask"], micro_batch_size=mb)
-        per_token, part_sums = _token_terms(logp, part["old_logp"], part["advantages"],
-                                            part["response_mask"], part["offpolicy_mask"], clip_eps,
-                                            shaping_gamma, ref_logp, kl_coef, entropy, entropy_coef)
+        per_token, part_sums = _token_terms(logp, old_logp, part["advantages"], part["response_mask"],
+                                            part["offpolicy_mask"], clip_eps, shaping_gamma, ref_logp,
+                                            kl_coef, entropy, entropy_coef)
         loss = per_token.sum() / z  # divided by the whole batch's Z: accumulation = full-batch gradient
         loss.backward()
         loss_total += float(loss.detach())
         sums = part_sums if sums is None else {k: sums[k] + part_sums[k] for k in sums}
+    # END SOLUTION
 
     clip_to = float("inf") if max_grad_norm is None else float(max_grad_norm)
     grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip_to))
@@ -371,4 +448,7 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     else:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped), **_metrics(sums)}
+    ent_on = float(sums.pop("ent_on_sum"))
+    n_on = float(sums["n_on"])
+    return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped), **_metrics(sums),
+            "entropy_policy": ent_on / n_on if n_on > 0 else 0.0}

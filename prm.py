@@ -107,6 +107,7 @@ def split_steps(text: str, *, min_chars: int = 8, max_steps: int = 40) -> list[s
         raise ValueError(f"split_steps: need min_chars >= 0 and max_steps >= 1, got {min_chars}, {max_steps}")
     if not text:
         return []
+    # BEGIN SOLUTION split_steps
     seps = _blank_line_ends(text)
     if not seps:
         seps = [i + 1 for i, ch in enumerate(text) if ch == "\n"]
@@ -129,6 +130,7 @@ def split_steps(text: str, *, min_chars: int = 8, max_steps: int = 40) -> list[s
     if len(steps) > max_steps:
         steps = steps[:max_steps - 1] + ["".join(steps[max_steps - 1:])]
     return steps
+    # END SOLUTION
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -185,6 +187,7 @@ def _char_reach(tokenizer, ids: list[int], text: str) -> tuple[list[int], list[b
     Fast path (O(total bytes)): read each token's bytes and feed them through an incremental UTF-8
     decoder. Slow path, only when the fast path does not reproduce the decoded text exactly (tokenizers
     that rewrite spaces on decode): decode growing prefixes, O(n^2)."""
+    # BEGIN SOLUTION step_token_spans
     pieces = _token_bytes(tokenizer, ids)
     if pieces is not None:
         dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -210,6 +213,7 @@ def _char_reach(tokenizer, ids: list[int], text: str) -> tuple[list[int], list[b
         hi = max(hi, common if pending[-1] else common - 1)
         last.append(hi)
     return last, pending
+    # END SOLUTION
 
 
 def step_token_spans(response_ids, steps: list[str], tokenizer) -> list[tuple[int, int]]:
@@ -241,6 +245,7 @@ def step_token_spans(response_ids, steps: list[str], tokenizer) -> list[tuple[in
         raise ValueError(f"step_token_spans: the steps do not join to the decoded response ({len(text)} vs "
                          f"{len(decoded)} chars; first difference at char {diff}: "
                          f"{text[diff:diff + 20]!r} vs {decoded[diff:diff + 20]!r})")
+    # BEGIN SOLUTION step_token_spans
     last, pending = _char_reach(tokenizer, ids, text)
     starts, t, boundary = [0], 0, 0
     for step in steps[:-1]:
@@ -253,6 +258,7 @@ def step_token_spans(response_ids, steps: list[str], tokenizer) -> list[tuple[in
         starts.append(start)
     ends = starts[1:] + [len(ids)]
     return list(zip(starts, ends))
+    # END SOLUTION
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -399,17 +405,20 @@ def first_error(scores, tau: float = 0.5) -> int | None:
     """0-based index of the first step with score < tau (ProcessBench's "earliest error"); None when no
     scored step is below tau. Scanning stops at the first unscored step (None): scores after it are
     ignored, since the steps before them are not verified."""
+    # BEGIN SOLUTION first_error
     for k, s in enumerate(scores):
         if s is None:
             return None
         if s < tau:
             return k
     return None
+    # END SOLUTION
 
 
 def cut_point(scores, tau: float = 0.5) -> int:
     """Index of the first step NOT kept for a failed rollout: the first error; else the first unscored
     step; else the last step (the answer is wrong, so the last step is presumed wrong); 0 for no steps."""
+    # BEGIN SOLUTION first_error
     if not scores:
         return 0
     err = first_error(scores, tau)
@@ -417,11 +426,14 @@ def cut_point(scores, tau: float = 0.5) -> int:
         return err
     unscored = next((k for k, s in enumerate(scores) if s is None), None)
     return unscored if unscored is not None else len(scores) - 1
+    # END SOLUTION
 
 
 def keep_ratio(cut: int, n_steps: int) -> float:
     """Step keep ratio κ = cut / n_steps (the share of steps kept); 0.0 when there are no steps."""
+    # BEGIN SOLUTION keep_ratio
     return cut / n_steps if n_steps > 0 else 0.0
+    # END SOLUTION
 
 
 def mean_score(scores) -> float:
@@ -440,4 +452,6 @@ def select_candidate(keep_ratios: list[float], prefix_means: list[float], length
                          f"{len(prefix_means)} prefix means, {len(lengths)} lengths)")
     if not keep_ratios:
         return None
+    # BEGIN SOLUTION keep_ratio
     return min(range(len(keep_ratios)), key=lambda i: (-keep_ratios[i], -prefix_means[i], lengths[i], i))
+    # END SOLUTION

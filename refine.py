@@ -131,6 +131,7 @@ def splice(prefix_ids: list[int], suffix_text: str, tokenizer, *, max_new_tokens
     budget = max_new_tokens - len(prefix_ids)
     if budget < 0:
         raise ValueError(f"splice: the prefix has {len(prefix_ids)} tokens, more than max_new_tokens={max_new_tokens}")
+    # BEGIN SOLUTION splice
     eos_text = tokenizer.decode([eos_id]) if eos_id is not None else ""
     if eos_text and eos_text in suffix_text:  # the text spelled out the EOS token: it ends there
         suffix_text, finished = suffix_text[:suffix_text.index(eos_text)], True
@@ -141,6 +142,7 @@ def splice(prefix_ids: list[int], suffix_text: str, tokenizer, *, max_new_tokens
     else:
         suffix_ids = suffix_ids[:budget]  # cut to fit: a truncated trajectory carries no EOS
     return prefix_ids + suffix_ids, [0] * len(prefix_ids) + [1] * len(suffix_ids)
+    # END SOLUTION
 
 
 def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, tokenizer, *, attempts: int = 2,

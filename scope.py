@@ -8,7 +8,7 @@ One training step:
 
     rollout → grade → PRM first error of the failed rollouts → most promising failure per group →
     rectify (keep the token prefix, refiner writes the suffix, regrade) → advantages over the merged groups →
-    old log-probs → update (PPO ratio on policy tokens, LUFFY shaping on refiner tokens) → weight sync →
+    update (PPO ratio on policy tokens, LUFFY shaping on refiner tokens) → weight sync →
     log → periodic eval → checkpoint
 
 Run:
@@ -64,7 +64,7 @@ import preflight
 from eval import discarded_valid_share, evaluate, near_miss_at_k
 from generate import GeneratorUnavailable, HFGenerator, format_prompt, load_causal_lm, load_tokenizer, vllm_importable
 from grader import grade
-from grpo import build_batch, group_advantages, token_logprobs, update
+from grpo import build_batch, group_advantages, update
 from prm import cut_point, keep_ratio, mean_score, select_candidate, split_steps, step_token_spans
 from preflight import MODEL_ALIASES
 from refine import Refiner, Trajectory, rectify
@@ -475,16 +475,11 @@ def main(args: Args) -> dict:
             advantages[idx] = group_advantages(rewards[idx], group_size=len(idx), scale_std=args.adv_std)
         m["reward_merged"] = float(rewards.mean())
 
-        # ---------------------------------------------------------- 7. update: old log-probs, then one optimizer step
+        # ---------------------------------------------------------- 7. update: one optimizer step (ρ = 1: no old-log-prob pass)
         t1 = time.time()
         batch = build_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
                             [t.offpolicy_mask for t in trajs], advantages, pad_token_id(tokenizer))
-        batch = {k: v.to(device) for k, v in batch.items()}
-        with torch.no_grad(), amp():
-            batch["old_logp"], entropy = token_logprobs(policy, batch["input_ids"], batch["attention_mask"],
-                                                        batch["response_mask"], args.micro_batch_size)  # (N, L)
-        on_policy = batch["response_mask"] * (1 - batch["offpolicy_mask"])                            # (N, L)
-        m["entropy"] = float((entropy * on_policy).sum() / on_policy.sum().clamp(min=1))
+        batch = {k: v.to(device) for k, v in batch.items()}   # no old_logp: update uses its own, detached
         policy.train()
         with amp():
             stats = update(policy, optimizer, batch, micro_batch_size=args.micro_batch_size, max_grad_norm=1.0,
@@ -492,6 +487,7 @@ def main(args: Args) -> dict:
                            max_new_tokens=args.max_new_tokens, kl_coef=args.kl_coef, entropy_coef=args.entropy_coef,
                            ref_model=ref_model)
         policy.eval()
+        m["entropy"] = stats["entropy_policy"]   # mean over policy-written tokens, before the step
         m.update(loss=stats["loss"], grad_norm=stats["grad_norm"], skipped=stats["skipped"],
                  clip_frac=stats.get("clip_frac"), offpolicy_share=stats.get("offpolicy_share"))
         m["time_update"] = time.time() - t1

@@ -8,7 +8,8 @@ import torch
 from torch.testing import assert_close
 
 from conftest import make_char_tokenizer, make_tiny_causal_lm
-from grpo import build_batch, group_advantages, policy_loss, token_logprobs, update
+from grpo import (build_batch, clipped_surrogate, entropy_from_logprobs, group_advantages, logprobs_and_entropy,
+                  loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs, update)
 
 LN = math.log
 
@@ -61,7 +62,7 @@ def hand_inputs():
     """Two members of the group with rewards [1, 0, 0, 1]: A = +0.5 (row 0) and -0.5 (row 1).
     A 2x3 response mask [[1, 1, 1], [1, 1, 0]]; one off-policy token, (0, 2). Probabilities chosen so
     every number below is exact. Junk at the padding position (1, 2) must not matter."""
-    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0]), 4)[:2]  # [0.5, -0.5]
+    adv = torch.tensor([0.5, -0.5])  # group_advantages of [1, 0, 0, 1], first two (by hand: mean 0.5)
     logp = torch.tensor([[LN(0.5), LN(0.6), LN(0.4)], [LN(0.3), LN(0.35), 0.0]], dtype=torch.float64)
     old = torch.tensor([[LN(0.5), LN(0.4), LN(0.9)], [LN(0.5), LN(0.4), -5.0]], dtype=torch.float64)
     resp = torch.tensor([[1, 1, 1], [1, 1, 0]])
@@ -88,6 +89,61 @@ def hand_inputs():
 # constant: Z = N * max_new_tokens = 2 * 3 = 6; token-mean: Z = 5 response tokens
 # clip_frac = 2 clipped / 4 on-policy = 0.5; ratio_mean = (1 + 1.5 + .6 + .875) / 4 = 0.99375
 # shaped_mean = 0.8 (one off-policy token); offpolicy_share = 1 / 5 = 0.2
+def test_clipped_surrogate_hand_computed():
+    """PPO clipped surrogate alone, on the on-policy tokens of hand_inputs (numbers in the table below)."""
+    logp, old, adv, resp, off, _, _ = hand_inputs()
+    on = resp * (1 - off)  # [[1, 1, 0], [1, 1, 0]]
+    loss, ratio, clipped = clipped_surrogate(logp, old, adv, on, clip_eps=0.2)
+    assert_close(loss, torch.tensor([[-0.5, -0.6, 0.0], [0.4, 0.4375, 0.0]], dtype=torch.float64))
+    assert_close(ratio, torch.tensor([[1.0, 1.5, 1.0], [0.6, 0.875, 1.0]], dtype=torch.float64))
+    assert clipped.tolist() == [[False, True, False], [True, False, False]]
+    # eps = 1: nothing clips; -rho*A for every token
+    loss, _, clipped = clipped_surrogate(logp, old, adv, on, clip_eps=1.0)
+    assert_close(loss, torch.tensor([[-0.5, -0.75, 0.0], [0.3, 0.4375, 0.0]], dtype=torch.float64))
+    assert not clipped.any()
+
+
+def test_shaped_offpolicy_loss_hand_computed():
+    """LUFFY shaping alone: f(0.4) = 0.4/0.5 = 0.8, f(0.1) = 0.1/0.2 = 0.5 with gamma = 0.1;
+    loss = -f*A, 0 off the mask; gradient -A*gamma*pi/(pi+gamma)^2 = -A*0.16 and -A*0.25."""
+    logp = torch.tensor([[LN(0.4), LN(0.1), LN(0.9)], [LN(0.4), LN(0.1), -7.0]], dtype=torch.float64,
+                        requires_grad=True)
+    adv = torch.tensor([0.5, -2.0], dtype=torch.float64)
+    mask = torch.tensor([[1, 1, 0], [1, 1, 0]])
+    loss, shaped = shaped_offpolicy_loss(logp, adv, mask, shaping_gamma=0.1)
+    assert_close(loss, torch.tensor([[-0.4, -0.25, 0.0], [1.6, 1.0, 0.0]], dtype=torch.float64))
+    assert_close(shaped, torch.tensor([[0.8, 0.5, 0.0], [0.8, 0.5, 0.0]], dtype=torch.float64))
+    loss.sum().backward()
+    assert_close(logp.grad, torch.tensor([[-0.08, -0.125, 0.0], [0.32, 0.5, 0.0]], dtype=torch.float64))
+
+
+def test_loss_normaliser_hand_computed():
+    resp = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])
+    assert loss_normaliser(resp, "constant", 7) == 14.0  # N * max_new_tokens = 2 * 7 (Dr. GRPO)
+    assert loss_normaliser(resp, "token-mean", 7) == 5.0  # 5 response tokens
+    assert loss_normaliser(torch.zeros(3, 4), "token-mean", None) == 1.0  # empty: never divide by 0
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        loss_normaliser(resp, "constant", 0)
+    with pytest.raises(ValueError, match="loss_agg"):
+        loss_normaliser(resp, "seq-mean", 7)
+
+
+def test_logprobs_and_entropy_hand_computed():
+    """Two positions over a vocabulary of 2: logits [0, ln 3] -> probs [.25, .75], target 1;
+    logits [0, 0] -> [.5, .5], target 0. logp = [ln .75, ln .5];
+    entropy = [-(.25 ln .25 + .75 ln .75), ln 2] = [0.5623351446, 0.6931471806]."""
+    logits = torch.tensor([[[0.0, LN(3.0)], [0.0, 0.0]]], dtype=torch.float64, requires_grad=True)
+    logp, ent = logprobs_and_entropy(logits, torch.tensor([[1, 0]]))
+    assert_close(logp, torch.tensor([[LN(0.75), LN(0.5)]], dtype=torch.float64))
+    assert_close(ent, torch.tensor([[0.5623351446, 0.6931471806]], dtype=torch.float64))
+    assert logp.requires_grad and not ent.requires_grad  # no entropy graph unless asked for
+    _, ent = logprobs_and_entropy(logits, torch.tensor([[1, 0]]), entropy_grad=True)
+    assert ent.requires_grad
+    assert_close(entropy_from_logprobs(torch.log(torch.tensor([0.25, 0.75]))), torch.tensor(0.5623351446))
+    half, _ = logprobs_and_entropy(logits.detach().to(torch.bfloat16), torch.tensor([[1, 0]]))
+    assert half.dtype == torch.float32  # bf16 logits are upcast before log_softmax
+
+
 @pytest.mark.parametrize("loss_agg,z", [("constant", 6.0), ("token-mean", 5.0)])
 def test_policy_loss_hand_computed(loss_agg, z):
     logp, old, adv, resp, off, ref, ent = hand_inputs()
@@ -257,7 +313,8 @@ def tiny_batch(tok, n=4, seed=0, max_prompt=5, max_resp=6):
     for r in responses:
         cut = int(torch.randint(0, len(r) + 1, (1,), generator=g))
         offmask.append([0] * cut + [1] * (len(r) - cut))
-    adv = group_advantages(torch.tensor([1.0, 0.0, 0.0, 1.0] * (n // 4) + [1.0] * (n % 4)), n)
+    rewards = torch.tensor([1.0, 0.0, 0.0, 1.0] * (n // 4) + [1.0] * (n % 4))
+    adv = rewards - rewards.mean()  # an input here (one group), not the quantity under test
     return build_batch(prompts, responses, offmask, adv, pad_id=tok.pad_token_id), prompts, responses
 
 
@@ -271,9 +328,11 @@ def test_token_logprobs_matches_plain_forward(bpe_tokenizer):
         ids = torch.tensor([p + r])
         with torch.no_grad():
             logits = model(input_ids=ids).logits[0]  # (T, V) one unpadded row, plain forward
-        lsm = torch.log_softmax(logits.float(), dim=-1)
-        want = lsm[:-1].gather(-1, ids[0, 1:, None])[:, 0]  # logp of token t given tokens < t
-        want_ent = -(lsm.exp() * lsm).sum(-1)[:-1]  # entropy of the distribution that produced token t
+        # written another way than grpo.py: log p(v) = z_v - logsumexp(z); H = logsumexp(z) - E_p[z]
+        z = logits.double()[:-1]  # (T-1, V) the distributions that produced tokens 1..T-1
+        lse = torch.logsumexp(z, dim=-1)  # (T-1,)
+        want = (z[torch.arange(len(z)), ids[0, 1:]] - lse).float()  # logp of token t given tokens < t
+        want_ent = (lse - (torch.softmax(z, dim=-1) * z).sum(-1)).float()
         a, b = len(p), len(p) + len(r)
         assert_close(logp[i, a:b], want[a - 1:b - 1], atol=1e-5, rtol=1e-5)
         assert_close(ent[i, a:b], want_ent[a - 1:b - 1], atol=1e-5, rtol=1e-5)
@@ -357,7 +416,7 @@ def test_update_changes_every_parameter_tiny_qwen2(bpe_tokenizer):
     for name, p in model.named_parameters():
         assert not torch.equal(p.detach(), before[name]), f"{name} did not change"
     assert set(metrics) == {"loss", "grad_norm", "skipped", "clip_frac", "ratio_mean", "shaped_mean",
-                            "offpolicy_share", "kl", "entropy"}
+                            "offpolicy_share", "kl", "entropy", "entropy_policy"}
     assert all(type(v) is float for v in metrics.values())
 
 
@@ -374,6 +433,38 @@ def test_update_kl_from_ref_model():
     with pytest.raises(ValueError, match=r"needs batch\['ref_logp'\] or ref_model"):
         update(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, micro_batch_size=2,
                max_new_tokens=6, kl_coef=0.1)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float64, dict(rtol=1e-9, atol=1e-12)),
+                                       (torch.float32, dict(rtol=1e-4, atol=1e-6))])
+def test_update_without_old_logp_gives_the_separate_pass_gradient(dtype, tol):
+    """Issue 12: with one optimizer step per rollout batch, `update` without old_logp uses its own
+    log-probs, detached, as old log-probs (rho = 1 exactly). The parameter change after one SGD step
+    (lr = 1, so it is minus the gradient) must equal the change with old_logp from a separate no-grad
+    forward, as scope.py computed it before; both aggregations, KL and entropy on, two micro-batch sizes.
+    The logged entropy over policy-written tokens must equal that pass's masked mean."""
+    tok = make_char_tokenizer()
+    model = make_tiny_causal_lm(tok).to(dtype)
+    ref_model = make_tiny_causal_lm(tok, seed=1).to(dtype)
+    batch, _, _ = tiny_batch(tok, n=5, seed=3)
+    start = param_vector(model)
+    logp, ent = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"], 5)
+    on = batch["response_mask"] * (1 - batch["offpolicy_mask"])
+    want_entropy = float((ent * on).sum() / on.sum())
+    for loss_agg in ("constant", "token-mean"):
+        for mb in (2, 5):
+            kw = dict(micro_batch_size=mb, max_grad_norm=None, loss_agg=loss_agg, max_new_tokens=6,
+                      kl_coef=0.05, entropy_coef=0.01, ref_model=ref_model)
+            a, b = copy.deepcopy(model), copy.deepcopy(model)
+            ma = update(a, torch.optim.SGD(a.parameters(), lr=1.0), {**batch, "old_logp": logp}, **kw)
+            mb_ = update(b, torch.optim.SGD(b.parameters(), lr=1.0), batch, **kw)
+            da, db = param_vector(a) - start, param_vector(b) - start
+            assert da.abs().max() > 1e-4  # the step did move the parameters
+            assert_close(db, da, **tol)
+            assert mb_["ratio_mean"] == 1.0 and mb_["clip_frac"] == 0.0  # rho = 1 exactly
+            assert_close(mb_["loss"], ma["loss"], **tol)
+            assert_close(mb_["entropy_policy"], want_entropy, **tol)
+            assert_close(ma["entropy_policy"], want_entropy, **tol)
 
 
 @pytest.mark.parametrize("how", ["nan_advantage", "inf_gradient"])
