@@ -222,7 +222,7 @@ def _normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> float:
 
 
 def _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip_eps, shaping_gamma,
-                 ref_logp, kl_coef, entropy, entropy_coef):
+                 ref_logp, kl_coef, entropy, entropy_coef, offpolicy_credit="shaped"):
     """Per-token loss (N, L), already masked, and the detached sums the metrics are made of."""
     resp = response_mask.bool()  # (N, L)
     off = offpolicy_mask.bool() & resp  # (N, L) refiner tokens
@@ -242,6 +242,10 @@ def _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip
     prob = torch.exp(torch.where(off, logp, torch.zeros_like(logp)))  # (N, L)
     shaped = prob / (prob + shaping_gamma)  # (N, L)
     off_loss = -shaped * adv  # (N, L)
+    if offpolicy_credit == "unit":  # −A·log π: the refiner tokens as if the policy had sampled them (unit weight)
+        off_loss = -torch.where(off, logp, torch.zeros_like(logp)) * adv  # (N, L)
+    elif offpolicy_credit != "shaped":
+        raise ValueError(f"offpolicy_credit must be 'shaped' or 'unit', got {offpolicy_credit!r}")
 
     per_token = torch.where(off, off_loss, on_loss)  # (N, L)
 
@@ -288,7 +292,7 @@ def _metrics(sums: dict) -> dict:
 
 def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, clip_eps=0.2,
                 shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, ref_logp=None, kl_coef=0.0,
-                entropy=None, entropy_coef=0.0) -> tuple[Tensor, dict]:
+                entropy=None, entropy_coef=0.0, offpolicy_credit="shaped") -> tuple[Tensor, dict]:
     """The SCOPE token loss (see the module docstring): PPO clip on on-policy tokens, LUFFY policy
     shaping on off-policy tokens, optional k3 KL and entropy bonus, summed and divided by Z.
 
@@ -306,7 +310,7 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
         raise ValueError(f"policy_loss: advantages must be ({shape[0]},), got {tuple(advantages.shape)}")
     z = _normaliser(response_mask, loss_agg, max_new_tokens)
     per_token, sums = _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip_eps,
-                                   shaping_gamma, ref_logp, kl_coef, entropy, entropy_coef)
+                                   shaping_gamma, ref_logp, kl_coef, entropy, entropy_coef, offpolicy_credit)
     loss = per_token.sum() / z  # Dr. GRPO constant normaliser or token mean, per loss_agg
     metrics = {"loss": float(loss.detach()), **_metrics(sums)}
     return loss, metrics
@@ -317,7 +321,7 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
 # ---------------------------------------------------------------------------------------------------
 def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_norm=1.0, clip_eps=0.2,
            shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
-           ref_model=None) -> dict:
+           ref_model=None, offpolicy_credit="shaped") -> dict:
     """One optimizer step on `batch` with gradient accumulation over micro-batches.
 
     batch: input_ids, attention_mask, response_mask, offpolicy_mask, old_logp (N, L; computed with
@@ -357,7 +361,8 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
                                          part["response_mask"], micro_batch_size=mb)
         per_token, part_sums = _token_terms(logp, part["old_logp"], part["advantages"],
                                             part["response_mask"], part["offpolicy_mask"], clip_eps,
-                                            shaping_gamma, ref_logp, kl_coef, entropy, entropy_coef)
+                                            shaping_gamma, ref_logp, kl_coef, entropy, entropy_coef,
+                                            offpolicy_credit)
         loss = per_token.sum() / z  # divided by the whole batch's Z: accumulation = full-batch gradient
         loss.backward()
         loss_total += float(loss.detach())
