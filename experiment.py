@@ -75,6 +75,8 @@ def parse_args(argv=None):
                    help="toy.make_problems settings (JSON) of the weak-start condition's train/eval problems")
     p.add_argument("--describe", action="store_true", help="only describe the warm start (accuracy per difficulty, "
                    "all-fail share, first-error positions) -> <out>/warm_start.json")
+    p.add_argument("--grid", default=",".join(GRID), help="stage-1 rows to run (comma-separated labels; the pilot "
+                   "runs a subset); stage 2 ranks the SCOPE cells among them")
     p.add_argument("--only", default="all", choices=("all", "grid"), help="'grid' stops after stage 1")
     p.add_argument("--max-new-tokens", type=int, default=128, help="response budget, training and evaluation")
     p.add_argument("--jobs", type=int, default=2, help="processes at once (each: one run, then its evaluation)")
@@ -93,6 +95,10 @@ def parse_args(argv=None):
     if not args.seed_list:
         p.error("--seeds is empty")
     json.loads(args.weak_task)   # a bad JSON fails here, before any run
+    args.grid_rows = [row.strip() for row in args.grid.split(",") if row.strip()]
+    unknown = [row for row in args.grid_rows if row not in GRID]
+    if unknown or "grpo" not in args.grid_rows:
+        p.error(f"--grid: unknown row(s) {unknown} or no grpo; rows: {list(GRID)}")
     return args
 
 
@@ -112,19 +118,19 @@ def plan_grid(args) -> list[dict]:
             {"row": "warm start", "seed": 0, "group": "weak", "steps": 0, "task": args.weak_task, "flags": [],
              "name": f"{args.tag}-weak-start"}]
     for seed in args.seed_list:
-        jobs += [job(row, seed, flags, args) for row, flags in GRID.items()]
+        jobs += [job(row, seed, GRID[row], args) for row in args.grid_rows]
     return jobs
 
 
 def rank_cells(results: list[dict]) -> list[str]:
     """The SCOPE grid cells, best first, by mean acc at T = 1.0 over seeds (ties keep grid order)."""
     score = {row: np.mean([r["eval"]["acc_t1"] for r in results if r["row"] == row and r["group"] == "main"])
-             for row in SCOPE_CELLS}
-    return sorted(SCOPE_CELLS, key=lambda row: -score[row])
+             for row in SCOPE_CELLS if any(r["row"] == row for r in results)}
+    return sorted(score, key=lambda row: -score[row])
 
 
 def plan_stage2(args, ranked: list[str]) -> list[dict]:
-    best, second = ranked[0], ranked[1]
+    best, second = ranked[0], ranked[min(1, len(ranked) - 1)]
     flags = GRID[best]
     jobs = []
     for seed in args.long_seed_list:   # longest first
@@ -134,7 +140,8 @@ def plan_stage2(args, ranked: list[str]) -> list[dict]:
         jobs += [job(f"{best} + unit credit", seed, flags + " --offpolicy-credit unit", args),
                  job(f"{best} + model refiner", seed, flags + " --refiner toy-model", args),
                  job(f"{best} + PRM noise 0.2", seed, flags + " --toy-prm-noise 0.2", args)]
-        jobs += [job(row, seed, GRID[row], args, group="weak", task=args.weak_task) for row in ("grpo", best, second)]
+        jobs += [job(row, seed, GRID[row], args, group="weak", task=args.weak_task)
+                 for row in dict.fromkeys(("grpo", best, second))]
     return jobs
 
 
@@ -435,7 +442,7 @@ def write_results(results: list[dict], args, ranked: list[str] | None, wall_minu
     with open(os.path.join(args.out, "study.md"), "w") as f:
         f.write(text)
     summary = {"command": command, "wall_minutes": round(wall_minutes, 2), "ranked": ranked,
-               "settings": {k: v for k, v in vars(args).items() if k not in ("seed_list", "long_seed_list")},
+               "settings": {k: v for k, v in vars(args).items() if k not in ("seed_list", "long_seed_list", "grid_rows")},
                "paired": {g: paired(results, g, keys + ["pass@1"]) for g in ("main", "long", "weak")},
                "runs": results}
     with open(os.path.join(args.out, "study.json"), "w") as f:
@@ -502,7 +509,7 @@ def main(argv=None) -> None:
           flush=True)
     results = run_all(grid, args, t0)
     ranked = None
-    if args.only == "all":
+    if args.only == "all" and any(row in SCOPE_CELLS for row in args.grid_rows):
         ranked = rank_cells(results)
         stage2 = plan_stage2(args, ranked)
         print(f"stage 2: best cell {ranked[0]!r}, runner-up {ranked[1]!r}; {len(stage2)} runs", flush=True)

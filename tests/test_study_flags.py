@@ -158,3 +158,27 @@ def test_paired_difference_matches_seeds():
     results = [run("grpo", 0, 0.5), run("grpo", 1, 0.6), run("x", 1, 0.7), run("x", 0, 0.4)]
     d = paired(results, "main", ["acc_t1"])["x"]["acc_t1"]
     assert d["n"] == 2 and d["mean"] == pytest.approx((-0.1 + 0.1) / 2)
+
+
+def test_study_plan_has_the_issue_rows():
+    """Stage 1: 7 grid rows x seeds (+ 2 warm-start evals); stage 2 from the ranking: best + unit credit /
+    model refiner / PRM noise 0.2, long runs of grpo and best (4x steps, long seeds), weak start rows."""
+    from experiment import GRID, parse_args, plan_grid, plan_stage2, scope_command
+
+    args = parse_args(["--seeds", "0,1,2,3,4", "--steps", "40"])
+    grid = plan_grid(args)
+    assert len(grid) == 2 + 5 * len(GRID) and {j["row"] for j in grid} == set(GRID) | {"warm start"}
+    stage2 = plan_stage2(args, ["scope all-fail/append", "scope any/replace"])
+    rows = {(j["group"], j["row"]) for j in stage2}
+    best = "scope all-fail/append"
+    assert {("main", f"{best} + unit credit"), ("main", f"{best} + model refiner"), ("main", f"{best} + PRM noise 0.2"),
+            ("long", "grpo"), ("long", f"best: {best}"), ("weak", "grpo"), ("weak", best),
+            ("weak", "scope any/replace")} == rows
+    long = [j for j in stage2 if j["group"] == "long"]
+    assert len(long) == 6 and all(j["steps"] == 160 for j in long) and {j["seed"] for j in long} == {0, 1, 2}
+    unit = next(j for j in stage2 if j["row"].endswith("unit credit"))
+    cmd = scope_command(unit, args)
+    assert cmd[cmd.index("--offpolicy-credit") + 1] == "unit" and cmd[cmd.index("--rectify-groups") + 1] == "all-fail"
+    weak = next(j for j in stage2 if j["group"] == "weak")
+    assert "--dataset" in scope_command(weak, args)
+    assert len({j["name"] for j in grid + stage2}) == len(grid + stage2)   # no two runs share a folder
