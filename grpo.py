@@ -21,6 +21,7 @@ Equations (token t of sequence i, A_i its advantage, π = exp(logp), ε = clip_e
                            ℓ_it = −min(ρ A_i, clip(ρ, 1 − ε, 1 + ε) A_i)       PPO clipped surrogate
     off-policy tokens      ℓ_it = −f(π) A_i,   f(π) = π / (π + γ)              LUFFY policy shaping,
                                                                                behaviour prob = 1, no clip
+    ... or, unit credit     ℓ_it = −A_i · logp_it                           offpolicy_credit="unit": as if sampled
     KL (optional)          k3_it = exp(r) − r − 1,   r = ref_logp − logp      k3 estimator (Schulman)
     entropy (optional)     H_it = −Σ_v π_v log π_v  of the distribution that produced token t
     loss                   L = (1/Z) Σ_i Σ_{t in response_i} [ ℓ_it + kl_coef·k3_it − entropy_coef·H_it ]
