@@ -8,7 +8,8 @@ same budget (steps, 8 prompts x 8 rollouts, lr) and one `python scope.py --toy` 
       grid order); then best + unit credit on refiner tokens (--offpolicy-credit unit), best + the model
       refiner (--refiner toy-model), best + toy PRM noise 0.2 (same seeds); the LONG runs, --long-factor x
       the steps, of grpo and best (--long-seeds, 3); the WEAK START, trained and evaluated on the hardest rung
-      of the ladder (--weak-task) where most groups start all-fail: grpo, best and the runner-up (--seeds).
+      of the ladder (--weak-task, 6 operations: ~42 % of G = 8 groups all-fail at the start, accuracy 0.12 at
+      T = 1.0): grpo and best (--weak-runner-up adds the second-best cell), --seeds.
 Every final policy, and the warm start, is evaluated on the SAME held-out problems with the same sampling
 seeds: n = --eval-n (16) samples at T = 1.0 -> acc@T1 (= avg@16 = pass@1), pass@4, pass@16, accuracy per
 difficulty (number of operations), near-miss@1 and discarded-valid share over the zero-reward samples (exact
@@ -29,9 +30,13 @@ Choices:
  1. The eval accuracy is reported at T = 1.0 (the rollout temperature, where the modes differ most) AND
     at T = 0.6; at T = 1.0 all 16 samples give avg@16, an estimate of the same pass@1 avg@8 estimates, with
     half the variance.
- 2. In-training eval (the curves): scope.py's eval every --eval-every steps on the --eval-size held-out
-    problems x --train-eval-n samples at T = 0.6; the figure shows the mean over seeds, a band of +- one
-    standard deviation across seeds, lightly smoothed (moving average over 3 evaluations).
+ 2. In-training eval (the curves): scope.py's eval every --eval-every steps on --train-eval-size (200) held-out
+    problems x --train-eval-n (1) samples at T = 0.6: one seed's point moves ~ +-3.5 points from sampling
+    alone, the mean over >= 5 seeds ~ +-1.6; the figure shows that mean, a band of +- one standard
+    deviation across seeds, lightly smoothed (moving average over 3 evaluations).
+ 5. Budget (measured on the 2-core machine, issue 11's pilot): a 40-step run took 106 s of training and 36 s
+    of final eval (100 problems x 24 samples) with the machine ~1.7x slower than idle; the defaults (30
+    steps, n = 1 in-training eval, 100 final problems, two weak-start rows) are sized for ~45 min idle.
  3. 95 % interval of a paired difference: mean +- t_{0.975, n-1} * sd / sqrt(n) over the n seeds.
  4. Workers: --jobs processes (default 2 = the two cores), each training one run with one torch thread and
     then evaluating it; the longest jobs are submitted first so the two cores finish together.
@@ -69,7 +74,7 @@ def parse_args(argv=None):
                                 epilog="Any other --flag VALUE is passed to every scope.py run.")
     p.add_argument("--seeds", default="0,1,2,3,4", help="training seeds of every row (comma-separated)")
     p.add_argument("--long-seeds", default="0,1,2", help="seeds of the long runs")
-    p.add_argument("--steps", type=int, default=40, help="training steps of every run (long runs: x --long-factor)")
+    p.add_argument("--steps", type=int, default=30, help="training steps of every run (long runs: x --long-factor)")
     p.add_argument("--long-factor", type=int, default=4, help="the long runs train this many times --steps")
     p.add_argument("--weak-task", default='{"min_ops": 6, "max_ops": 6}',
                    help="toy.make_problems settings (JSON) of the weak-start condition's train/eval problems")
@@ -77,13 +82,16 @@ def parse_args(argv=None):
                    "all-fail share, first-error positions) -> <out>/warm_start.json")
     p.add_argument("--grid", default=",".join(GRID), help="stage-1 rows to run (comma-separated labels; the pilot "
                    "runs a subset); stage 2 ranks the SCOPE cells among them")
+    p.add_argument("--weak-runner-up", action="store_true", help="the weak start also runs the second-best SCOPE "
+                   "cell (5 more runs, about +5 min)")
     p.add_argument("--only", default="all", choices=("all", "grid"), help="'grid' stops after stage 1")
     p.add_argument("--max-new-tokens", type=int, default=128, help="response budget, training and evaluation")
     p.add_argument("--jobs", type=int, default=2, help="processes at once (each: one run, then its evaluation)")
-    p.add_argument("--eval-size", type=int, default=200, help="held-out toy problems (final and in-training eval)")
+    p.add_argument("--eval-size", type=int, default=100, help="held-out toy problems of the final eval")
+    p.add_argument("--train-eval-size", type=int, default=200, help="held-out toy problems of the in-training eval")
     p.add_argument("--eval-n", type=int, default=16, help="samples per problem at T = 1.0 (final eval)")
     p.add_argument("--eval-n-cool", type=int, default=8, help="samples per problem at T = 0.6 (final eval)")
-    p.add_argument("--train-eval-n", type=int, default=2, help="samples per problem of the in-training eval")
+    p.add_argument("--train-eval-n", type=int, default=1, help="samples per problem of the in-training eval")
     p.add_argument("--eval-every", type=int, default=10, help="in-training eval every N steps")
     p.add_argument("--eval-seed", type=int, default=0, help="sampling seed of the final eval (same for all)")
     p.add_argument("--tag", default="study", help="run names: runs/<tag>-<row>-s<seed>")
@@ -141,7 +149,7 @@ def plan_stage2(args, ranked: list[str]) -> list[dict]:
                  job(f"{best} + model refiner", seed, flags + " --refiner toy-model", args),
                  job(f"{best} + PRM noise 0.2", seed, flags + " --toy-prm-noise 0.2", args)]
         jobs += [job(row, seed, GRID[row], args, group="weak", task=args.weak_task)
-                 for row in dict.fromkeys(("grpo", best, second))]
+                 for row in dict.fromkeys(("grpo", best, second) if args.weak_runner_up else ("grpo", best))]
     return jobs
 
 
@@ -155,7 +163,7 @@ def problem_files(task: str, args, write: bool = False) -> dict:
     folder = os.path.join("runs", f"{args.tag}-data-{slug(task)}")
     files = {"train": os.path.join(folder, "train.jsonl"), "eval": os.path.join(folder, "eval.jsonl")}
     os.makedirs(folder, exist_ok=True)
-    for split, n, seed in (("train", 500, 1), ("eval", args.eval_size, 0)) if write else ():
+    for split, n, seed in (("train", 500, 1), ("eval", max(args.eval_size, args.train_eval_size), 0)) if write else ():
         with open(files[split], "w") as f:
             for p in toy.make_problems(n, seed=seed, **json.loads(task)):
                 f.write(json.dumps({"id": p["id"], "question": p["question"], "answer": p["answer"]}) + "\n")
@@ -166,7 +174,7 @@ def scope_command(j: dict, args) -> list[str]:
     data = problem_files(j["task"], args)
     data_flags = ["--dataset", data["train"], "--eval-dataset", data["eval"]] if data else []
     return [sys.executable, "scope.py", "--toy", "--run-name", j["name"], "--steps", str(j["steps"]),
-            "--max-new-tokens", str(args.max_new_tokens), "--eval-size", str(args.eval_size),
+            "--max-new-tokens", str(args.max_new_tokens), "--eval-size", str(args.train_eval_size),
             "--eval-n", str(args.train_eval_n), "--eval-every", str(args.eval_every),
             "--save-every", str(j["steps"]), *data_flags, *j["flags"], *args.passthrough]
 

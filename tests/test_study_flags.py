@@ -172,10 +172,11 @@ def test_study_plan_has_the_issue_rows():
     rows = {(j["group"], j["row"]) for j in stage2}
     best = "scope all-fail/append"
     assert {("main", f"{best} + unit credit"), ("main", f"{best} + model refiner"), ("main", f"{best} + PRM noise 0.2"),
-            ("long", "grpo"), ("long", f"best: {best}"), ("weak", "grpo"), ("weak", best),
-            ("weak", "scope any/replace")} == rows
+            ("long", "grpo"), ("long", f"best: {best}"), ("weak", "grpo"), ("weak", best)} == rows
     long = [j for j in stage2 if j["group"] == "long"]
     assert len(long) == 6 and all(j["steps"] == 160 for j in long) and {j["seed"] for j in long} == {0, 1, 2}
+    runner_up = plan_stage2(parse_args(["--weak-runner-up"]), ["scope all-fail/append", "scope any/replace"])
+    assert ("weak", "scope any/replace") in {(j["group"], j["row"]) for j in runner_up}
     unit = next(j for j in stage2 if j["row"].endswith("unit credit"))
     cmd = scope_command(unit, args)
     assert cmd[cmd.index("--offpolicy-credit") + 1] == "unit" and cmd[cmd.index("--rectify-groups") + 1] == "all-fail"
