@@ -298,8 +298,8 @@ def _sft(model, tokenizer, s: dict) -> list[float]:
 def warm_start(cache_dir: str, seed: int = 0, **kw):
     """(model, tokenizer): the SFT-warm-started toy policy, trained once and cached under `cache_dir`.
 
-    kw overrides WARM_DEFAULTS (sft_steps, batch_size, lr, warmup, error_rate, lateness, slips),
-    MODEL_DEFAULTS (tiny_config fields) and TASK_DEFAULTS (problem distribution). Returned in eval mode."""
+    kw overrides WARM_DEFAULTS (sft_steps, batch_size, lr, warmup, step_error_rate, lateness, slip_boxed, slips),
+    MODEL_DEFAULTS (tiny_config fields) and SFT_TASK (the SFT problem distribution). Returned in eval mode."""
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
     s = _settings(seed, kw)
