@@ -13,8 +13,8 @@ same budget (steps, 8 prompts x 8 rollouts, lr) and one `python scope.py --toy` 
 Every final policy, and the warm start, is evaluated on the SAME held-out problems with the same sampling
 seeds: n = --eval-n (16) samples at T = 1.0 -> acc@T1 (= avg@16 = pass@1), pass@4, pass@16, accuracy per
 difficulty (number of operations), near-miss@1 and discarded-valid share over the zero-reward samples (exact
-toy PRM), the Table-4 diversity metrics (medians across prompts); --eval-n-cool (8) samples at T = 0.6 ->
-acc@T0.6 (= avg@8). From the traces: all-fail share of the policy's own groups over training, the policy's
+toy PRM), the Table-4 diversity metrics (medians across prompts); --eval-n-cool (4) samples at T = 0.6 ->
+acc@T0.6 (= avg@4 by default). From the traces: all-fail share of the policy's own groups over training, the policy's
 token entropy (last 5 steps), the refiner's acceptance rate, repairs in all-fail groups. Each SCOPE-like row
 gets its PAIRED difference to GRPO (same seed) with a 95 % t-interval over seeds.
 
@@ -34,9 +34,12 @@ Choices:
     problems x --train-eval-n (1) samples at T = 0.6: one seed's point moves ~ +-3.5 points from sampling
     alone, the mean over >= 5 seeds ~ +-1.6; the figure shows that mean, a band of +- one standard
     deviation across seeds, lightly smoothed (moving average over 3 evaluations).
- 5. Budget (measured on the 2-core machine, issue 11's pilot): a 40-step run took 106 s of training and 36 s
-    of final eval (100 problems x 24 samples) with the machine ~1.7x slower than idle; the defaults (30
-    steps, n = 1 in-training eval, 100 final problems, two weak-start rows) are sized for ~45 min idle.
+ 5. Budget (issue 11 asks <= 90 min, the lead <= 45): measured with two jobs on the otherwise quiet 2-core
+    machine, a 30-step run costs ~65-100 s of training (x1.5 with the model refiner or on 6-operation
+    problems) plus ~40-50 s of final eval (100 problems x 24 samples). The defaults (20 steps, long runs
+    80, n = 1 in-training eval on 200 problems, final eval 16 samples at T = 1.0 and 4 at T = 0.6 on 100
+    problems, two weak-start rows) are sized for ~45-50 min; `--steps 30 --eval-n-cool 8 --weak-runner-up`
+    is the fuller study (~70-80 min).
  3. 95 % interval of a paired difference: mean +- t_{0.975, n-1} * sd / sqrt(n) over the n seeds.
  4. Workers: --jobs processes (default 2 = the two cores), each training one run with one torch thread and
     then evaluating it; the longest jobs are submitted first so the two cores finish together.
@@ -74,7 +77,7 @@ def parse_args(argv=None):
                                 epilog="Any other --flag VALUE is passed to every scope.py run.")
     p.add_argument("--seeds", default="0,1,2,3,4", help="training seeds of every row (comma-separated)")
     p.add_argument("--long-seeds", default="0,1,2", help="seeds of the long runs")
-    p.add_argument("--steps", type=int, default=30, help="training steps of every run (long runs: x --long-factor)")
+    p.add_argument("--steps", type=int, default=20, help="training steps of every run (long runs: x --long-factor)")
     p.add_argument("--long-factor", type=int, default=4, help="the long runs train this many times --steps")
     p.add_argument("--weak-task", default='{"min_ops": 6, "max_ops": 6}',
                    help="toy.make_problems settings (JSON) of the weak-start condition's train/eval problems")
@@ -90,7 +93,7 @@ def parse_args(argv=None):
     p.add_argument("--eval-size", type=int, default=100, help="held-out toy problems of the final eval")
     p.add_argument("--train-eval-size", type=int, default=200, help="held-out toy problems of the in-training eval")
     p.add_argument("--eval-n", type=int, default=16, help="samples per problem at T = 1.0 (final eval)")
-    p.add_argument("--eval-n-cool", type=int, default=8, help="samples per problem at T = 0.6 (final eval)")
+    p.add_argument("--eval-n-cool", type=int, default=4, help="samples per problem at T = 0.6 (final eval)")
     p.add_argument("--train-eval-n", type=int, default=1, help="samples per problem of the in-training eval")
     p.add_argument("--eval-every", type=int, default=10, help="in-training eval every N steps")
     p.add_argument("--eval-seed", type=int, default=0, help="sampling seed of the final eval (same for all)")
