@@ -35,11 +35,11 @@ Choices:
     alone, the mean over >= 5 seeds ~ +-1.6; the figure shows that mean, a band of +- one standard
     deviation across seeds, lightly smoothed (moving average over 3 evaluations).
  5. Budget (issue 11 asks <= 90 min, the lead <= 45): measured with two jobs on the otherwise quiet 2-core
-    machine, a 30-step run costs ~65-100 s of training (x1.5 with the model refiner or on 6-operation
-    problems) plus ~40-50 s of final eval (100 problems x 24 samples). The defaults (20 steps, long runs
-    80, n = 1 in-training eval on 200 problems, final eval 16 samples at T = 1.0 and 4 at T = 0.6 on 100
-    problems, two weak-start rows) are sized for ~45-50 min; `--steps 30 --eval-n-cool 8 --weak-runner-up`
-    is the fuller study (~70-80 min).
+    machine, a 20-step run costs ~46 s of training and ~30 s of final eval (100 problems x 20 samples), the
+    stage-1 grid of one seed 5.5 min wall; the model refiner and the 6-operation weak start cost ~1.5x. The
+    defaults (20 steps, long runs 80, n = 1 in-training eval on 200 problems, final eval 16 samples at T = 1.0
+    and 4 at T = 0.6 on 64 problems, two weak-start rows) are sized for ~45-50 min; `--eval-size 100
+    --steps 30 --eval-n-cool 8 --weak-runner-up` is the fuller study (~75-85 min). An interrupted study resumes.
  3. 95 % interval of a paired difference: mean +- t_{0.975, n-1} * sd / sqrt(n) over the n seeds.
  4. Workers: --jobs processes (default 2 = the two cores), each training one run with one torch thread and
     then evaluating it; the longest jobs are submitted first so the two cores finish together.
@@ -90,7 +90,7 @@ def parse_args(argv=None):
     p.add_argument("--only", default="all", choices=("all", "grid"), help="'grid' stops after stage 1")
     p.add_argument("--max-new-tokens", type=int, default=128, help="response budget, training and evaluation")
     p.add_argument("--jobs", type=int, default=2, help="processes at once (each: one run, then its evaluation)")
-    p.add_argument("--eval-size", type=int, default=100, help="held-out toy problems of the final eval")
+    p.add_argument("--eval-size", type=int, default=64, help="held-out toy problems of the final eval")
     p.add_argument("--train-eval-size", type=int, default=200, help="held-out toy problems of the in-training eval")
     p.add_argument("--eval-n", type=int, default=16, help="samples per problem at T = 1.0 (final eval)")
     p.add_argument("--eval-n-cool", type=int, default=4, help="samples per problem at T = 0.6 (final eval)")
