@@ -34,15 +34,15 @@ Choices:
     problems x --train-eval-n (1) samples at T = 0.6: one seed's point moves ~ +-3.5 points from sampling
     alone, the mean over >= 5 seeds ~ +-1.6; the figure shows that mean, a band of +- one standard
     deviation across seeds, lightly smoothed (moving average over 3 evaluations).
+ 3. 95 % interval of a paired difference: mean +- t_{0.975, n-1} * sd / sqrt(n) over the n seeds.
+ 4. Workers: --jobs processes (default 2 = the two cores), each training one run with one torch thread and
+    then evaluating it; the longest jobs are submitted first so the two cores finish together.
  5. Budget (issue 11 asks <= 90 min, the lead <= 45): measured with two jobs on the otherwise quiet 2-core
     machine, a 20-step run costs ~46 s of training and ~30 s of final eval (100 problems x 20 samples), the
     stage-1 grid of one seed 5.5 min wall; the model refiner and the 6-operation weak start cost ~1.5x. The
     defaults (20 steps, long runs 80, n = 1 in-training eval on 200 problems, final eval 16 samples at T = 1.0
     and 4 at T = 0.6 on 64 problems, two weak-start rows) are sized for ~45-50 min; `--eval-size 100
     --steps 30 --eval-n-cool 8 --weak-runner-up` is the fuller study (~75-85 min). An interrupted study resumes.
- 3. 95 % interval of a paired difference: mean +- t_{0.975, n-1} * sd / sqrt(n) over the n seeds.
- 4. Workers: --jobs processes (default 2 = the two cores), each training one run with one torch thread and
-    then evaluating it; the longest jobs are submitted first so the two cores finish together.
 """
 import argparse
 import json
