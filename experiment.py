@@ -1,45 +1,52 @@
-"""experiment.py — the toy-world comparison: SCOPE vs on-policy GRPO vs whole-trajectory replacement vs
-PRM-as-reward, several seeds each, plus SCOPE with an imperfect PRM (issue 7; paper Tables 1, 3, 4, Figs 3, 7).
+"""experiment.py — the toy-world study (issue 11): where does step-wise rectification help?
 
-What it runs: from the same SFT-warm-started toy policy (toy.warm_start, cached under cache/) and the same
-compute budget (same steps, prompts per step, rollouts per prompt, lr), one `python scope.py --toy` process
-per (mode, seed) — paper Table 3's four rows — and per (PRM noise, seed) for SCOPE with a toy PRM that
-flips each step score with that probability (plus any --variants rows). Then every final policy, and the
-starting policy as the baseline row, is evaluated on the SAME held-out toy problems with the same sampling
-seed: avg@n (= pass@1), pass@k, the Table-4 diversity metrics (medians across prompts), and, over the
-zero-reward samples scored by the exact toy PRM, the near-miss@1 share and the discarded-valid share.
+What it runs, all from the same SFT-warm-started toy policy (toy.warm_start, shipped under cache/) with the
+same budget (steps, 8 prompts x 8 rollouts, lr) and one `python scope.py --toy` process per (row, seed):
+  stage 1, the grid (--seeds, >= 5):  grpo; SCOPE with each of --rectify-groups {any, all-fail} x
+      --merge {replace, append}; whole-trajectory replacement (--mode replace); PRM as reward.
+  stage 2, decided by stage 1: "best" = the SCOPE grid cell with the highest mean accuracy at T = 1.0 (ties:
+      grid order); then best + unit credit on refiner tokens (--offpolicy-credit unit), best + the model
+      refiner (--refiner toy-model), best + toy PRM noise 0.2 (same seeds); the LONG runs, --long-factor x
+      the steps, of grpo and best (--long-seeds, 3); the WEAK START, trained and evaluated on the hardest rung
+      of the ladder (--weak-task, 6 operations: ~42 % of G = 8 groups all-fail at the start, accuracy 0.12 at
+      T = 1.0): grpo and best (--weak-runner-up adds the second-best cell), --seeds.
+Every final policy, and the warm start, is evaluated on the SAME held-out problems with the same sampling
+seeds: n = --eval-n (16) samples at T = 1.0 -> acc@T1 (= avg@16 = pass@1), pass@4, pass@16, accuracy per
+difficulty (number of operations), near-miss@1 and discarded-valid share over the zero-reward samples (exact
+toy PRM), the Table-4 diversity metrics (medians across prompts); --eval-n-cool (4) samples at T = 0.6 ->
+acc@T0.6 (= avg@4 by default). From the traces: all-fail share of the policy's own groups over training, the policy's
+token entropy (last 5 steps), the refiner's acceptance rate, repairs in all-fail groups. Each SCOPE-like row
+gets its PAIRED difference to GRPO (same seed) with a 95 % t-interval over seeds.
 
-Run (from the repository root; wall times measured on the shared 2-core machine are in results/toy/):
-    python experiment.py                                  # 4 modes x seeds 0,1,2 + SCOPE at PRM noise 0.1, 0.3
-    python experiment.py --seeds 0 --modes scope,grpo --noise ""             # a quick two-row check
-    python experiment.py --variants "scope-append=--mode scope --merge append"   # extra rows: label=flags
-    python experiment.py --tag hard --task '{"min_ops": 3, "max_ops": 5}' --out results/toy/hard  # harder task
-    python experiment.py --steps 100 --lr 5e-5            # any other flag goes to every scope.py run
-Writes <out>/{table.md, table.json, curves.png, pass_at_k.png}; runs go to runs/<tag>-<row>-s<seed>/
-(gitignored; each also holds train.log and final_eval.json). A run whose metrics.jsonl reaches --steps
-with the same scope.py command, and whose final_eval.json has the same eval settings, is skipped: rerunning
-resumes an interrupted experiment (its printed wall time then covers only what was left).
+Run (one command does both stages; stage 2 starts when the grid is done):
+    python experiment.py                               # the whole study -> results/toy/study.{json,md}, curves.png
+    python experiment.py --seeds 0,1 --long-seeds 0 --steps 20 --tag pilot --out results/toy/pilot   # a pilot
+    python experiment.py --only grid                   # stage 1 only
+Runs go to runs/<tag>-<row>-s<seed>/ (gitignored; train.log, metrics.jsonl, traces.jsonl, final_eval.json).
+A run whose metrics.jsonl reaches its steps with the same scope.py command, and whose final_eval.json has the
+same eval settings, is skipped: rerunning resumes an interrupted study (the printed time then covers the rest).
 
 Choices:
- 1. Training uses scope.py's --toy defaults (8 prompts x 8 rollouts, lr 1e-4, 30 steps, 128 new tokens):
-    GRPO climbs from 0.43 to ~0.64 accuracy at T = 1.0 there, far from saturation, so the comparison
-    can show a difference either way.
- 2. Evaluation at temperature 1.0 (the rollout temperature), n = 8 samples on 200 problems
-    (load_problems("toy") = toy.make_problems(200, seed=0); training draws from seed 1). At T = 0.6 the
-    warm start is already right ~80 % of the time; at T = 1.0 (~43 %) the modes have room to differ.
- 3. Near misses are measured with the exact toy PRM (noise 0) for every row, so noisy-PRM runs are judged
-    by the truth, not by the PRM they trained with.
- 4. Mean ± sample std (ddof = 1) over seeds; per-run numbers (and accuracy by number of operations) are in
-    table.json.
- 5. Each job runs with one torch thread (OMP_NUM_THREADS=1): on the shared 2-core machine two threads per
-    process were ~15x slower. At most --jobs processes (train, then its evaluation) at once.
- 6. The curves PNG (eval.plot_runs) shows seed 0 of each row (one line per row) to stay readable. All rows of one seed see
-    the same prompts and rollout seeds at step 1 (scope.py derives them from (seed, step)).
- 7. --task writes its own train (500 problems, toy seed 1) and eval (toy seed 0) JSONL files, the seeds
-    load_problems("toy") uses, so a harder problem mix runs through the same scope.py flags.
+ 1. The eval accuracy is reported at T = 1.0 (the rollout temperature, where the modes differ most) AND
+    at T = 0.6; at T = 1.0 all 16 samples give avg@16, an estimate of the same pass@1 avg@8 estimates, with
+    half the variance.
+ 2. In-training eval (the curves): scope.py's eval every --eval-every steps on --train-eval-size (200) held-out
+    problems x --train-eval-n (1) samples at T = 0.6: one seed's point moves ~ +-3.5 points from sampling
+    alone, the mean over >= 5 seeds ~ +-1.6; the figure shows that mean, a band of +- one standard
+    deviation across seeds, lightly smoothed (moving average over 3 evaluations).
+ 3. 95 % interval of a paired difference: mean +- t_{0.975, n-1} * sd / sqrt(n) over the n seeds.
+ 4. Workers: --jobs processes (default 2 = the two cores), each training one run with one torch thread and
+    then evaluating it; the longest jobs are submitted first so the two cores finish together.
+ 5. Budget (issue 11 asks <= 90 min, the lead <= 45): measured with two jobs on the otherwise quiet 2-core
+    machine, a 20-step run costs ~46 s of training and ~30 s of final eval (100 problems x 20 samples), the
+    stage-1 grid of one seed 5.5 min wall; the model refiner and the 6-operation weak start cost ~1.5x. The
+    defaults (20 steps, long runs 80, n = 1 in-training eval on 200 problems, final eval 16 samples at T = 1.0
+    and 4 at T = 0.6 on 64 problems, two weak-start rows) are sized for ~45-50 min; `--eval-size 100
+    --steps 30 --eval-n-cool 8 --weak-runner-up` is the fuller study (~75-85 min). An interrupted study resumes.
 """
 import argparse
 import json
+import math
 import multiprocessing
 import os
 import shlex
@@ -54,82 +61,125 @@ import numpy as np  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 DIVERSITY = ["distinct_1", "distinct_4", "one_minus_self_bleu", "one_minus_self_rouge", "div_score"]
-LABELS = {"acc": "acc (avg@n)", "near_miss@1": "near-miss@1 (r=0)", "discarded_valid": "discarded valid (r=0)",
-          "distinct_1": "distinct-1", "distinct_4": "distinct-4", "one_minus_self_bleu": "1-self-BLEU",
-          "one_minus_self_rouge": "1-self-ROUGE", "div_score": "div-score", "frac_all_fail": "all-fail groups",
-          "reward_first5": "reward, steps 1-5", "reward_last5": "reward, last 5", "accept_rate": "accepted",
-          "keep_ratio": "keep ratio κ", "offpolicy_share": "off-policy tokens", "entropy_last5": "entropy, last 5"}
+GRID = {"grpo": "--mode grpo",
+        "scope any/replace": "--mode scope --rectify-groups any --merge replace",
+        "scope any/append": "--mode scope --rectify-groups any --merge append",
+        "scope all-fail/replace": "--mode scope --rectify-groups all-fail --merge replace",
+        "scope all-fail/append": "--mode scope --rectify-groups all-fail --merge append",
+        "replace (whole)": "--mode replace",
+        "prm-reward": "--mode prm-reward"}
+SCOPE_CELLS = [row for row in GRID if row.startswith("scope ")]
+T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 epilog="Any other --flag VALUE is passed to every scope.py run.")
-    p.add_argument("--seeds", default="0,1,2", help="training seeds (comma-separated)")
-    p.add_argument("--modes", default="scope,grpo,replace,prm-reward", help="scope.py --mode values")
-    p.add_argument("--noise", default="0.1,0.3", help="toy PRM flip probabilities for extra SCOPE rows ('' = none)")
-    p.add_argument("--noise-seeds", default=None, help="seeds of the noisy-PRM rows (default: --seeds)")
-    p.add_argument("--variants", default="", help="extra rows, 'label=scope.py flags' separated by ';' "
-                   "(e.g. 'scope-append=--mode scope --merge append')")
-    p.add_argument("--task", default="", help="toy task settings as JSON (toy.make_problems keywords, e.g. "
-                   "'{\"max_ops\": 5}'): train/eval problems are then written to runs/<tag>-data/")
-    p.add_argument("--steps", type=int, default=30, help="training steps of every run")
+    p.add_argument("--seeds", default="0,1,2,3,4", help="training seeds of every row (comma-separated)")
+    p.add_argument("--long-seeds", default="0,1,2", help="seeds of the long runs")
+    p.add_argument("--steps", type=int, default=20, help="training steps of every run (long runs: x --long-factor)")
+    p.add_argument("--long-factor", type=int, default=4, help="the long runs train this many times --steps")
+    p.add_argument("--weak-task", default='{"min_ops": 6, "max_ops": 6}',
+                   help="toy.make_problems settings (JSON) of the weak-start condition's train/eval problems")
+    p.add_argument("--describe", action="store_true", help="only describe the warm start (accuracy per difficulty, "
+                   "all-fail share, first-error positions) -> <out>/warm_start.json")
+    p.add_argument("--grid", default=",".join(GRID), help="stage-1 rows to run (comma-separated labels; the pilot "
+                   "runs a subset); stage 2 ranks the SCOPE cells among them")
+    p.add_argument("--weak-runner-up", action="store_true", help="the weak start also runs the second-best SCOPE "
+                   "cell (5 more runs, about +5 min)")
+    p.add_argument("--only", default="all", choices=("all", "grid"), help="'grid' stops after stage 1")
     p.add_argument("--max-new-tokens", type=int, default=128, help="response budget, training and evaluation")
     p.add_argument("--jobs", type=int, default=2, help="processes at once (each: one run, then its evaluation)")
-    p.add_argument("--eval-size", type=int, default=200, help="held-out toy problems")
-    p.add_argument("--eval-n", type=int, default=8, help="samples per problem")
-    p.add_argument("--eval-temperature", type=float, default=1.0, help="sampling temperature of the evaluation")
-    p.add_argument("--eval-seed", type=int, default=0, help="sampling seed of the evaluation (same for all policies)")
-    p.add_argument("--tag", default="toy", help="run names: runs/<tag>-<row>-s<seed>")
-    p.add_argument("--out", default="results/toy", help="where the tables and PNGs go")
+    p.add_argument("--eval-size", type=int, default=64, help="held-out toy problems of the final eval")
+    p.add_argument("--train-eval-size", type=int, default=200, help="held-out toy problems of the in-training eval")
+    p.add_argument("--eval-n", type=int, default=16, help="samples per problem at T = 1.0 (final eval)")
+    p.add_argument("--eval-n-cool", type=int, default=4, help="samples per problem at T = 0.6 (final eval)")
+    p.add_argument("--train-eval-n", type=int, default=1, help="samples per problem of the in-training eval")
+    p.add_argument("--eval-every", type=int, default=10, help="in-training eval every N steps")
+    p.add_argument("--eval-seed", type=int, default=0, help="sampling seed of the final eval (same for all)")
+    p.add_argument("--tag", default="study", help="run names: runs/<tag>-<row>-s<seed>")
+    p.add_argument("--out", default="results/toy", help="where study.json, study.md and curves.png go")
     args, passthrough = p.parse_known_args(argv)
     args.passthrough = passthrough
+    ints = lambda s: [int(x) for x in s.split(",") if x.strip()]     # noqa: E731
+    args.seed_list, args.long_seed_list = ints(args.seeds), ints(args.long_seeds)
+    if not args.seed_list:
+        p.error("--seeds is empty")
+    json.loads(args.weak_task)   # a bad JSON fails here, before any run
+    args.grid_rows = [row.strip() for row in args.grid.split(",") if row.strip()]
+    unknown = [row for row in args.grid_rows if row not in GRID]
+    if unknown or "grpo" not in args.grid_rows:
+        p.error(f"--grid: unknown row(s) {unknown} or no grpo; rows: {list(GRID)}")
     return args
 
 
-def plan(args) -> list[dict]:
-    """One job per run: {"row" (table row), "seed", "name", "flags" (for scope.py)}; seeds outermost."""
-    ints = lambda s: [int(x) for x in s.split(",") if x.strip()]     # noqa: E731
-    seeds = ints(args.seeds)
-    noise_seeds = seeds if args.noise_seeds is None else ints(args.noise_seeds)
-    jobs = []
-    for seed in sorted(set(seeds) | set(noise_seeds)):
-        for mode in (m for m in args.modes.split(",") if m and seed in seeds):
-            jobs.append({"row": mode, "seed": seed, "flags": ["--mode", mode]})
-        for noise in (float(x) for x in args.noise.split(",") if x.strip() and seed in noise_seeds):
-            jobs.append({"row": f"scope, PRM noise {noise:g}", "seed": seed,
-                         "flags": ["--mode", "scope", "--toy-prm-noise", str(noise)]})
-        for variant in (v for v in args.variants.split(";") if v.strip() and seed in seeds):
-            label, flags = variant.split("=", 1)
-            jobs.append({"row": label.strip(), "seed": seed, "flags": flags.split()})
-    for job in jobs:
-        slug = job["row"].replace("scope, PRM noise ", "scope-noise")
-        job["name"] = f"{args.tag}-{slug}-s{job['seed']}"
-        job["flags"] += ["--seed", str(job["seed"])]
+def slug(row: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in row).strip("-").replace("--", "-")
+
+
+def job(row: str, seed: int, flags: str, args, *, group: str = "main", steps: int | None = None,
+        task: str = "") -> dict:
+    return {"row": row, "seed": seed, "group": group, "steps": steps or args.steps, "task": task,
+            "name": f"{args.tag}-{group}-{slug(row)}-s{seed}", "flags": flags.split() + ["--seed", str(seed)]}
+
+
+def plan_grid(args) -> list[dict]:
+    jobs = [{"row": "warm start", "seed": 0, "group": "main", "steps": 0, "task": "", "flags": [],
+             "name": f"{args.tag}-main-start"},
+            {"row": "warm start", "seed": 0, "group": "weak", "steps": 0, "task": args.weak_task, "flags": [],
+             "name": f"{args.tag}-weak-start"}]
+    for seed in args.seed_list:
+        jobs += [job(row, seed, GRID[row], args) for row in args.grid_rows]
     return jobs
 
 
-def problem_files(args, write: bool = False) -> dict:
-    """With --task: train (toy seed 1) and eval (toy seed 0) problems of those settings as JSONL files, the
-    same seeds load_problems("toy") uses; returns {"train": path, "eval": path}, or {} without --task."""
-    if not args.task:
+def rank_cells(results: list[dict]) -> list[str]:
+    """The SCOPE grid cells, best first, by mean acc at T = 1.0 over seeds (ties keep grid order)."""
+    score = {row: np.mean([r["eval"]["acc_t1"] for r in results if r["row"] == row and r["group"] == "main"])
+             for row in SCOPE_CELLS if any(r["row"] == row for r in results)}
+    return sorted(score, key=lambda row: -score[row])
+
+
+def plan_stage2(args, ranked: list[str]) -> list[dict]:
+    best, second = ranked[0], ranked[min(1, len(ranked) - 1)]
+    flags = GRID[best]
+    jobs = []
+    for seed in args.long_seed_list:   # longest first
+        jobs += [job("grpo", seed, GRID["grpo"], args, group="long", steps=args.steps * args.long_factor),
+                 job(f"best: {best}", seed, flags, args, group="long", steps=args.steps * args.long_factor)]
+    for seed in args.seed_list:
+        jobs += [job(f"{best} + unit credit", seed, flags + " --offpolicy-credit unit", args),
+                 job(f"{best} + model refiner", seed, flags + " --refiner toy-model", args),
+                 job(f"{best} + PRM noise 0.2", seed, flags + " --toy-prm-noise 0.2", args)]
+        jobs += [job(row, seed, GRID[row], args, group="weak", task=args.weak_task)
+                 for row in dict.fromkeys(("grpo", best, second) if args.weak_runner_up else ("grpo", best))]
+    return jobs
+
+
+def problem_files(task: str, args, write: bool = False) -> dict:
+    """Train (toy seed 1, 500 problems) and eval (toy seed 0) problems of a task as JSONL files, the seeds
+    load_problems("toy") uses; {} for the default task ("")."""
+    if not task:
         return {}
     import toy
 
-    folder, task = os.path.join("runs", f"{args.tag}-data"), json.loads(args.task)
+    folder = os.path.join("runs", f"{args.tag}-data-{slug(task)}")
     files = {"train": os.path.join(folder, "train.jsonl"), "eval": os.path.join(folder, "eval.jsonl")}
     os.makedirs(folder, exist_ok=True)
-    for split, n, seed in (("train", 500, 1), ("eval", args.eval_size, 0)) if write else ():
+    for split, n, seed in (("train", 500, 1), ("eval", max(args.eval_size, args.train_eval_size), 0)) if write else ():
         with open(files[split], "w") as f:
-            for p in toy.make_problems(n, seed=seed, **task):
+            for p in toy.make_problems(n, seed=seed, **json.loads(task)):
                 f.write(json.dumps({"id": p["id"], "question": p["question"], "answer": p["answer"]}) + "\n")
     return files
 
 
-def scope_command(job: dict, args) -> list[str]:
-    data = problem_files(args)
+def scope_command(j: dict, args) -> list[str]:
+    data = problem_files(j["task"], args)
     data_flags = ["--dataset", data["train"], "--eval-dataset", data["eval"]] if data else []
-    return [sys.executable, "scope.py", "--toy", "--run-name", job["name"], "--steps", str(args.steps),
-            "--max-new-tokens", str(args.max_new_tokens), *data_flags, *job["flags"], *args.passthrough]
+    return [sys.executable, "scope.py", "--toy", "--run-name", j["name"], "--steps", str(j["steps"]),
+            "--max-new-tokens", str(args.max_new_tokens), "--eval-size", str(args.train_eval_size),
+            "--eval-n", str(args.train_eval_n), "--eval-every", str(args.eval_every),
+            "--save-every", str(j["steps"]), *data_flags, *j["flags"], *args.passthrough]
 
 
 def read_json(path: str):
@@ -139,11 +189,11 @@ def read_json(path: str):
         return json.load(f)
 
 
-def train(job: dict, args) -> None:
+def train(j: dict, args) -> None:
     """Run scope.py unless runs/<name> already holds a finished run of the same command."""
-    run_dir, cmd = os.path.join("runs", job["name"]), scope_command(job, args)
+    run_dir, cmd = os.path.join("runs", j["name"]), scope_command(j, args)
     metrics = os.path.join(run_dir, "metrics.jsonl")
-    done = os.path.exists(metrics) and any(json.loads(line)["step"] == args.steps for line in open(metrics))
+    done = os.path.exists(metrics) and any(json.loads(line)["step"] == j["steps"] for line in open(metrics))
     if done and read_json(os.path.join(run_dir, "command.json")) == cmd[1:]:
         return
     os.makedirs(run_dir, exist_ok=True)
@@ -159,8 +209,8 @@ def train(job: dict, args) -> None:
         json.dump(cmd[1:], f)
 
 
-def evaluate_policy(path: str, args) -> dict:
-    """avg@n, pass@k, diversity medians, near-miss@1 and discarded-valid share of the policy saved at `path`."""
+def evaluate_policy(path: str, task: str, args) -> dict:
+    """The final-eval metrics of the policy saved at `path` (see the module docstring)."""
     import torch
 
     import toy
@@ -170,153 +220,314 @@ def evaluate_policy(path: str, args) -> dict:
 
     torch.set_num_threads(1)
     model, tokenizer = load_causal_lm(path, "cpu")
-    problems = load_problems(problem_files(args).get("eval", "toy"), limit=args.eval_size)
-    res = evaluate(HFGenerator(model.eval(), tokenizer, micro_batch_size=64), tokenizer, problems,
-                   n=args.eval_n, temperature=args.eval_temperature, max_new_tokens=args.max_new_tokens,
-                   seed=args.eval_seed, keep_samples=True)
-    exact_prm, misses = toy.ToyPRM(noise=0.0), []   # (N steps, K kept) of every zero-reward sample
-    by_ops = {}                                      # number of operations -> [c / n per problem]
-    for problem, row in zip(problems, res["per_problem"]):
+    problems = load_problems(problem_files(task, args).get("eval", "toy"), limit=args.eval_size)
+    generator = HFGenerator(model.eval(), tokenizer, micro_batch_size=128)
+    hot = evaluate(generator, tokenizer, problems, n=args.eval_n, temperature=1.0, max_new_tokens=args.max_new_tokens,
+                   seed=args.eval_seed, keep_samples=True, batch_size=16)
+    cool = evaluate(generator, tokenizer, problems, n=args.eval_n_cool, temperature=0.6,
+                    max_new_tokens=args.max_new_tokens, seed=args.eval_seed + 1, batch_size=16)
+    exact_prm, misses, by_ops = toy.ToyPRM(noise=0.0), [], {}   # misses: (N steps, K kept) per zero-reward sample
+    for problem, row in zip(problems, hot["per_problem"]):
         by_ops.setdefault(len(toy.parse_question(problem["question"])[1]), []).append(row["correct"] / row["n"])
         for text, ok in zip(row["samples"], row["sample_correct"]):
             if not ok:
                 steps = split_steps(text)
                 misses.append((len(steps), cut_point(exact_prm.score(problem["question"], steps))))
-    div = diversity_summary(res["per_problem"])
-    return {"acc": res["acc"], **{f"pass@{k}": v for k, v in res["pass@k"].items()},
+    div = diversity_summary(hot["per_problem"])
+    return {"acc_t1": hot["acc"], "acc_t06": cool["acc"], **{f"pass@{k}": v for k, v in hot["pass@k"].items()},
             **{key: div[key]["median"] for key in DIVERSITY},
-            "near_miss@1": near_miss_at_k(misses, k=1),
-            "discarded_valid": discarded_valid_share([keep_ratio(kept, n) for n, kept in misses]),
-            "acc_by_ops": {k: float(np.mean(v)) for k, v in sorted(by_ops.items())},
-            "zero_reward_samples": len(misses), "truncated": res["truncated"], "response_len": res["response_len"]}
+            "near_miss@1": near_miss_at_k(misses, k=1) if misses else None,
+            "discarded_valid": discarded_valid_share([keep_ratio(kept, n) for n, kept in misses]) if misses else None,
+            "acc_by_ops": {str(k): float(np.mean(v)) for k, v in sorted(by_ops.items())},
+            "all_fail_16": float(np.mean([row["correct"] == 0 for row in hot["per_problem"]])),
+            "zero_reward_samples": len(misses), "truncated": hot["truncated"], "response_len": hot["response_len"]}
 
 
 def training_stats(run_dir: str) -> dict:
-    """What the traces say: rollout reward early vs late, rectification acceptance, keep ratio, entropy."""
+    """What metrics.jsonl says: all-fail share, reward, rectifications, κ, entropy, eval curve, minutes."""
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     steps = [r for r in rows if r["step"] > 0]
     mean = lambda xs: float(np.mean(xs)) if xs else None     # noqa: E731
     tried = sum(r["rectify_tried"] for r in steps)
     return {"frac_all_fail": mean([r["frac_all_fail"] for r in steps]),
+            "frac_all_fail_first3": mean([r["frac_all_fail"] for r in steps[:3]]),
             "reward_first5": mean([r["reward_mean"] for r in steps[:5]]),
             "reward_last5": mean([r["reward_mean"] for r in steps[-5:]]),
             "accept_rate": sum(r["rectify_accepted"] for r in steps) / tried if tried else None,
+            "rectified": sum(r["rectify_accepted"] for r in steps),
+            "rectified_all_fail": sum(r.get("rectify_all_fail", 0) for r in steps),
             "keep_ratio": mean([r["keep_ratio_steps"] for r in steps if r["keep_ratio_steps"] is not None]),
             "offpolicy_share": mean([r["offpolicy_share"] for r in steps if r.get("offpolicy_share") is not None]),
             "entropy_last5": mean([r["entropy"] for r in steps[-5:]]),
+            "curve": {"step": [r["step"] for r in rows if "eval_acc" in r],
+                      "eval_acc": [r["eval_acc"] for r in rows if "eval_acc" in r],
+                      "all_fail": [r["frac_all_fail"] for r in steps], "entropy": [r["entropy"] for r in steps]},
             "minutes": sum(r["time_step"] for r in steps) / 60}
 
 
-def run_job(job: dict, args) -> dict:
+def run_job(j: dict, args) -> dict:
     """Train (unless done), evaluate (unless cached); runs in a worker process."""
     os.chdir(HERE)
-    settings = {k: getattr(args, k) for k in ("eval_size", "eval_n", "eval_temperature", "eval_seed", "max_new_tokens",
-                                              "task")}
-    run_dir = os.path.join("runs", job["name"])
-    if job["row"] == "start":
+    t0 = time.time()
+    settings = {k: getattr(args, k) for k in ("eval_size", "eval_n", "eval_n_cool", "eval_seed", "max_new_tokens")}
+    settings["task"] = j["task"]
+    run_dir = os.path.join("runs", j["name"])
+    if j["steps"] == 0:   # the warm start itself
         import toy
         path = toy.cache_path(os.path.join(HERE, "cache"), seed=0)
         os.makedirs(run_dir, exist_ok=True)
     else:
-        train(job, args)
+        train(j, args)
         path = os.path.join(run_dir, "checkpoint")
+    t1 = time.time()
     cache = os.path.join(run_dir, "final_eval.json")
     cached = read_json(cache)
     if cached is None or cached["settings"] != settings:
-        cached = {"settings": settings, "eval": evaluate_policy(path, args)}
+        cached = {"settings": settings, "eval": evaluate_policy(path, j["task"], args)}
         with open(cache, "w") as f:
             json.dump(cached, f, indent=1)
-    train_info = training_stats(run_dir) if job["row"] != "start" else {}
-    return {**job, "eval": cached["eval"], "train": train_info}
+    train_info = training_stats(run_dir) if j["steps"] else {}
+    return {**j, "eval": cached["eval"], "train": train_info,
+            "wall_s": {"train": round(t1 - t0, 1), "eval": round(time.time() - t1, 1)}}
 
 
-def mean_std(values) -> str:
+def run_all(jobs: list[dict], args, t0: float) -> list[dict]:
+    results = []
+    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(run_job, j, args) for j in jobs]
+        for future in futures:
+            r = future.result()
+            results.append(r)
+            print(f"[{time.time() - t0:5.0f}s] {r['name']}: acc@T1 {r['eval']['acc_t1']:.3f} acc@T0.6 "
+                  f"{r['eval']['acc_t06']:.3f} pass@16 {r['eval'].get('pass@16', float('nan')):.3f} "
+                  f"(train {r['wall_s']['train']:.0f}s, eval {r['wall_s']['eval']:.0f}s)", flush=True)
+    return results
+
+
+# ---------------------------------------------------------------- statistics and reporting
+
+def ci95(diffs: list[float]) -> dict:
+    """Mean and 95 % t-interval of paired differences (choice 3); no interval from one seed."""
+    d = np.asarray([x for x in diffs if x is not None], dtype=float)
+    if len(d) == 0:
+        return {"mean": None, "lo": None, "hi": None, "n": 0}
+    if len(d) == 1:
+        return {"mean": float(d[0]), "lo": None, "hi": None, "n": 1}
+    half = T95.get(len(d) - 1, 1.96) * d.std(ddof=1) / math.sqrt(len(d))
+    return {"mean": float(d.mean()), "lo": float(d.mean() - half), "hi": float(d.mean() + half), "n": len(d)}
+
+
+def value(r: dict, key: str):
+    return r["eval"].get(key) if key in r["eval"] else r["train"].get(key)
+
+
+def paired(results: list[dict], group: str, keys: list[str]) -> dict:
+    """{row: {key: ci95 of (row - grpo) over the seeds both have}} within one group."""
+    base = {r["seed"]: r for r in results if r["group"] == group and r["row"] == "grpo"}
+    out = {}
+    for row in dict.fromkeys(r["row"] for r in results if r["group"] == group and r["steps"]):
+        if row == "grpo":
+            continue
+        rs = [r for r in results if r["group"] == group and r["row"] == row and r["seed"] in base]
+        out[row] = {k: ci95([value(r, k) - value(base[r["seed"]], k) for r in rs
+                             if value(r, k) is not None and value(base[r["seed"]], k) is not None]) for k in keys}
+    return out
+
+
+def fmt_ci(c: dict) -> str:
+    if c["mean"] is None:
+        return "–"
+    return f"{c['mean']:+.3f}" + (f" [{c['lo']:+.3f}, {c['hi']:+.3f}]" if c["lo"] is not None else "")
+
+
+def mean_sd(values) -> str:
     values = [v for v in values if v is not None]
     if not values:
         return "–"
     return f"{np.mean(values):.3f}" + (f" ± {np.std(values, ddof=1):.3f}" if len(values) > 1 else "")
 
 
-def write_results(results: list[dict], args, wall_minutes: float) -> str:
-    os.makedirs(args.out, exist_ok=True)
-    rows = list(dict.fromkeys(r["row"] for r in results))
-    by_row = {row: [r for r in results if r["row"] == row] for row in rows}
-    ks = [k for k in (1, 2, 4, 8, 16, 32) if k <= args.eval_n]
-    acc_cols = ["acc"] + [f"pass@{k}" for k in ks[1:]] + ["near_miss@1", "discarded_valid"]
-    train_cols = ["frac_all_fail", "reward_first5", "reward_last5", "accept_rate", "keep_ratio", "offpolicy_share", "entropy_last5"]
-
-    def table(cols, get):
-        lines = ["| policy | runs | " + " | ".join(LABELS.get(c, c) for c in cols) + " |", "|---" * (len(cols) + 2) + "|"]
-        for row, rs in by_row.items():
-            if all(get(r, c) is None for r in rs for c in cols):
-                continue   # the start row has no training traces
-            lines.append(f"| {row} | {len(rs)} | " + " | ".join(mean_std([get(r, c) for r in rs]) for c in cols) + " |")
-        return "\n".join(lines)
-
-    command = shlex.join(["python", "experiment.py", *sys.argv[1:]])
-    md = ["# Toy world: SCOPE vs GRPO vs replace vs PRM reward\n",
-          f"Command: `{command.strip()}`  \nWall time of this invocation: {wall_minutes:.1f} min on this machine "
-          f"(2 shared CPU cores, {args.jobs} jobs at once).  \nTraining: {args.steps} steps of "
-          f"`scope.py --toy` defaults{' + ' + ' '.join(args.passthrough) if args.passthrough else ''}"
-          f"{' on task ' + args.task if args.task else ''}; evaluation: {args.eval_size} held-out problems "
-          f"x {args.eval_n} samples at T = {args.eval_temperature}. Mean ± std over seeds.\n",
-          f"## Accuracy (acc = avg@{args.eval_n} = pass@1) and zero-reward samples (exact toy PRM)\n",
-          table(acc_cols, lambda r, c: r["eval"][c]),
-          "\n## Diversity (medians across prompts)\n", table(DIVERSITY, lambda r, c: r["eval"][c]),
-          "\n## Training traces (policy rollouts; rectification acceptance, keep ratio κ, entropy)\n",
-          table(train_cols, lambda r, c: r["train"].get(c)),
-          "\nall-fail groups, reward: the policy's own rollouts (before rectification). accepted: repaired / tried. "
-          "keep ratio κ: of the accepted repairs, as scope.py logs it (a whole-solution repair keeps nothing: 0). "
-          "off-policy tokens: share of trained tokens.\n"]
-    with open(os.path.join(args.out, "table.md"), "w") as f:
-        f.write("\n".join(md))
-    with open(os.path.join(args.out, "table.json"), "w") as f:
-        json.dump({"command": command.strip(), "wall_minutes": round(wall_minutes, 2), "runs": results}, f, indent=1)
-    from eval import plot_runs
-
-    first = [rs[0]["name"] for row, rs in by_row.items() if row != "start"]
-    plot_runs([os.path.join("runs", name) for name in first], os.path.join(args.out, "curves.png"))
-    plot_pass_at_k(by_row, ks, os.path.join(args.out, "pass_at_k.png"))
-    return "\n".join(md)
+COLS = [("acc_t1", "acc T=1.0"), ("acc_t06", "acc T=0.6"), ("pass@4", "pass@4"), ("pass@16", "pass@16"),
+        ("frac_all_fail", "all-fail (train)"), ("near_miss@1", "near-miss@1"), ("discarded_valid", "discarded valid"),
+        ("div_score", "div-score"), ("entropy_last5", "entropy"), ("accept_rate", "accepted"),
+        ("rectified_all_fail", "repairs in all-fail groups")]
+DIFFS = [("acc_t1", "Δ acc T=1.0"), ("acc_t06", "Δ acc T=0.6"), ("pass@16", "Δ pass@16")]
 
 
-def plot_pass_at_k(by_row: dict, ks: list[int], out: str) -> None:
+def tables(results: list[dict], group: str, title: str) -> list[str]:
+    rs_group = [r for r in results if r["group"] == group]
+    if not rs_group:
+        return []
+    rows = list(dict.fromkeys(r["row"] for r in rs_group))
+    by_row = {row: [r for r in rs_group if r["row"] == row] for row in rows}
+    out = [f"## {title}\n", "| row | seeds | " + " | ".join(h for _, h in COLS) + " |", "|---" * (len(COLS) + 2) + "|"]
+    for row, rs in by_row.items():
+        out.append(f"| {row} | {len(rs)} | " + " | ".join(mean_sd([value(r, k) for r in rs]) for k, _ in COLS) + " |")
+    diffs = paired(results, group, [k for k, _ in DIFFS])
+    if diffs:
+        out += ["", "Paired difference to grpo (same seed), mean [95 % interval]:\n",
+                "| row | " + " | ".join(h for _, h in DIFFS) + " |", "|---" * (len(DIFFS) + 1) + "|"]
+        out += [f"| {row} | " + " | ".join(fmt_ci(d[k]) for k, _ in DIFFS) + " |" for row, d in diffs.items()]
+    ops = sorted({k for r in rs_group for k in r["eval"]["acc_by_ops"]}, key=int)
+    out += ["", "Accuracy at T = 1.0 per difficulty (number of operations):\n",
+            "| row | " + " | ".join(f"{k} ops" for k in ops) + " |", "|---" * (len(ops) + 1) + "|"]
+    out += [f"| {row} | " + " | ".join(mean_sd([r["eval"]["acc_by_ops"].get(k) for r in rs]) for k in ops) + " |"
+            for row, rs in by_row.items()]
+    return out + [""]
+
+
+def smooth(y: np.ndarray, width: int = 3) -> np.ndarray:
+    """Centred moving average over `width` points (shorter at the ends)."""
+    out = np.empty_like(y, dtype=float)
+    for i in range(len(y)):
+        lo, hi = max(0, i - width // 2), min(len(y), i + width // 2 + 1)
+        out[i] = y[lo:hi].mean()
+    return out
+
+
+def curves(results: list[dict], group: str, key: str) -> dict:
+    """{row: (x, mean over seeds, sd over seeds)} of a per-run curve (runs cut to the shortest)."""
+    out = {}
+    for row in dict.fromkeys(r["row"] for r in results if r["group"] == group and r["steps"]):
+        rs = [r["train"]["curve"] for r in results if r["group"] == group and r["row"] == row]
+        n = min(len(c[key]) for c in rs)
+        if n == 0:
+            continue
+        ys = np.array([c[key][:n] for c in rs], dtype=float)
+        x = rs[0]["step"][:n] if key == "eval_acc" else list(range(1, n + 1))
+        out[row] = (x, ys.mean(0), ys.std(0, ddof=1) if len(rs) > 1 else np.zeros(n))
+    return out
+
+
+def plot(results: list[dict], out: str) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(5, 3.6))
-    for row, rs in by_row.items():
-        ax.plot(ks, [np.mean([r["eval"][f"pass@{k}"] for r in rs]) for k in ks], marker="o", label=row)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("k")
-    ax.set_ylabel("pass@k (mean over seeds)")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    panels = [("main", "eval_acc", 3, "held-out acc (T = 0.6) during training"),
+              ("main", "all_fail", 5, "all-fail share of the policy's groups"),
+              ("long", "eval_acc", 3, "long runs: held-out acc (T = 0.6)"),
+              ("long", "entropy", 9, "long runs: policy token entropy"),
+              ("weak", "eval_acc", 3, "weak start (hardest rung): held-out acc"),
+              ("weak", "all_fail", 5, "weak start: all-fail share")]
+    fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+    rows = list(dict.fromkeys(r["row"] for r in results if r["steps"]))
+    colors = {row: f"C{i % 10}" for i, row in enumerate(rows)}
+    colors.update({row: colors.get(row.split(": ", 1)[-1], "C9") for row in rows if row.startswith("best: ")})
+    for ax, (group, key, width, title) in zip(axes.flat, panels):
+        data = curves(results, group, key)
+        for row, (x, m, sd) in data.items():
+            m, sd = smooth(m, width), smooth(sd, width)
+            ax.plot(x, m, color=colors[row], label=row, lw=1.5)
+            ax.fill_between(x, m - sd, m + sd, color=colors[row], alpha=0.15, lw=0)
+        if not data:
+            ax.text(0.5, 0.5, "no runs", ha="center", va="center", transform=ax.transAxes, color="grey")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step", fontsize=8)
+        ax.grid(alpha=0.3)
+        if data:
+            ax.legend(fontsize=6)
+    fig.suptitle("mean over seeds, band = ± 1 sd across seeds, moving average", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)
+
+
+def write_results(results: list[dict], args, ranked: list[str] | None, wall_minutes: float) -> str:
+    os.makedirs(args.out, exist_ok=True)
+    command = shlex.join(["python", "experiment.py", *(sys.argv[1:] if __name__ == "__main__" else [])])
+    keys = [k for k, _ in COLS]
+    md = ["# Toy world study (issue 11): SCOPE vs GRPO\n",
+          f"Command: `{command}`  \nWall time: {wall_minutes:.1f} min ({args.jobs} jobs at once).  \n"
+          f"Training: {args.steps} steps of `scope.py --toy` (8 prompts x 8 rollouts){' + ' + ' '.join(args.passthrough) if args.passthrough else ''}; "
+          f"long runs x{args.long_factor}; weak start on task {args.weak_task}. Final eval on {args.eval_size} held-out "
+          f"problems: {args.eval_n} samples at T = 1.0 (acc = avg@{args.eval_n}, pass@k), {args.eval_n_cool} at T = 0.6. "
+          f"Mean ± sd over seeds.  \nBest SCOPE cell of the grid (mean acc at T = 1.0): "
+          f"{ranked[0] if ranked else 'not ranked (grid only)'}; ranking: {ranked}\n"]
+    md += tables(results, "main", "Main comparison (the ladder)")
+    md += tables(results, "long", f"Long runs ({args.long_factor}x steps)")
+    md += tables(results, "weak", "Weak start (hardest rung only)")
+    md.append("all-fail (train): share of the policy's own groups with no correct rollout, mean over training. "
+              "accepted: repairs accepted / tried. entropy: the policy's token entropy on its rollouts, last 5 steps. "
+              "near-miss@1 and discarded valid: over zero-reward samples at T = 1.0, exact toy PRM.\n")
+    text = "\n".join(md)
+    with open(os.path.join(args.out, "study.md"), "w") as f:
+        f.write(text)
+    summary = {"command": command, "wall_minutes": round(wall_minutes, 2), "ranked": ranked,
+               "settings": {k: v for k, v in vars(args).items() if k not in ("seed_list", "long_seed_list", "grid_rows")},
+               "paired": {g: paired(results, g, keys + ["pass@1"]) for g in ("main", "long", "weak")},
+               "runs": results}
+    with open(os.path.join(args.out, "study.json"), "w") as f:
+        json.dump(summary, f, indent=1)
+    plot(results, os.path.join(args.out, "curves.png"))
+    return text
+
+
+def describe_warm_start(args, n_problems: int = 300, n: int = 16) -> dict:
+    """The starting policy's regime: accuracy per difficulty at T = 1.0, the share of G = 8 groups with no
+    success (first 8 of the n samples), and where the first errors of its failures fall (exact toy PRM):
+    by step index k over the n_ops + 1 steps (k = n_ops: the answer copy), also relative (k / n_ops)."""
+    import torch
+
+    import toy
+    from eval import evaluate
+    from generate import HFGenerator, load_causal_lm
+    from prm import cut_point, split_steps
+
+    torch.set_num_threads(1)
+    model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(HERE, "cache"), seed=0), "cpu")
+    problems = toy.make_problems(n_problems, seed=0)
+    res = evaluate(HFGenerator(model.eval(), tokenizer, micro_batch_size=128), tokenizer, problems, n=n,
+                   temperature=1.0, max_new_tokens=args.max_new_tokens, seed=args.eval_seed, keep_samples=True,
+                   batch_size=16)
+    by_ops, all_fail, first, rel, last_only = {}, {}, {}, [], 0
+    for problem, row in zip(problems, res["per_problem"]):
+        n_ops = len(toy.parse_question(problem["question"])[1])
+        by_ops.setdefault(n_ops, []).append(row["correct"] / row["n"])
+        all_fail.setdefault(n_ops, []).append(not any(row["sample_correct"][:8]))
+        for text, ok in zip(row["samples"], row["sample_correct"]):
+            if not ok:
+                k = cut_point(toy.ToyPRM().score(problem["question"], split_steps(text)))
+                first.setdefault(n_ops, {}).setdefault(k, 0)
+                first[n_ops][k] += 1
+                rel.append(min(k, n_ops) / n_ops)
+                last_only += k >= n_ops
+    out = {"acc_t1": res["acc"], "acc_by_ops": {k: float(np.mean(v)) for k, v in sorted(by_ops.items())},
+           "all_fail_g8": float(np.mean([x for v in all_fail.values() for x in v])),
+           "all_fail_g8_by_ops": {k: float(np.mean(v)) for k, v in sorted(all_fail.items())},
+           "first_error_by_ops": {k: dict(sorted(v.items())) for k, v in sorted(first.items())},
+           "first_error_relative_hist": np.histogram(rel, bins=[0, 0.2, 0.4, 0.6, 0.8, 1.0 - 1e-9, 1.0])[0].tolist(),
+           "failures": len(rel), "failures_at_answer_copy": last_only, "problems": n_problems, "n": n}
+    os.makedirs(args.out, exist_ok=True)
+    with open(os.path.join(args.out, "warm_start.json"), "w") as f:
+        json.dump(out, f, indent=1)
+    return out
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     os.chdir(HERE)
     t0 = time.time()
-    problem_files(args, write=True)   # once, before any worker reads them
-    jobs = [{"row": "start", "seed": 0, "name": f"{args.tag}-start", "flags": []}] + plan(args)
-    print(f"{len(jobs) - 1} runs of {args.steps} steps + the starting policy; {args.jobs} at a time; logs in "
-          f"runs/<name>/train.log", flush=True)
-    results = []
-    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(run_job, job, args) for job in jobs]
-        for future in futures:
-            results.append(future.result())
-            r = results[-1]
-            print(f"[{time.time() - t0:5.0f}s] {r['name']}: acc {r['eval']['acc']:.3f} "
-                  f"pass@{args.eval_n} {r['eval'][f'pass@{args.eval_n}']:.3f} "
-                  f"near-miss@1 {r['eval']['near_miss@1']:.2f}", flush=True)
-    print(write_results(results, args, (time.time() - t0) / 60))
-    print(f"wrote {args.out}/table.md, table.json, curves.png, pass_at_k.png in {(time.time() - t0) / 60:.1f} min")
+    if args.describe:
+        print(json.dumps(describe_warm_start(args), indent=1))
+        return
+    problem_files(args.weak_task, args, write=True)   # once, before any worker reads them
+    import toy
+    toy.warm_start(os.path.join(HERE, "cache"), seed=0)            # trained here once if not shipped
+    if args.only == "all":
+        toy.refiner_model(os.path.join(HERE, "cache"), seed=0)
+    grid = plan_grid(args)
+    print(f"stage 1: {len(grid) - 2} runs of {args.steps} steps + the warm start (2 tasks); {args.jobs} at a time",
+          flush=True)
+    results = run_all(grid, args, t0)
+    ranked = None
+    if args.only == "all" and any(row in SCOPE_CELLS for row in args.grid_rows):
+        ranked = rank_cells(results)
+        stage2 = plan_stage2(args, ranked)
+        print(f"stage 2: best cell {ranked[0]!r}, runner-up {ranked[1]!r}; {len(stage2)} runs", flush=True)
+        results += run_all(stage2, args, t0)
+    print(write_results(results, args, ranked, (time.time() - t0) / 60))
+    print(f"wrote {args.out}/study.md, study.json, curves.png in {(time.time() - t0) / 60:.1f} min")
 
 
 if __name__ == "__main__":

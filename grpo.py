@@ -24,6 +24,7 @@ Equations (token t of sequence i, A_i its advantage, π = exp(logp), ε = clip_e
                            ℓ_it = −min(ρ A_i, clip(ρ, 1 − ε, 1 + ε) A_i)       PPO clipped surrogate
     off-policy tokens      ℓ_it = −f(π) A_i,   f(π) = π / (π + γ)              LUFFY policy shaping,
                                                                                behaviour prob = 1, no clip
+    ... or, unit credit     ℓ_it = −A_i · logp_it                           offpolicy_credit="unit": as if sampled
     KL (optional)          k3_it = exp(r) − r − 1,   r = ref_logp − logp      k3 estimator (Schulman)
     entropy (optional)     H_it = −Σ_v π_v log π_v  of the distribution that produced token t
     loss                   L = (1/Z) Σ_i Σ_{t in response_i} [ ℓ_it + kl_coef·k3_it − entropy_coef·H_it ]
@@ -269,7 +270,7 @@ def shaped_offpolicy_loss(logp: Tensor, advantages: Tensor, mask: Tensor,
 
     The behaviour probability is taken as 1 and nothing is clipped. logp, mask: (N, L); advantages: (N,).
     Returns (per-token loss, f(π)), both (N, L) and 0 where `mask` is 0. Its gradient w.r.t. logp is
-    −A γπ/(π+γ)², largest at π = γ. (A unit-weight variant, −A·log π, would be a sibling function.)
+    −A γπ/(π+γ)², largest at π = γ; the unit-weight variant is `unit_offpolicy_loss`.
     """
     # BEGIN SOLUTION shaped_offpolicy
     mask = mask.bool()  # (N, L)
@@ -278,6 +279,16 @@ def shaped_offpolicy_loss(logp: Tensor, advantages: Tensor, mask: Tensor,
     shaped = torch.where(mask, prob / (prob + shaping_gamma), torch.zeros_like(prob))  # (N, L) f(π)
     return -shaped * adv, shaped
     # END SOLUTION
+
+
+def unit_offpolicy_loss(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
+    """Unit credit on the refiner's tokens (`--offpolicy-credit unit`): ℓ = −A log π, as if the policy had
+    sampled them (no importance weight, no shaping). Its gradient w.r.t. logp is −A on every masked token,
+    where the shaping gives −A γπ/(π+γ)² ≤ A/4 (≈ 0.10 A at π = 0.77, γ = 0.1). logp, mask: (N, L);
+    advantages: (N,). Returns the per-token loss (N, L), 0 where `mask` is 0."""
+    mask = mask.bool()  # (N, L)
+    adv = advantages.to(logp.dtype).unsqueeze(1)  # (N, 1)
+    return -torch.where(mask, logp, torch.zeros_like(logp)) * adv  # (N, L)
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
@@ -302,8 +313,10 @@ def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> flo
 
 
 def _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip_eps, shaping_gamma,
-                 ref_logp, kl_coef, entropy, entropy_coef):
+                 ref_logp, kl_coef, entropy, entropy_coef, offpolicy_credit="shaped"):
     """Per-token loss (N, L), already masked, and the detached sums the metrics are made of."""
+    if offpolicy_credit not in ("shaped", "unit"):
+        raise ValueError(f"offpolicy_credit must be 'shaped' or 'unit', got {offpolicy_credit!r}")
     resp = response_mask.bool()  # (N, L)
     off = offpolicy_mask.bool() & resp  # (N, L) refiner tokens
     on = resp & ~off  # (N, L) policy tokens
@@ -312,6 +325,8 @@ def _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip
     # BEGIN SOLUTION policy_loss
     on_loss, ratio, clipped = clipped_surrogate(logp, old_logp, advantages, on, clip_eps)  # (N, L) each
     off_loss, shaped = shaped_offpolicy_loss(logp, advantages, off, shaping_gamma)  # (N, L) each
+    if offpolicy_credit == "unit":   # the refiner's tokens as if the policy had sampled them
+        off_loss = unit_offpolicy_loss(logp, advantages, off)  # (N, L)
     per_token = torch.where(off, off_loss, on_loss)  # (N, L)
     if ref_logp is not None:
         k3 = k3_kl(logp, ref_logp, resp)  # (N, L)
@@ -353,10 +368,10 @@ def _metrics(sums: dict) -> dict:
 
 def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, clip_eps=0.2,
                 shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, ref_logp=None, kl_coef=0.0,
-                entropy=None, entropy_coef=0.0) -> tuple[Tensor, dict]:
+                entropy=None, entropy_coef=0.0, offpolicy_credit="shaped") -> tuple[Tensor, dict]:
     """The SCOPE token loss (see the module docstring): `clipped_surrogate` on on-policy tokens,
-    `shaped_offpolicy_loss` on off-policy tokens, optional `k3_kl` and entropy bonus, summed and divided
-    by `loss_normaliser`.
+    `shaped_offpolicy_loss` on off-policy tokens (or `unit_offpolicy_loss` with offpolicy_credit="unit"),
+    optional `k3_kl` and entropy bonus, summed and divided by `loss_normaliser`.
 
     logp, old_logp, response_mask, offpolicy_mask, ref_logp, entropy: (N, L); advantages: (N,).
     Returns (scalar loss with gradient through logp and entropy, metrics of Python floats: loss,
@@ -372,7 +387,7 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
         raise ValueError(f"policy_loss: advantages must be ({shape[0]},), got {tuple(advantages.shape)}")
     z = loss_normaliser(response_mask, loss_agg, max_new_tokens)
     per_token, sums = _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip_eps,
-                                   shaping_gamma, ref_logp, kl_coef, entropy, entropy_coef)
+                                   shaping_gamma, ref_logp, kl_coef, entropy, entropy_coef, offpolicy_credit)
     sums.pop("ent_on_sum")
     # BEGIN SOLUTION policy_loss
     loss = per_token.sum() / z  # L = (1/Z) Σ_i Σ_t ℓ_it
@@ -386,7 +401,7 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
 # ---------------------------------------------------------------------------------------------------
 def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_norm=1.0, clip_eps=0.2,
            shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
-           ref_model=None) -> dict:
+           ref_model=None, offpolicy_credit="shaped") -> dict:
     """One optimizer step on `batch` with gradient accumulation over micro-batches.
 
     batch: input_ids, attention_mask, response_mask, offpolicy_mask (N, L), advantages (N,), optionally
@@ -433,7 +448,7 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
                                          part["response_mask"], micro_batch_size=mb)
         per_token, part_sums = _token_terms(logp, old_logp, part["advantages"], part["response_mask"],
                                             part["offpolicy_mask"], clip_eps, shaping_gamma, ref_logp,
-                                            kl_coef, entropy, entropy_coef)
+                                            kl_coef, entropy, entropy_coef, offpolicy_credit)
         loss = per_token.sum() / z  # divided by the whole batch's Z: accumulation = full-batch gradient
         loss.backward()
         loss_total += float(loss.detach())

@@ -71,7 +71,8 @@ def check_args(args) -> None:
         if not ok:
             stop(f"--{flag} {getattr(args, flag.replace('-', '_'))!r}: must be {valid}")
 
-    for flag in ("steps", "prompts-per-step", "max-new-tokens", "refine-attempts", "micro-batch-size", "save-every"):
+    for flag in ("steps", "prompts-per-step", "max-new-tokens", "refine-attempts", "micro-batch-size", "save-every",
+                 "eval-n"):
         need(getattr(args, flag.replace("-", "_")) >= 1, flag, "an integer >= 1")
     need(args.group_size >= 2, "group-size", ">= 2 (advantages are centred within a group: one rollout per "
                                              "prompt gives zero loss and zero gradient)")
@@ -92,11 +93,14 @@ def check_args(args) -> None:
         if args.toy_prm_noise != 0:
             stop(f"--toy-prm-noise {args.toy_prm_noise!r}: only with --toy (the real PRM has no noise knob)")
         for flag in ("model", "prm", "refiner"):
-            if getattr(args, flag) == "toy":
-                stop(f"--{flag} toy: only with --toy")
+            if getattr(args, flag) in ("toy", "toy-oracle", "toy-model"):
+                stop(f"--{flag} {getattr(args, flag)}: only with --toy")
+    elif not args.refiner_url and args.refiner not in ("toy", "toy-oracle", "toy-model", "policy"):
+        stop(f"--refiner {args.refiner!r} with --toy: choose toy-oracle, toy-model or policy "
+             f"(or serve a model and pass --refiner-url)")
     if args.mode in MODES_WITH_PRM and args.prm == "none":
         stop(f"--prm none: --mode {args.mode} needs a PRM (--prm none only suits --mode grpo)")
-    if args.refiner_url and args.refiner in ("policy", "toy"):
+    if args.refiner_url and args.refiner in ("policy", "toy", "toy-oracle", "toy-model"):
         stop(f"--refiner-url {args.refiner_url!r}: needs --refiner NAME of the served model, not {args.refiner!r}")
 
 

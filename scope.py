@@ -24,8 +24,11 @@ Choices this file makes (the paper leaves them open; each one is a flag unless s
  1. `--mode` (paper Table 3): `scope`; `grpo` = no rectification; `replace` = the refiner writes a whole
     solution from an empty prefix for the same selected failure (every token off-policy, LUFFY-like);
     `prm-reward` = reward + λ · mean PRM step score, no refinement.
- 2. Rectification is tried in every group with at least one failure, once per group (the largest keep
-    ratio); `replace` picks the same failure, so the two modes differ only in the kept prefix.
+ 2. Rectification is tried in every group with at least one failure (`--rectify-groups any`), or only in
+    groups where every rollout failed (`all-fail`), once per group (the largest keep ratio); `replace`
+    picks the same failure, so the two modes differ only in the kept prefix. Traces record the group's
+    rewards before repair (`group_rewards`, `group_all_fail`); refiner tokens get LUFFY's shaped credit
+    or, with `--offpolicy-credit unit`, −A·log π as if sampled.
  3. The PRM scores failed rollouts in every mode that loads one (`--prm none` skips it). In `grpo` mode its
     scores are only logged (near misses, discarded valid trajectories: paper Figs 3 and 7).
  4. `reward_mean`, `frac_all_fail`, `frac_all_pass` and `response_len` describe the policy's own rollouts
@@ -37,7 +40,7 @@ Choices this file makes (the paper leaves them open; each one is a flag unless s
     noise. So `--resume` reproduces the metrics of an uninterrupted run exactly (tested on CPU).
  7. Real path on a GPU: the policy keeps float32 master weights (AdamW at lr 1e-6 would round away in
     bfloat16) and runs forward passes under bfloat16 autocast; PRM and refiner load in bfloat16.
- 8. Periodic evaluation: one sample per problem at temperature 0.6 (LUFFY harness) on `--eval-dataset`;
+ 8. Periodic evaluation: `--eval-n` samples (1) per problem at temperature 0.6 (LUFFY harness) on `--eval-dataset`;
     `python eval.py` does the full protocol (avg@n, pass@k, diversity) on saved checkpoints.
  9. One checkpoint, `runs/<name>/checkpoint`, replaced every `--save-every` steps and at the end
     (model, tokenizer, optimizer, RNG states, step) without a moment in which no complete one exists;
@@ -86,7 +89,9 @@ class Args:
     model: str = arg("Qwen2.5-1.5B", "policy: HF id, local path or alias (Qwen2.5-1.5B, Qwen2.5-Math-1.5B, "
                      "Qwen2.5-Math-7B, ...-Instruct); with --toy: 'toy' (cached warm start) or a saved toy model")
     prm: str = arg("Qwen/Qwen2.5-Math-PRM-7B", "process reward model (HF id or path); 'none' = no PRM (grpo only)")
-    refiner: str = arg("Qwen/Qwen2.5-Math-7B-Instruct", "refiner: HF id or path, or 'policy' (self-refinement)")
+    refiner: str = arg("Qwen/Qwen2.5-Math-7B-Instruct", "refiner: HF id or path, or 'policy' (self-refinement); "
+                       "with --toy: 'toy-oracle' (rule-based, never fails) or 'toy-model' (a stronger toy model "
+                       "through Refiner + HF generate; can fail)")
     refiner_url: str = arg("", "OpenAI-compatible server (e.g. `vllm serve` of --refiner) to refine through")
     refiner_mem: float = arg(0.25, "GPU memory share of the refiner's own `vllm serve` (started when vLLM is "
                              "installed and --refiner is a separate model without --refiner-url)")
@@ -98,6 +103,7 @@ class Args:
     dataset: str = arg("math-train", "training problems: anything eval.load_problems takes (name or .jsonl)")
     eval_dataset: str = arg("math500", "held-out problems for the periodic evaluation")
     eval_size: int = arg(500, "number of evaluation problems (0 = all)")
+    eval_n: int = arg(1, "samples per evaluation problem (accuracy = avg@n at temperature 0.6)")
     # --- the algorithm
     mode: str = arg("scope", "scope | grpo (no rectification) | replace (whole solution) | prm-reward", MODES)
     steps: int = arg(500, "training steps (one rollout batch and one optimizer step each)")
@@ -111,6 +117,8 @@ class Args:
                              ("continue", "hint"))
     merge: str = arg("replace", "a repaired trajectory replaces the failure, or joins the group",
                      ("replace", "append"))
+    rectify_groups: str = arg("any", "groups eligible for rectification: any group with a failure, or only "
+                              "groups where every rollout failed", ("any", "all-fail"))
     prm_reward_coef: float = arg(0.5, "λ of --mode prm-reward: reward = outcome + λ · mean PRM step score")
     # --- the update
     lr: float = arg(1e-6, "AdamW learning rate")
@@ -118,6 +126,8 @@ class Args:
                         ("constant", "token-mean"))
     clip_eps: float = arg(0.2, "PPO clip ε on policy tokens")
     shaping_gamma: float = arg(0.1, "LUFFY policy shaping γ on refiner tokens: f(π) = π / (π + γ)")
+    offpolicy_credit: str = arg("shaped", "objective on refiner tokens: shaped = −f(π)·A (LUFFY); unit = −A·log π "
+                                "(as if the policy had sampled them)", ("shaped", "unit"))
     adv_std: bool = arg(False, "divide group advantages by their std (GRPO) instead of mean-centring only")
     kl_coef: float = arg(0.0, "β of a k3 KL penalty to the initial policy (0 = no reference model)")
     entropy_coef: float = arg(0.0, "entropy bonus coefficient")
@@ -138,7 +148,7 @@ class Args:
 
 
 # Applied with --toy unless the flag is typed. 30 steps take ~0.5 s each on 2 CPU cores once the warm start is cached.
-TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy", dataset="toy", eval_dataset="toy", eval_size=200,
+TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy", eval_dataset="toy", eval_size=200,
                     backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
                     lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10)
 
@@ -247,7 +257,12 @@ def load_refiner(args: Args, generator, tokenizer, device: str, run_dir: str):
             refiner_tokenizer = load_tokenizer(args.refiner)
         return Refiner(OpenAIGenerator(args.refiner_url, args.refiner, refiner_tokenizer, args.refiner_timeout),
                        refiner_tokenizer, prompt_style=args.refine_prompt)
-    if args.toy:
+    if args.toy and args.refiner == "toy-model":   # a stronger toy model through the real Refiner + HF generate
+        import toy
+        refiner_model, refiner_tokenizer = toy.refiner_model(CACHE_DIR, seed=0)
+        return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.micro_batch_size),
+                       refiner_tokenizer, prompt_style=args.refine_prompt)
+    if args.toy:                   # toy-oracle (or its old name, toy): rule-based, never fails
         import toy
         return toy.OracleRefiner()
     if vllm_importable() and args.backend != "hf":   # the refiner on vLLM: its own `vllm serve` (generate.py)
@@ -314,15 +329,15 @@ def first_errors(trajs: list[Trajectory], prm, args: Args, tokenizer) -> dict[in
 
 
 def select_failures(trajs: list[Trajectory], n_groups: int, prefix_len: dict[int, int], args: Args) -> list[tuple]:
-    """Step 4: (index, tokens to keep) of the most promising failure per group with at least one failure:
-    largest keep ratio, then higher prefix PRM mean, then shorter. Mode replace keeps nothing of the same pick."""
+    """Step 4: (index, tokens to keep) of the most promising failure per eligible group (`--rectify-groups any`:
+    every group with a failure; `all-fail`: only groups in which every rollout failed): largest keep ratio, then higher prefix PRM mean, then shorter. Mode replace keeps nothing of the same pick."""
     if args.mode not in ("scope", "replace"):
         return []
     picks = []
     for b in range(n_groups):
         idx = [i for i, t in enumerate(trajs) if t.group == b and not t.correct]
-        if not idx:
-            continue
+        if not idx or (args.rectify_groups == "all-fail" and any(t.correct for t in trajs if t.group == b)):
+            continue   # all-fail only: a group with a success keeps its on-policy signal untouched
         j = select_candidate([trajs[i].keep_ratio for i in idx],
                              [mean_score(trajs[i].step_scores[:trajs[i].cut]) for i in idx],
                              [len(trajs[i].response_ids) for i in idx])
@@ -387,7 +402,7 @@ def main(args: Args) -> dict:
 
     def run_eval() -> float:
         with amp():
-            result = evaluate(generator, tokenizer, eval_problems, n=1, temperature=0.6,
+            result = evaluate(generator, tokenizer, eval_problems, n=args.eval_n, temperature=0.6,
                               max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=64)
         return result["acc"]
 
@@ -450,6 +465,7 @@ def main(args: Args) -> dict:
         t1 = time.time()
         traces = []
         m["refiner_unavailable"] = 0
+        group_rewards = {b: [t.reward for t in trajs if t.group == b] for b in range(B)}   # before repair
         if picks:
             try:
                 with amp():
@@ -465,6 +481,9 @@ def main(args: Args) -> dict:
         # κ of what was actually kept: a whole-solution repair (mode replace, or a cut at step 0) keeps nothing
         m["keep_ratio_steps"] = mean(tr["keep_ratio"] if tr["mode"] == "scope" else 0.0 for tr in accepted)
         m["keep_ratio_tokens"] = mean(tr["keep_ratio_tokens"] if tr["mode"] == "scope" else 0.0 for tr in accepted)
+        m["rectify_all_fail"] = sum(not passed[tr["group"]].any() for tr in accepted)   # repairs in all-fail groups
+        traces = [{**tr, "group_rewards": group_rewards[tr["group"]], "group_all_fail": bool(not passed[tr["group"]].any())}
+                  for tr in traces]
         m["time_refine"] = time.time() - t1
 
         # ---------------------------------------------------------- 6. advantages over each merged group: A = r − mean(r)
@@ -484,6 +503,7 @@ def main(args: Args) -> dict:
         with amp():
             stats = update(policy, optimizer, batch, micro_batch_size=args.micro_batch_size, max_grad_norm=1.0,
                            clip_eps=args.clip_eps, shaping_gamma=args.shaping_gamma, loss_agg=args.loss_agg,
+                           offpolicy_credit=args.offpolicy_credit,
                            max_new_tokens=args.max_new_tokens, kl_coef=args.kl_coef, entropy_coef=args.entropy_coef,
                            ref_model=ref_model)
         policy.eval()
@@ -545,7 +565,7 @@ def summary_line(m: dict) -> str:
     kr = m["keep_ratio_steps"]
     text = (f"step {m['step']:4d} | reward {m['reward_mean']:.3f} (trained {m['reward_merged']:.3f}) | "
             f"all-fail {m['frac_all_fail']:.2f} all-pass {m['frac_all_pass']:.2f} | "
-            f"rectified {m['rectify_accepted']}/{m['rectify_tried']} κ {_fmt(kr)} | "
+            f"rectified {m['rectify_accepted']}/{m['rectify_tried']} ({m['rectify_all_fail']} all-fail) κ {_fmt(kr)} | "
             f"len {m['response_len']:.0f} H {m['entropy']:.3f} | loss {m['loss']:+.4f} gn {m['grad_norm']:.3f}"
             f"{' SKIPPED' if m['skipped'] else ''} | {m['time_step']:.1f}s (roll {m['time_rollout']:.1f} "
             f"prm {m['time_prm']:.1f} ref {m['time_refine']:.1f} upd {m['time_update']:.1f})")

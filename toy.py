@@ -6,9 +6,13 @@ What it implements (DESIGN.md "The toy world"):
   separated by a blank line ("\\n\\n") like real solutions, so `prm.split_steps` cuts them as it cuts real
   ones (the "So ... ." makes every step at least 8 non-blank characters, split_steps' default minimum);
 - a char-level `PreTrainedTokenizerFast` (one token per character) built with `tokenizers`;
-- a tiny `Qwen2ForCausalLM` config and an SFT warm start on solutions of which a fraction carry one injected
-  arithmetic slip, late steps more likely, so the starting policy fails often and often late (near misses).
-  The result is cached on disk; a second call with the same settings loads it in about a second;
+- a difficulty ladder: 1 to 6 operations per question (TASK_DEFAULTS, the RL problems);
+- a tiny `Qwen2ForCausalLM` config and an SFT warm start on solutions that carry one injected arithmetic
+  slip with a probability that grows with the chain (1 - (1 - q)^n), at a uniformly drawn operation step, so
+  the starting policy solves short chains mostly, long chains rarely (all-fail groups), and its first errors
+  fall across the whole chain. Cached on disk; a second call with the same settings loads it in a second;
+- `refiner_model`, the model refiner: the warm start trained further on clean solutions only, run by
+  scope.py through `refine.Refiner` + `generate.HFGenerator` like a real refiner (`--refiner toy-model`);
 - `ToyPRM`, a rule-based step verifier with the `score`/`score_batch` interface of `prm.ProcessRewardModel`;
 - `OracleRefiner`, with the `continue_from` interface of `refine.Refiner`, that writes the correct remaining
   steps from any prefix.
@@ -37,8 +41,11 @@ Choices and departures (numbered):
    prefix already holds an error (possible with a noisy PRM) the continuation is consistent with it and the
    answer is wrong, which is realistic. It is deterministic: the n attempts are identical.
 4. Injected slips: the result of step k is off by one of +-1, +-2, +-10 (kept >= 0); later steps continue
-   consistently from the wrong value. The step index is drawn with weight (k + 1) ** `lateness` over the
-   operation steps and the final "\\boxed{}" step (a wrong copy there is the nearest miss of all).
+   consistently from the wrong value. A solution of n operations carries a slip with probability
+   1 - (1 - step_error_rate)^n (q = 0.3: 0.30 for one operation, 0.88 for six), at step k drawn with weight
+   (k + 1) ** `lateness` (default 0: uniform) over the operation steps; the "\\boxed{}" copy only with
+   `slip_boxed` (issue 7's world put slips late and on the copy: 71 % of SCOPE's picks were copy errors
+   there, which GRPO fixes alone, so v2 keeps them off the answer copy and spreads them over the chain).
 5. Values of the correct chain stay in 0..`max_value`; operations whose result would leave that range are
    not drawn. Wrong chains may leave it (they are written as they are).
 6. SFT trains on freshly drawn problems each step (no fixed train set), from a seed stream different from the
@@ -48,12 +55,12 @@ Choices and departures (numbered):
    (the Qwen PRM step separator, so PRM-style code runs) and "<unk>" (a character outside the task maps to it
    instead of raising). No chat template, so `generate.format_prompt` uses the plain layout
    "Question: {q}\\nSolution:\\n".
-8. Tuned defaults (issue 7; measured on the shared 2-core machine, see the report/README): 3-4 operations,
-   values 0..30, operands 1..9, multiplier 2; a 2-layer, 128-wide Qwen2 (0.30 M parameters); 1200 SFT
-   steps of 32 at lr 3e-3 with 60 % of the solutions carrying one slip, lateness 3 (slips mostly in the
-   last two steps). Greedy decoding is then almost always right; sampling at temperature 1.0 reproduces
-   the slips, so failures are mostly late near misses that a prefix-keeping repair can salvage. A smaller
-   budget (fewer steps, longer chains, 2-digit operands) left a model that could not even copy operands.
+8. Defaults (world v2, issue 11): 1-6 operations, values 0..30, operands 1..9, multiplier 2; a 2-layer,
+   128-wide Qwen2 (0.30 M parameters); 1200 SFT steps of 32 at lr 3e-3, step_error_rate 0.3, slips
+   uniform over the operation steps. Sampling at temperature 1.0 reproduces the slips. The SFT problems
+   (SFT_TASK) are part of the warm start's cache key, the RL problems (TASK_DEFAULTS) are not.
+9. The model refiner (REFINER_DEFAULTS): 200 more SFT steps from the warm start at lr 1e-3 on clean
+   solutions (step_error_rate 0), another problem stream; same tokenizer, so the splice is exact.
 """
 import hashlib
 import json
@@ -65,12 +72,19 @@ import time
 
 import torch
 
-VERSION = 2  # bump when a change to this file should invalidate cached warm starts
+VERSION = 3  # bump when a change to this file should invalidate cached warm starts
 EOS = "<|endoftext|>"
 STEP_SEP = "\n\n"
-TASK_DEFAULTS = dict(min_ops=3, max_ops=4, max_value=30, max_operand=9, max_factor=2)
-WARM_DEFAULTS = dict(sft_steps=1200, batch_size=32, lr=3e-3, warmup=20, error_rate=0.6, lateness=3.0,
-                     slips=(1, -1, 2, -2, 10, -10))
+# the RL problems: the difficulty ladder is the number of operations (1 = one step, 6 = six steps)
+TASK_DEFAULTS = dict(min_ops=1, max_ops=6, max_value=30, max_operand=9, max_factor=2)
+# the warm start's SFT problems (part of its cache key; changing TASK_DEFAULTS does not retrain it)
+SFT_TASK = dict(min_ops=1, max_ops=6, max_value=30, max_operand=9, max_factor=2)
+# step_error_rate q: a solution of n operations carries one slip with probability 1 - (1 - q)^n, so its
+# chance to be right is (1 - q)^n, like a policy that slips at each step; where the slip falls: weight
+# (k + 1) ** lateness over the operation steps (0 = uniform), plus the answer copy if slip_boxed
+WARM_DEFAULTS = dict(sft_steps=1200, batch_size=32, lr=3e-3, warmup=20, step_error_rate=0.3, lateness=0.0,
+                     slip_boxed=False, slips=(1, -1, 2, -2, 10, -10))
+REFINER_DEFAULTS = dict(refiner_steps=200, refiner_lr=1e-3)   # the model refiner: warm start + clean SFT
 MODEL_DEFAULTS = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       intermediate_size=256, max_position_embeddings=256)
 OPS = {"add": "+", "minus": "-", "times": "*"}          # question word -> step symbol
@@ -156,10 +170,19 @@ def correct_chain(question: str) -> list[int]:
     return values
 
 
-def draw_error_at(n_ops: int, rng: random.Random, lateness: float) -> int:
-    """Index of the slipped step in 0..n_ops (n_ops = the boxed step); weight (k + 1) ** lateness."""
-    weights = [(k + 1) ** lateness for k in range(n_ops + 1)]
-    return rng.choices(range(n_ops + 1), weights=weights)[0]
+def draw_error_at(n_ops: int, rng: random.Random, lateness: float, boxed: bool = True) -> int:
+    """Index of the slipped step in 0..n_ops (n_ops = the boxed step, drawn only if `boxed`);
+    weight (k + 1) ** lateness (0 = uniform)."""
+    last = n_ops + 1 if boxed else n_ops
+    if last < 1:
+        raise ValueError(f"draw_error_at: no step to slip in (n_ops={n_ops}, boxed={boxed})")
+    weights = [(k + 1) ** lateness for k in range(last)]
+    return rng.choices(range(last), weights=weights)[0]
+
+
+def slip_probability(n_ops: int, step_error_rate: float) -> float:
+    """Chance that an SFT solution of n_ops operations carries a slip: 1 - (1 - q)^n_ops."""
+    return 1.0 - (1.0 - step_error_rate) ** n_ops
 
 
 def solution_text(problem: dict, error_at: int | None = None, rng: random.Random | None = None,
@@ -208,11 +231,11 @@ def tiny_config(tokenizer, **kw):
 # ---------------------------------------------------------------- SFT warm start
 
 def _settings(seed: int, kw: dict) -> dict:
-    known = set(WARM_DEFAULTS) | set(MODEL_DEFAULTS) | set(TASK_DEFAULTS)
+    known = set(WARM_DEFAULTS) | set(MODEL_DEFAULTS) | set(SFT_TASK)
     unknown = set(kw) - known
     if unknown:
         raise TypeError(f"warm_start: unknown setting(s) {sorted(unknown)}; known: {sorted(known)}")
-    s = {**WARM_DEFAULTS, **MODEL_DEFAULTS, **TASK_DEFAULTS, **kw, "seed": seed, "version": VERSION}
+    s = {**WARM_DEFAULTS, **MODEL_DEFAULTS, **SFT_TASK, **kw, "seed": seed, "version": VERSION}
     s["slips"] = list(s["slips"])
     return s
 
@@ -235,7 +258,7 @@ def sft_example(tokenizer, problem: dict, solution: str) -> tuple[list[int], lis
 
 def _sft(model, tokenizer, s: dict) -> list[float]:
     """Train `model` in place on noisy solutions; returns the loss every 10 steps."""
-    task_kw = {k: s[k] for k in TASK_DEFAULTS}
+    task_kw = {k: s[k] for k in SFT_TASK}
     rng = random.Random(10_007 * (s["seed"] + 1))       # problem/slip stream, apart from eval seeds
     torch.manual_seed(s["seed"])
     opt = torch.optim.AdamW(model.parameters(), lr=s["lr"], weight_decay=0.01)
@@ -249,7 +272,8 @@ def _sft(model, tokenizer, s: dict) -> list[float]:
         rows = []
         for p in batch:
             n_ops = len(p["solution_steps"]) - 1
-            err = draw_error_at(n_ops, rng, s["lateness"]) if rng.random() < s["error_rate"] else None
+            slipped = rng.random() < slip_probability(n_ops, s["step_error_rate"])
+            err = draw_error_at(n_ops, rng, s["lateness"], s["slip_boxed"]) if slipped else None
             rows.append(sft_example(tokenizer, p, solution_text(p, err, rng, s["slips"])))
         width = max(len(ids) for ids, _ in rows)
         pad = tokenizer.pad_token_id
@@ -274,8 +298,8 @@ def _sft(model, tokenizer, s: dict) -> list[float]:
 def warm_start(cache_dir: str, seed: int = 0, **kw):
     """(model, tokenizer): the SFT-warm-started toy policy, trained once and cached under `cache_dir`.
 
-    kw overrides WARM_DEFAULTS (sft_steps, batch_size, lr, warmup, error_rate, lateness, slips),
-    MODEL_DEFAULTS (tiny_config fields) and TASK_DEFAULTS (problem distribution). Returned in eval mode."""
+    kw overrides WARM_DEFAULTS (sft_steps, batch_size, lr, warmup, step_error_rate, lateness, slip_boxed, slips),
+    MODEL_DEFAULTS (tiny_config fields) and SFT_TASK (the SFT problem distribution). Returned in eval mode."""
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
     s = _settings(seed, kw)
@@ -291,7 +315,7 @@ def warm_start(cache_dir: str, seed: int = 0, **kw):
     model = Qwen2ForCausalLM(tiny_config(tokenizer, **{k: s[k] for k in MODEL_DEFAULTS}))
     n_params = sum(p.numel() for p in model.parameters())
     print(f"toy warm start: training {n_params / 1e6:.2f} M params, {s['sft_steps']} SFT steps x "
-          f"{s['batch_size']} (error_rate {s['error_rate']}, lateness {s['lateness']}) -> {path}", flush=True)
+          f"{s['batch_size']} (step_error_rate {s['step_error_rate']}, lateness {s['lateness']}) -> {path}", flush=True)
     t0 = time.time()
     losses = _sft(model, tokenizer, s)
     seconds = time.time() - t0
@@ -303,6 +327,43 @@ def warm_start(cache_dir: str, seed: int = 0, **kw):
                    "torch_threads": torch.get_num_threads()}, f, indent=1)
     print(f"toy warm start: done in {seconds:.0f}s, saved to {path}", flush=True)
     return model, tokenizer
+
+
+def refiner_path(cache_dir: str, seed: int = 0, **kw) -> str:
+    """Directory of the model refiner built on the warm start with these settings (see `refiner_model`)."""
+    ref = {k: kw.pop(k) for k in list(kw) if k in REFINER_DEFAULTS}
+    s = {**_settings(seed, kw), **REFINER_DEFAULTS, **ref}
+    digest = hashlib.sha256(json.dumps(s, sort_keys=True).encode()).hexdigest()[:12]
+    return os.path.join(cache_dir, f"toy_refiner_{digest}")
+
+
+def refiner_model(cache_dir: str, seed: int = 0, **kw):
+    """(model, tokenizer): the toy MODEL refiner, a stronger policy of the same architecture: the warm start
+    trained `refiner_steps` more SFT steps on clean solutions only (no slips), at `refiner_lr`. Cached like
+    the warm start (built on it, so the warm start is trained first if it is missing). Returned in eval mode.
+    It still errs (capacity errors, sampling at the refiner's temperature): its repairs can fail."""
+    from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
+
+    ref = {k: kw.pop(k) for k in list(kw) if k in REFINER_DEFAULTS}
+    path = refiner_path(cache_dir, seed, **kw, **ref)
+    if os.path.exists(os.path.join(path, "warm_start.json")):
+        model = Qwen2ForCausalLM.from_pretrained(path).eval()
+        print(f"toy model refiner: loaded {path}", flush=True)
+        return model, PreTrainedTokenizerFast.from_pretrained(path)
+    model, tokenizer = warm_start(cache_dir, seed, **kw)
+    r = {**REFINER_DEFAULTS, **ref}
+    s = {**_settings(seed, kw), "sft_steps": r["refiner_steps"], "lr": r["refiner_lr"], "step_error_rate": 0.0,
+         "seed": seed + 1}   # another problem stream than the warm start's
+    print(f"toy model refiner: {r['refiner_steps']} clean SFT steps on the warm start -> {path}", flush=True)
+    t0 = time.time()
+    losses = _sft(model, tokenizer, s)
+    os.makedirs(path, exist_ok=True)
+    model.save_pretrained(path)
+    tokenizer.save_pretrained(path)
+    with open(os.path.join(path, "warm_start.json"), "w") as f:   # written last: marks a complete cache
+        json.dump({"settings": {**_settings(seed, kw), **r}, "seconds": round(time.time() - t0, 1),
+                   "losses": losses}, f, indent=1)
+    return model.eval(), tokenizer
 
 
 # ---------------------------------------------------------------- PRM and refiner stand-ins

@@ -1,0 +1,189 @@
+"""Tests of issue 11's switches: --rectify-groups, --offpolicy-credit, the toy model refiner, and the study's
+statistics. The scope.py runs are in-process toy runs of 2-3 steps on the shipped warm start (cache/)."""
+import json
+import math
+import os
+import random
+
+import pytest
+import torch
+
+import grpo
+import toy
+
+
+# ---------------------------------------------------------------- unit credit on refiner tokens, by hand
+
+def test_unit_credit_hand_numbers():
+    """One sequence, 3 response tokens: token 0 the policy's, tokens 1-2 the refiner's (π = 0.77, 0.97).
+    A = 0.5, Z = N · max_new_tokens = 1 · 4. unit: ℓ = −A·log π, dℓ/dlogp = −A; shaped: ℓ = −A·π/(π+γ)."""
+    pi = torch.tensor([[0.6, 0.77, 0.97]])
+    logp = pi.log().clone().requires_grad_(True)
+    kw = dict(old_logp=pi.log(), advantages=torch.tensor([0.5]), response_mask=torch.ones(1, 3),
+              offpolicy_mask=torch.tensor([[0.0, 1.0, 1.0]]), loss_agg="constant", max_new_tokens=4)
+    loss, _ = grpo.policy_loss(logp, **kw, offpolicy_credit="unit")
+    # on-policy token: ratio 1 -> −A; refiner tokens: −A·log π
+    want = (-0.5 - 0.5 * math.log(0.77) - 0.5 * math.log(0.97)) / 4
+    assert loss.item() == pytest.approx(want, rel=1e-6)
+    loss.backward()
+    assert logp.grad.tolist()[0] == pytest.approx([-0.125, -0.125, -0.125], rel=1e-6)
+
+    logp2 = pi.log().clone().requires_grad_(True)
+    loss2, _ = grpo.policy_loss(logp2, **kw, shaping_gamma=0.1)   # default: shaped
+    want2 = (-0.5 - 0.5 * 0.77 / 0.87 - 0.5 * 0.97 / 1.07) / 4
+    assert loss2.item() == pytest.approx(want2, rel=1e-6)
+    loss2.backward()
+    # the corrected token at π = 0.77 gets γπ/(π+γ)² ≈ 0.102 of the unit gradient
+    assert logp2.grad[0, 1].item() == pytest.approx(-0.5 * 0.1 * 0.77 / 0.87 ** 2 / 4, rel=1e-5)
+    assert logp2.grad[0, 1].item() / logp.grad[0, 1].item() == pytest.approx(0.1017, abs=1e-3)
+
+
+def test_unit_credit_rejects_unknown_value():
+    z = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="offpolicy_credit"):
+        grpo.policy_loss(z, z, torch.zeros(1), torch.ones(1, 2), torch.ones(1, 2), max_new_tokens=2,
+                         offpolicy_credit="units")
+
+
+# ---------------------------------------------------------------- toy world v2 pieces
+
+def test_slip_probability_and_uniform_positions():
+    assert toy.slip_probability(1, 0.3) == pytest.approx(0.3)
+    assert toy.slip_probability(6, 0.3) == pytest.approx(1 - 0.7 ** 6)
+    rng = random.Random(0)
+    draws = [toy.draw_error_at(4, rng, lateness=0.0, boxed=False) for _ in range(8000)]
+    assert set(draws) == {0, 1, 2, 3}                           # never the answer copy (index 4)
+    assert all(abs(draws.count(k) / 8000 - 0.25) < 0.03 for k in range(4))
+    with pytest.raises(ValueError, match="no step"):
+        toy.draw_error_at(0, rng, lateness=0.0, boxed=False)
+
+
+def test_ladder_covers_one_to_six_operations():
+    ops = {len(toy.parse_question(p["question"])[1]) for p in toy.make_problems(300, seed=0)}
+    assert ops == set(range(toy.TASK_DEFAULTS["min_ops"], toy.TASK_DEFAULTS["max_ops"] + 1)) == set(range(1, 7))
+
+
+def test_refiner_cache_is_apart_from_the_warm_start(tmp_path):
+    assert toy.refiner_path(str(tmp_path)) != toy.cache_path(str(tmp_path))
+    assert toy.refiner_path(str(tmp_path), refiner_steps=5) != toy.refiner_path(str(tmp_path))
+    with pytest.raises(TypeError, match="refiner_stpes"):
+        toy.refiner_path(str(tmp_path), refiner_stpes=5)
+
+
+# ---------------------------------------------------------------- scope.py in the toy world
+
+def run_toy(tmp_path, *flags, steps=3):
+    import scope
+
+    name = str(tmp_path / "run")
+    args = scope.parse_args(["--toy", "--steps", str(steps), "--eval-every", "0", "--run-name", name, *flags])
+    scope.main(args)
+    with open(os.path.join(name, "traces.jsonl")) as f:
+        traces = [json.loads(line) for line in f]
+    with open(os.path.join(name, "metrics.jsonl")) as f:
+        metrics = [json.loads(line) for line in f]
+    return traces, metrics
+
+
+def test_all_fail_only_never_rectifies_a_group_with_a_success(tmp_path):
+    traces, metrics = run_toy(tmp_path, "--rectify-groups", "all-fail")
+    assert traces, "no all-fail group in 3 steps: the toy regime lost its all-fail groups"
+    for tr in traces:
+        assert tr["group_all_fail"] and tr["group_rewards"] and max(tr["group_rewards"]) == 0.0, tr
+    assert sum(m["rectify_all_fail"] for m in metrics) == sum(m["rectify_accepted"] for m in metrics)
+
+
+def test_any_rectifies_mixed_groups_and_records_group_rewards(tmp_path):
+    traces, metrics = run_toy(tmp_path, "--rectify-groups", "any", steps=2)
+    mixed = [tr for tr in traces if not tr["group_all_fail"]]
+    assert mixed and all(max(tr["group_rewards"]) == 1.0 for tr in mixed)
+    assert all(len(tr["group_rewards"]) == 8 for tr in traces)   # the group before repair (G = 8)
+
+
+def test_model_refiner_goes_through_refiner_and_splice(tmp_path, monkeypatch):
+    import refine
+    import scope
+
+    calls = {"continue_from": 0, "splice": 0, "credit": []}
+    real_continue, real_splice, real_update = refine.Refiner.continue_from, refine.splice, scope.update
+
+    def continue_from(self, *a, **k):
+        calls["continue_from"] += 1
+        return real_continue(self, *a, **k)
+
+    def splice(*a, **k):
+        calls["splice"] += 1
+        return real_splice(*a, **k)
+
+    def update(*a, **k):
+        calls["credit"].append(k["offpolicy_credit"])
+        return real_update(*a, **k)
+
+    monkeypatch.setattr(refine.Refiner, "continue_from", continue_from)
+    monkeypatch.setattr(refine, "splice", splice)
+    monkeypatch.setattr(scope, "update", update)
+    traces, metrics = run_toy(tmp_path, "--refiner", "toy-model", "--offpolicy-credit", "unit", steps=2)
+    assert calls["continue_from"] == sum(1 for m in metrics if m["rectify_tried"]) > 0
+    assert calls["splice"] == 2 * len(traces)                       # --refine-attempts 2 candidates each
+    assert calls["credit"] == ["unit", "unit"]
+    accepted = [tr for tr in traces if tr["accepted"]]
+    assert accepted, "the model refiner repaired nothing in 2 steps"
+    for tr in accepted:   # the kept prefix is the policy's own text, the suffix the refiner's
+        assert tr["prefix_text"] + tr["suffixes"][tr["attempt_correct"].index(True)]
+        assert tr["reward_after"] == 1.0
+
+
+def test_unknown_toy_refiner_is_refused(tmp_path, capsys):
+    """The pre-flight refuses it in one line (exit code 2) naming the valid toy refiners."""
+    with pytest.raises(SystemExit) as exc:
+        run_toy(tmp_path, "--refiner", "toy-big", steps=1)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert "--refiner 'toy-big'" in err and "toy-oracle" in err
+
+
+# ---------------------------------------------------------------- the study's statistics
+
+def test_ci95_hand_numbers():
+    from experiment import ci95
+
+    c = ci95([0.01, 0.03, 0.02])           # mean 0.02, sd 0.01, t_{0.975,2} = 4.303
+    assert c["mean"] == pytest.approx(0.02)
+    assert c["hi"] - c["mean"] == pytest.approx(4.303 * 0.01 / math.sqrt(3))
+    assert ci95([0.5])["lo"] is None and ci95([])["n"] == 0
+
+
+def test_paired_difference_matches_seeds():
+    from experiment import paired
+
+    def run(row, seed, acc):
+        return {"row": row, "seed": seed, "group": "main", "steps": 5, "eval": {"acc_t1": acc}, "train": {}}
+
+    results = [run("grpo", 0, 0.5), run("grpo", 1, 0.6), run("x", 1, 0.7), run("x", 0, 0.4)]
+    d = paired(results, "main", ["acc_t1"])["x"]["acc_t1"]
+    assert d["n"] == 2 and d["mean"] == pytest.approx((-0.1 + 0.1) / 2)
+
+
+def test_study_plan_has_the_issue_rows():
+    """Stage 1: 7 grid rows x seeds (+ 2 warm-start evals); stage 2 from the ranking: best + unit credit /
+    model refiner / PRM noise 0.2, long runs of grpo and best (4x steps, long seeds), weak start rows."""
+    from experiment import GRID, parse_args, plan_grid, plan_stage2, scope_command
+
+    args = parse_args(["--seeds", "0,1,2,3,4", "--steps", "40"])
+    grid = plan_grid(args)
+    assert len(grid) == 2 + 5 * len(GRID) and {j["row"] for j in grid} == set(GRID) | {"warm start"}
+    stage2 = plan_stage2(args, ["scope all-fail/append", "scope any/replace"])
+    rows = {(j["group"], j["row"]) for j in stage2}
+    best = "scope all-fail/append"
+    assert {("main", f"{best} + unit credit"), ("main", f"{best} + model refiner"), ("main", f"{best} + PRM noise 0.2"),
+            ("long", "grpo"), ("long", f"best: {best}"), ("weak", "grpo"), ("weak", best)} == rows
+    long = [j for j in stage2 if j["group"] == "long"]
+    assert len(long) == 6 and all(j["steps"] == 160 for j in long) and {j["seed"] for j in long} == {0, 1, 2}
+    runner_up = plan_stage2(parse_args(["--weak-runner-up"]), ["scope all-fail/append", "scope any/replace"])
+    assert ("weak", "scope any/replace") in {(j["group"], j["row"]) for j in runner_up}
+    unit = next(j for j in stage2 if j["row"].endswith("unit credit"))
+    cmd = scope_command(unit, args)
+    assert cmd[cmd.index("--offpolicy-credit") + 1] == "unit" and cmd[cmd.index("--rectify-groups") + 1] == "all-fail"
+    weak = next(j for j in stage2 if j["group"] == "weak")
+    assert "--dataset" in scope_command(weak, args)
+    assert len({j["name"] for j in grid + stage2}) == len(grid + stage2)   # no two runs share a folder
