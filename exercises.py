@@ -57,7 +57,10 @@ SCOPE_RUNS = ("tests/test_scope.py::test_each_mode_runs_two_toy_steps",
               "tests/test_runs.py::test_folder_without_checkpoint_is_resumed_only_on_purpose",
               "tests/test_runs.py::test_resume_below_the_checkpoint_step_is_refused",
               "tests/test_runs.py::test_second_process_on_a_live_run_stops_at_once",
-              "tests/test_runs.py::test_second_run_under_the_same_name_is_refused")
+              "tests/test_runs.py::test_second_run_under_the_same_name_is_refused",
+              "tests/test_study_flags.py::test_all_fail_only_never_rectifies_a_group_with_a_success",
+              "tests/test_study_flags.py::test_any_rectifies_mixed_groups_and_records_group_rewards",
+              "tests/test_study_flags.py::test_model_refiner_goes_through_refiner_and_splice")
 # the issue-13 regression of an empty failed response runs scope.first_errors: split_steps, cut_point, keep_ratio
 # and step_token_spans
 FIRST_ERRORS = ("tests/test_runs.py::test_empty_failed_response_keeps_nothing",)
@@ -68,7 +71,8 @@ POLICY_LOSS_TESTS = ("tests/test_grpo.py::test_policy_loss_hand_computed",
                      "tests/test_grpo.py::test_policy_loss_gradient_closed_form",
                      "tests/test_grpo.py::test_kl_and_entropy_gradients",
                      "tests/test_grpo.py::test_junk_outside_its_tokens_gives_no_nan",
-                     "tests/test_grpo.py::test_policy_loss_matches_loop")
+                     "tests/test_grpo.py::test_policy_loss_matches_loop",
+                     "tests/test_study_flags.py::test_unit_credit_hand_numbers")
 UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch",
                 "tests/test_grpo.py::test_update_loss_equals_policy_loss",
                 "tests/test_grpo.py::test_update_changes_every_parameter_tiny_qwen2",
@@ -128,7 +132,8 @@ EXERCISES = [
     Exercise("policy_loss", "grpo.py:loss_normaliser, grpo.py:policy_loss (and _token_terms)",
              "the mixed on/off-policy objective with the Dr. GRPO constant normaliser",
              ("tests/test_grpo.py::test_loss_normaliser_hand_computed",) + POLICY_LOSS_TESTS, 2,
-             depends=("clipped_surrogate", "shaped_offpolicy"), breaks=UPDATE_TESTS + SCOPE_RUNS,
+             depends=("clipped_surrogate", "shaped_offpolicy"),
+             breaks=("tests/test_study_flags.py::test_unit_credit_rejects_unknown_value",) + UPDATE_TESTS + SCOPE_RUNS,
              task="Z, then compose the clipped surrogate, the shaped term, KL and entropy, sum / Z"),
     Exercise("splice", "refine.py:splice",
              "prefix-preserving rectification: the policy's prefix ids kept verbatim + the refiner's suffix",
