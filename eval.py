@@ -1,11 +1,11 @@
-"""eval.py — answers, grading, benchmarks and the paper's evaluation metrics.
+"""eval.py — the paper's evaluation: metrics, `evaluate`, the command line, training curves and traces.
 
 What it implements (SCOPE, Ren et al. 2026, arXiv 2602.24110):
   1. `extract_answer` / `grade`: re-exported from grader.py, the verifier that gives every rollout its
      0/1 outcome reward (its rules, limits and safety are in grader.py's docstring).
-  2. `load_problems` / `BENCHMARKS`: training sets and the paper's benchmarks by name (Table 1: AIME24,
-     AIME25, AMC, MATH-500, Minerva, OlympiadBench; out of domain: ARC-c, GPQA-diamond, MMLU-Pro), any
-     Hugging Face dataset id, a local .jsonl/.json file, or "toy" (the CPU toy world).
+  2. `load_problems` / `BENCHMARKS`: re-exported from problems.py, which owns the benchmark table, the
+     local / Hugging Face / toy loaders and the row checks (Table 1: AIME24, AIME25, AMC, MATH-500, Minerva,
+     OlympiadBench; out of domain: ARC-c, GPQA-diamond, MMLU-Pro).
   3. Metrics, as pure functions: unbiased pass@k (Chen et al. 2021); the Table-4 diversity metrics
      distinct-1/4, self-BLEU, self-ROUGE-L and div-score; Near-miss@k (r = 0) (Fig. 7); the share of
      discarded valid trajectories (Fig. 3); median with p10/p90 across prompts (Table 4).
@@ -18,11 +18,11 @@ How to run:
   python eval.py --model runs/NAME/checkpoint --benchmarks toy --n 4      # a toy-world checkpoint
   python eval.py --model ckpt --benchmarks my_problems.jsonl --limit 50    # any local JSONL file
   python eval.py --diversity --model ckpt --benchmarks aime24 --n 10 --temperature 1.0   # Table 4
-  python eval.py --plot runs/scope runs/grpo --out curves.png
-  python eval.py --trace runs/scope --step 40 --html trace.html
+  python eval.py --plot runs/scope-toy-s0 runs/grpo-toy-s0 --out curves.png   # two `scope.py --toy` runs
+  python eval.py --trace runs/scope-toy-s0 --step 40 --html trace.html
   python eval.py --grader-bench
 
-Departures and choices (the grader's own list is in grader.py):
+Departures and choices (the grader's own list is in grader.py, the loader's in problems.py):
   1. avg@n is the mean over problems of c/n with n samples at T = 0.6, top-p 1.0 (the LUFFY harness);
      LUFFY's rows duplicate AIME/AMC 32 times instead, which is avg@32 with n = 32 here.
   2. pass@k is reported for k = 1, 2, 4, ... up to n and for n, from the same n samples.
@@ -34,290 +34,30 @@ Departures and choices (the grader's own list is in grader.py):
   6. Near-miss@k (r = 0) takes K = the cut point of prm.cut_point (a wrong answer with no flagged step
      counts its last step as the error); "discarded valid" means a zero-reward sample with keep ratio
      K / N ≥ 0.5. Both are our definitions of quantities the paper plots.
-  7. Multiple-choice questions are asked with lettered options and graded on the boxed letter.
+  7. Multiple-choice questions are asked with lettered options and graded on the boxed letter
+     (problems.py builds the prompt).
   8. Samples come from the training backends (vLLM when importable with CUDA, else HF generate), with
      generate.format_prompt: the model's chat template and the \\boxed{} instruction.
 """
 # ==== imports ====
 import argparse
-import hashlib                  # section 2: deterministic choice shuffles
 import html
 import json
 import math
 import os
-import random                   # section 2: deterministic choice shuffles
 import re
 import sys
-import warnings                 # section 2: skipped-row reports
 from collections import Counter
 
 import numpy as np
 
-from grader import _BOX_RE, extract_answer, grade, grader_benchmark  # noqa: F401  (section 1 lives in grader.py)
+from grader import extract_answer, grade, grader_benchmark  # noqa: F401  (section 1 lives in grader.py)
+from problems import BENCHMARKS, load_problems  # noqa: F401  (section 2 lives in problems.py)
 
 # ==== 1. answer extraction and grading: grader.py (re-exported here for existing callers) ====
 
 
-# ==== 2. problems and benchmarks ====
-# load_problems(source) turns a local file, a known benchmark name (BENCHMARKS), any Hugging Face dataset id
-# or "toy" into a list of {"id", "question", "answer"} records (+ "choices" for multiple choice, whose
-# answer is then the letter). Field names are read from the BENCHMARKS row, else auto-detected from
-# _QUESTION_FIELDS / _ANSWER_FIELDS / _SOLUTION_FIELDS (a solution gives its last \boxed{}). Bad rows raise
-# ValueError naming the source and the row (1-based; the line number for JSONL) unless skip_bad=True, in
-# which case they are dropped and their count is reported with warnings.warn (one line on stderr).
-# Multiple-choice questions get their options appended as "A. ...", one per line, and an instruction to box
-# the letter; GPQA's options are shuffled deterministically from the record id (the dataset lists the
-# correct answer first).
-
-_MC_INSTRUCTION = "Answer with the letter of the correct option in \\boxed{}."
-_LETTERS = "ABCDEFGHIJKLMNOP"
-
-# name -> where the data lives and how to read it. "answer_from": "field" (the answer column as is),
-# "boxed" (last \boxed{} of the column), "gsm8k" (text after the last "####"), "letter" (a letter/index key
-# into "choices"), "first_choice" (the correct option is the first of "choices"; shuffled per id).
-# Field names marked (auto) were not verified against the Hub: the auto-detection lists are tried too.
-BENCHMARKS: dict[str, dict] = {
-    "math500":    {"hf_id": "HuggingFaceH4/MATH-500", "config": None, "split": "test", "kind": "math",
-                   "question": "problem", "answer": "answer", "answer_from": "field", "id": "unique_id"},
-    "aime24":     {"hf_id": "HuggingFaceH4/aime_2024", "config": None, "split": "train", "kind": "math",
-                   "question": "problem", "answer": "answer", "answer_from": "field", "id": "id"},
-    "aime25":     {"hf_id": "opencompass/AIME2025", "config": ["AIME2025-I", "AIME2025-II"], "split": "test",
-                   "kind": "math", "question": "question", "answer": "answer", "answer_from": "field", "id": None},
-    "amc":        {"hf_id": "AI-MO/aimo-validation-amc", "config": None, "split": "train", "kind": "math",
-                   "question": "problem", "answer": "answer", "answer_from": "field", "id": "id"},
-    "minerva":    {"hf_id": "math-ai/minervamath", "config": None, "split": "test", "kind": "math",
-                   "question": "question", "answer": "answer", "answer_from": "field", "id": None},  # (auto)
-    "olympiad":   {"hf_id": "math-ai/olympiadbench", "config": None, "split": "test", "kind": "math",
-                   "question": "question", "answer": "final_answer", "answer_from": "field", "id": "id"},  # (auto)
-    "math-train": {"hf_id": "DigitalLearningGmbH/MATH-lighteval", "config": "default", "split": "train",
-                   "kind": "math", "question": "problem", "answer": "solution", "answer_from": "boxed", "id": None},
-    "gsm8k":      {"hf_id": "openai/gsm8k", "config": "main", "split": "test", "kind": "math",
-                   "question": "question", "answer": "answer", "answer_from": "gsm8k", "id": None},
-    "arc-c":      {"hf_id": "allenai/ai2_arc", "config": "ARC-Challenge", "split": "test", "kind": "mc",
-                   "question": "question", "answer": "answerKey", "answer_from": "letter", "id": "id",
-                   "choices": "choices"},                  # choices = {"text": [...], "label": [...]}
-    "gpqa":       {"hf_id": "Idavidrein/gpqa", "config": "gpqa_diamond", "split": "train", "kind": "mc",
-                   "question": "Question", "answer": "Correct Answer", "answer_from": "first_choice",
-                   "id": "Record ID", "gated": True,
-                   "choices": ["Correct Answer", "Incorrect Answer 1", "Incorrect Answer 2", "Incorrect Answer 3"]},
-    "mmlu-pro":   {"hf_id": "TIGER-Lab/MMLU-Pro", "config": None, "split": "test", "kind": "mc",
-                   "question": "question", "answer": "answer", "answer_from": "letter", "id": "question_id",
-                   "choices": "options"},
-}
-_QUESTION_FIELDS = ("question", "problem", "prompt", "Problem", "Question", "query")
-_ANSWER_FIELDS = ("answer", "final_answer", "Answer", "ground_truth", "gt", "target")
-_SOLUTION_FIELDS = ("solution", "Solution", "reference_solution")
-_ID_FIELDS = ("id", "unique_id", "ID", "idx", "problem_idx", "question_id")
-
-
-def _answer_text(value) -> str:
-    """A gold answer as a string: 142.0 -> "142"; a list (OlympiadBench final_answer) -> its first item."""
-    if isinstance(value, (list, tuple)):
-        value = value[0] if len(value) else ""
-    if isinstance(value, bool) or value is None:
-        return ""
-    if isinstance(value, float):
-        return str(int(value)) if value.is_integer() else repr(value)
-    if isinstance(value, int):
-        return str(value)
-    return value.strip().strip("$").strip() if isinstance(value, str) else ""
-
-
-def _pick(row: dict, preferred, candidates):
-    """(field name, value) of the first present, non-empty field: `preferred` first, then `candidates`."""
-    for name in ([preferred] if preferred else []) + list(candidates):
-        value = row.get(name)
-        if value not in (None, "", [], ()):
-            return name, value
-    return None, None
-
-
-def _mc_options(row: dict, spec: dict, rid: str) -> tuple[list[str], str]:
-    """(option texts, gold letter) of a multiple-choice row."""
-    field = spec.get("choices")
-    if spec.get("answer_from") == "first_choice":                     # GPQA: one column per option
-        options = [str(row.get(f, "")).strip() for f in field]
-        order = list(range(len(options)))
-        random.Random(int(hashlib.sha256(rid.encode()).hexdigest()[:16], 16)).shuffle(order)
-        return [options[k] for k in order], _LETTERS[order.index(0)]
-    choices = row.get(field if field else "choices", row.get("options"))
-    labels = None
-    if isinstance(choices, dict):                                     # ARC: {"text": [...], "label": [...]}
-        labels, choices = [str(x) for x in choices.get("label", [])], choices.get("text", [])
-    if not isinstance(choices, (list, tuple)) or not choices or len(choices) > len(_LETTERS):
-        raise ValueError("no usable list of choices")
-    key = row.get(spec.get("answer") or "answer")
-    if isinstance(key, bool) or key in (None, ""):
-        raise ValueError("missing answer key")
-    key = str(key).strip()
-    if labels and key in labels:
-        index = labels.index(key)
-    elif key.isdigit() and not labels:
-        index = int(key)                                              # a 0-based answer index
-    elif len(key) == 1 and key.upper() in _LETTERS:
-        index = _LETTERS.index(key.upper())
-    else:
-        raise ValueError(f"answer key {key!r} is not a letter or index")
-    if not 0 <= index < len(choices):
-        raise ValueError(f"answer key {key!r} out of range for {len(choices)} choices")
-    return [str(c).strip() for c in choices], _LETTERS[index]
-
-
-def _record(row, spec: dict, index: int, name: str) -> dict:
-    """One {"id", "question", "answer"(, "choices")} record; ValueError (without the location) if bad."""
-    if not isinstance(row, dict):
-        raise ValueError(f"row is a {type(row).__name__}, not an object")
-    _, question = _pick(row, spec.get("question"), _QUESTION_FIELDS)
-    if not isinstance(question, str) or not question.strip():
-        raise ValueError(f"missing or empty question (looked for {spec.get('question') or _QUESTION_FIELDS})")
-    _, rid = _pick(row, spec.get("id"), _ID_FIELDS)
-    rid = str(rid) if rid is not None else f"{name}-{index}"
-    record = {"id": rid, "question": question.strip()}
-    mc = spec.get("kind") == "mc" or (not spec and isinstance(row.get("choices", row.get("options")), (list, dict)))
-    if mc:
-        choices, letter = _mc_options(row, spec, rid)
-        lines = "\n".join(f"{_LETTERS[k]}. {c}" for k, c in enumerate(choices))
-        record.update(question=f"{record['question']}\n\n{lines}\n\n{_MC_INSTRUCTION}", answer=letter,
-                      choices=choices)
-        return record
-    how = spec.get("answer_from", "field")
-    if how == "boxed":
-        answer = extract_answer(str(row.get(spec["answer"], ""))) or ""
-    elif how == "gsm8k":                                              # "...reasoning...\n#### 1,234"
-        text = str(row.get(spec["answer"], ""))
-        answer = text.rsplit("####", 1)[-1].replace(",", "") if "####" in text else ""
-    else:
-        field, value = _pick(row, spec.get("answer"), _ANSWER_FIELDS)
-        if field is None:                                             # no answer column: box of a solution
-            _, solution = _pick(row, None, _SOLUTION_FIELDS)
-            value = extract_answer(solution) if isinstance(solution, str) else None
-        answer = _answer_text(value)
-        if "####" in answer:                                          # GSM8K-style answer column
-            answer = answer.rsplit("####", 1)[-1]
-        elif _BOX_RE.search(answer):
-            answer = extract_answer(answer) or ""
-    answer = _answer_text(answer)
-    if not answer:
-        looked = spec.get("answer") or _ANSWER_FIELDS + _SOLUTION_FIELDS
-        raise ValueError(f"missing or empty answer (looked for {looked})")
-    record["answer"] = answer
-    return record
-
-
-class _BadLine(str):
-    """A .jsonl line that could not be read (invalid JSON, not UTF-8): the reason. load_problems raises it
-    with the file and line, or skips it with skip_bad=True."""
-
-
-def _read_local(path: str) -> list[tuple[int, object]]:
-    """[(row number, row)] of a .jsonl (row number = line number; an unreadable line is a _BadLine) or .json
-    (a list, or {"...": [rows]}). Text must be UTF-8: an error names the file and the line."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if path.endswith(".jsonl"):
-        rows = []
-        for lineno, line in enumerate(raw.split(b"\n"), start=1):
-            try:
-                text = line.decode("utf-8-sig" if lineno == 1 else "utf-8")
-            except UnicodeDecodeError as e:
-                rows.append((lineno, _BadLine(f"not UTF-8 text (byte {line[e.start]:#04x} at column {e.start + 1})")))
-                continue
-            if text.strip():
-                try:
-                    rows.append((lineno, json.loads(text)))
-                except json.JSONDecodeError as e:
-                    rows.append((lineno, _BadLine(f"invalid JSON ({e.msg})")))
-        return rows
-    try:
-        text = raw.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
-        raise ValueError(f"{path}: line {line}: not UTF-8 text (byte {raw[e.start]:#04x})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{path}: invalid JSON at line {e.lineno} ({e.msg})") from None
-    if isinstance(data, dict):
-        lists = [v for v in data.values() if isinstance(v, list)]
-        if len(lists) != 1:
-            raise ValueError(f"{path}: expected a list of rows or an object holding one list")
-        data = lists[0]
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: expected a list of rows")
-    return list(enumerate(data, start=1))
-
-
-def _read_hf(hf_id: str, config, split: str | None) -> list[tuple[int, object]]:
-    """[(row number, row)] of a Hugging Face dataset (several configs are concatenated)."""
-    import datasets  # lazy: only the HF path needs it
-
-    rows = []
-    for cfg in (config if isinstance(config, list) else [config]):
-        ds = datasets.load_dataset(hf_id, cfg, split=split) if split else datasets.load_dataset(hf_id, cfg)
-        if isinstance(ds, dict):                                      # no split given: prefer test, then train
-            key = next((k for k in ("test", "validation", "train") if k in ds), next(iter(ds), None))
-            if key is None:
-                raise ValueError(f"{hf_id}: the dataset has no splits")
-            ds = ds[key]
-        rows.extend(dict(r) for r in ds)
-    return list(enumerate(rows, start=1))
-
-
-def load_problems(source: str, split: str | None = None, limit: int | None = None, *,
-                  skip_bad: bool = False) -> list[dict]:
-    """Problems as [{"id", "question", "answer"}] (+ "choices" for multiple choice; the answer is a letter).
-
-    source: "toy" (toy.make_problems; split "train" uses seed 1, anything else seed 0), a name in
-    BENCHMARKS, a local .jsonl/.json file, or a Hugging Face dataset id ("owner/name" or "owner/name:config";
-    split defaults to test, else validation, else train). limit keeps the first `limit` good rows.
-    A row with a missing/empty question or answer raises ValueError naming the source and row number
-    (the line number for JSONL); with skip_bad=True such rows are skipped and their count is reported
-    through warnings.warn. Split is ignored for local files. Multiple-choice rows (a "choices"/"options"
-    list, or {"text", "label"} as in ARC) take their key as a letter, a label, or a 0-based index."""
-    if limit is not None and limit < 0:
-        raise ValueError(f"load_problems: limit must be >= 0, got {limit}")
-    if source == "toy":
-        import toy  # lazy: the toy world is only needed for the toy benchmark
-
-        return toy.make_problems(500 if limit is None else limit, seed=1 if split == "train" else 0)
-    spec, name = {}, os.path.splitext(os.path.basename(source))[0]
-    if source in BENCHMARKS:
-        spec, name = BENCHMARKS[source], source
-        try:
-            rows = _read_hf(spec["hf_id"], spec["config"], split or spec["split"])
-        except Exception as e:
-            if not spec.get("gated"):
-                raise
-            raise RuntimeError(f"load_problems: {source} ({spec['hf_id']}) is gated on the Hugging Face hub: "
-                               f"accept its terms on the dataset page and log in (`hf auth login` or "
-                               f"`huggingface-cli login`). "
-                               f"[{type(e).__name__}: {e}]") from e
-    elif os.path.exists(source):
-        rows = _read_local(source)
-    elif source.endswith((".json", ".jsonl")):
-        raise FileNotFoundError(f"load_problems: no such file {source!r}")
-    elif "/" in source:
-        hf_id, _, config = source.partition(":")
-        rows = _read_hf(hf_id, config or None, split)
-    else:
-        raise ValueError(f"load_problems: unknown source {source!r}: not a file, not 'toy', not one of "
-                         f"{sorted(BENCHMARKS)} and not a Hugging Face id 'owner/name'")
-    problems, bad = [], []
-    for rowno, row in rows:
-        if limit is not None and len(problems) >= limit:
-            break
-        try:
-            if isinstance(row, _BadLine):   # an unreadable .jsonl line: reported or skipped like a bad row
-                raise ValueError(str(row))
-            problems.append(_record(row, spec, rowno, name))
-        except ValueError as e:
-            where = "line" if source.endswith(".jsonl") else "row"
-            if not skip_bad:
-                raise ValueError(f"{source}: {where} {rowno}: {e}") from None
-            bad.append(f"{where} {rowno}: {e}")
-    if bad:
-        warnings.warn(f"load_problems: skipped {len(bad)} bad row(s) of {source} (first: {bad[0]})", stacklevel=2)
-    return problems
+# ==== 2. problems and benchmarks: problems.py (re-exported here for existing callers) ====
 
 
 # ==== 3. metrics: pass@k, diversity, near misses ====

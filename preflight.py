@@ -201,7 +201,7 @@ def hub_models(args, resume_step: int | None) -> list[str]:
 
 
 def hub_datasets(args) -> list[str]:
-    from eval import BENCHMARKS
+    from problems import BENCHMARKS
 
     sources = [args.dataset] + ([args.eval_dataset] if args.eval_every else [])
     return [s for s in sources if s in BENCHMARKS or ("/" in s and not os.path.exists(s))]
@@ -262,7 +262,7 @@ def check_hub(args, resume_step: int | None) -> tuple[bool, list[str]]:
 def load_data(args, offline: bool, notes: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     """(train, eval) problems, loaded before any model and checked non-empty (toy questions with --toy).
     A --dry-run without network skips hub data sets and says so in `notes`."""
-    from eval import load_problems
+    from problems import load_problems
 
     def load(flag: str, source: str, **kw) -> list[dict]:
         if args.dry_run and offline and source in hub_datasets(args):

@@ -216,35 +216,6 @@ def test_rejected_flag_from_the_command_line_is_fast(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip() == "error: --resume runs/nope: no such folder", proc.stderr
 
 
-def test_load_problems_names_file_and_line_of_non_utf8(tmp_path):
-    """Issue 13: a non-UTF-8 data file's error had no line number."""
-    from eval import load_problems
-
-    path = tmp_path / "latin1.jsonl"
-    path.write_bytes(json.dumps({"question": "ok?", "answer": "1"}).encode() + b"\n"
-                     + b'{"question": "caf\xe9?", "answer": "2"}\n')
-    with pytest.raises(ValueError, match=r"latin1\.jsonl: line 2: not UTF-8"):
-        load_problems(str(path))
-    jpath = tmp_path / "latin1.json"
-    jpath.write_bytes(b'[\n{"question": "a", "answer": "1"},\n{"question": "caf\xe9", "answer": "2"}\n]')
-    with pytest.raises(ValueError, match=r"latin1\.json: line 3: not UTF-8"):
-        load_problems(str(jpath))
-    with pytest.warns(UserWarning, match="line 2: not UTF-8"):
-        assert [p["answer"] for p in load_problems(str(path), skip_bad=True)] == ["1"]
-
-
-def test_skip_bad_skips_invalid_json_lines(tmp_path):
-    """Issue 13: `load_problems(..., skip_bad=True)` still raised on an invalid-JSON line."""
-    from eval import load_problems
-
-    path = tmp_path / "p.jsonl"
-    path.write_text('{"question": "a", "answer": "1"}\n{"question": "b", "ans\n{"question": "c", "answer": "3"}\n')
-    with pytest.raises(ValueError, match=r"p\.jsonl: line 2: invalid JSON"):
-        load_problems(str(path))
-    with pytest.warns(UserWarning, match="skipped 1 bad row"):
-        assert [p["answer"] for p in load_problems(str(path), skip_bad=True)] == ["1", "3"]
-
-
 def test_eval_report_goes_next_to_the_evaluated_run(tmp_path):
     """Issue 13: `eval.py --model runs/X/checkpoint` wrote eval_checkpoint.json into the working directory, so
     every run's evaluation overwrote the same file."""

@@ -1,4 +1,4 @@
-"""Tests of eval.py section 2: load_problems, BENCHMARKS and the grader benchmark (issue 2).
+"""Tests of problems.py: load_problems, BENCHMARKS, the row checks and error rules (issues 2, 13, 14).
 
 Nothing is downloaded: local files are written to tmp_path, and the Hugging Face path runs against a fake
 `datasets.load_dataset` installed with monkeypatch."""
@@ -8,7 +8,8 @@ import types
 
 import pytest
 
-import eval as E
+import problems as P
+from grader import grade
 
 
 def write_jsonl(path, rows):
@@ -25,7 +26,7 @@ def test_jsonl_with_auto_detected_fields(tmp_path):
         {"question": "GSM?", "answer": "so 3 + 4 = 7\n#### 7"},               # GSM8K style
         {"question": "AMC?", "answer": 142.0},                                 # AMC float answers
     ])
-    problems = E.load_problems(src)
+    problems = P.load_problems(src)
     assert [p["answer"] for p in problems] == ["2", "4", "\\frac{1}{2}", "9", "7", "142"]
     assert [p["question"] for p in problems][:2] == ["1+1?", "2+2?"]
     assert problems[0]["id"] == "a" and problems[1]["id"] == "p-2"
@@ -34,15 +35,15 @@ def test_jsonl_with_auto_detected_fields(tmp_path):
 def test_json_list_and_limit(tmp_path):
     path = tmp_path / "p.json"
     path.write_text(json.dumps([{"question": f"q{i}", "answer": str(i)} for i in range(5)]))
-    assert [p["answer"] for p in E.load_problems(str(path), limit=3)] == ["0", "1", "2"]
+    assert [p["answer"] for p in P.load_problems(str(path), limit=3)] == ["0", "1", "2"]
     path.write_text(json.dumps({"data": [{"question": "q", "answer": "1"}]}))
-    assert E.load_problems(str(path))[0]["answer"] == "1"
+    assert P.load_problems(str(path))[0]["answer"] == "1"
 
 
 def test_blank_lines_are_ignored_but_counted(tmp_path):
     src = write_jsonl(tmp_path / "p.jsonl", [{"question": "a", "answer": "1"}, "", {"question": "", "answer": "2"}])
     with pytest.raises(ValueError, match=r"p\.jsonl: line 3: missing or empty question"):
-        E.load_problems(src)
+        P.load_problems(src)
 
 
 @pytest.mark.parametrize("row,message", [
@@ -56,7 +57,7 @@ def test_blank_lines_are_ignored_but_counted(tmp_path):
 def test_bad_row_names_source_and_line(tmp_path, row, message):
     src = write_jsonl(tmp_path / "bad.jsonl", [{"question": "ok", "answer": "1"}, row])
     with pytest.raises(ValueError) as info:
-        E.load_problems(src)
+        P.load_problems(src)
     assert "bad.jsonl: line 2" in str(info.value) and message in str(info.value)
 
 
@@ -64,21 +65,54 @@ def test_skip_bad_reports_the_count(tmp_path):
     src = write_jsonl(tmp_path / "p.jsonl", [{"question": "a", "answer": "1"}, {"question": "b"},
                                              {"question": "", "answer": "3"}, {"question": "d", "answer": "4"}])
     with pytest.warns(UserWarning, match=r"skipped 2 bad row\(s\).*line 2"):
-        problems = E.load_problems(src, skip_bad=True)
+        problems = P.load_problems(src, skip_bad=True)
     assert [p["answer"] for p in problems] == ["1", "4"]
 
 
 def test_invalid_json_line_names_file_and_line(tmp_path):
     src = write_jsonl(tmp_path / "p.jsonl", [{"question": "a", "answer": "1"}, "{not json"])
     with pytest.raises(ValueError, match=r"p\.jsonl: line 2: invalid JSON"):
-        E.load_problems(src)
+        P.load_problems(src)
+
+
+def test_load_problems_names_file_and_line_of_non_utf8(tmp_path):
+    """Issue 13: a non-UTF-8 data file's error had no line number."""
+    path = tmp_path / "latin1.jsonl"
+    path.write_bytes(json.dumps({"question": "ok?", "answer": "1"}).encode() + b"\n"
+                     + b'{"question": "caf\xe9?", "answer": "2"}\n')
+    with pytest.raises(ValueError, match=r"latin1\.jsonl: line 2: not UTF-8"):
+        P.load_problems(str(path))
+    jpath = tmp_path / "latin1.json"
+    jpath.write_bytes(b'[\n{"question": "a", "answer": "1"},\n{"question": "caf\xe9", "answer": "2"}\n]')
+    with pytest.raises(ValueError, match=r"latin1\.json: line 3: not UTF-8"):
+        P.load_problems(str(jpath))
+    with pytest.warns(UserWarning, match="line 2: not UTF-8"):
+        assert [p["answer"] for p in P.load_problems(str(path), skip_bad=True)] == ["1"]
+
+
+def test_skip_bad_skips_invalid_json_lines(tmp_path):
+    """Issue 13: `load_problems(..., skip_bad=True)` still raised on an invalid-JSON line."""
+    path = tmp_path / "p.jsonl"
+    path.write_text('{"question": "a", "answer": "1"}\n{"question": "b", "ans\n{"question": "c", "answer": "3"}\n')
+    with pytest.raises(ValueError, match=r"p\.jsonl: line 2: invalid JSON"):
+        P.load_problems(str(path))
+    with pytest.warns(UserWarning, match="skipped 1 bad row"):
+        assert [p["answer"] for p in P.load_problems(str(path), skip_bad=True)] == ["1", "3"]
+
+
+def test_eval_reexports_the_loader_and_the_table():
+    """Issue 14: the loader moved from eval.py to problems.py; `eval.load_problems` / `eval.BENCHMARKS`
+    (used by scope.py, experiment.py and user scripts) must stay the very same objects."""
+    import eval as E
+
+    assert E.load_problems is P.load_problems and E.BENCHMARKS is P.BENCHMARKS
 
 
 def test_missing_file_and_unknown_source():
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
-        E.load_problems("nope.jsonl")
+        P.load_problems("nope.jsonl")
     with pytest.raises(ValueError, match="unknown source 'mathh500'"):
-        E.load_problems("mathh500")
+        P.load_problems("mathh500")
 
 
 def test_local_multiple_choice_rows(tmp_path):
@@ -86,11 +120,11 @@ def test_local_multiple_choice_rows(tmp_path):
         {"question": "Sky colour?", "choices": ["red", "blue"], "answer": "B"},
         {"question": "Grass?", "choices": ["green", "pink"], "answer": 0},
     ])
-    p, q = E.load_problems(src)
+    p, q = P.load_problems(src)
     assert p["answer"] == "B" and p["choices"] == ["red", "blue"]
     assert "A. red\nB. blue" in p["question"] and "\\boxed{}" in p["question"]
     assert q["answer"] == "A"
-    assert E.grade("It is \\boxed{(B)}", p["answer"]) and not E.grade("\\boxed{A}", p["answer"])
+    assert grade("It is \\boxed{(B)}", p["answer"]) and not grade("\\boxed{A}", p["answer"])
 
 
 REQUIRED = {"hf_id", "config", "split", "question", "answer", "kind"}
@@ -99,12 +133,12 @@ REQUIRED = {"hf_id", "config", "split", "question", "answer", "kind"}
 def test_benchmark_table_is_complete():
     names = {"math500", "aime24", "aime25", "amc", "minerva", "olympiad", "math-train", "gsm8k",
              "arc-c", "gpqa", "mmlu-pro"}
-    assert names <= set(E.BENCHMARKS)
-    for name, spec in E.BENCHMARKS.items():
+    assert names <= set(P.BENCHMARKS)
+    for name, spec in P.BENCHMARKS.items():
         assert REQUIRED <= set(spec), name
         assert spec["kind"] in ("math", "mc")
-    assert E.BENCHMARKS["math-train"]["answer_from"] == "boxed"
-    assert {E.BENCHMARKS[n]["kind"] for n in ("arc-c", "gpqa", "mmlu-pro")} == {"mc"}
+    assert P.BENCHMARKS["math-train"]["answer_from"] == "boxed"
+    assert {P.BENCHMARKS[n]["kind"] for n in ("arc-c", "gpqa", "mmlu-pro")} == {"mc"}
 
 
 @pytest.fixture
@@ -132,10 +166,10 @@ def test_math_benchmarks_via_fake_hub(fake_hub):
     hub[("opencompass/AIME2025", "AIME2025-I", "test")] = [{"question": "a1", "answer": "70"}]
     hub[("opencompass/AIME2025", "AIME2025-II", "test")] = [{"question": "a2", "answer": "588"}]
     hub[("AI-MO/aimo-validation-amc", None, "train")] = [{"id": 7, "problem": "amc", "answer": 27.0}]
-    assert E.load_problems("math-train")[0]["answer"] == "\\frac{3}{4}"
-    assert E.load_problems("gsm8k")[0]["answer"] == "1234"
-    assert [p["answer"] for p in E.load_problems("aime25")] == ["70", "588"]
-    amc = E.load_problems("amc")[0]
+    assert P.load_problems("math-train")[0]["answer"] == "\\frac{3}{4}"
+    assert P.load_problems("gsm8k")[0]["answer"] == "1234"
+    assert [p["answer"] for p in P.load_problems("aime25")] == ["70", "588"]
+    amc = P.load_problems("amc")[0]
     assert amc == {"id": "7", "question": "amc", "answer": "27"}
     assert ("openai/gsm8k", "main", "test") in calls
 
@@ -151,11 +185,11 @@ def test_mc_benchmarks_via_fake_hub(fake_hub):
     gpqa_row = {"Record ID": "rec42", "Question": "G?", "Correct Answer": "right",
                 "Incorrect Answer 1": "w1", "Incorrect Answer 2": "w2", "Incorrect Answer 3": "w3"}
     hub[("Idavidrein/gpqa", "gpqa_diamond", "train")] = [gpqa_row]
-    arc = E.load_problems("arc-c")[0]
+    arc = P.load_problems("arc-c")[0]
     assert arc["answer"] == "C" and arc["choices"] == ["a", "b", "c", "d"] and arc["id"] == "x1"
-    mmlu = E.load_problems("mmlu-pro")[0]
+    mmlu = P.load_problems("mmlu-pro")[0]
     assert mmlu["answer"] == "J" and "J. 9" in mmlu["question"]
-    g1, g2 = E.load_problems("gpqa")[0], E.load_problems("gpqa")[0]
+    g1, g2 = P.load_problems("gpqa")[0], P.load_problems("gpqa")[0]
     assert g1 == g2                                           # the shuffle is deterministic per id
     assert g1["choices"][ord(g1["answer"]) - ord("A")] == "right"
     assert sorted(g1["choices"]) == ["right", "w1", "w2", "w3"]
@@ -167,32 +201,32 @@ def test_gpqa_shuffle_spreads_the_correct_letter(fake_hub):
     hub[("Idavidrein/gpqa", "gpqa_diamond", "train")] = [
         {"Record ID": f"r{i}", "Question": "G?", "Correct Answer": "right", "Incorrect Answer 1": "w1",
          "Incorrect Answer 2": "w2", "Incorrect Answer 3": "w3"} for i in range(40)]
-    letters = {p["answer"] for p in E.load_problems("gpqa")}
+    letters = {p["answer"] for p in P.load_problems("gpqa")}
     assert len(letters) >= 3
 
 
 def test_gated_dataset_error_says_what_to_do(fake_hub):
     with pytest.raises(RuntimeError, match="gated.*log in"):
-        E.load_problems("gpqa")                   # the fake hub has no gpqa rows: KeyError inside
+        P.load_problems("gpqa")                   # the fake hub has no gpqa rows: KeyError inside
 
 
 def test_any_hf_id_and_default_split(fake_hub):
     hub, calls = fake_hub
     hub[("someone/data", None, "train")] = [{"problem": "t", "answer": "1"}]
     hub[("someone/data", None, "test")] = [{"problem": "q", "answer": "2"}]
-    assert E.load_problems("someone/data")[0]["answer"] == "2"            # test preferred
-    assert E.load_problems("someone/data", split="train")[0]["answer"] == "1"
+    assert P.load_problems("someone/data")[0]["answer"] == "2"            # test preferred
+    assert P.load_problems("someone/data", split="train")[0]["answer"] == "1"
     hub[("someone/data", "cfg", "test")] = [{"problem": "c", "answer": "3"}]
-    assert E.load_problems("someone/data:cfg", split="test")[0]["answer"] == "3"
+    assert P.load_problems("someone/data:cfg", split="test")[0]["answer"] == "3"
 
 
 def test_bad_hf_row_names_source_and_row(fake_hub):
     hub, _ = fake_hub
     hub[("HuggingFaceH4/MATH-500", None, "test")] = [{"problem": "p", "answer": "1"}, {"problem": "p2", "answer": ""}]
     with pytest.raises(ValueError, match="math500: row 2: missing or empty answer"):
-        E.load_problems("math500")
+        P.load_problems("math500")
     with pytest.warns(UserWarning, match="skipped 1"):
-        assert len(E.load_problems("math500", skip_bad=True)) == 1
+        assert len(P.load_problems("math500", skip_bad=True)) == 1
 
 
 def test_toy_source_calls_toy_make_problems(monkeypatch):
@@ -201,7 +235,7 @@ def test_toy_source_calls_toy_make_problems(monkeypatch):
     fake.make_problems = lambda n, seed, **kw: calls.append((n, seed)) or [
         {"id": f"t{i}", "question": "q", "answer": "1", "solution_steps": []} for i in range(n)]
     monkeypatch.setitem(sys.modules, "toy", fake)
-    assert len(E.load_problems("toy", limit=3)) == 3
-    E.load_problems("toy")
-    E.load_problems("toy", split="train", limit=2)
+    assert len(P.load_problems("toy", limit=3)) == 3
+    P.load_problems("toy")
+    P.load_problems("toy", split="train", limit=2)
     assert calls == [(3, 0), (500, 0), (2, 1)]
