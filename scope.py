@@ -100,7 +100,7 @@ class Args:
     backend: str = arg("auto", "rollout engine; auto = vLLM when importable and CUDA present", ("auto", "vllm", "hf"))
     device: str = arg("auto", "auto = cuda when present; 'cpu' runs a real model on the CPU (slow)")
     # --- data
-    dataset: str = arg("math-train", "training problems: anything eval.load_problems takes (name or .jsonl)")
+    dataset: str = arg("math-train", "training problems: anything problems.load_problems takes (name or .jsonl)")
     eval_dataset: str = arg("math500", "held-out problems for the periodic evaluation")
     eval_size: int = arg(500, "number of evaluation problems (0 = all)")
     eval_n: int = arg(1, "samples per evaluation problem (accuracy = avg@n at temperature 0.6)")
