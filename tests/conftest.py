@@ -17,6 +17,8 @@
 import os
 import string
 
+import subprocess
+import sys
 import pytest
 import torch
 
@@ -208,3 +210,30 @@ def make_tiny_qwen_models(root, seed=0):
         tokenizer.save_pretrained(path)
         out[name] = path
     return out
+
+
+# ------------------------------------------------------------------------------------- scope.py as a subprocess
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def run_scope(args, cwd, check=True, timeout=300):
+    """`python scope.py ARGS` in `cwd` with one thread; on check, a non-zero exit fails with its output."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"scope.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def run_qwen_scope(tmp_path, qwen_models, backend: str, timeout: int):
+    """Two scope.py steps on the tiny Qwen-tokenizer models (policy, PRM with <extra_0>, a separate refiner) and
+    four fraction questions; the run folder is runs/q under tmp_path."""
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"question": f"Compute $\\frac{{{a}}}{{4}} + \\frac{{1}}{{4}}$.",
+                                        "answer": f"\\frac{{{a + 1}}}{{4}}"}) + "\n" for a in range(1, 5)))
+    return run_scope(["--model", qwen_models["policy"], "--prm", qwen_models["prm"], "--refiner", qwen_models["refiner"],
+                      "--device", "cpu", "--backend", backend, "--dataset", str(data), "--eval-dataset", str(data),
+                      "--eval-every", "0", "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
+                      "--max-new-tokens", "24", "--micro-batch-size", "4", "--save-every", "100", "--run-name", "q"],
+                     tmp_path, check=False, timeout=timeout)

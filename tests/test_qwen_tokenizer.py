@@ -16,10 +16,11 @@ in their own ways. Skipped with that reason when the package is not installed.
 """
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+import conftest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -165,16 +166,7 @@ def test_prm_input_is_the_model_card_format_and_cannot_be_forged(qwen_models, qw
 def test_scope_run_with_real_tokenizer_models_on_cpu(tmp_path, qwen_models):
     """scope.py end to end, 2 steps, on tiny random models with Qwen2.5's tokenizer: rollouts, PRM with
     <extra_0>, a separate refiner model (HF generate: no vLLM in this stage), update, checkpoint."""
-    data = tmp_path / "problems.jsonl"
-    data.write_text("".join(json.dumps({"question": f"Compute $\\frac{{{a}}}{{4}} + \\frac{{1}}{{4}}$.",
-                                        "answer": f"\\frac{{{a + 1}}}{{4}}"}) + "\n" for a in range(1, 5)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scope.py"), "--model", qwen_models["policy"], "--prm", qwen_models["prm"],
-         "--refiner", qwen_models["refiner"], "--device", "cpu", "--backend", "hf", "--dataset", str(data),
-         "--eval-dataset", str(data), "--eval-every", "0", "--steps", "2", "--prompts-per-step", "2",
-         "--group-size", "2", "--max-new-tokens", "24", "--micro-batch-size", "4", "--save-every", "100",
-         "--run-name", "q"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = conftest.run_qwen_scope(tmp_path, qwen_models, "hf", timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = tmp_path / "runs" / "q"
     rows = [json.loads(line) for line in open(run / "metrics.jsonl")]

@@ -15,6 +15,8 @@ import sys
 import time
 
 import pytest
+
+from conftest import run_scope
 import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -145,15 +147,6 @@ def test_torn_last_jsonl_line_is_dropped_with_a_warning(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------------------------ CLI, on a real toy run
-def run_scope(args, cwd, check=True):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"scope.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
-
-
 def read_steps(path):
     with open(path) as f:
         return [json.loads(line)["step"] for line in f]

@@ -10,10 +10,11 @@ The toy policy here is a tiny warm start (a few SFT steps) built once per sessio
 """
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+from conftest import run_scope
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -24,15 +25,6 @@ REQUIRED = ["step", "mode", "reward_mean", "frac_all_fail", "frac_all_pass", "re
             "time_update", "time_sync", "time_step"]
 TINY = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "96",
         "--micro-batch-size", "4", "--eval-size", "4", "--save-every", "100"]
-
-
-def run_scope(args, cwd, check=True):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=300)
-    if check and proc.returncode != 0:
-        raise AssertionError(f"scope.py {' '.join(args)} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
-    return proc
 
 
 def read_jsonl(path):

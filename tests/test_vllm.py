@@ -29,6 +29,8 @@ import subprocess
 import sys
 
 import pytest
+
+import conftest
 import torch
 
 pytest.importorskip("vllm", reason="vllm is not installed (run `bash .ci/vllm_stage.sh` for the vLLM stage)")
@@ -265,16 +267,7 @@ def qwen_models(tmp_path_factory):
 def test_real_tokenizer_run_with_the_refiner_on_vllm_serve(tmp_path, qwen_models):
     """(6) With vLLM installed, refiner work never goes through HF generate: scope.py starts `vllm serve` for
     the separate refiner, health-checks it, refines through it, logs it in the run folder, and stops it."""
-    data = tmp_path / "problems.jsonl"
-    data.write_text("".join(json.dumps({"question": f"Compute $\\frac{{{a}}}{{4}} + \\frac{{1}}{{4}}$.",
-                                        "answer": f"\\frac{{{a + 1}}}{{4}}"}) + "\n" for a in range(1, 5)))
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scope.py"), "--model", qwen_models["policy"], "--prm", qwen_models["prm"],
-         "--refiner", qwen_models["refiner"], "--device", "cpu", "--backend", "vllm", "--dataset", str(data),
-         "--eval-dataset", str(data), "--eval-every", "0", "--steps", "2", "--prompts-per-step", "2",
-         "--group-size", "2", "--max-new-tokens", "24", "--micro-batch-size", "4", "--save-every", "100",
-         "--run-name", "q"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900)
+    proc = conftest.run_qwen_scope(tmp_path, qwen_models, "vllm", timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     run = tmp_path / "runs" / "q"
     assert "starting the refiner server" in proc.stdout and "did not start" not in proc.stderr
