@@ -14,11 +14,12 @@
   here is 151665, the next free one; in the real PRM tokenizer it is 151651: code reads it from the
   tokenizer). Tests that use them are skipped with that reason when the package is not installed.
 """
+import json
 import os
 import string
-
 import subprocess
 import sys
+
 import pytest
 import torch
 
