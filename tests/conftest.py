@@ -213,6 +213,18 @@ def make_tiny_qwen_models(root, seed=0):
     return out
 
 
+@pytest.fixture(scope="session")
+def toy_model_dir(tmp_path_factory):
+    """A tiny toy policy (char tokenizer, 1-layer Qwen2, 20 SFT steps) saved to disk: `--toy --model DIR`."""
+    import toy
+
+    cache = str(tmp_path_factory.mktemp("toy_cache"))
+    kw = dict(sft_steps=20, batch_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+              num_attention_heads=2, num_key_value_heads=1)
+    toy.warm_start(cache, seed=0, **kw)
+    return toy.cache_path(cache, seed=0, **kw)
+
+
 # ------------------------------------------------------------------------------------- scope.py as a subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -153,16 +153,10 @@ def read_steps(path):
 
 
 @pytest.fixture(scope="module")
-def finished_run(tmp_path_factory):
+def finished_run(tmp_path_factory, toy_model_dir):
     """A finished 2-step toy run (checkpoint every step) of a tiny warm start: (cwd, command flags)."""
-    import toy
-
-    cache = str(tmp_path_factory.mktemp("toy_cache"))
-    kw = dict(sft_steps=20, batch_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-              num_attention_heads=2, num_key_value_heads=1)
-    toy.warm_start(cache, seed=0, **kw)
     cwd = tmp_path_factory.mktemp("work")
-    flags = ["--toy", "--model", toy.cache_path(cache, seed=0, **kw), "--run-name", "r", *TINY]
+    flags = ["--toy", "--model", toy_model_dir, "--run-name", "r", *TINY]
     run_scope(flags, cwd)
     return cwd, flags
 

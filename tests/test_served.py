@@ -106,19 +106,8 @@ def test_client_gives_up_after_bounded_timeouts_and_retries(tmp_path, char_token
         nobody.generate([[1, 2]], n=1, max_tokens=8)
 
 
-@pytest.fixture(scope="module")
-def toy_dir(tmp_path_factory):
-    import toy
-
-    cache = str(tmp_path_factory.mktemp("toy_cache"))
-    kw = dict(sft_steps=20, batch_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-              num_attention_heads=2, num_key_value_heads=1)
-    toy.warm_start(cache, seed=0, **kw)
-    return toy.cache_path(cache, seed=0, **kw)
-
-
 @pytest.mark.parametrize("then", ["exit", "hang"])
-def test_run_goes_on_without_rectification_when_the_refiner_server_stops(tmp_path, toy_dir, then):
+def test_run_goes_on_without_rectification_when_the_refiner_server_stops(tmp_path, toy_model_dir, then):
     """Regression: a served refiner that stopped answering hung the run (600 s per request, no limit on
     retries) or killed it with a traceback. Here the server answers the first refinement request, then exits
     or hangs; the run must finish its 3 steps, log the later steps as refiner_unavailable and say so."""
@@ -129,7 +118,7 @@ def test_run_goes_on_without_rectification_when_the_refiner_server_stops(tmp_pat
     try:
         env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
         proc = subprocess.run(
-            [sys.executable, os.path.join(ROOT, "scope.py"), "--toy", "--model", toy_dir, "--refiner", toy_dir,
+            [sys.executable, os.path.join(ROOT, "scope.py"), "--toy", "--model", toy_model_dir, "--refiner", toy_model_dir,
              "--refiner-url", server.url, "--refiner-timeout", "1", "--steps", "3", "--prompts-per-step", "4",
              "--group-size", "4", "--max-new-tokens", "64", "--eval-every", "0", "--save-every", "100",
              "--run-name", "r"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
