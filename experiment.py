@@ -4,45 +4,56 @@ What it runs, all from the same SFT-warm-started toy policy (toy.warm_start, shi
 same budget (steps, 8 prompts x 8 rollouts, lr) and one `python scope.py --toy` process per (row, seed):
   stage 1, the grid (--seeds, >= 5):  grpo; SCOPE with each of --rectify-groups {any, all-fail} x
       --merge {replace, append}; whole-trajectory replacement (--mode replace); PRM as reward.
-  stage 2, decided by stage 1: "best" = the SCOPE grid cell with the highest mean accuracy at T = 1.0 (ties:
-      grid order); then best + unit credit on refiner tokens (--offpolicy-credit unit), best + the model
-      refiner (--refiner toy-model), best + toy PRM noise 0.2 (same seeds); the LONG runs, --long-factor x
-      the steps, of grpo and best (--long-seeds, 3); the WEAK START, trained and evaluated on the hardest rung
-      of the ladder (--weak-task, 6 operations: ~42 % of G = 8 groups all-fail at the start, accuracy 0.12 at
-      T = 1.0): grpo and best (--weak-runner-up adds the second-best cell), --seeds.
+  stage 2, decided by stage 1: "best" = the SCOPE grid cell whose policy solved most of its own TRAINING rollouts
+      over the last 5 steps (choice 6); then best + unit credit on refiner tokens (--offpolicy-credit unit),
+      best + the model refiner (--refiner toy-model), best + toy PRM noise 0.2 (same seeds); the LONG runs,
+      --long-factor x the steps, of grpo and best (--long-seeds, 3); the WEAK START (choice 7): grpo and best
+      (--weak-runner-up adds the second-best cell), --seeds.
 Every final policy, and the warm start, is evaluated on the SAME held-out problems with the same sampling
 seeds: n = --eval-n (16) samples at T = 1.0 -> acc@T1 (= avg@16 = pass@1), pass@4, pass@16, accuracy per
 difficulty (number of operations), near-miss@1 and discarded-valid share over the zero-reward samples (exact
-toy PRM), the Table-4 diversity metrics (medians across prompts); --eval-n-cool (4) samples at T = 0.6 ->
-acc@T0.6 (= avg@4 by default). From the traces: all-fail share of the policy's own groups over training, the policy's
-token entropy (last 5 steps), the refiner's acceptance rate, repairs in all-fail groups. Each SCOPE-like row
-gets its PAIRED difference to GRPO (same seed) with a 95 % t-interval over seeds.
+toy PRM), the Table-4 diversity metrics (medians across prompts); --eval-n-cool (8) samples at T = 0.6 ->
+acc@T0.6 (= avg@8). From the metrics: all-fail share of the policy's own groups over training, the policy's
+token entropy (last 5 steps), the refiner's acceptance rate, repairs in all-fail groups. From the traces
+(`mechanism`): where the cuts fell, what was kept, all-fail vs mixed groups, and the gradient coefficient each
+kind of token got. Each SCOPE-like row gets its PAIRED difference to GRPO (same seed) with a 95 % t-interval.
 
 Run (one command does both stages; stage 2 starts when the grid is done):
     python experiment.py                               # the whole study -> results/toy/study.{json,md}, curves.png
+    python experiment.py --describe                    # the starting policies -> results/toy/warm_start.json
     python experiment.py --seeds 0,1 --long-seeds 0 --steps 20 --tag pilot --out results/toy/pilot   # a pilot
     python experiment.py --only grid                   # stage 1 only
-Runs go to runs/<tag>-<row>-s<seed>/ (gitignored; train.log, metrics.jsonl, traces.jsonl, final_eval.json).
+Runs go to runs/<tag>-<group>-<row>-s<seed>/ (gitignored; train.log, metrics.jsonl, traces.jsonl, final_eval.json).
 A run whose metrics.jsonl reaches its steps with the same scope.py command, and whose final_eval.json has the
-same eval settings, is skipped: rerunning resumes an interrupted study (the printed time then covers the rest).
+same eval settings, is skipped: rerunning resumes an interrupted study (the printed time then covers the rest),
+and a second study under another --tag retrains from scratch (how reproducibility is checked).
 
 Choices:
  1. The eval accuracy is reported at T = 1.0 (the rollout temperature, where the modes differ most) AND
     at T = 0.6; at T = 1.0 all 16 samples give avg@16, an estimate of the same pass@1 avg@8 estimates, with
     half the variance.
- 2. In-training eval (the curves): scope.py's eval every --eval-every steps on --train-eval-size (200) held-out
-    problems x --train-eval-n (1) samples at T = 0.6: one seed's point moves ~ +-3.5 points from sampling
-    alone, the mean over >= 5 seeds ~ +-1.6; the figure shows that mean, a band of +- one standard
-    deviation across seeds, lightly smoothed (moving average over 3 evaluations).
+ 2. In-training eval (the curves): scope.py's eval at step 0 and every --eval-every (5) steps (the long runs:
+    --long-eval-every, 10) on --train-eval-size (400) held-out problems x --train-eval-n (1) samples at
+    T = 0.6: one seed's point moves ~ +-2.4 points from sampling alone, the mean over 5 seeds ~ +-1.1. The
+    figure shows that mean and a band of +- one standard deviation across seeds, smoothed over 3 points by a
+    window that shrinks at the ends, so every row starts from the step-0 value it shares with the others (the
+    step-0 eval of a seed is the same policy with the same sampling seed in every row).
  3. 95 % interval of a paired difference: mean +- t_{0.975, n-1} * sd / sqrt(n) over the n seeds.
  4. Workers: --jobs processes (default 2 = the two cores), each training one run with one torch thread and
     then evaluating it; the longest jobs are submitted first so the two cores finish together.
- 5. Budget (issue 11 asks <= 90 min, the lead <= 45): measured with two jobs on the otherwise quiet 2-core
-    machine, a 20-step run costs ~46 s of training and ~30 s of final eval (100 problems x 20 samples), the
-    stage-1 grid of one seed 5.5 min wall; the model refiner and the 6-operation weak start cost ~1.5x. The
-    defaults (20 steps, long runs 80, n = 1 in-training eval on 200 problems, final eval 16 samples at T = 1.0
-    and 4 at T = 0.6 on 64 problems, two weak-start rows) are sized for ~45-50 min; `--eval-size 100
-    --steps 30 --eval-n-cool 8 --weak-runner-up` is the fuller study (~75-85 min). An interrupted study resumes.
+ 5. Budget (issue 11 asks <= 90 min): with two jobs on the 2-core machine a 20-step run costs about a minute
+    of training (with its in-training evals) and half a minute of final eval; the model refiner costs ~1.5x.
+    The defaults are sized to stay under 90 min; the wall time is printed and written to study.json.
+ 6. Stage 2's "best" cell is chosen on the training reward (the policy's own rollouts, last 5 steps, mean over
+    seeds), not on the held-out evaluation the tables report, so the stage-2 rows carry no selection bias
+    from that evaluation (they may still be optimistic on training problems).
+ 7. The weak start: a starting policy on which most G = 8 groups are all-fail, like the paper's Table 2
+    setting where standard RL often fails: --weak-task (default: the hardest rung, 6 operations) for the
+    training and evaluation problems, and --weak-start for the policy (default {"lateness": 1.5}: the same
+    SFT with slips drawn less late, which trained to a much weaker policy, 16 % accuracy on the ladder and
+    about two thirds of 6-operation groups all-fail; {} = the main warm start, whose 6-operation groups are
+    only ~28 % all-fail; an earlier stop of the same SFT, {"sft_steps": 400}, was tried and fails nearly
+    everything at step 0, so a repair would keep no prefix).
 """
 import argparse
 import json
@@ -81,21 +92,26 @@ def parse_args(argv=None):
     p.add_argument("--long-factor", type=int, default=4, help="the long runs train this many times --steps")
     p.add_argument("--weak-task", default='{"min_ops": 6, "max_ops": 6}',
                    help="toy.make_problems settings (JSON) of the weak-start condition's train/eval problems")
+    p.add_argument("--weak-start", default='{"lateness": 1.5}', help="toy.warm_start settings (JSON) of the weak-start condition's "
+                   "policy, e.g. '{\"sft_steps\": 300}' for an earlier stop of the same SFT; {} = the main warm start")
     p.add_argument("--describe", action="store_true", help="only describe the warm start (accuracy per difficulty, "
                    "all-fail share, first-error positions) -> <out>/warm_start.json")
     p.add_argument("--grid", default=",".join(GRID), help="stage-1 rows to run (comma-separated labels; the pilot "
                    "runs a subset); stage 2 ranks the SCOPE cells among them")
     p.add_argument("--weak-runner-up", action="store_true", help="the weak start also runs the second-best SCOPE "
                    "cell (5 more runs, about +5 min)")
+    p.add_argument("--compare", default="", help="only compare two study.json files 'A,B' run by run (the "
+                   "reproducibility check) and exit 1 if any number differs")
     p.add_argument("--only", default="all", choices=("all", "grid"), help="'grid' stops after stage 1")
     p.add_argument("--max-new-tokens", type=int, default=128, help="response budget, training and evaluation")
     p.add_argument("--jobs", type=int, default=2, help="processes at once (each: one run, then its evaluation)")
     p.add_argument("--eval-size", type=int, default=64, help="held-out toy problems of the final eval")
-    p.add_argument("--train-eval-size", type=int, default=200, help="held-out toy problems of the in-training eval")
+    p.add_argument("--train-eval-size", type=int, default=400, help="held-out toy problems of the in-training eval")
     p.add_argument("--eval-n", type=int, default=16, help="samples per problem at T = 1.0 (final eval)")
-    p.add_argument("--eval-n-cool", type=int, default=4, help="samples per problem at T = 0.6 (final eval)")
+    p.add_argument("--eval-n-cool", type=int, default=8, help="samples per problem at T = 0.6 (final eval)")
     p.add_argument("--train-eval-n", type=int, default=1, help="samples per problem of the in-training eval")
-    p.add_argument("--eval-every", type=int, default=10, help="in-training eval every N steps")
+    p.add_argument("--eval-every", type=int, default=5, help="in-training eval every N steps (and at step 0)")
+    p.add_argument("--long-eval-every", type=int, default=10, help="in-training eval every N steps of the long runs")
     p.add_argument("--eval-seed", type=int, default=0, help="sampling seed of the final eval (same for all)")
     p.add_argument("--tag", default="study", help="run names: runs/<tag>-<row>-s<seed>")
     p.add_argument("--out", default="results/toy", help="where study.json, study.md and curves.png go")
@@ -105,7 +121,11 @@ def parse_args(argv=None):
     args.seed_list, args.long_seed_list = ints(args.seeds), ints(args.long_seeds)
     if not args.seed_list:
         p.error("--seeds is empty")
-    json.loads(args.weak_task)   # a bad JSON fails here, before any run
+    for flag in ("weak_task", "weak_start"):   # a bad JSON fails here, before any run
+        try:
+            json.loads(getattr(args, flag))
+        except json.JSONDecodeError as e:
+            p.error(f"--{flag.replace('_', '-')}: not JSON ({e})")
     args.grid_rows = [row.strip() for row in args.grid.split(",") if row.strip()]
     unknown = [row for row in args.grid_rows if row not in GRID]
     if unknown or "grpo" not in args.grid_rows:
@@ -120,6 +140,7 @@ def slug(row: str) -> str:
 def job(row: str, seed: int, flags: str, args, *, group: str = "main", steps: int | None = None,
         task: str = "") -> dict:
     return {"row": row, "seed": seed, "group": group, "steps": steps or args.steps, "task": task,
+            "eval_every": args.long_eval_every if group == "long" else args.eval_every,
             "name": f"{args.tag}-{group}-{slug(row)}-s{seed}", "flags": flags.split() + ["--seed", str(seed)]}
 
 
@@ -134,8 +155,9 @@ def plan_grid(args) -> list[dict]:
 
 
 def rank_cells(results: list[dict]) -> list[str]:
-    """The SCOPE grid cells, best first, by mean acc at T = 1.0 over seeds (ties keep grid order)."""
-    score = {row: np.mean([r["eval"]["acc_t1"] for r in results if r["row"] == row and r["group"] == "main"])
+    """The SCOPE grid cells, best first, by the policy's own rollout accuracy on the TRAINING problems over the
+    last 5 steps, mean over seeds (choice 6: not the held-out eval the tables report; ties keep grid order)."""
+    score = {row: np.mean([r["train"]["reward_last5"] for r in results if r["row"] == row and r["group"] == "main"])
              for row in SCOPE_CELLS if any(r["row"] == row for r in results)}
     return sorted(score, key=lambda row: -score[row])
 
@@ -154,6 +176,14 @@ def plan_stage2(args, ranked: list[str]) -> list[dict]:
         jobs += [job(row, seed, GRID[row], args, group="weak", task=args.weak_task)
                  for row in dict.fromkeys(("grpo", best, second) if args.weak_runner_up else ("grpo", best))]
     return jobs
+
+
+def start_path(group: str, args) -> str:
+    """The starting policy of a group: the shipped warm start, or for "weak" the --weak-start one."""
+    import toy
+
+    settings = json.loads(args.weak_start) if group == "weak" else {}
+    return toy.cache_path(os.path.join(HERE, "cache"), seed=0, **settings)
 
 
 def problem_files(task: str, args, write: bool = False) -> dict:
@@ -176,9 +206,11 @@ def problem_files(task: str, args, write: bool = False) -> dict:
 def scope_command(j: dict, args) -> list[str]:
     data = problem_files(j["task"], args)
     data_flags = ["--dataset", data["train"], "--eval-dataset", data["eval"]] if data else []
+    if j["group"] == "weak" and json.loads(args.weak_start):
+        data_flags += ["--model", os.path.relpath(start_path("weak", args), HERE)]
     return [sys.executable, "scope.py", "--toy", "--run-name", j["name"], "--steps", str(j["steps"]),
             "--max-new-tokens", str(args.max_new_tokens), "--eval-size", str(args.train_eval_size),
-            "--eval-n", str(args.train_eval_n), "--eval-every", str(args.eval_every),
+            "--eval-n", str(args.train_eval_n), "--eval-every", str(j["eval_every"]),
             "--save-every", str(j["steps"]), *data_flags, *j["flags"], *args.passthrough]
 
 
@@ -194,7 +226,8 @@ def train(j: dict, args) -> None:
     run_dir, cmd = os.path.join("runs", j["name"]), scope_command(j, args)
     metrics = os.path.join(run_dir, "metrics.jsonl")
     done = os.path.exists(metrics) and any(json.loads(line)["step"] == j["steps"] for line in open(metrics))
-    if done and read_json(os.path.join(run_dir, "command.json")) == cmd[1:]:
+    record = {"command": cmd[1:], "start": os.path.relpath(start_path(j["group"], args), HERE)}   # a new warm start retrains
+    if done and read_json(os.path.join(run_dir, "command.json")) == record:
         return
     os.makedirs(run_dir, exist_ok=True)
     for stale in ("final_eval.json", "command.json"):
@@ -206,7 +239,7 @@ def train(j: dict, args) -> None:
     if rc != 0:
         raise RuntimeError(f"{' '.join(cmd)} failed (exit {rc}); see {run_dir}/train.log")
     with open(os.path.join(run_dir, "command.json"), "w") as f:
-        json.dump(cmd[1:], f)
+        json.dump(record, f)
 
 
 def evaluate_policy(path: str, task: str, args) -> dict:
@@ -273,12 +306,12 @@ def run_job(j: dict, args) -> dict:
     settings["task"] = j["task"]
     run_dir = os.path.join("runs", j["name"])
     if j["steps"] == 0:   # the warm start itself
-        import toy
-        path = toy.cache_path(os.path.join(HERE, "cache"), seed=0)
+        path = start_path(j["group"], args)
         os.makedirs(run_dir, exist_ok=True)
     else:
         train(j, args)
         path = os.path.join(run_dir, "checkpoint")
+    settings["policy"] = os.path.relpath(path, HERE)   # a new warm start is a new policy: evaluated again
     t1 = time.time()
     cache = os.path.join(run_dir, "final_eval.json")
     cached = read_json(cache)
@@ -377,11 +410,12 @@ def tables(results: list[dict], group: str, title: str) -> list[str]:
 
 
 def smooth(y: np.ndarray, width: int = 3) -> np.ndarray:
-    """Centred moving average over `width` points (shorter at the ends)."""
+    """Centred moving average over `width` points whose window shrinks symmetrically at the ends, so the first
+    and last points are kept as measured (every row starts from the same step-0 value)."""
     out = np.empty_like(y, dtype=float)
     for i in range(len(y)):
-        lo, hi = max(0, i - width // 2), min(len(y), i + width // 2 + 1)
-        out[i] = y[lo:hi].mean()
+        half = min(width // 2, i, len(y) - 1 - i)
+        out[i] = y[i - half:i + half + 1].mean()
     return out
 
 
@@ -408,7 +442,7 @@ def plot(results: list[dict], out: str) -> None:
               ("main", "all_fail", 5, "all-fail share of the policy's groups"),
               ("long", "eval_acc", 3, "long runs: held-out acc (T = 0.6)"),
               ("long", "entropy", 9, "long runs: policy token entropy"),
-              ("weak", "eval_acc", 3, "weak start (hardest rung): held-out acc"),
+              ("weak", "eval_acc", 3, "weak start: held-out acc (T = 0.6)"),
               ("weak", "all_fail", 5, "weak start: all-fail share")]
     fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
     rows = list(dict.fromkeys(r["row"] for r in results if r["steps"]))
@@ -427,7 +461,7 @@ def plot(results: list[dict], out: str) -> None:
         ax.grid(alpha=0.3)
         if data:
             ax.legend(fontsize=6)
-    fig.suptitle("mean over seeds, band = ± 1 sd across seeds, moving average", fontsize=9)
+    fig.suptitle("mean over seeds, band = ± 1 sd across seeds, moving average (the window shrinks at the ends: step 0 as measured)", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     plt.close(fig)
@@ -446,7 +480,24 @@ def write_results(results: list[dict], args, ranked: list[str] | None, wall_minu
           f"{ranked[0] if ranked else 'not ranked (grid only)'}; ranking: {ranked}\n"]
     md += tables(results, "main", "Main comparison (the ladder)")
     md += tables(results, "long", f"Long runs ({args.long_factor}x steps)")
-    md += tables(results, "weak", "Weak start (hardest rung only)")
+    md += tables(results, "weak", f"Weak start (task {args.weak_task}, policy {args.weak_start})")
+    mech = mechanism(results, args)
+    md += ["## Mechanism (from the traces)\n",
+           "Accepted repairs over all steps: how many per run, the share in all-fail groups, where the cut fell "
+           "(first wrong step / steps), the share cut at the last step, the kept share of the response's tokens. "
+           "Step 1 only (policy = the starting policy, π recomputed): mean kept and refiner tokens, A of the repair "
+           "(and of the failure it came from, still in its group with append), mean π and gradient coefficient "
+           "on the refiner's tokens and on the corrected token (kept-prefix tokens get A_repair each).\n",
+           "| row | repairs/run | in all-fail groups | cut at | last-step cuts | kept tokens | step-1 repairs | "
+           "kept / refiner tokens | A_repair | A_fail | π refiner | coef refiner | π corrected | coef corrected |",
+           "|---" * 15 + "|"]
+    f3 = lambda x: "–" if x is None else f"{x:.3f}"   # noqa: E731
+    for row, m in mech.items():
+        md.append(f"| {row} | {m['per_run']:.1f} | {f3(m['in_all_fail_groups'])} | {f3(m['cut_relative'])} | "
+                  f"{f3(m['last_step_only'])} | {f3(m['keep_ratio_tokens'])} | {m['step1_repairs']} | "
+                  f"{f3(m['kept'])} / {f3(m['refiner_tokens'])} | {f3(m['a_repair'])} | {f3(m['a_fail'])} | "
+                  f"{f3(m['refiner_pi'])} | {f3(m['refiner_coef'])} | {f3(m['corrected_pi'])} | {f3(m['corrected_coef'])} |")
+    md.append("")
     md.append("all-fail (train): share of the policy's own groups with no correct rollout, mean over training. "
               "accepted: repairs accepted / tried. entropy: the policy's token entropy on its rollouts, last 5 steps. "
               "near-miss@1 and discarded valid: over zero-reward samples at T = 1.0, exact toy PRM.\n")
@@ -455,7 +506,7 @@ def write_results(results: list[dict], args, ranked: list[str] | None, wall_minu
         f.write(text)
     summary = {"command": command, "wall_minutes": round(wall_minutes, 2), "ranked": ranked,
                "settings": {k: v for k, v in vars(args).items() if k not in ("seed_list", "long_seed_list", "grid_rows")},
-               "paired": {g: paired(results, g, keys + ["pass@1"]) for g in ("main", "long", "weak")},
+               "paired": {g: paired(results, g, keys + ["pass@1"]) for g in ("main", "long", "weak")}, "mechanism": mech,
                "runs": results}
     with open(os.path.join(args.out, "study.json"), "w") as f:
         json.dump(summary, f, indent=1)
@@ -463,8 +514,92 @@ def write_results(results: list[dict], args, ranked: list[str] | None, wall_minu
     return text
 
 
-def describe_warm_start(args, n_problems: int = 300, n: int = 16) -> dict:
-    """The starting policy's regime: accuracy per difficulty at T = 1.0, the share of G = 8 groups with no
+def repair_credit(trace: dict, merge: str, pi: list[float], corrected: int | None, *, credit: str = "shaped",
+                  gamma: float = 0.1) -> dict:
+    """The coefficient each kind of token of one accepted repair gets on ∇log π in the step's loss (the loss's
+    common 1/(N·max_new_tokens) factor left out; ρ = 1 on policy tokens, one optimizer step per batch):
+      A_repair = 1 − mean of the merged group's rewards (the pick's 0 becomes 1 with replace; a 1 joins the
+      G with append); kept-prefix tokens (the policy's own) get A_repair; a refiner token with probability π
+      under the policy gets A_repair · γπ/(π+γ)² with LUFFY's shaping (d/dlog π of π/(π+γ)) or A_repair with
+      unit credit; the failed rollout's tokens, still in the group with append, get A_fail = 0 − mean."""
+    rewards = list(trace["group_rewards"])
+    if merge == "append":
+        merged = rewards + [trace["reward_after"]]
+    else:
+        merged = list(rewards)
+        merged[merged.index(trace["reward_before"])] = trace["reward_after"]
+    a_repair = trace["reward_after"] - sum(merged) / len(merged)
+    weight = (lambda p: gamma * p / (p + gamma) ** 2) if credit == "shaped" else (lambda p: 1.0)
+    return {"a_repair": a_repair, "a_fail": (trace["reward_before"] - sum(merged) / len(merged)) if merge == "append"
+            else None, "refiner_pi": float(np.mean(pi)) if pi else None,
+            "refiner_coef": float(np.mean([a_repair * weight(p) for p in pi])) if pi else None,
+            "corrected_pi": pi[corrected] if corrected is not None else None,
+            "corrected_coef": a_repair * weight(pi[corrected]) if corrected is not None else None}
+
+
+def mechanism(results: list[dict], args) -> dict:
+    """From the traces of every SCOPE-like run: where the cuts fell and what was kept (all steps), and, on step 1
+    (where the policy IS the starting policy, so π can be recomputed exactly), the gradient coefficient each kind
+    of token got (`repair_credit`). The corrected token = the first refiner token that differs from the failed
+    rollout's text after the kept prefix (char-level toy tokenizer: one character = one token)."""
+    import torch
+
+    from generate import format_prompt, load_causal_lm
+
+    torch.set_num_threads(1)
+    models, out = {}, {}
+    for (group, row), rs in _by_group_row(results).items():
+        traces = [(r, json.loads(line)) for r in rs for line in open(os.path.join("runs", r["name"], "traces.jsonl"))]
+        acc = [(r, t) for r, t in traces if t["accepted"]]
+        if not acc or "--mode" not in rs[0]["flags"] or rs[0]["flags"][rs[0]["flags"].index("--mode") + 1] != "scope":
+            continue
+        if group not in models:
+            models[group] = load_causal_lm(start_path(group, args), "cpu")
+        model, tokenizer = models[group]
+        credits = []
+        for r, t in acc:
+            if t["step"] != 1:
+                continue
+            flags = r["flags"]
+            merge = flags[flags.index("--merge") + 1] if "--merge" in flags else "replace"
+            credit = flags[flags.index("--offpolicy-credit") + 1] if "--offpolicy-credit" in flags else "shaped"
+            suffix = t["suffixes"][t["attempt_correct"].index(True)]
+            prompt = format_prompt(tokenizer, t["question"])
+            prefix = tokenizer.encode(t["prefix_text"], add_special_tokens=False)
+            suffix_ids = tokenizer.encode(suffix, add_special_tokens=False)
+            ids = torch.tensor([prompt + prefix + suffix_ids])
+            with torch.no_grad():
+                logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+            start = len(prompt) + len(prefix)
+            pi = [math.exp(logp[start - 1 + i, tok].item()) for i, tok in enumerate(suffix_ids)]
+            failed = "".join(t["steps"])[len(t["prefix_text"]):]
+            corrected = next((i for i, ch in enumerate(suffix) if i >= len(failed) or ch != failed[i]), None)
+            credits.append({**repair_credit(t, merge, pi, corrected, credit=credit), "kept": len(prefix),
+                            "refiner_tokens": len(suffix_ids)})
+        n_steps = [len(t["steps"]) for _, t in acc]
+        mean = lambda xs: float(np.mean([x for x in xs if x is not None])) if any(x is not None for x in xs) else None  # noqa: E731
+        out[f"{group}: {row}"] = {
+            "repairs": len(acc), "per_run": len(acc) / len(rs),
+            "in_all_fail_groups": mean([float(t["group_all_fail"]) for _, t in acc]),
+            "cut_relative": mean([t["cut"] / n for (_, t), n in zip(acc, n_steps)]),
+            "last_step_only": mean([float(t["cut"] == n - 1) for (_, t), n in zip(acc, n_steps)]),
+            "keep_ratio_tokens": mean([t["keep_ratio_tokens"] for _, t in acc]),
+            "step1_repairs": len(credits), **{k: mean([c[k] for c in credits]) for k in
+                                              ("kept", "refiner_tokens", "a_repair", "a_fail", "refiner_pi",
+                                               "refiner_coef", "corrected_pi", "corrected_coef")}}
+    return out
+
+
+def _by_group_row(results: list[dict]) -> dict:
+    out = {}
+    for r in results:
+        if r["steps"]:
+            out.setdefault((r["group"], r["row"]), []).append(r)
+    return out
+
+
+def describe_warm_start(args, group: str = "main", n_problems: int = 300, n: int = 16) -> dict:
+    """A group's starting policy (`start_path`) on its problems (the ladder; --weak-task for "weak"): accuracy per difficulty at T = 1.0, the share of G = 8 groups with no
     success (first 8 of the n samples), and where the first errors of its failures fall (exact toy PRM):
     by step index k over the n_ops + 1 steps (k = n_ops: the answer copy), also relative (k / n_ops)."""
     import torch
@@ -475,8 +610,8 @@ def describe_warm_start(args, n_problems: int = 300, n: int = 16) -> dict:
     from prm import cut_point, split_steps
 
     torch.set_num_threads(1)
-    model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(HERE, "cache"), seed=0), "cpu")
-    problems = toy.make_problems(n_problems, seed=0)
+    model, tokenizer = load_causal_lm(start_path(group, args), "cpu")
+    problems = toy.make_problems(n_problems, seed=0, **(json.loads(args.weak_task) if group == "weak" else {}))
     res = evaluate(HFGenerator(model.eval(), tokenizer, micro_batch_size=128), tokenizer, problems, n=n,
                    temperature=1.0, max_new_tokens=args.max_new_tokens, seed=args.eval_seed, keep_samples=True,
                    batch_size=16)
@@ -497,23 +632,50 @@ def describe_warm_start(args, n_problems: int = 300, n: int = 16) -> dict:
            "all_fail_g8_by_ops": {k: float(np.mean(v)) for k, v in sorted(all_fail.items())},
            "first_error_by_ops": {k: dict(sorted(v.items())) for k, v in sorted(first.items())},
            "first_error_relative_hist": np.histogram(rel, bins=[0, 0.2, 0.4, 0.6, 0.8, 1.0 - 1e-9, 1.0])[0].tolist(),
-           "failures": len(rel), "failures_at_answer_copy": last_only, "problems": n_problems, "n": n}
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "warm_start.json"), "w") as f:
-        json.dump(out, f, indent=1)
+           "failures": len(rel), "failures_at_answer_copy": last_only, "problems": n_problems, "n": n,
+           "policy": os.path.relpath(start_path(group, args), HERE)}
     return out
+
+
+def compare_studies(a: dict, b: dict) -> tuple[int, list[str]]:
+    """Runs present in both study.json files (same group, row, seed, steps): how many, and each number of their
+    final evaluation and training statistics that differs ("group/row/seed: key a != b"). Two studies under
+    different --tag train every run from scratch, so an empty list means the numbers were reproduced."""
+    index = {(r["group"], r["row"], r["seed"], r["steps"]): r for r in b["runs"]}
+    matched, diffs = 0, []
+    for r in a["runs"]:
+        other = index.get((r["group"], r["row"], r["seed"], r["steps"]))
+        if other is None:
+            continue
+        matched += 1
+        for part in ("eval", "train"):
+            for key, x in r[part].items():
+                if key != "minutes" and other[part].get(key) != x:
+                    diffs.append(f"{r['group']}/{r['row']}/s{r['seed']}: {part}.{key} {x} != {other[part].get(key)}")
+    return matched, diffs
 
 
 def main(argv=None) -> None:
     args = parse_args(argv)
     os.chdir(HERE)
     t0 = time.time()
-    if args.describe:
-        print(json.dumps(describe_warm_start(args), indent=1))
-        return
-    problem_files(args.weak_task, args, write=True)   # once, before any worker reads them
+    if args.compare:
+        first, second = (read_json(path) for path in args.compare.split(","))
+        matched, diffs = compare_studies(first, second)
+        print("\n".join(diffs[:50]) + f"\n{matched} runs in both; {len(diffs)} numbers differ")
+        sys.exit(1 if diffs or not matched else 0)
     import toy
     toy.warm_start(os.path.join(HERE, "cache"), seed=0)            # trained here once if not shipped
+    toy.warm_start(os.path.join(HERE, "cache"), seed=0, **json.loads(args.weak_start))
+    if args.describe:
+        described = {"main": describe_warm_start(args, "main"), "weak": describe_warm_start(args, "weak"),
+                     "weak_task": json.loads(args.weak_task), "weak_start": json.loads(args.weak_start)}
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "warm_start.json"), "w") as f:
+            json.dump(described, f, indent=1)
+        print(json.dumps(described, indent=1))
+        return
+    problem_files(args.weak_task, args, write=True)   # once, before any worker reads them
     if args.only == "all":
         toy.refiner_model(os.path.join(HERE, "cache"), seed=0)
     grid = plan_grid(args)

@@ -6,11 +6,11 @@ What it implements (DESIGN.md "The toy world"):
   separated by a blank line ("\\n\\n") like real solutions, so `prm.split_steps` cuts them as it cuts real
   ones (the "So ... ." makes every step at least 8 non-blank characters, split_steps' default minimum);
 - a char-level `PreTrainedTokenizerFast` (one token per character) built with `tokenizers`;
-- a difficulty ladder: 1 to 6 operations per question (TASK_DEFAULTS, the RL problems);
+- a difficulty ladder: 1 to 6 operations per question, drawn with weight n^2 (TASK_DEFAULTS, the RL problems);
 - a tiny `Qwen2ForCausalLM` config and an SFT warm start on solutions that carry one injected arithmetic
-  slip with a probability that grows with the chain (1 - (1 - q)^n), at a uniformly drawn operation step, so
-  the starting policy solves short chains mostly, long chains rarely (all-fail groups), and its first errors
-  fall across the whole chain. Cached on disk; a second call with the same settings loads it in a second;
+  slip with a probability that grows with the chain (1 - (1 - q)^n), placed late in the chain (weight (k+1)^2)
+  to offset the model's own early arithmetic errors, so the starting policy solves short chains mostly, long
+  chains rarely (all-fail groups), and its first errors fall across the whole chain (choice 4). Cached on disk; a second call with the same settings loads it in a second;
 - `refiner_model`, the model refiner: the warm start trained further on clean solutions only, run by
   scope.py through `refine.Refiner` + `generate.HFGenerator` like a real refiner (`--refiner toy-model`);
 - `ToyPRM`, a rule-based step verifier with the `score`/`score_batch` interface of `prm.ProcessRewardModel`;
@@ -42,10 +42,14 @@ Choices and departures (numbered):
    answer is wrong, which is realistic. It is deterministic: the n attempts are identical.
 4. Injected slips: the result of step k is off by one of +-1, +-2, +-10 (kept >= 0); later steps continue
    consistently from the wrong value. A solution of n operations carries a slip with probability
-   1 - (1 - step_error_rate)^n (q = 0.3: 0.30 for one operation, 0.88 for six), at step k drawn with weight
-   (k + 1) ** `lateness` (default 0: uniform) over the operation steps; the "\\boxed{}" copy only with
-   `slip_boxed` (issue 7's world put slips late and on the copy: 71 % of SCOPE's picks were copy errors
-   there, which GRPO fixes alone, so v2 keeps them off the answer copy and spreads them over the chain).
+   1 - (1 - step_error_rate)^n (q = 0.4), at step k drawn with weight (k + 1) ** `lateness` over the
+   operation steps; the "\\boxed{}" copy only with `slip_boxed` (issue 7's world put slips on the copy: 71 %
+   of SCOPE's picks were copy errors there, which GRPO fixes alone). Why lateness 2 (v3) and not 0 (uniform
+   slips, v2): the sampled policy adds its own arithmetic errors, mostly early in the chain, so uniform
+   slips gave FRONT-loaded first errors (6 operations: 293 / 238 / 150 / 90 / 53 / 38 at steps 0-5); with
+   slips drawn late the sampled first errors come out roughly uniform. The SFT result varies a lot with the
+   settings: with lateness 1.0 or 1.5, or with 1200 instead of 2000 steps, the same recipe gave weaker
+   policies (13-25 % accuracy) whose errors were front-loaded again (README, "Results (toy world)").
 5. Values of the correct chain stay in 0..`max_value`; operations whose result would leave that range are
    not drawn. Wrong chains may leave it (they are written as they are).
 6. SFT trains on freshly drawn problems each step (no fixed train set), from a seed stream different from the
@@ -55,9 +59,9 @@ Choices and departures (numbered):
    (the Qwen PRM step separator, so PRM-style code runs) and "<unk>" (a character outside the task maps to it
    instead of raising). No chat template, so `generate.format_prompt` uses the plain layout
    "Question: {q}\\nSolution:\\n".
-8. Defaults (world v2, issue 11): 1-6 operations, values 0..30, operands 1..9, multiplier 2; a 2-layer,
-   128-wide Qwen2 (0.30 M parameters); 1200 SFT steps of 32 at lr 3e-3, step_error_rate 0.3, slips
-   uniform over the operation steps. Sampling at temperature 1.0 reproduces the slips. The SFT problems
+8. Defaults (world v3, issue 11): 1-6 operations, values 0..30, operands 1..9, multiplier 2; a 2-layer,
+   128-wide Qwen2 (0.30 M parameters); 2000 SFT steps of 32 at lr 3e-3, step_error_rate 0.4, lateness 2
+   (world v3). Sampling at temperature 1.0 reproduces the slips. The SFT problems
    (SFT_TASK) are part of the warm start's cache key, the RL problems (TASK_DEFAULTS) are not.
 9. The model refiner (REFINER_DEFAULTS): 200 more SFT steps from the warm start at lr 1e-3 on clean
    solutions (step_error_rate 0), another problem stream; same tokenizer, so the splice is exact.
@@ -75,14 +79,16 @@ import torch
 VERSION = 3  # bump when a change to this file should invalidate cached warm starts
 EOS = "<|endoftext|>"
 STEP_SEP = "\n\n"
-# the RL problems: the difficulty ladder is the number of operations (1 = one step, 6 = six steps)
-TASK_DEFAULTS = dict(min_ops=1, max_ops=6, max_value=30, max_operand=9, max_factor=2)
+# the RL problems: the difficulty ladder is the number of operations (1 = one step, 6 = six steps), drawn with
+# weight n ** ops_power (2: a 6-operation problem is 36x as likely as a 1-operation one, so that about 20 % of
+# the warm start's G = 8 groups are all-fail, the regime SCOPE is about; 0: uniform, as the SFT problems)
+TASK_DEFAULTS = dict(min_ops=1, max_ops=6, max_value=30, max_operand=9, max_factor=2, ops_power=2.0)
 # the warm start's SFT problems (part of its cache key; changing TASK_DEFAULTS does not retrain it)
-SFT_TASK = dict(min_ops=1, max_ops=6, max_value=30, max_operand=9, max_factor=2)
+SFT_TASK = dict(min_ops=1, max_ops=6, max_value=30, max_operand=9, max_factor=2, ops_power=0.0)
 # step_error_rate q: a solution of n operations carries one slip with probability 1 - (1 - q)^n, so its
 # chance to be right is (1 - q)^n, like a policy that slips at each step; where the slip falls: weight
 # (k + 1) ** lateness over the operation steps (0 = uniform), plus the answer copy if slip_boxed
-WARM_DEFAULTS = dict(sft_steps=1200, batch_size=32, lr=3e-3, warmup=20, step_error_rate=0.3, lateness=0.0,
+WARM_DEFAULTS = dict(sft_steps=2000, batch_size=32, lr=3e-3, warmup=20, step_error_rate=0.4, lateness=2.0,
                      slip_boxed=False, slips=(1, -1, 2, -2, 10, -10))
 REFINER_DEFAULTS = dict(refiner_steps=200, refiner_lr=1e-3)   # the model refiner: warm start + clean SFT
 MODEL_DEFAULTS = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
@@ -115,10 +121,18 @@ def _draw_op(rng: random.Random, value: int, *, max_value: int, max_operand: int
     return rng.choice(choices)
 
 
+def _draw_ops(rng: random.Random, lo: int, hi: int, power: float) -> int:
+    """Number of operations in lo..hi, weight n ** power (power 0: rng.randint, the v2 stream)."""
+    if power == 0:
+        return rng.randint(lo, hi)
+    return rng.choices(range(lo, hi + 1), weights=[n ** power for n in range(lo, hi + 1)])[0]
+
+
 def make_problems(n: int, seed: int, **task_kw) -> list[dict]:
     """n problems {"id", "question", "answer", "solution_steps"}; same (n, seed, task_kw) -> same list.
 
-    task_kw: min_ops, max_ops (operations per question), max_value (range of the correct chain),
+    task_kw: min_ops, max_ops (operations per question, drawn with weight n ** ops_power; 0 = uniform),
+    max_value (range of the correct chain),
     max_operand (largest number added/subtracted), max_factor (largest multiplier)."""
     cfg = {**TASK_DEFAULTS, **task_kw}
     unknown = set(cfg) - set(TASK_DEFAULTS)
@@ -129,7 +143,7 @@ def make_problems(n: int, seed: int, **task_kw) -> list[dict]:
     for i in range(n):
         start = value = rng.randint(1, cfg["max_value"] // 2)
         ops = []
-        for _ in range(rng.randint(cfg["min_ops"], cfg["max_ops"])):
+        for _ in range(_draw_ops(rng, cfg["min_ops"], cfg["max_ops"], cfg["ops_power"])):
             sym, arg = _draw_op(rng, value, max_value=cfg["max_value"], max_operand=cfg["max_operand"],
                                 max_factor=cfg["max_factor"])
             ops.append((sym, arg))

@@ -236,4 +236,4 @@ def test_gitignore_has_no_mangled_lines():
         lines = [line.rstrip("\n") for line in f if line.strip()]
     assert all(line.startswith("#") or "#" not in line for line in lines), lines
     assert len(lines) == len(set(lines)), "duplicated lines"
-    assert ".pytest_cache/" in lines and "!cache/toy_warm_4ce82863c620/" in lines and "!cache/toy_refiner_f56e520a11b0/" in lines
+    assert ".pytest_cache/" in lines and "!cache/toy_warm_725d1cdb59cf/" in lines and "!cache/toy_refiner_3f9f426b1ba2/" in lines

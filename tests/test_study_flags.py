@@ -5,6 +5,7 @@ import math
 import os
 import random
 
+import numpy as np
 import pytest
 import torch
 
@@ -187,3 +188,73 @@ def test_study_plan_has_the_issue_rows():
     weak = next(j for j in stage2 if j["group"] == "weak")
     assert "--dataset" in scope_command(weak, args)
     assert len({j["name"] for j in grid + stage2}) == len(grid + stage2)   # no two runs share a folder
+
+
+def test_smoothing_keeps_the_measured_ends():
+    """The curves start from the step-0 value every row shares: the window shrinks to one point at the ends."""
+    from experiment import smooth
+
+    y = np.array([0.30, 0.40, 0.20, 0.60, 0.50])
+    s = smooth(y, 3)
+    assert s[0] == pytest.approx(0.30) and s[-1] == pytest.approx(0.50)
+    assert s[1] == pytest.approx(0.30) and s[2] == pytest.approx(0.40)        # (0.3+0.4+0.2)/3, (0.4+0.2+0.6)/3
+    assert smooth(y, 5)[1] == pytest.approx(0.30) and smooth(y, 5)[2] == pytest.approx(0.40)   # 5-wide only mid
+
+
+def test_best_cell_is_chosen_on_training_reward_not_on_the_reported_eval():
+    """Stage 2's 'best' comes from the policy's own training rollouts (last 5 steps), so the held-out eval that
+    the tables report does not also pick the row (no selection bias on it)."""
+    from experiment import rank_cells
+
+    def run(row, seed, acc, reward):
+        return {"row": row, "seed": seed, "group": "main", "steps": 5, "eval": {"acc_t1": acc},
+                "train": {"reward_last5": reward}}
+
+    results = [run("scope any/replace", 0, 0.9, 0.2), run("scope any/append", 0, 0.1, 0.3),
+               run("scope any/append", 1, 0.1, 0.5), run("scope any/replace", 1, 0.9, 0.2)]
+    assert rank_cells(results)[:2] == ["scope any/append", "scope any/replace"]
+
+
+def test_repair_credit_hand_numbers():
+    """Group [0, 0, 1, 0] (G = 4), the picked 0 repaired to 1. replace: [1, 0, 1, 0], mean 0.5, A_repair = 0.5;
+    append: [0, 0, 1, 0, 1], mean 0.4, A_repair = 0.6, A_fail = -0.4. Shaped weight at π = 0.77, γ = 0.1:
+    0.1 * 0.77 / 0.87² = 0.101733...; unit: 1."""
+    from experiment import repair_credit
+
+    trace = {"group_rewards": [0.0, 0.0, 1.0, 0.0], "reward_before": 0.0, "reward_after": 1.0}
+    r = repair_credit(trace, "replace", [0.77, 0.97], 0)
+    assert r["a_repair"] == pytest.approx(0.5) and r["a_fail"] is None
+    assert r["corrected_coef"] == pytest.approx(0.5 * 0.1 * 0.77 / 0.87 ** 2)
+    assert r["refiner_coef"] == pytest.approx(0.5 * (0.1 * 0.77 / 0.87 ** 2 + 0.1 * 0.97 / 1.07 ** 2) / 2)
+    a = repair_credit(trace, "append", [0.77], 0, credit="unit")
+    assert a["a_repair"] == pytest.approx(0.6) and a["a_fail"] == pytest.approx(-0.4)
+    assert a["corrected_coef"] == pytest.approx(0.6) and a["refiner_pi"] == pytest.approx(0.77)
+
+
+def test_weak_start_policy_is_passed_to_the_weak_runs_only():
+    """--weak-start names another toy warm start (an earlier SFT stop): the weak group's runs start from it
+    (--model its cache folder), the main group's from the shipped one; a bad JSON stops at parsing."""
+    from experiment import parse_args, plan_grid, plan_stage2, scope_command, start_path
+
+    args = parse_args(["--weak-start", '{"sft_steps": 300}'])
+    weak = next(j for j in plan_stage2(args, ["scope any/replace", "scope any/append"]) if j["group"] == "weak")
+    main = next(j for j in plan_grid(args) if j["row"] == "grpo")
+    cmd = scope_command(weak, args)
+    assert cmd[cmd.index("--model") + 1] == os.path.relpath(start_path("weak", args), os.path.dirname(toy.__file__))
+    assert start_path("weak", args) != start_path("main", args) and "--model" not in scope_command(main, args)
+    assert "--model" not in scope_command(weak, parse_args(["--weak-start", "{}"]))
+    with pytest.raises(SystemExit):
+        parse_args(["--weak-start", "{sft_steps: 300}"])
+
+
+def test_compare_studies_finds_every_differing_number():
+    from experiment import compare_studies
+
+    def run(row, seed, acc, minutes):
+        return {"group": "main", "row": row, "seed": seed, "steps": 20, "eval": {"acc_t1": acc},
+                "train": {"frac_all_fail": 0.2, "minutes": minutes}}
+
+    a = {"runs": [run("grpo", 0, 0.30, 1.0), run("grpo", 1, 0.31, 1.0), run("x", 0, 0.4, 1.0)]}
+    b = {"runs": [run("grpo", 0, 0.30, 2.0), run("x", 0, 0.41, 1.0)]}
+    matched, diffs = compare_studies(a, b)
+    assert matched == 2 and diffs == ["main/x/s0: eval.acc_t1 0.4 != 0.41"]   # wall minutes may differ
