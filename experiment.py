@@ -43,7 +43,8 @@ Choices:
     then evaluating it; the longest jobs are submitted first so the two cores finish together.
  5. Budget (issue 11 asks <= 90 min): with two jobs on the 2-core machine a 20-step run costs about a minute
     of training (with its in-training evals) and half a minute of final eval; the model refiner costs ~1.5x.
-    The defaults are sized to stay under 90 min; the wall time is printed and written to study.json.
+    The defaults are sized to stay under 90 min (measured: 51.9 min for the whole study on the quiet 2-core
+    machine); the wall time is printed and written to study.json.
  6. Stage 2's "best" cell is chosen on the training reward (the policy's own rollouts, last 5 steps, mean over
     seeds), not on the held-out evaluation the tables report, so the stage-2 rows carry no selection bias
     from that evaluation (they may still be optimistic on training problems).
