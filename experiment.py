@@ -281,7 +281,6 @@ def training_stats(run_dir: str) -> dict:
     """What metrics.jsonl says: all-fail share, reward, rectifications, κ, entropy, eval curve, minutes."""
     rows = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
     steps = [r for r in rows if r["step"] > 0]
-    mean = lambda xs: float(np.mean(xs)) if xs else None     # noqa: E731
     tried = sum(r["rectify_tried"] for r in steps)
     return {"frac_all_fail": mean([r["frac_all_fail"] for r in steps]),
             "frac_all_fail_first3": mean([r["frac_all_fail"] for r in steps[:3]]),
@@ -546,13 +545,14 @@ def mechanism(results: list[dict], args) -> dict:
     import torch
 
     from generate import format_prompt, load_causal_lm
+    from grpo import logprobs_and_entropy
 
     torch.set_num_threads(1)
     models, out = {}, {}
     for (group, row), rs in _by_group_row(results).items():
         traces = [(r, json.loads(line)) for r in rs for line in open(os.path.join("runs", r["name"], "traces.jsonl"))]
         acc = [(r, t) for r, t in traces if t["accepted"]]
-        if not acc or "--mode" not in rs[0]["flags"] or rs[0]["flags"][rs[0]["flags"].index("--mode") + 1] != "scope":
+        if not acc or flag_value(rs[0]["flags"], "--mode", "scope") != "scope":
             continue
         if group not in models:
             models[group] = load_causal_lm(start_path(group, args), "cpu")
@@ -561,24 +561,22 @@ def mechanism(results: list[dict], args) -> dict:
         for r, t in acc:
             if t["step"] != 1:
                 continue
-            flags = r["flags"]
-            merge = flags[flags.index("--merge") + 1] if "--merge" in flags else "replace"
-            credit = flags[flags.index("--offpolicy-credit") + 1] if "--offpolicy-credit" in flags else "shaped"
             suffix = t["suffixes"][t["attempt_correct"].index(True)]
             prompt = format_prompt(tokenizer, t["question"])
             prefix = tokenizer.encode(t["prefix_text"], add_special_tokens=False)
             suffix_ids = tokenizer.encode(suffix, add_special_tokens=False)
             ids = torch.tensor([prompt + prefix + suffix_ids])
-            with torch.no_grad():
-                logp = torch.log_softmax(model(input_ids=ids).logits[0, :-1].float(), -1)
+            with torch.no_grad():   # logits at t - 1 produced the token at t
+                logp, _ = logprobs_and_entropy(model(input_ids=ids).logits[:, :-1], ids[:, 1:])   # (1, T - 1)
             start = len(prompt) + len(prefix)
-            pi = [math.exp(logp[start - 1 + i, tok].item()) for i, tok in enumerate(suffix_ids)]
+            pi = logp[0, start - 1:].exp().tolist()   # π of each refiner token
             failed = "".join(t["steps"])[len(t["prefix_text"]):]
             corrected = next((i for i, ch in enumerate(suffix) if i >= len(failed) or ch != failed[i]), None)
-            credits.append({**repair_credit(t, merge, pi, corrected, credit=credit), "kept": len(prefix),
+            credits.append({**repair_credit(t, flag_value(r["flags"], "--merge", "replace"), pi, corrected,
+                                            credit=flag_value(r["flags"], "--offpolicy-credit", "shaped")),
+                            "kept": len(prefix),
                             "refiner_tokens": len(suffix_ids)})
         n_steps = [len(t["steps"]) for _, t in acc]
-        mean = lambda xs: float(np.mean([x for x in xs if x is not None])) if any(x is not None for x in xs) else None  # noqa: E731
         out[f"{group}: {row}"] = {
             "repairs": len(acc), "per_run": len(acc) / len(rs),
             "in_all_fail_groups": mean([float(t["group_all_fail"]) for _, t in acc]),
@@ -589,6 +587,17 @@ def mechanism(results: list[dict], args) -> dict:
                                               ("kept", "refiner_tokens", "a_repair", "a_fail", "refiner_pi",
                                                "refiner_coef", "corrected_pi", "corrected_coef")}}
     return out
+
+
+def flag_value(flags: list[str], name: str, default: str) -> str:
+    """The value after `name` in a run's scope.py flags, or scope.py's default when the flag is not given."""
+    return flags[flags.index(name) + 1] if name in flags else default
+
+
+def mean(xs) -> float | None:
+    """Mean of the values that are not None; None when there are none."""
+    xs = [x for x in xs if x is not None]
+    return float(np.mean(xs)) if xs else None
 
 
 def _by_group_row(results: list[dict]) -> dict:
