@@ -51,8 +51,8 @@ from collections import Counter
 
 import numpy as np
 
-from grader import extract_answer, grade, grader_benchmark  # noqa: F401  (section 1 lives in grader.py)
-from problems import BENCHMARKS, load_problems  # noqa: F401  (section 2 lives in problems.py)
+from harness.grader import extract_answer, grade, grader_benchmark  # noqa: F401  (section 1 lives in grader.py)
+from harness.problems import BENCHMARKS, load_problems  # noqa: F401  (section 2 lives in problems.py)
 
 # ==== 1. answer extraction and grading: grader.py (re-exported here for existing callers) ====
 
@@ -266,7 +266,7 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     """
     from tqdm.auto import tqdm
 
-    from generate import format_prompt
+    from harness.generate import format_prompt
 
     if not problems:
         raise ValueError("evaluate: `problems` is empty")
@@ -322,7 +322,7 @@ def make_generator(name_or_path: str, backend: str, *, seed: int = 0, vllm_mem: 
     is present; else Hugging Face generate on CUDA or CPU."""
     import torch
 
-    from generate import HFGenerator, VLLMGenerator, load_causal_lm, load_tokenizer, vllm_importable
+    from harness.generate import HFGenerator, VLLMGenerator, load_causal_lm, load_tokenizer, vllm_importable
 
     if backend == "auto":
         backend = "vllm" if vllm_importable() and torch.cuda.is_available() else "hf"

@@ -285,7 +285,7 @@ class ProcessRewardModel:
     def __init__(self, name_or_path, device="cpu", dtype=None, max_length=4096, micro_batch_size=4):
         from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification
 
-        from generate import load_tokenizer
+        from harness.generate import load_tokenizer
 
         if isinstance(dtype, str):
             dtype = getattr(torch, dtype)

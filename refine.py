@@ -42,7 +42,7 @@ Choices (the paper leaves these open):
 """
 from dataclasses import dataclass
 
-from generate import DEFAULT_SYSTEM, format_prompt
+from harness.generate import DEFAULT_SYSTEM, format_prompt
 
 HINT = ("\n\nA partial solution follows. It is correct up to where it stops, and the next step would contain "
         "a mistake. Continue it from exactly where it stops, avoid that mistake, and finish the solution.")

@@ -63,15 +63,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-import preflight
+from harness import preflight
 from eval import discarded_valid_share, evaluate, near_miss_at_k
-from generate import GeneratorUnavailable, HFGenerator, format_prompt, load_causal_lm, load_tokenizer, vllm_importable
-from grader import grade
+from harness.generate import GeneratorUnavailable, HFGenerator, format_prompt, load_causal_lm, load_tokenizer, vllm_importable
+from harness.grader import grade
 from grpo import build_batch, group_advantages, update
 from prm import cut_point, keep_ratio, mean_score, select_candidate, split_steps, step_token_spans
-from preflight import MODEL_ALIASES
+from harness.preflight import MODEL_ALIASES
 from refine import Refiner, Trajectory, rectify
-from runs import acquire_lock, clear_run, recover_checkpoint, release_lock, restore_rng, save_checkpoint, truncate_jsonl
+from harness.runs import acquire_lock, clear_run, recover_checkpoint, release_lock, restore_rng, save_checkpoint, truncate_jsonl
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 CACHE_DIR = os.path.join(HERE, "cache")        # toy warm starts (gitignored)
@@ -204,7 +204,7 @@ def seed_everything(seed: int) -> None:
 def base_model_path(args: Args) -> str:
     """Where the policy's starting weights live: the cached toy warm start, an alias's hub id, or the path given."""
     if args.toy and args.model == "toy":
-        import toy
+        from harness import toy
         toy.warm_start(CACHE_DIR, seed=0)   # SFT warm start, trained once and cached: the toy "pretrained model"
         return toy.cache_path(CACHE_DIR, seed=0)
     return MODEL_ALIASES.get(args.model, args.model)
@@ -225,7 +225,7 @@ def load_policy(args: Args, path: str, base_path: str, device: str):
 def make_rollout_engine(args: Args, policy, tokenizer, path: str, use_vllm: bool):
     """vLLM in-process (its weights follow the policy through sync_weights after every update) or HF generate."""
     if use_vllm:
-        from generate import VLLMGenerator
+        from harness.generate import VLLMGenerator
         return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed)
     return HFGenerator(policy, tokenizer, micro_batch_size=args.micro_batch_size)
 
@@ -235,7 +235,7 @@ def load_prm(args: Args, device: str, seed: int | None = None):
     if args.prm == "none":
         return None
     if args.toy:   # the toy PRM's noise has its own RNG: main reseeds it from (seed, step) so resume is exact
-        import toy
+        from harness import toy
         return toy.ToyPRM(args.toy_prm_noise, seed=args.seed if seed is None else seed)
     from prm import ProcessRewardModel
     with loading(args.prm):
@@ -252,21 +252,21 @@ def load_refiner(args: Args, generator, tokenizer, device: str, run_dir: str):
     if args.refiner == "policy":   # self-refinement: the current policy, through the same engine
         return Refiner(generator, tokenizer, prompt_style=args.refine_prompt)
     if args.refiner_url:           # a refiner served elsewhere (`vllm serve MODEL`); also in the toy world
-        from generate import OpenAIGenerator
+        from harness.generate import OpenAIGenerator
         with loading(args.refiner):
             refiner_tokenizer = load_tokenizer(args.refiner)
         return Refiner(OpenAIGenerator(args.refiner_url, args.refiner, refiner_tokenizer, args.refiner_timeout),
                        refiner_tokenizer, prompt_style=args.refine_prompt)
     if args.toy and args.refiner == "toy-model":   # a stronger toy model through the real Refiner + HF generate
-        import toy
+        from harness import toy
         refiner_model, refiner_tokenizer = toy.refiner_model(CACHE_DIR, seed=0)
         return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.micro_batch_size),
                        refiner_tokenizer, prompt_style=args.refine_prompt)
     if args.toy:                   # toy-oracle (or its old name, toy): rule-based, never fails
-        import toy
+        from harness import toy
         return toy.OracleRefiner()
     if vllm_importable() and args.backend != "hf":   # the refiner on vLLM: its own `vllm serve` (generate.py)
-        from generate import serve_with_vllm
+        from harness.generate import serve_with_vllm
         with loading(args.refiner):
             refiner_tokenizer = load_tokenizer(args.refiner)
         log_path = os.path.join(run_dir, "refiner_server.log")

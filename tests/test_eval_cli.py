@@ -9,7 +9,7 @@ import pytest
 
 import eval as ev
 from conftest import make_bpe_tokenizer, make_tiny_causal_lm
-from generate import Completion
+from harness.generate import Completion
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -200,7 +200,7 @@ def test_trace_cli_step_selection(tmp_path, capsys):
 
 def test_cli_evaluates_a_toy_checkpoint(tmp_path):
     """`--benchmarks toy`: held-out toy problems from toy.make_problems, a char-tokenizer model on disk."""
-    toy = pytest.importorskip("toy")
+    from harness import toy
     tok = toy.make_tokenizer()
     make_tiny_causal_lm(tok).save_pretrained(tmp_path / "toy_ckpt")
     tok.save_pretrained(tmp_path / "toy_ckpt")

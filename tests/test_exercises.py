@@ -20,7 +20,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import exercises  # noqa: E402
+from tools import exercises  # noqa: E402
 
 
 def run_pytest(copy, args, junit):
@@ -36,6 +36,7 @@ def outcomes(junit):
     out = {}
     for tc in ET.parse(junit).getroot().iter("testcase"):
         node = tc.get("classname").replace(".", "/") + ".py::" + tc.get("name")
+        node = node if node.startswith("tests/") else "tests/" + node    # ids relative to tests/ (pytest.ini's folder)
         failed = any(c.tag in ("failure", "error") for c in tc)
         text = " ".join((c.get("message") or "") + (c.text or "") for c in tc)
         out[node] = (failed, "NotImplementedError" in text)
@@ -66,7 +67,7 @@ def test_stubbed_copy_fails_exactly_the_mapped_tests(tmp_path):
     out = tmp_path / "assignment"
     changed = exercises.generate(str(out))
     assert sorted(changed) == ["grpo.py", "prm.py", "refine.py"]
-    assert not (out / "exercises.py").exists() and not (out / "tests" / "test_exercises.py").exists()
+    assert not (out / "tools" / "exercises.py").exists() and not (out / "tests" / "test_exercises.py").exists()
     for name in ("grpo.py", "prm.py", "refine.py"):
         lines = (out / name).read_text().splitlines()
         assert not any(exercises.BEGIN.match(ln) or exercises.END.match(ln) for ln in lines), name
@@ -83,8 +84,8 @@ def test_stubbed_copy_fails_exactly_the_mapped_tests(tmp_path):
 
 def test_only_one_exercise_changes_only_its_region(tmp_path):
     out = tmp_path / "hw"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "exercises.py"), "--out", str(out),
-                           "--only", "keep_ratio"], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--out", str(out),
+                           "--only", "keep_ratio"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     for rel in exercises.repo_files(ROOT):
         if not rel.endswith(".py"):
@@ -153,13 +154,13 @@ def test_stub_keeps_indentation_and_names_the_tests(tmp_path):
 
 
 def test_cli_list_and_errors(tmp_path):
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "exercises.py"), "--list"], capture_output=True,
-                          text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--list"], capture_output=True,
+                          text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0
     for e in exercises.EXERCISES:
         assert f"`{e.name}`" in proc.stdout
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "exercises.py"), "--out", str(tmp_path / "x"),
-                           "--only", "keep_ratio,nope"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--out", str(tmp_path / "x"),
+                           "--only", "keep_ratio,nope"], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 2 and "unknown exercise(s) ['nope']" in proc.stderr
     assert not (tmp_path / "x").exists()
     (tmp_path / "full").mkdir()

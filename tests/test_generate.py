@@ -8,7 +8,7 @@ import pytest
 import torch
 from conftest import make_bpe_tokenizer, make_char_tokenizer
 
-from generate import (DEFAULT_SYSTEM, Completion, HFGenerator, OpenAIGenerator, format_prompt, to_completion,
+from harness.generate import (DEFAULT_SYSTEM, Completion, HFGenerator, OpenAIGenerator, format_prompt, to_completion,
                       token_budget)
 
 QUESTIONS = ["Let x = 3. What is 2x + 1?", "Compute 12 * 4 - 5.", "What is \\frac{1}{2} + \\frac{1}{3}?"]

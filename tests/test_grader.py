@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eval as E
-import grader as G
-import latex as L
-import problems as P
+from harness import grader as G
+from harness import latex as L
+from harness import problems as P
 
 GRADER_FILES = [pathlib.Path(m.__file__) for m in (G, L, E, P)]   # files that hold grader code or read gold answers
 

@@ -5,6 +5,7 @@ choices and adversarial inputs for every new path. All examples are our own.
 Each case is (model's final answer, gold, expected); the answer is wrapped in a response with a \\boxed{}.
 Equal pairs are also checked with the roles swapped: every new rule is symmetric."""
 import json
+import os
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-import grader as G
+from harness import grader as G
 
 
 def boxed(answer: str) -> str:
@@ -244,17 +245,17 @@ def test_benchmark_numina_mix_agrees_and_is_bounded():
 
 
 def test_grader_cli_smoke():
-    """`python grader.py --bench` and the one-pair form, run as a user would."""
-    root = G.__file__.rsplit("/", 1)[0]
-    out = subprocess.run([sys.executable, "grader.py", "--bench", "--pairs", "60", "--mix", "numina"], cwd=root,
+    """`python -m harness.grader --bench` and the one-pair form, run as a user would."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(G.__file__)))
+    out = subprocess.run([sys.executable, "-m", "harness.grader", "--bench", "--pairs", "60", "--mix", "numina"], cwd=root,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["pairs"] == 60 and report["agree"] == 1.0
-    one = subprocess.run([sys.executable, "grader.py", "\\boxed{x = 5+5+1 = 11}", "11"], cwd=root,
+    one = subprocess.run([sys.executable, "-m", "harness.grader", "\\boxed{x = 5+5+1 = 11}", "11"], cwd=root,
                          capture_output=True, text=True, timeout=60)
     assert one.stdout.strip() == "True"
-    bad = subprocess.run([sys.executable, "grader.py", "--bench", "--pairs", "0"], cwd=root,
+    bad = subprocess.run([sys.executable, "-m", "harness.grader", "--bench", "--pairs", "0"], cwd=root,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--pairs" in bad.stderr
 

@@ -16,7 +16,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-import preflight  # noqa: E402
+from harness import preflight  # noqa: E402
 import scope  # noqa: E402
 
 OFFLINE_ENV = {"HF_ENDPOINT": "http://127.0.0.1:9"}   # a closed port: the hub probe fails at once

@@ -25,7 +25,7 @@ import conftest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from generate import DEFAULT_SYSTEM, format_prompt  # noqa: E402
+from harness.generate import DEFAULT_SYSTEM, format_prompt  # noqa: E402
 from prm import PRM_SYSTEM, ProcessRewardModel, split_steps, step_token_spans  # noqa: E402
 from refine import Refiner, splice  # noqa: E402
 

@@ -4,7 +4,7 @@ import copy
 import pytest
 from conftest import make_char_tokenizer
 
-from generate import DEFAULT_SYSTEM, Completion, HFGenerator, format_prompt
+from harness.generate import DEFAULT_SYSTEM, Completion, HFGenerator, format_prompt
 from refine import HINT, Refiner, Trajectory, rectify, splice
 
 TRACE_KEYS = {"group", "question", "answer", "mode", "steps", "scores", "cut", "keep_ratio", "keep_ratio_tokens",

@@ -140,8 +140,8 @@ def test_saved_toy_tokenizer_keeps_its_spaces(toy_model_dir):
     the toy char tokenizer into a Qwen2Tokenizer that dropped every space: the policy then saw
     "Question:Startat5,..." and the toy run never learnt. generate.load_tokenizer keeps the saved pipeline;
     scope.py, eval.py (the CLI on a toy checkpoint), experiment.py and prm.py all load through it."""
-    import generate
-    import toy
+    from harness import generate
+    from harness import toy
 
     text = "Question: Start at 5, add 3.\nSolution:\nSo 5 + 3 = 8.\n\n\\boxed{8}"
     want = toy.make_tokenizer().encode(text, add_special_tokens=False)

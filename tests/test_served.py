@@ -22,7 +22,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 FAKE = os.path.join(ROOT, "tests", "fake_openai_server.py")
 
-from generate import GeneratorUnavailable, OpenAIGenerator, ServedModel, free_port  # noqa: E402
+from harness.generate import GeneratorUnavailable, OpenAIGenerator, ServedModel, free_port  # noqa: E402
 
 
 def fake_server(tmp_path, *extra, name="server.log"):
@@ -75,7 +75,7 @@ def test_server_that_dies_during_start_up_is_one_clear_error(tmp_path):
 
 def test_a_killed_trainer_takes_its_server_with_it(tmp_path):
     """SIGKILL runs no Python cleanup: the kernel's parent-death signal must stop the server."""
-    script = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from generate import ServedModel, free_port\n"
+    script = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from harness.generate import ServedModel, free_port\n"
               f"port = free_port()\n"
               f"s = ServedModel([sys.executable, {FAKE!r}, '--port', str(port)], url=f'http://127.0.0.1:{{port}}',"
               f" log_path={str(tmp_path / 'k.log')!r}).start()\n"

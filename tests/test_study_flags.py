@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import grpo
-import toy
+from harness import toy
 
 
 # ---------------------------------------------------------------- unit credit on refiner tokens, by hand
@@ -146,7 +146,7 @@ def test_unknown_toy_refiner_is_refused(tmp_path, capsys):
 # ---------------------------------------------------------------- the study's statistics
 
 def test_ci95_hand_numbers():
-    from experiment import ci95
+    from tools.experiment import ci95
 
     c = ci95([0.01, 0.03, 0.02])           # mean 0.02, sd 0.01, t_{0.975,2} = 4.303
     assert c["mean"] == pytest.approx(0.02)
@@ -155,7 +155,7 @@ def test_ci95_hand_numbers():
 
 
 def test_paired_difference_matches_seeds():
-    from experiment import paired
+    from tools.experiment import paired
 
     def run(row, seed, acc):
         return {"row": row, "seed": seed, "group": "main", "steps": 5, "eval": {"acc_t1": acc}, "train": {}}
@@ -168,7 +168,7 @@ def test_paired_difference_matches_seeds():
 def test_study_plan_has_the_issue_rows():
     """Stage 1: 7 grid rows x seeds (+ 2 warm-start evals); stage 2 from the ranking: best + unit credit /
     model refiner / PRM noise 0.2, long runs of grpo and best (4x steps, long seeds), weak start rows."""
-    from experiment import GRID, parse_args, plan_grid, plan_stage2, scope_command
+    from tools.experiment import GRID, parse_args, plan_grid, plan_stage2, scope_command
 
     args = parse_args(["--seeds", "0,1,2,3,4", "--steps", "40"])
     grid = plan_grid(args)
@@ -192,7 +192,7 @@ def test_study_plan_has_the_issue_rows():
 
 def test_smoothing_keeps_the_measured_ends():
     """The curves start from the step-0 value every row shares: the window shrinks to one point at the ends."""
-    from experiment import smooth
+    from tools.experiment import smooth
 
     y = np.array([0.30, 0.40, 0.20, 0.60, 0.50])
     s = smooth(y, 3)
@@ -204,7 +204,7 @@ def test_smoothing_keeps_the_measured_ends():
 def test_best_cell_is_chosen_on_training_reward_not_on_the_reported_eval():
     """Stage 2's 'best' comes from the policy's own training rollouts (last 5 steps), so the held-out eval that
     the tables report does not also pick the row (no selection bias on it)."""
-    from experiment import rank_cells
+    from tools.experiment import rank_cells
 
     def run(row, seed, acc, reward):
         return {"row": row, "seed": seed, "group": "main", "steps": 5, "eval": {"acc_t1": acc},
@@ -219,7 +219,7 @@ def test_repair_credit_hand_numbers():
     """Group [0, 0, 1, 0] (G = 4), the picked 0 repaired to 1. replace: [1, 0, 1, 0], mean 0.5, A_repair = 0.5;
     append: [0, 0, 1, 0, 1], mean 0.4, A_repair = 0.6, A_fail = -0.4. Shaped weight at π = 0.77, γ = 0.1:
     0.1 * 0.77 / 0.87² = 0.101733...; unit: 1."""
-    from experiment import repair_credit
+    from tools.experiment import repair_credit
 
     trace = {"group_rewards": [0.0, 0.0, 1.0, 0.0], "reward_before": 0.0, "reward_after": 1.0}
     r = repair_credit(trace, "replace", [0.77, 0.97], 0)
@@ -234,13 +234,13 @@ def test_repair_credit_hand_numbers():
 def test_weak_start_policy_is_passed_to_the_weak_runs_only():
     """--weak-start names another toy warm start (an earlier SFT stop): the weak group's runs start from it
     (--model its cache folder), the main group's from the shipped one; a bad JSON stops at parsing."""
-    from experiment import parse_args, plan_grid, plan_stage2, scope_command, start_path
+    from tools.experiment import parse_args, plan_grid, plan_stage2, scope_command, start_path
 
     args = parse_args(["--weak-start", '{"sft_steps": 300}'])
     weak = next(j for j in plan_stage2(args, ["scope any/replace", "scope any/append"]) if j["group"] == "weak")
     main = next(j for j in plan_grid(args) if j["row"] == "grpo")
     cmd = scope_command(weak, args)
-    assert cmd[cmd.index("--model") + 1] == os.path.relpath(start_path("weak", args), os.path.dirname(toy.__file__))
+    assert cmd[cmd.index("--model") + 1] == os.path.relpath(start_path("weak", args), os.path.dirname(os.path.dirname(toy.__file__)))
     assert start_path("weak", args) != start_path("main", args) and "--model" not in scope_command(main, args)
     assert "--model" not in scope_command(weak, parse_args(["--weak-start", "{}"]))
     with pytest.raises(SystemExit):
@@ -248,7 +248,7 @@ def test_weak_start_policy_is_passed_to_the_weak_runs_only():
 
 
 def test_compare_studies_finds_every_differing_number():
-    from experiment import compare_studies
+    from tools.experiment import compare_studies
 
     def run(row, seed, acc, minutes):
         return {"group": "main", "row": row, "seed": seed, "steps": 20, "eval": {"acc_t1": acc},

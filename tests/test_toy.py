@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-import toy
+from harness import toy
 
 
 def boxed(text):
@@ -132,7 +132,7 @@ def test_oracle_follows_a_wrong_prefix_and_truncates():
 
 
 def test_tokenizer_round_trip(problems):
-    from generate import format_prompt
+    from harness.generate import format_prompt
 
     tok = toy.make_tokenizer()
     assert tok.eos_token == tok.pad_token == "<|endoftext|>"

@@ -41,7 +41,7 @@ sys.path.insert(0, ROOT)
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs in this process (VLLMGenerator sets it too)
 
 from conftest import make_bpe_tokenizer  # noqa: E402
-from generate import HFGenerator, VLLMGenerator, sync_weights  # noqa: E402
+from harness.generate import HFGenerator, VLLMGenerator, sync_weights  # noqa: E402
 
 BLOCK = 32  # KV block size; the CPU backend wants a multiple of 32. Prompts below span >= 2 full blocks.
 # a small engine: 64 MiB of KV cache instead of a fraction of the machine's RAM, no graph compilation
@@ -210,7 +210,7 @@ def test_prefix_continuation_keeps_the_prefix_ids(engine, tok):
 def test_toy_run_with_vllm_backend_logs_the_same_fields_as_hf(tmp_path_factory):
     """(5) `scope.py --toy --backend vllm` runs two steps (rollouts and evaluation through vLLM, a weight
     push after each update) and writes the same metric fields as `--backend hf`."""
-    import toy
+    from harness import toy
 
     cache = str(tmp_path_factory.mktemp("toy_cache"))
     kw = dict(sft_steps=20, batch_size=16, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -290,7 +290,7 @@ def test_refiner_tokens_per_second_vllm_serve_vs_hf(tmp_path, qwen_models):
 
     from transformers import AutoModelForCausalLM
 
-    from generate import load_tokenizer, serve_with_vllm
+    from harness.generate import load_tokenizer, serve_with_vllm
     from refine import Refiner
 
     tok = load_tokenizer(qwen_models["refiner"])

@@ -16,9 +16,9 @@ keeping the signature, the docstring and any argument checks outside the region.
 exercises not chosen keep their reference code (marker lines removed), so `--only` makes a smaller
 assignment. The teacher's tools (this file and its contract test) are not copied.
 
-    python exercises.py --list                       # the table: concept, tests, difficulty, depends on
-    python exercises.py --out assignment             # every exercise
-    python exercises.py --out hw1 --only first_error,keep_ratio
+    python -m tools.exercises --list                       # the table: concept, tests, difficulty, depends on
+    python -m tools.exercises --out assignment             # every exercise
+    python -m tools.exercises --out hw1 --only first_error,keep_ratio
 
 `EXERCISES` below is the one table: each exercise's paper concept, the tests that grade it (pytest node
 ids; a parametrised test is named once), its difficulty (1 easy … 4 challenge) and the exercises its
@@ -40,8 +40,8 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-NOT_COPIED = ("exercises.py", "tests/test_exercises.py")
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
+NOT_COPIED = ("tools/exercises.py", "tests/test_exercises.py")
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".hypothesis", "runs"}
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION (?P<name>[A-Za-z0-9_]+)[ \t]*$")
 END = re.compile(r"^[ \t]*# END SOLUTION[ \t]*$")
@@ -246,7 +246,7 @@ def repo_files(root: str) -> list[str]:
     return sorted(f for f in files if f not in NOT_COPIED and os.path.isfile(os.path.join(root, f)))
 
 
-def generate(out_dir: str, only=None, root: str = HERE) -> list[str]:
+def generate(out_dir: str, only=None, root: str = ROOT) -> list[str]:
     """Write the assignment into `out_dir` (must not exist or be empty). Returns the changed files."""
     chosen = set(BY_NAME) if only is None else set(only)
     unknown = chosen - set(BY_NAME)
@@ -316,7 +316,7 @@ def main(argv=None) -> int:
     names = only or [e.name for e in EXERCISES]
     print(f"wrote {args.out}: {len(names)} exercise(s) ({', '.join(names)}) in {', '.join(changed)}")
     print(f"students: cd {args.out} && python -m pytest tests -q   (the stubbed exercises fail with "
-          f"NotImplementedError until written); python exercises.py --list in the reference shows the table")
+          f"NotImplementedError until written); python -m tools.exercises --list in the reference shows the table")
     return 0
 
 

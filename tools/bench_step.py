@@ -1,6 +1,6 @@
 """bench_step.py — one toy GRPO training step: ours (scope.py's code path) against TRL's GRPOTrainer.
 
-Same model (the toy warm start in cache/, trained once by `python toy.py` or `python scope.py --toy`),
+Same model (the toy warm start in cache/, trained once by `python -m harness.toy` or `python scope.py --toy`),
 same batch shape (8 prompts × 8 rollouts, up to 128 new tokens, temperature 1.0, one optimizer step per
 batch, no KL, Dr. GRPO loss, AdamW), same reward (`eval.grade` of the last \\boxed{}), one CPU thread.
 A step is: sample the rollouts, grade them, advantages, one optimizer step. Runs alternate: TRL step k
@@ -12,7 +12,7 @@ micro-batches of `--micro-batch-size` (scope.py's toy default 64: one call as we
 does its own logging bookkeeping; ours writes no files. Neither runs a separate old-log-prob forward
 (one optimizer step per batch: ρ = 1 in both).
 
-Run: `python bench_step.py` (needs `pip install trl accelerate`; checked with trl 1.16.0,
+Run: `python -m tools.bench_step` (needs `pip install trl accelerate`; checked with trl 1.16.0,
 transformers 5.20). Prints one line per timed step and a summary with medians.
 """
 import argparse
@@ -23,7 +23,7 @@ import time
 
 import torch
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
 
 
 def main(argv=None):
@@ -50,15 +50,15 @@ def main(argv=None):
     except ImportError as e:
         raise SystemExit(f"error: bench_step.py needs TRL: pip install trl accelerate ({e})")
 
-    import toy
+    from harness import toy
     from eval import grade
-    from generate import HFGenerator, format_prompt, load_causal_lm
+    from harness.generate import HFGenerator, format_prompt, load_causal_lm
     from grpo import build_batch, group_advantages, token_logprobs, update
 
-    cache = os.path.join(HERE, "cache")
+    cache = os.path.join(ROOT, "cache")
     path = toy.cache_path(cache, seed=0)
     if not os.path.isdir(path):
-        raise SystemExit(f"error: no toy warm start at {path}; run `python toy.py` once first")
+        raise SystemExit(f"error: no toy warm start at {path}; run `python -m harness.toy` once first")
     n_total = args.prompts * 2 * (args.steps + args.warmup + 2)
     problems = toy.make_problems(n_total, seed=12345)
     answers = {p["question"]: p["answer"] for p in problems}

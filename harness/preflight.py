@@ -27,7 +27,7 @@ import sys
 import urllib.parse
 from dataclasses import asdict
 
-from runs import find_checkpoint, holds_run, lock_holder, stop
+from harness.runs import find_checkpoint, holds_run, lock_holder, stop
 
 GIB = 2 ** 30
 MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
@@ -159,7 +159,7 @@ def choose_device(args) -> tuple[str, bool, list[str]]:
     """(device, use_vllm, notes). No GPU with --device auto stops the run (a note with --dry-run)."""
     import torch
 
-    from generate import vllm_importable
+    from harness.generate import vllm_importable
 
     notes = []
     cuda_present = torch.cuda.is_available()
@@ -201,7 +201,7 @@ def hub_models(args, resume_step: int | None) -> list[str]:
 
 
 def hub_datasets(args) -> list[str]:
-    from problems import BENCHMARKS
+    from harness.problems import BENCHMARKS
 
     sources = [args.dataset] + ([args.eval_dataset] if args.eval_every else [])
     return [s for s in sources if s in BENCHMARKS or ("/" in s and not os.path.exists(s))]
@@ -262,7 +262,7 @@ def check_hub(args, resume_step: int | None) -> tuple[bool, list[str]]:
 def load_data(args, offline: bool, notes: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     """(train, eval) problems, loaded before any model and checked non-empty (toy questions with --toy).
     A --dry-run without network skips hub data sets and says so in `notes`."""
-    from problems import load_problems
+    from harness.problems import load_problems
 
     def load(flag: str, source: str, **kw) -> list[dict]:
         if args.dry_run and offline and source in hub_datasets(args):
@@ -278,7 +278,7 @@ def load_data(args, offline: bool, notes: list[str] | None = None) -> tuple[list
         if not problems:
             stop(f"--{flag} {source}: no problems in it")
         if args.toy:
-            import toy
+            from harness import toy
             for k, p in enumerate(problems):
                 try:
                     toy.parse_question(p["question"])

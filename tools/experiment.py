@@ -19,10 +19,10 @@ token entropy (last 5 steps), the refiner's acceptance rate, repairs in all-fail
 kind of token got. Each SCOPE-like row gets its PAIRED difference to GRPO (same seed) with a 95 % t-interval.
 
 Run (one command does both stages; stage 2 starts when the grid is done):
-    python experiment.py                               # the whole study -> results/toy/study.{json,md}, curves.png
-    python experiment.py --describe                    # the starting policies -> results/toy/warm_start.json
-    python experiment.py --seeds 0,1 --long-seeds 0 --steps 20 --tag pilot --out results/toy/pilot   # a pilot
-    python experiment.py --only grid                   # stage 1 only
+    python -m tools.experiment                               # the whole study -> results/toy/study.{json,md}, curves.png
+    python -m tools.experiment --describe                    # the starting policies -> results/toy/warm_start.json
+    python -m tools.experiment --seeds 0,1 --long-seeds 0 --steps 20 --tag pilot --out results/toy/pilot   # a pilot
+    python -m tools.experiment --only grid                   # stage 1 only
 Runs go to runs/<tag>-<group>-<row>-s<seed>/ (gitignored; train.log, metrics.jsonl, traces.jsonl, final_eval.json).
 A run whose metrics.jsonl reaches its steps with the same scope.py command, and whose final_eval.json has the
 same eval settings, is skipped: rerunning resumes an interrupted study (the printed time then covers the rest),
@@ -71,7 +71,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")   # before torch is imported, here
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
-HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
 DIVERSITY = ["distinct_1", "distinct_4", "one_minus_self_bleu", "one_minus_self_rouge", "div_score"]
 GRID = {"grpo": "--mode grpo",
         "scope any/replace": "--mode scope --rectify-groups any --merge replace",
@@ -181,10 +181,10 @@ def plan_stage2(args, ranked: list[str]) -> list[dict]:
 
 def start_path(group: str, args) -> str:
     """The starting policy of a group: the shipped warm start, or for "weak" the --weak-start one."""
-    import toy
+    from harness import toy
 
     settings = json.loads(args.weak_start) if group == "weak" else {}
-    return toy.cache_path(os.path.join(HERE, "cache"), seed=0, **settings)
+    return toy.cache_path(os.path.join(ROOT, "cache"), seed=0, **settings)
 
 
 def problem_files(task: str, args, write: bool = False) -> dict:
@@ -192,7 +192,7 @@ def problem_files(task: str, args, write: bool = False) -> dict:
     load_problems("toy") uses; {} for the default task ("")."""
     if not task:
         return {}
-    import toy
+    from harness import toy
 
     folder = os.path.join("runs", f"{args.tag}-data-{slug(task)}")
     files = {"train": os.path.join(folder, "train.jsonl"), "eval": os.path.join(folder, "eval.jsonl")}
@@ -208,7 +208,7 @@ def scope_command(j: dict, args) -> list[str]:
     data = problem_files(j["task"], args)
     data_flags = ["--dataset", data["train"], "--eval-dataset", data["eval"]] if data else []
     if j["group"] == "weak" and json.loads(args.weak_start):
-        data_flags += ["--model", os.path.relpath(start_path("weak", args), HERE)]
+        data_flags += ["--model", os.path.relpath(start_path("weak", args), ROOT)]
     return [sys.executable, "scope.py", "--toy", "--run-name", j["name"], "--steps", str(j["steps"]),
             "--max-new-tokens", str(args.max_new_tokens), "--eval-size", str(args.train_eval_size),
             "--eval-n", str(args.train_eval_n), "--eval-every", str(j["eval_every"]),
@@ -227,7 +227,7 @@ def train(j: dict, args) -> None:
     run_dir, cmd = os.path.join("runs", j["name"]), scope_command(j, args)
     metrics = os.path.join(run_dir, "metrics.jsonl")
     done = os.path.exists(metrics) and any(json.loads(line)["step"] == j["steps"] for line in open(metrics))
-    record = {"command": cmd[1:], "start": os.path.relpath(start_path(j["group"], args), HERE)}   # a new warm start retrains
+    record = {"command": cmd[1:], "start": os.path.relpath(start_path(j["group"], args), ROOT)}   # a new warm start retrains
     if done and read_json(os.path.join(run_dir, "command.json")) == record:
         return
     os.makedirs(run_dir, exist_ok=True)
@@ -247,9 +247,9 @@ def evaluate_policy(path: str, task: str, args) -> dict:
     """The final-eval metrics of the policy saved at `path` (see the module docstring)."""
     import torch
 
-    import toy
+    from harness import toy
     from eval import diversity_summary, discarded_valid_share, evaluate, load_problems, near_miss_at_k
-    from generate import HFGenerator, load_causal_lm
+    from harness.generate import HFGenerator, load_causal_lm
     from prm import cut_point, keep_ratio, split_steps
 
     torch.set_num_threads(1)
@@ -300,7 +300,7 @@ def training_stats(run_dir: str) -> dict:
 
 def run_job(j: dict, args) -> dict:
     """Train (unless done), evaluate (unless cached); runs in a worker process."""
-    os.chdir(HERE)
+    os.chdir(ROOT)
     t0 = time.time()
     settings = {k: getattr(args, k) for k in ("eval_size", "eval_n", "eval_n_cool", "eval_seed", "max_new_tokens")}
     settings["task"] = j["task"]
@@ -311,7 +311,7 @@ def run_job(j: dict, args) -> dict:
     else:
         train(j, args)
         path = os.path.join(run_dir, "checkpoint")
-    settings["policy"] = os.path.relpath(path, HERE)   # a new warm start is a new policy: evaluated again
+    settings["policy"] = os.path.relpath(path, ROOT)   # a new warm start is a new policy: evaluated again
     t1 = time.time()
     cache = os.path.join(run_dir, "final_eval.json")
     cached = read_json(cache)
@@ -469,7 +469,7 @@ def plot(results: list[dict], out: str) -> None:
 
 def write_results(results: list[dict], args, ranked: list[str] | None, wall_minutes: float) -> str:
     os.makedirs(args.out, exist_ok=True)
-    command = shlex.join(["python", "experiment.py", *(sys.argv[1:] if __name__ == "__main__" else [])])
+    command = shlex.join(["python", "-m", "tools.experiment", *(sys.argv[1:] if __name__ == "__main__" else [])])
     keys = [k for k, _ in COLS]
     md = ["# Toy world study (issue 11): SCOPE vs GRPO\n",
           f"Command: `{command}`  \nWall time: {wall_minutes:.1f} min ({args.jobs} jobs at once).  \n"
@@ -544,7 +544,7 @@ def mechanism(results: list[dict], args) -> dict:
     rollout's text after the kept prefix (char-level toy tokenizer: one character = one token)."""
     import torch
 
-    from generate import format_prompt, load_causal_lm
+    from harness.generate import format_prompt, load_causal_lm
     from grpo import logprobs_and_entropy
 
     torch.set_num_threads(1)
@@ -614,9 +614,9 @@ def describe_warm_start(args, group: str = "main", n_problems: int = 300, n: int
     by step index k over the n_ops + 1 steps (k = n_ops: the answer copy), also relative (k / n_ops)."""
     import torch
 
-    import toy
+    from harness import toy
     from eval import evaluate
-    from generate import HFGenerator, load_causal_lm
+    from harness.generate import HFGenerator, load_causal_lm
     from prm import cut_point, split_steps
 
     torch.set_num_threads(1)
@@ -643,7 +643,7 @@ def describe_warm_start(args, group: str = "main", n_problems: int = 300, n: int
            "first_error_by_ops": {k: dict(sorted(v.items())) for k, v in sorted(first.items())},
            "first_error_relative_hist": np.histogram(rel, bins=[0, 0.2, 0.4, 0.6, 0.8, 1.0 - 1e-9, 1.0])[0].tolist(),
            "failures": len(rel), "failures_at_answer_copy": last_only, "problems": n_problems, "n": n,
-           "policy": os.path.relpath(start_path(group, args), HERE)}
+           "policy": os.path.relpath(start_path(group, args), ROOT)}
     return out
 
 
@@ -667,16 +667,16 @@ def compare_studies(a: dict, b: dict) -> tuple[int, list[str]]:
 
 def main(argv=None) -> None:
     args = parse_args(argv)
-    os.chdir(HERE)
+    os.chdir(ROOT)
     t0 = time.time()
     if args.compare:
         first, second = (read_json(path) for path in args.compare.split(","))
         matched, diffs = compare_studies(first, second)
         print("\n".join(diffs[:50]) + f"\n{matched} runs in both; {len(diffs)} numbers differ")
         sys.exit(1 if diffs or not matched else 0)
-    import toy
-    toy.warm_start(os.path.join(HERE, "cache"), seed=0)            # trained here once if not shipped
-    toy.warm_start(os.path.join(HERE, "cache"), seed=0, **json.loads(args.weak_start))
+    from harness import toy
+    toy.warm_start(os.path.join(ROOT, "cache"), seed=0)            # trained here once if not shipped
+    toy.warm_start(os.path.join(ROOT, "cache"), seed=0, **json.loads(args.weak_start))
     if args.describe:
         described = {"main": describe_warm_start(args, "main"), "weak": describe_warm_start(args, "weak"),
                      "weak_task": json.loads(args.weak_task), "weak_start": json.loads(args.weak_start)}
@@ -687,7 +687,7 @@ def main(argv=None) -> None:
         return
     problem_files(args.weak_task, args, write=True)   # once, before any worker reads them
     if args.only == "all":
-        toy.refiner_model(os.path.join(HERE, "cache"), seed=0)
+        toy.refiner_model(os.path.join(ROOT, "cache"), seed=0)
     grid = plan_grid(args)
     print(f"stage 1: {len(grid) - 2} runs of {args.steps} steps + the warm start (2 tasks); {args.jobs} at a time",
           flush=True)

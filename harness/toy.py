@@ -21,7 +21,7 @@ Paper: Ren et al., "Recycling Failures: Salvaging Exploration in RLVR via Fine-G
 (arXiv 2602.24110). The toy world is ours, not the paper's: it exists because no real weights or GPU are
 reachable while building this and students often lack a GPU.
 
-Run: `python scope.py --toy` uses it; `python toy.py` prints a sample problem, its solution and a warm
+Run: `python scope.py --toy` uses it; `python -m harness.toy` prints a sample problem, its solution and a warm
 start cache path (training one if needed).
 
 Choices and departures (numbered):
@@ -263,7 +263,7 @@ def cache_path(cache_dir: str, seed: int = 0, **kw) -> str:
 
 def sft_example(tokenizer, problem: dict, solution: str) -> tuple[list[int], list[int]]:
     """(input ids, labels): prompt + solution + EOS; labels -100 on the prompt (loss on the solution only)."""
-    from generate import format_prompt
+    from harness.generate import format_prompt
 
     prompt = format_prompt(tokenizer, problem["question"])
     answer = tokenizer.encode(solution, add_special_tokens=False) + [tokenizer.eos_token_id]
