@@ -1,15 +1,12 @@
 """eval.py — the paper's evaluation: metrics, `evaluate`, the command line, training curves and traces.
 
 What it implements (SCOPE, Ren et al. 2026, arXiv 2602.24110):
-  1. `extract_answer` / `grade`: re-exported from grader.py, the verifier that gives every rollout its
-     0/1 outcome reward (its rules, limits and safety are in grader.py's docstring).
-  2. `load_problems` / `BENCHMARKS`: re-exported from problems.py, which owns the benchmark table, the
-     local / Hugging Face / toy loaders and the row checks (Table 1: AIME24, AIME25, AMC, MATH-500, Minerva,
-     OlympiadBench; out of domain: ARC-c, GPQA-diamond, MMLU-Pro).
-  3. Metrics, as pure functions: unbiased pass@k (Chen et al. 2021); the Table-4 diversity metrics
+  The verifier is harness/grader.py (`grade`); the benchmarks (Table 1: AIME24, AIME25, AMC, MATH-500,
+  Minerva, OlympiadBench; out of domain: ARC-c, GPQA-diamond, MMLU-Pro) are harness/problems.py's.
+  1. Metrics, as pure functions: unbiased pass@k (Chen et al. 2021); the Table-4 diversity metrics
      distinct-1/4, self-BLEU, self-ROUGE-L and div-score; Near-miss@k (r = 0) (Fig. 7); the share of
      discarded valid trajectories (Fig. 3); median with p10/p90 across prompts (Table 4).
-  4. `evaluate` (avg@n and pass@k of any generator backend), training curves from metrics.jsonl
+  2. `evaluate` (avg@n and pass@k of any generator backend), training curves from metrics.jsonl
      (Figs. 3-7) and the rectification viewer for traces.jsonl (Fig. 12); the command line.
 
 How to run:
@@ -51,10 +48,9 @@ from collections import Counter
 
 import numpy as np
 
-from harness.grader import extract_answer, grade, grader_benchmark  # noqa: F401  (section 1 lives in grader.py)
-from harness.problems import BENCHMARKS, load_problems  # noqa: F401  (section 2 lives in problems.py)
+from harness.grader import grade, grader_benchmark
+from harness.problems import load_problems
 
-# ==== 1. answer extraction and grading: grader.py (re-exported here for existing callers) ====
 
 
 # ==== 2. problems and benchmarks: problems.py (re-exported here for existing callers) ====

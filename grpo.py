@@ -9,7 +9,7 @@ tensor code: no text, no PRM, no vLLM; the only model calls are the forward pass
 Run the tests: `python -m pytest tests/test_grpo.py -q`. scope.py calls, once per training step,
 `group_advantages` → `build_batch` → `update`. Each term of the loss is its own public function
 (`logprobs_and_entropy`, `entropy_from_logprobs`, `clipped_surrogate`, `shaped_offpolicy_loss`,
-`k3_kl`, `loss_normaliser`), composed by `policy_loss` and by `update`; the `# BEGIN SOLUTION` /
+`k3_kl`, `loss_normaliser`), composed by `policy_loss`, which `update` calls per micro-batch; the `# BEGIN SOLUTION` /
 `# END SOLUTION` comments mark what `exercises.py` turns into student exercises.
 
 Conventions. Every per-token tensor is (N, L) over the whole right-padded prompt + response sequence.
@@ -312,70 +312,17 @@ def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> flo
     # END SOLUTION
 
 
-def _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip_eps, shaping_gamma,
-                 ref_logp, kl_coef, entropy, entropy_coef, offpolicy_credit="shaped"):
-    """Per-token loss (N, L), already masked, and the detached sums the metrics are made of."""
-    if offpolicy_credit not in ("shaped", "unit"):
-        raise ValueError(f"offpolicy_credit must be 'shaped' or 'unit', got {offpolicy_credit!r}")
-    resp = response_mask.bool()  # (N, L)
-    off = offpolicy_mask.bool() & resp  # (N, L) refiner tokens
-    on = resp & ~off  # (N, L) policy tokens
-    zero = logp.new_zeros(())
-    kl_sum = ent_sum = ent_on_sum = zero
-    # BEGIN SOLUTION policy_loss
-    on_loss, ratio, clipped = clipped_surrogate(logp, old_logp, advantages, on, clip_eps)  # (N, L) each
-    off_loss, shaped = shaped_offpolicy_loss(logp, advantages, off, shaping_gamma)  # (N, L) each
-    if offpolicy_credit == "unit":   # the refiner's tokens as if the policy had sampled them
-        off_loss = unit_offpolicy_loss(logp, advantages, off)  # (N, L)
-    per_token = torch.where(off, off_loss, on_loss)  # (N, L)
-    if ref_logp is not None:
-        k3 = k3_kl(logp, ref_logp, resp)  # (N, L)
-        per_token = per_token + kl_coef * k3
-        kl_sum = k3.detach().sum()
-    if entropy is not None:
-        # entropy bonus: subtracted, so minimising the loss raises the entropy
-        entropy = torch.where(resp, entropy, torch.zeros_like(entropy))  # (N, L)
-        per_token = per_token - entropy_coef * entropy
-        ent_sum = entropy.detach().sum()
-        ent_on_sum = entropy.detach()[on].sum()
-    per_token = torch.where(resp, per_token, torch.zeros_like(per_token))  # (N, L) response tokens only
-    # END SOLUTION
-    sums = {
-        "n_resp": resp.sum(), "n_on": on.sum(), "n_off": off.sum(), "n_clipped": clipped.sum(),
-        "ratio_sum": ratio.detach()[on].sum(), "shaped_sum": shaped.detach()[off].sum(),
-        "kl_sum": kl_sum, "ent_sum": ent_sum, "ent_on_sum": ent_on_sum,
-    }
-    return per_token, sums
-
-
-def _metrics(sums: dict) -> dict:
-    """Python-float metrics from summed counts: clip fraction and ratio over on-policy tokens, mean f(π)
-    over off-policy tokens, off-policy share, KL and entropy as means over response tokens (0 if none)."""
-    s = {k: float(v) for k, v in sums.items()}
-
-    def div(a, b):
-        return a / b if b > 0 else 0.0
-
-    return {
-        "clip_frac": div(s["n_clipped"], s["n_on"]),
-        "ratio_mean": div(s["ratio_sum"], s["n_on"]),
-        "shaped_mean": div(s["shaped_sum"], s["n_off"]),
-        "offpolicy_share": div(s["n_off"], s["n_resp"]),
-        "kl": div(s["kl_sum"], s["n_resp"]),
-        "entropy": div(s["ent_sum"], s["n_resp"]),
-    }
-
-
 def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, clip_eps=0.2,
-                shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, ref_logp=None, kl_coef=0.0,
+                shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, z=None, ref_logp=None, kl_coef=0.0,
                 entropy=None, entropy_coef=0.0, offpolicy_credit="shaped") -> tuple[Tensor, dict]:
-    """The SCOPE token loss (see the module docstring): `clipped_surrogate` on on-policy tokens,
-    `shaped_offpolicy_loss` on off-policy tokens (or `unit_offpolicy_loss` with offpolicy_credit="unit"),
-    optional `k3_kl` and entropy bonus, summed and divided by `loss_normaliser`.
+    """The SCOPE token loss L (the module docstring's equations): `clipped_surrogate` on the policy's own
+    tokens, `shaped_offpolicy_loss` on the refiner's (or `unit_offpolicy_loss` with offpolicy_credit="unit"),
+    optional `k3_kl` and entropy bonus, summed over response tokens and divided by Z.
 
     logp, old_logp, response_mask, offpolicy_mask, ref_logp, entropy: (N, L); advantages: (N,).
-    Returns (scalar loss with gradient through logp and entropy, metrics of Python floats: loss,
-    clip_frac, ratio_mean, shaped_mean, offpolicy_share, kl, entropy).
+    z: the normaliser; None = `loss_normaliser` of this batch (`update` passes the whole batch's Z to every
+    micro-batch). Returns (scalar loss with gradient through logp and entropy, terms): `terms` holds the
+    detached per-token tensors the metrics are made of, for `loss_metrics`.
     """
     shape = tuple(logp.shape)
     named = {"old_logp": old_logp, "response_mask": response_mask, "offpolicy_mask": offpolicy_mask,
@@ -385,15 +332,54 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
             raise ValueError(f"policy_loss: {name} has shape {tuple(t.shape)}, logp has {shape}")
     if tuple(advantages.shape) != shape[:1]:
         raise ValueError(f"policy_loss: advantages must be ({shape[0]},), got {tuple(advantages.shape)}")
-    z = loss_normaliser(response_mask, loss_agg, max_new_tokens)
-    per_token, sums = _token_terms(logp, old_logp, advantages, response_mask, offpolicy_mask, clip_eps,
-                                   shaping_gamma, ref_logp, kl_coef, entropy, entropy_coef, offpolicy_credit)
-    sums.pop("ent_on_sum")
+    if offpolicy_credit not in ("shaped", "unit"):
+        raise ValueError(f"policy_loss: offpolicy_credit must be 'shaped' or 'unit', got {offpolicy_credit!r}")
+    if z is None:
+        z = loss_normaliser(response_mask, loss_agg, max_new_tokens)
+    resp = response_mask.bool()  # (N, L)
+    off = offpolicy_mask.bool() & resp  # (N, L) refiner tokens
+    on = resp & ~off  # (N, L) policy tokens
+    kl = None
     # BEGIN SOLUTION policy_loss
+    on_loss, ratio, clipped = clipped_surrogate(logp, old_logp, advantages, on, clip_eps)  # (N, L) each
+    off_loss, shaped = shaped_offpolicy_loss(logp, advantages, off, shaping_gamma)  # (N, L) each
+    if offpolicy_credit == "unit":  # the refiner's tokens as if the policy had sampled them
+        off_loss = unit_offpolicy_loss(logp, advantages, off)  # (N, L)
+    per_token = torch.where(off, off_loss, on_loss)  # (N, L)
+    if ref_logp is not None:
+        kl = k3_kl(logp, ref_logp, resp)  # (N, L)
+        per_token = per_token + kl_coef * kl
+    if entropy is not None:  # entropy bonus: subtracted, so minimising the loss raises the entropy
+        entropy = torch.where(resp, entropy, torch.zeros_like(entropy))  # (N, L)
+        per_token = per_token - entropy_coef * entropy
+    per_token = torch.where(resp, per_token, torch.zeros_like(per_token))  # (N, L) response tokens only
     loss = per_token.sum() / z  # L = (1/Z) Σ_i Σ_t ℓ_it
     # END SOLUTION
-    metrics = {"loss": float(loss.detach()), **_metrics(sums)}
-    return loss, metrics
+    terms = {"on": on, "off": off, "ratio": ratio.detach(), "clipped": clipped, "shaped": shaped.detach(),
+             "kl": None if kl is None else kl.detach(), "entropy": None if entropy is None else entropy.detach()}
+    return loss, terms
+
+
+def loss_metrics(terms: dict) -> dict:
+    """Python-float metrics of `policy_loss`'s terms (one batch, or micro-batches joined by `join_terms`):
+    clip fraction and mean ratio over the policy's tokens, mean f(π) over the refiner's, the refiner's share
+    of response tokens, KL and entropy as means over response tokens, entropy_policy over the policy's
+    tokens only (0 where a set is empty)."""
+    on, off = terms["on"], terms["off"]
+    resp = on | off
+
+    def mean_over(x, mask):
+        return float(x[mask].sum() / mask.sum()) if x is not None and mask.any() else 0.0
+
+    return {"clip_frac": mean_over(terms["clipped"].double(), on), "ratio_mean": mean_over(terms["ratio"], on),
+            "shaped_mean": mean_over(terms["shaped"], off), "offpolicy_share": mean_over(off.double(), resp),
+            "kl": mean_over(terms["kl"], resp), "entropy": mean_over(terms["entropy"], resp),
+            "entropy_policy": mean_over(terms["entropy"], on)}
+
+
+def join_terms(parts: list[dict]) -> dict:
+    """The terms of micro-batches, concatenated along the batch dimension."""
+    return {k: None if parts[0][k] is None else torch.cat([p[k].cpu() for p in parts]) for k in parts[0]}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -402,7 +388,7 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
 def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_norm=1.0, clip_eps=0.2,
            shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
            ref_model=None, offpolicy_credit="shaped") -> dict:
-    """One optimizer step on `batch` with gradient accumulation over micro-batches.
+    """One optimizer step on `batch`: `policy_loss` micro-batch by micro-batch, gradients accumulated.
 
     batch: input_ids, attention_mask, response_mask, offpolicy_mask (N, L), advantages (N,), optionally
     old_logp and ref_logp (N, L). Without old_logp (one optimizer step per rollout batch, scope.py's
@@ -413,27 +399,17 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     loss is divided by the WHOLE batch's Z, so the accumulated gradient equals the single-batch gradient.
     Gradients are clipped to `max_grad_norm` (None: no clipping). A non-finite loss or gradient norm
     skips the step (gradients zeroed, parameters untouched). Returns Python-float metrics: loss,
-    grad_norm, skipped, clip_frac, ratio_mean, shaped_mean, offpolicy_share, kl, entropy (mean over all
-    response tokens) and entropy_policy (mean over policy-written tokens, refiner tokens left out).
+    grad_norm, skipped and `loss_metrics` of the whole batch.
     """
-    required = ("input_ids", "attention_mask", "response_mask", "offpolicy_mask", "advantages")
-    missing = [k for k in required if k not in batch]
-    if missing:
-        raise ValueError(f"update: batch is missing {missing} (build_batch makes them)")
-    has_ref = batch.get("ref_logp") is not None
-    if kl_coef > 0 and not has_ref and ref_model is None:
+    if kl_coef > 0 and batch.get("ref_logp") is None and ref_model is None:
         raise ValueError("update: kl_coef > 0 needs batch['ref_logp'] or ref_model")
     n = batch["input_ids"].shape[0]
-    if n == 0:
-        raise ValueError("update: the batch has no sequences")
     z = loss_normaliser(batch["response_mask"], loss_agg, max_new_tokens)  # over the whole batch
     device = next(model.parameters()).device
-    params = [p for p in model.parameters() if p.requires_grad]
     mb = max(1, int(micro_batch_size))
 
     optimizer.zero_grad(set_to_none=True)
-    loss_total = 0.0
-    sums = None
+    loss_total, parts = 0.0, []
     # BEGIN SOLUTION update
     for s in range(0, n, mb):
         part = {k: v[s:s + mb].to(device) for k, v in batch.items() if isinstance(v, Tensor)}
@@ -446,24 +422,19 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
         if ref_logp is None and kl_coef > 0:
             ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"],
                                          part["response_mask"], micro_batch_size=mb)
-        per_token, part_sums = _token_terms(logp, old_logp, part["advantages"], part["response_mask"],
-                                            part["offpolicy_mask"], clip_eps, shaping_gamma, ref_logp,
-                                            kl_coef, entropy, entropy_coef, offpolicy_credit)
-        loss = per_token.sum() / z  # divided by the whole batch's Z: accumulation = full-batch gradient
-        loss.backward()
+        loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"], part["offpolicy_mask"],
+                                  clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=z, ref_logp=ref_logp,
+                                  kl_coef=kl_coef, entropy=entropy, entropy_coef=entropy_coef,
+                                  offpolicy_credit=offpolicy_credit)
+        loss.backward()  # divided by the whole batch's Z: the accumulated gradient is the full-batch one
         loss_total += float(loss.detach())
-        sums = part_sums if sums is None else {k: sums[k] + part_sums[k] for k in sums}
+        parts.append(terms)
     # END SOLUTION
 
     clip_to = float("inf") if max_grad_norm is None else float(max_grad_norm)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(params, clip_to))
+    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip_to))
     skipped = not (math.isfinite(loss_total) and math.isfinite(grad_norm))
-    if skipped:
-        optimizer.zero_grad(set_to_none=True)  # no step: parameters and optimizer state untouched
-    else:
+    if not skipped:
         optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    ent_on = float(sums.pop("ent_on_sum"))
-    n_on = float(sums["n_on"])
-    return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped), **_metrics(sums),
-            "entropy_policy": ent_on / n_on if n_on > 0 else 0.0}
+    optimizer.zero_grad(set_to_none=True)  # a skipped step leaves parameters and optimizer state untouched
+    return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped), **loss_metrics(join_terms(parts))}

@@ -426,6 +426,10 @@ class ToyPRM:
         self.noise = noise
         self.rng = random.Random(seed)
 
+    def reseed(self, seed: int) -> None:
+        """A fresh noise stream (scope.py draws one per step from (seed, step), so a resume is exact)."""
+        self.rng = random.Random(seed)
+
     def score(self, question: str, steps: list[str]) -> list[float]:
         scores = score_steps(question, steps)
         if self.noise > 0:

@@ -346,12 +346,6 @@ def test_grader_benchmark_runs_and_agrees_with_labels():
     assert {"seconds", "gold", "response"} <= set(result["slowest"][0])
 
 
-def test_eval_reexports_the_grader():
-    """Existing callers (scope.py, refine.grade_fn, tests) import grade / extract_answer from eval."""
-    assert E.grade is G.grade and E.extract_answer is G.extract_answer
-    assert E.grade("\\boxed{\\frac12}", "0.5") and not E.grade("\\boxed{0.33}", "\\frac13")
-
-
 def test_safety_scan_catches_a_forbidden_call(tmp_path):
     """The AST scan itself can fail: a file that calls sympify on text is reported."""
     bad = tmp_path / "bad.py"

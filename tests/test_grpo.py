@@ -9,7 +9,7 @@ from torch.testing import assert_close
 
 from conftest import make_char_tokenizer, make_tiny_causal_lm
 from grpo import (build_batch, clipped_surrogate, entropy_from_logprobs, group_advantages, logprobs_and_entropy,
-                  loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs, update)
+                  loss_metrics, loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs, update)
 
 LN = math.log
 
@@ -147,26 +147,29 @@ def test_logprobs_and_entropy_hand_computed():
 @pytest.mark.parametrize("loss_agg,z", [("constant", 6.0), ("token-mean", 5.0)])
 def test_policy_loss_hand_computed(loss_agg, z):
     logp, old, adv, resp, off, ref, ent = hand_inputs()
-    loss, m = policy_loss(logp, old, adv, resp, off, loss_agg=loss_agg, max_new_tokens=3)
+    loss, terms = policy_loss(logp, old, adv, resp, off, loss_agg=loss_agg, max_new_tokens=3)
     assert_close(loss, torch.tensor(-0.6625 / z, dtype=torch.float64))
-    expected = {"loss": -0.6625 / z, "clip_frac": 0.5, "ratio_mean": 0.99375, "shaped_mean": 0.8,
-                "offpolicy_share": 0.2, "kl": 0.0, "entropy": 0.0}
+    m = loss_metrics(terms)
+    expected = {"clip_frac": 0.5, "ratio_mean": 0.99375, "shaped_mean": 0.8,
+                "offpolicy_share": 0.2, "kl": 0.0, "entropy": 0.0, "entropy_policy": 0.0}
     assert set(m) == set(expected) and all(type(v) is float for v in m.values())
     assert_close(m, expected)
 
-    loss, m = policy_loss(logp, old, adv, resp, off, loss_agg=loss_agg, max_new_tokens=3,
-                          ref_logp=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01)
+    loss, terms = policy_loss(logp, old, adv, resp, off, loss_agg=loss_agg, max_new_tokens=3,
+                              ref_logp=ref, kl_coef=0.1, entropy=ent, entropy_coef=0.01)
     assert_close(loss, torch.tensor(-0.6725 / z, dtype=torch.float64))
-    assert_close(m, {**expected, "loss": -0.6725 / z, "kl": 0.1, "entropy": 1.2})
+    m = loss_metrics(terms)
+    # entropy over the 5 response tokens 6.0 / 5; over the 4 policy-written ones (1 + 2 + 1.5 + 1) / 4
+    assert_close(m, {**expected, "kl": 0.1, "entropy": 1.2, "entropy_policy": 1.375})
 
 
 def test_policy_loss_without_clipping_is_luffy_ratio():
     """clip_eps=inf is LUFFY's released setting (no clip): on-policy loss = -rho*A."""
     logp, old, adv, resp, off, _, _ = hand_inputs()
     # -.5*1 - .5*1.5 - .4 + .5*.6 + .5*.875 = -0.5 - 0.75 - 0.4 + 0.3 + 0.4375 = -0.9125
-    loss, m = policy_loss(logp, old, adv, resp, off, clip_eps=float("inf"), max_new_tokens=3)
+    loss, terms = policy_loss(logp, old, adv, resp, off, clip_eps=float("inf"), max_new_tokens=3)
     assert_close(loss, torch.tensor(-0.9125 / 6, dtype=torch.float64))
-    assert m["clip_frac"] == 0.0
+    assert loss_metrics(terms)["clip_frac"] == 0.0
 
 
 def test_policy_loss_errors():
@@ -221,8 +224,8 @@ def test_junk_outside_its_tokens_gives_no_nan():
     old[0, 2], old[1, 2] = -float("inf"), float("nan")
     ref[1, 2], ent[1, 2] = float("nan"), float("inf")
     logp.requires_grad_(True)
-    loss, m = policy_loss(logp, old, adv, resp, off, max_new_tokens=3, ref_logp=ref, kl_coef=0.1,
-                          entropy=ent, entropy_coef=0.01)
+    loss, terms = policy_loss(logp, old, adv, resp, off, max_new_tokens=3, ref_logp=ref, kl_coef=0.1,
+                              entropy=ent, entropy_coef=0.01)
     loss.backward()
     assert torch.isfinite(loss) and torch.isfinite(logp.grad).all()
     assert_close(loss, torch.tensor(-0.6725 / 6, dtype=torch.float64))
@@ -282,7 +285,7 @@ def test_policy_loss_matches_loop(loss_agg, seed):
     kw = dict(eps=0.2, gamma=0.1, loss_agg=loss_agg, max_new_tokens=max_new, kl_coef=0.05, ent_coef=0.01)
 
     a = logp.clone().requires_grad_(True)
-    loss, m = policy_loss(a, old, adv, resp, off, clip_eps=kw["eps"], shaping_gamma=kw["gamma"],
+    loss, terms = policy_loss(a, old, adv, resp, off, clip_eps=kw["eps"], shaping_gamma=kw["gamma"],
                           loss_agg=loss_agg, max_new_tokens=max_new, ref_logp=ref, kl_coef=kw["kl_coef"],
                           entropy=ent, entropy_coef=kw["ent_coef"])
     loss.backward()
@@ -292,7 +295,9 @@ def test_policy_loss_matches_loop(loss_agg, seed):
     ref_loss.backward()
     assert_close(loss, ref_loss)
     assert_close(a.grad, b.grad)
-    assert_close(m, ref_m)
+    m = loss_metrics(terms)
+    m.pop("entropy_policy")
+    assert_close({"loss": float(loss.detach()), **m}, ref_m)
     assert 0 < m["clip_frac"] < 1  # the random data does exercise both branches
 
 
@@ -398,11 +403,33 @@ def test_update_loss_equals_policy_loss():
     model = make_tiny_causal_lm(tok).double()
     batch = prepared(model, tok, n=4)
     logp, ent = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"], 4)
-    _, want = policy_loss(logp, batch["old_logp"], batch["advantages"], batch["response_mask"],
-                          batch["offpolicy_mask"], max_new_tokens=6, entropy=ent, entropy_coef=0.01)
+    loss, terms = policy_loss(logp, batch["old_logp"], batch["advantages"], batch["response_mask"],
+                              batch["offpolicy_mask"], max_new_tokens=6, entropy=ent, entropy_coef=0.01)
+    want = {"loss": float(loss.detach()), **loss_metrics(terms)}
     got = update(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, micro_batch_size=3,
                  max_new_tokens=6, entropy_coef=0.01)
     assert_close({k: got[k] for k in want}, want, rtol=1e-9, atol=1e-12)
+
+
+def test_update_computes_its_loss_with_policy_loss(monkeypatch):
+    """update has no loss of its own: it calls the public policy_loss once per micro-batch with the WHOLE
+    batch's Z, and reports the sum of what policy_loss returned (a private copy of the loss would fail this)."""
+    import grpo
+    tok = make_char_tokenizer()
+    model = make_tiny_causal_lm(tok).double()
+    batch = prepared(model, tok, n=5)
+    calls, real = [], grpo.policy_loss
+
+    def spy(*a, **k):
+        loss, terms = real(*a, **k)
+        calls.append((a[0].shape[0], k["z"], float(loss.detach())))
+        return loss, terms
+
+    monkeypatch.setattr(grpo, "policy_loss", spy)
+    got = update(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, micro_batch_size=2, max_new_tokens=6)
+    assert [c[0] for c in calls] == [2, 2, 1]
+    assert {c[1] for c in calls} == {loss_normaliser(batch["response_mask"], "constant", 6)} == {30.0}
+    assert_close(got["loss"], sum(c[2] for c in calls))
 
 
 def test_update_changes_every_parameter_tiny_qwen2(bpe_tokenizer):

@@ -100,14 +100,6 @@ def test_skip_bad_skips_invalid_json_lines(tmp_path):
         assert [p["answer"] for p in P.load_problems(str(path), skip_bad=True)] == ["1", "3"]
 
 
-def test_eval_reexports_the_loader_and_the_table():
-    """Issue 14: the loader moved from eval.py to problems.py; `eval.load_problems` / `eval.BENCHMARKS`
-    (used by scope.py, experiment.py and user scripts) must stay the very same objects."""
-    import eval as E
-
-    assert E.load_problems is P.load_problems and E.BENCHMARKS is P.BENCHMARKS
-
-
 def test_missing_file_and_unknown_source():
     with pytest.raises(FileNotFoundError, match="nope.jsonl"):
         P.load_problems("nope.jsonl")

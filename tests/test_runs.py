@@ -1,4 +1,4 @@
-"""Runs that never lose work (runs.py, scope.open_run) and the training-path fixes of issue 13.
+"""Runs that never lose work (runs.py, harness/wiring.py:open_run) and the training-path fixes of issue 13.
 
 - unit tests of the checkpoint swap, its recovery, the lock and the JSONL reader, on fake models (no torch
   model is saved: save_pretrained writes one file), each kill window simulated by the state it leaves;
@@ -22,7 +22,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from harness import runs  # noqa: E402
+from harness import runs, wiring  # noqa: E402
 import scope  # noqa: E402
 
 TINY = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "96",
@@ -260,7 +260,7 @@ def test_empty_failed_response_keeps_nothing():
     eos = 3
     trajs = [Trajectory(question="q", answer="1", group=0, prompt_ids=[1], response_ids=[eos], text="")]
     trajs[0].correct = False
-    prefix = scope.first_errors(trajs, PRM(), scope.Args(toy=True), Tok())
+    prefix = scope.locate_first_errors(trajs, PRM(), scope.Args(toy=True), Tok())
     assert prefix[id(trajs[0])] == 0 and trajs[0].keep_ratio_tokens == 0.0
     assert scope.kept_tokens([], 0, 1) == 0
     assert scope.kept_tokens([(0, 4), (4, 9)], 1, 12) == 4 and scope.kept_tokens([(0, 4)], 1, 12) == 12
@@ -274,9 +274,9 @@ def test_pad_id_falls_back_to_eos():
     from grpo import build_batch
 
     tok = SimpleNamespace(pad_token_id=None, eos_token_id=2)
-    assert scope.pad_token_id(tok) == 2
-    assert scope.pad_token_id(SimpleNamespace(pad_token_id=0, eos_token_id=2)) == 0
-    batch = build_batch([[5], [7]], [[8], [9, 10]], [None, None], torch.tensor([1.0, -1.0]), scope.pad_token_id(tok))
+    assert wiring.pad_token_id(tok) == 2
+    assert wiring.pad_token_id(SimpleNamespace(pad_token_id=0, eos_token_id=2)) == 0
+    batch = build_batch([[5], [7]], [[8], [9, 10]], [None, None], torch.tensor([1.0, -1.0]), wiring.pad_token_id(tok))
     assert batch["input_ids"][1, -1].item() == 10 and batch["input_ids"][0, -1].item() == 2
     with pytest.raises(ValueError, match="neither a pad nor an EOS"):
-        scope.pad_token_id(SimpleNamespace(pad_token_id=None, eos_token_id=None))
+        wiring.pad_token_id(SimpleNamespace(pad_token_id=None, eos_token_id=None))

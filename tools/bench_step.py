@@ -51,7 +51,7 @@ def main(argv=None):
         raise SystemExit(f"error: bench_step.py needs TRL: pip install trl accelerate ({e})")
 
     from harness import toy
-    from eval import grade
+    from harness.grader import grade
     from harness.generate import HFGenerator, format_prompt, load_causal_lm
     from grpo import build_batch, group_advantages, token_logprobs, update
 

@@ -61,7 +61,7 @@ SCOPE_RUNS = ("tests/test_scope.py::test_each_mode_runs_two_toy_steps",
               "tests/test_study_flags.py::test_all_fail_only_never_rectifies_a_group_with_a_success",
               "tests/test_study_flags.py::test_any_rectifies_mixed_groups_and_records_group_rewards",
               "tests/test_study_flags.py::test_model_refiner_goes_through_refiner_and_splice")
-# the issue-13 regression of an empty failed response runs scope.first_errors: split_steps, cut_point, keep_ratio
+# the issue-13 regression of an empty failed response runs scope.locate_first_errors: split_steps, cut_point, keep_ratio
 # and step_token_spans
 FIRST_ERRORS = ("tests/test_runs.py::test_empty_failed_response_keeps_nothing",)
 
@@ -75,6 +75,7 @@ POLICY_LOSS_TESTS = ("tests/test_grpo.py::test_policy_loss_hand_computed",
                      "tests/test_study_flags.py::test_unit_credit_hand_numbers")
 UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch",
                 "tests/test_grpo.py::test_update_loss_equals_policy_loss",
+                "tests/test_grpo.py::test_update_computes_its_loss_with_policy_loss",
                 "tests/test_grpo.py::test_update_changes_every_parameter_tiny_qwen2",
                 "tests/test_grpo.py::test_update_kl_from_ref_model",
                 "tests/test_grpo.py::test_update_without_old_logp_gives_the_separate_pass_gradient",
@@ -129,7 +130,7 @@ EXERCISES = [
              ("tests/test_grpo.py::test_shaped_offpolicy_loss_hand_computed",), 2,
              breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + SCOPE_RUNS,
              task="-f(pi)*A with f(pi) = pi / (pi + gamma) on the mask"),
-    Exercise("policy_loss", "grpo.py:loss_normaliser, grpo.py:policy_loss (and _token_terms)",
+    Exercise("policy_loss", "grpo.py:loss_normaliser, grpo.py:policy_loss",
              "the mixed on/off-policy objective with the Dr. GRPO constant normaliser",
              ("tests/test_grpo.py::test_loss_normaliser_hand_computed",) + POLICY_LOSS_TESTS, 2,
              depends=("clipped_surrogate", "shaped_offpolicy"),
@@ -153,7 +154,7 @@ EXERCISES = [
     Exercise("update", "grpo.py:update",
              "one optimizer step with micro-batch accumulation equal to the full batch (and ρ = 1 without old_logp)",
              UPDATE_TESTS, 3, depends=("build_batch", "logprob_entropy", "policy_loss"), breaks=SCOPE_RUNS,
-             task="per micro-batch: forward, loss / whole-batch Z, backward; accumulate the metric sums"),
+             task="per micro-batch: forward, policy_loss with the whole batch's z, backward; keep each terms dict"),
     Exercise("split_steps", "prm.py:split_steps", "lossless step splitting at blank lines (what the PRM scores)",
              ("tests/test_steps.py::test_split_is_lossless_and_follows_the_rules",
               "tests/test_steps.py::test_blank_lines_separate_and_the_separator_goes_before",

@@ -248,7 +248,8 @@ def evaluate_policy(path: str, task: str, args) -> dict:
     import torch
 
     from harness import toy
-    from eval import diversity_summary, discarded_valid_share, evaluate, load_problems, near_miss_at_k
+    from eval import diversity_summary, discarded_valid_share, evaluate, near_miss_at_k
+    from harness.problems import load_problems
     from harness.generate import HFGenerator, load_causal_lm
     from prm import cut_point, keep_ratio, split_steps
 

@@ -1,0 +1,321 @@
+"""wiring.py — what scope.py needs before its first step and after its last: the pre-flight, the run folder,
+the models, the logs, the closing summary. Nothing here is SCOPE; it is the plumbing that lets scope.py's loop
+read as the method.
+
+`start(args)` runs the pre-flight (every refusal one line, exit 2, before anything loads), opens the run folder
+(lock, resume, config.json) and loads the policy, its rollout engine, the PRM and the refiner, returning a `Run`
+the loop calls back into: `run.evaluate()`, `run.log(metrics, traces)`, `run.checkpoint(step)`, `run.finish()`.
+"""
+import atexit
+import contextlib
+import json
+import os
+import random
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+from eval import evaluate
+from harness import preflight
+from harness.generate import HFGenerator, load_causal_lm, load_tokenizer, vllm_importable
+from harness.preflight import MODEL_ALIASES
+from harness.runs import acquire_lock, clear_run, recover_checkpoint, release_lock, restore_rng, save_checkpoint, truncate_jsonl
+from refine import Refiner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
+CACHE_DIR = os.path.join(ROOT, "cache")        # toy warm starts (gitignored but for the shipped ones)
+
+
+@contextlib.contextmanager
+def loading(name: str):
+    """Turn a failed from_pretrained (missing weights, no network) into one clear error naming the model."""
+    try:
+        yield
+    except (OSError, ValueError, RuntimeError) as e:   # prm.ProcessRewardModel wraps its OSError in a RuntimeError
+        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise SystemExit(f"error: cannot load '{name}': {first_line}\n"
+                         f"  Check the id or path. Without network access, download it first "
+                         f"(`hf download {name}`) or pass a local folder.") from None
+
+
+def mean(xs) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return float(np.mean(xs)) if xs else None
+
+
+def seed_everything(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def base_model_path(args) -> str:
+    """Where the policy's starting weights live: the cached toy warm start, an alias's hub id, or the path given."""
+    if args.toy and args.model == "toy":
+        from harness import toy
+        toy.warm_start(CACHE_DIR, seed=0)   # SFT warm start, trained once and cached: the toy "pretrained model"
+        return toy.cache_path(CACHE_DIR, seed=0)
+    return MODEL_ALIASES.get(args.model, args.model)
+
+
+def load_policy(args, path: str, base_path: str, device: str):
+    """(policy in float32, tokenizer, frozen KL reference or None). float32 master weights: AdamW steps of
+    lr 1e-6 would round away in bfloat16. The KL reference is the model we started from, also after a resume."""
+    with loading(path):
+        policy, tokenizer = load_causal_lm(path, device, torch.float32)
+    ref_model = None
+    if args.kl_coef > 0:
+        with loading(base_path):
+            ref_model = load_causal_lm(base_path, device, torch.float32)[0].eval().requires_grad_(False)
+    return policy, tokenizer, ref_model
+
+
+def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool):
+    """vLLM in-process (its weights follow the policy through sync_weights after every update) or HF generate."""
+    if use_vllm:
+        from harness.generate import VLLMGenerator
+        return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed)
+    return HFGenerator(policy, tokenizer, micro_batch_size=args.micro_batch_size)
+
+
+def load_prm(args, device: str):
+    """The process reward model, or the toy world's rule-based stand-in; None with --prm none."""
+    if args.prm == "none":
+        return None
+    if args.toy:   # the toy PRM's noise has its own RNG: the loop reseeds it from (seed, step) so resume is exact
+        from harness import toy
+        return toy.ToyPRM(args.toy_prm_noise, seed=args.seed)
+    from prm import ProcessRewardModel
+    with loading(args.prm):
+        return ProcessRewardModel(args.prm, device=device,
+                                  dtype=torch.bfloat16 if device.startswith("cuda") else None)
+
+
+def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
+    """The refiner of --mode scope/replace (None otherwise): the policy itself, a served model (--refiner-url),
+    the toy oracle, a separate model on its own `vllm serve` (when vLLM is installed: refiner work never goes
+    through HF generate then; generate.serve_with_vllm), or, without vLLM, a separate model through HF generate."""
+    if args.mode not in ("scope", "replace"):
+        return None
+    if args.refiner == "policy":   # self-refinement: the current policy, through the same engine
+        return Refiner(generator, tokenizer, prompt_style=args.refine_prompt)
+    if args.refiner_url:           # a refiner served elsewhere (`vllm serve MODEL`); also in the toy world
+        from harness.generate import OpenAIGenerator
+        with loading(args.refiner):
+            refiner_tokenizer = load_tokenizer(args.refiner)
+        return Refiner(OpenAIGenerator(args.refiner_url, args.refiner, refiner_tokenizer, args.refiner_timeout),
+                       refiner_tokenizer, prompt_style=args.refine_prompt)
+    if args.toy and args.refiner == "toy-model":   # a stronger toy model through the real Refiner + HF generate
+        from harness import toy
+        refiner_model, refiner_tokenizer = toy.refiner_model(CACHE_DIR, seed=0)
+        return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.micro_batch_size),
+                       refiner_tokenizer, prompt_style=args.refine_prompt)
+    if args.toy:                   # toy-oracle (or its old name, toy): rule-based, never fails
+        from harness import toy
+        return toy.OracleRefiner()
+    if vllm_importable() and args.backend != "hf":   # the refiner on vLLM: its own `vllm serve` (generate.py)
+        from harness.generate import serve_with_vllm
+        with loading(args.refiner):
+            refiner_tokenizer = load_tokenizer(args.refiner)
+        log_path = os.path.join(run_dir, "refiner_server.log")
+        print(f"starting the refiner server (vllm serve {args.refiner}); log: {log_path}")
+        try:
+            served = serve_with_vllm(args.refiner, refiner_tokenizer, log_path=log_path,
+                                     cpu=not device.startswith("cuda"), gpu_memory_utilization=args.refiner_mem,
+                                     timeout=args.refiner_timeout)
+            return Refiner(served, refiner_tokenizer, prompt_style=args.refine_prompt)
+        except RuntimeError as err:
+            print(f"warning: the refiner server did not start, refining through HF generate instead: {err}",
+                  file=sys.stderr)
+    with loading(args.refiner):    # no vLLM (or its server failed to start): HF generate
+        refiner_model, refiner_tokenizer = load_causal_lm(args.refiner, device)   # bf16 on CUDA
+    return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.micro_batch_size),
+                   refiner_tokenizer, prompt_style=args.refine_prompt)
+
+
+def restore_checkpoint(ckpt: str, optimizer, device: str) -> None:
+    """Optimizer and RNG states from the checkpoint (the model loaded from it already)."""
+    optimizer.load_state_dict(torch.load(os.path.join(ckpt, "optimizer.pt"), map_location=device))
+    restore_rng(torch.load(os.path.join(ckpt, "state.pt"), weights_only=False))
+
+
+def pad_token_id(tokenizer) -> int:
+    """The pad id for build_batch: the tokenizer's pad token, else its EOS (Llama/Mistral-style tokenizers
+    have no pad token), as generate.HFGenerator does. Padding is masked out, so any valid id works."""
+    for pad in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if pad is not None:
+            return pad
+    raise ValueError("the tokenizer has neither a pad nor an EOS token: set tokenizer.pad_token")
+
+
+def open_run(args, run_dir: str, resume_step: int | None) -> tuple[str | None, int]:
+    """Take the folder's lock, then: a resume recovers its newest complete checkpoint (a kill mid-save leaves
+    it as checkpoint.tmp/.old); --overwrite clears the old run; config.json is (re)written.
+    Returns (checkpoint path or None, the first step to run)."""
+    atexit.register(release_lock, acquire_lock(run_dir))
+    ckpt = None
+    if resume_step is not None:
+        ckpt, step = recover_checkpoint(run_dir)
+        for name in ("metrics.jsonl", "traces.jsonl"):   # drop what was logged after the checkpoint
+            truncate_jsonl(os.path.join(run_dir, name), step)
+    elif args.overwrite:
+        clear_run(run_dir)
+    with open(os.path.join(run_dir, "config.json"), "w") as f:
+        json.dump({**asdict(args), "resume": "", "overwrite": False, "dry_run": False}, f, indent=1)
+    return ckpt, 1 if resume_step is None else resume_step + 1
+
+
+def finish(summary: dict, history: list[dict], run_dir: str, t_start: float, unavailable: list[int], refiner) -> dict:
+    """The closing lines: eval accuracy before → after, train reward first → last steps, the steps on which a served
+    refiner did not answer, where the logs are; our own refiner server is shut down here (also at exit and on error)."""
+    summary["minutes"] = (time.time() - t_start) / 60
+    before, after = summary.get("eval_acc_before"), summary.get("eval_acc_after")
+    print(f"\ndone in {summary['minutes']:.1f} min. eval accuracy: before {_fmt(before)} → after {_fmt(after)}")
+    if history:
+        k = max(1, len(history) // 5)
+        print(f"train reward of the policy's rollouts: first {k} steps {mean(h['reward_mean'] for h in history[:k]):.3f}"
+              f" → last {k} steps {mean(h['reward_mean'] for h in history[-k:]):.3f}; rectifications accepted "
+              f"{sum(h['rectify_accepted'] for h in history)}/{sum(h['rectify_tried'] for h in history)}")
+    if unavailable:
+        summary["refiner_unavailable_steps"] = unavailable
+        print(f"WARNING: the refiner did not answer on {len(unavailable)} of {len(history)} steps "
+              f"({', '.join(map(str, unavailable[:20]))}{' ...' if len(unavailable) > 20 else ''}): those steps "
+              f"trained without rectification (metrics.jsonl: refiner_unavailable)")
+    if refiner is not None and getattr(getattr(refiner, "generator", None), "server", None) is not None:
+        refiner.generator.server.close()   # our own vllm serve (also closed at exit and on error)
+    print(f"logs: {run_dir}/metrics.jsonl, {run_dir}/traces.jsonl; checkpoint: {run_dir}/checkpoint\n"
+          f"plot: python eval.py --plot {run_dir}    rectifications: python eval.py --trace {run_dir}")
+    return summary
+
+
+@dataclass
+class Run:
+    """One training run as the loop sees it: its settings, models and open logs."""
+    args: object
+    run_dir: str
+    device: str
+    use_vllm: bool
+    policy: object
+    tokenizer: object
+    ref_model: object
+    generator: object
+    prm: object
+    refiner: object
+    optimizer: object
+    train_problems: list
+    eval_problems: list
+    start_step: int
+    metrics_file: object
+    traces_file: object
+    t_start: float
+    summary: dict = field(default_factory=dict)
+    history: list = field(default_factory=list)      # this process's step metrics, for the closing summary
+    unavailable: list = field(default_factory=list)  # steps on which the served refiner did not answer
+
+    def amp(self):
+        """bfloat16 autocast on CUDA (float32 master weights), nothing on the CPU."""
+        if self.device.startswith("cuda"):
+            return torch.autocast("cuda", dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def steps(self):
+        """The steps still to run, with a progress bar on a terminal."""
+        a = self.args
+        return tqdm(range(self.start_step, a.steps + 1), initial=self.start_step - 1, total=a.steps, desc="steps",
+                    disable=not sys.stderr.isatty())
+
+    def evaluate(self) -> float:
+        """Accuracy (avg@eval_n at temperature 0.6) on the held-out problems."""
+        a = self.args
+        with self.amp():
+            result = evaluate(self.generator, self.tokenizer, self.eval_problems, n=a.eval_n, temperature=0.6,
+                              max_new_tokens=a.max_new_tokens, seed=a.seed, batch_size=64)
+        return result["acc"]
+
+    def log(self, m: dict, traces: list[dict]) -> None:
+        """Append one step's metrics and traces, print its line, checkpoint when due."""
+        a, step = self.args, m["step"]
+        if "eval_acc" in m:
+            self.summary["eval_acc_after"] = m["eval_acc"]
+        for tr in traces:
+            self.traces_file.write(json.dumps({"step": step, **tr}) + "\n")
+        self.traces_file.flush()
+        self.metrics_file.write(json.dumps(m) + "\n")
+        self.metrics_file.flush()
+        if m.get("refiner_unavailable"):
+            self.unavailable.append(step)
+        tqdm.write(summary_line(m))
+        self.history.append(m)
+        if step % a.save_every == 0 or step == a.steps:
+            save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, self.optimizer)
+
+    def finish(self) -> dict:
+        self.metrics_file.close()
+        self.traces_file.close()
+        return finish(self.summary, self.history, self.run_dir, self.t_start, self.unavailable, self.refiner)
+
+
+def start(args) -> Run | None:
+    """The pre-flight, then the run folder and the models; None after a --dry-run."""
+    t_start = time.time()
+    preflight.check_args(args)                                        # every flag: one line and exit 2
+    run_dir = preflight.run_dir_of(args)
+    resume_step = preflight.check_run_dir(args, run_dir)              # no clobbering, no resume below the checkpoint
+    device, use_vllm, notes = preflight.choose_device(args)           # the GPU before the data
+    offline, hub_notes = preflight.check_hub(args, resume_step)       # no network: one line, no retry noise
+    train_problems, eval_problems = preflight.load_data(args, offline, notes)  # non-empty, before any model
+    preflight.check_memory(args, device, use_vllm)                    # printed; stops on a GPU too small
+    if args.dry_run:
+        preflight.print_dry_run(args, run_dir, notes + hub_notes)
+        return None
+
+    ckpt, start_step = open_run(args, run_dir, resume_step)
+    seed_everything(args.seed)
+    if args.toy:
+        torch.set_num_threads(1)   # a 0.3 M-parameter model gains nothing from threads; on a shared 2-core machine
+                                   # two threads per process were ~15x slower (oversubscription)
+    base_path = base_model_path(args)
+    policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
+    generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm)
+    prm = load_prm(args, device)
+    refiner = load_refiner(args, generator, tokenizer, device, run_dir)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)
+    if ckpt:
+        restore_checkpoint(ckpt, optimizer, device)
+        print(f"resumed {run_dir} at step {start_step}")
+    mode = "a" if ckpt else "w"
+    run = Run(args, run_dir, device, use_vllm, policy, tokenizer, ref_model, generator, prm, refiner, optimizer,
+              train_problems, eval_problems, start_step,
+              open(os.path.join(run_dir, "metrics.jsonl"), mode, encoding="utf-8"),
+              open(os.path.join(run_dir, "traces.jsonl"), mode, encoding="utf-8"), t_start,
+              summary={"run_dir": run_dir})
+    n_params = sum(p.numel() for p in policy.parameters())
+    print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
+          f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")
+    if start_step == 1 and args.eval_every:
+        run.summary["eval_acc_before"] = run.evaluate()
+        run.metrics_file.write(json.dumps({"step": 0, "mode": args.mode, "eval_acc": run.summary["eval_acc_before"]}) + "\n")
+        run.metrics_file.flush()
+        print(f"eval before training: acc {run.summary['eval_acc_before']:.3f}")
+    return run
+
+
+def summary_line(m: dict) -> str:
+    """One line per step with the numbers a person acts on."""
+    kr = m["keep_ratio_steps"]
+    text = (f"step {m['step']:4d} | reward {m['reward_mean']:.3f} (trained {m['reward_merged']:.3f}) | "
+            f"all-fail {m['frac_all_fail']:.2f} all-pass {m['frac_all_pass']:.2f} | "
+            f"rectified {m['rectify_accepted']}/{m['rectify_tried']} ({m['rectify_all_fail']} all-fail) κ {_fmt(kr)} | "
+            f"len {m['response_len']:.0f} H {m['entropy']:.3f} | loss {m['loss']:+.4f} gn {m['grad_norm']:.3f}"
+            f"{' SKIPPED' if m['skipped'] else ''} | {m['time_step']:.1f}s (roll {m['time_rollout']:.1f} "
+            f"prm {m['time_prm']:.1f} ref {m['time_refine']:.1f} upd {m['time_update']:.1f})")
+    text += " | REFINER UNAVAILABLE: no rectification" if m.get("refiner_unavailable") else ""
+    return text + (f" | eval {m['eval_acc']:.3f}" if "eval_acc" in m else "")
+
+
+def _fmt(x) -> str:
+    return "n/a" if x is None else f"{x:.3f}"
