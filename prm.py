@@ -10,6 +10,8 @@ This file holds everything between "a failed rollout" and "keep this many of its
                                   so `ids[:spans[k][0]]` is exactly the token prefix before step k;
 3. `ProcessRewardModel`           P(step correct) per step, Qwen2.5-Math-PRM format (steps joined by and
                                   followed by `<extra_0>`, softmax of the 2 logits at each separator);
+   `Qwen2ProcessRewardModel`, `load_qwen2_prm`  Qwen2.5-Math-PRM's checkpoint on transformers' Qwen2Model,
+                                  without remote code (`check_qwen2_prm_checkpoint`: its keys, from the headers);
 4. `first_error`, `cut_point`, `keep_ratio`, `mean_score`, `select_candidate`: pure functions that turn
                                   step scores into "where to cut" and "which failure of the group to repair".
 
@@ -39,8 +41,16 @@ Departures and choices (the paper's method section is not public; each choice is
    step is cut (the final answer is wrong, so the last step is presumed wrong).
 7. Candidate selection: the largest keep ratio κ = cut / #steps; ties go to the higher mean PRM score over
    the kept prefix, then to the shorter rollout, then to the earlier index.
+8. The PRM runs in the trainer's process: our own module (transformers' Qwen2Model + the 2-layer score head,
+   the layout vLLM 0.32 loads as `Qwen2ForProcessRewardModel`), not the hub's remote code (which does not run
+   on transformers 5 and is code we would have to trust) and not a served vLLM pooling model
+   (`vllm serve --runner pooling`, POST /pooling). The trainer already owns the GPU, vLLM allows one engine
+   per process, and a second server would need its own memory share and start-up for what is one forward
+   pass over a few failed rollouts per step. The head runs in float32, as vLLM's pooling runner does by
+   default; tests/test_vllm.py checks our step probabilities against vLLM's own implementation.
 """
 import codecs
+import json
 import os
 
 import torch
@@ -265,6 +275,132 @@ def step_token_spans(response_ids, steps: list[str], tokenizer) -> list[tuple[in
 # 3. The process reward model
 # ---------------------------------------------------------------------------------------------------
 
+PRM_ARCHITECTURE = "Qwen2ForProcessRewardModel"  # config.json `architectures` of Qwen2.5-Math-PRM-7B / -72B
+
+
+class Qwen2ProcessRewardModel(torch.nn.Module):
+    """Qwen2.5-Math-PRM as plain modules: transformers' `Qwen2Model` (the `model.*` weights) and the score head
+    `score` = Linear(hidden, hidden) -> ReLU -> Linear(hidden, 2), both linears with a bias (the layout of
+    vLLM 0.32's `Qwen2ForProcessRewardModel`, vllm/model_executor/models/qwen2_rm.py). The head runs in float32
+    on float32 hidden states, as vLLM's pooling runner does by default (`head_dtype`); the decoder runs in the
+    dtype it was loaded in. forward -> logits (B, T, 2); no KV cache (one forward pass per input)."""
+
+    def __init__(self, config):
+        from transformers import Qwen2Model
+
+        super().__init__()
+        self.model = Qwen2Model(config)
+        h = config.hidden_size
+        self.score = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, 2))
+
+    def forward(self, input_ids, attention_mask=None):
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
+                            use_cache=False).last_hidden_state  # (B, T, H)
+        return self.score(hidden.to(self.score[0].weight.dtype))  # (B, T, 2)
+
+
+def _checkpoint_shapes(folder: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Weight name -> (shape, shard file) from the safetensors headers of `folder` (no tensor is read):
+    `model.safetensors.index.json` and its shards, or a single `model.safetensors`."""
+    from safetensors import safe_open
+
+    index = os.path.join(folder, "model.safetensors.index.json")
+    if os.path.isfile(index):
+        with open(index, encoding="utf-8") as f:
+            shards = sorted(set(json.load(f)["weight_map"].values()))
+    elif os.path.isfile(os.path.join(folder, "model.safetensors")):
+        shards = ["model.safetensors"]
+    else:
+        raise ValueError(f"PRM {folder!r}: no model.safetensors or model.safetensors.index.json in the folder")
+    out = {}
+    for shard in shards:
+        path = os.path.join(folder, shard)
+        if not os.path.isfile(path):
+            raise ValueError(f"PRM {folder!r}: the shard {shard!r} named by model.safetensors.index.json is missing")
+        with safe_open(path, framework="pt") as f:
+            for key in f.keys():
+                out[key] = (tuple(f.get_slice(key).get_shape()), path)
+    return out
+
+
+def _empty_qwen2_prm(folder: str) -> tuple[Qwen2ProcessRewardModel, object]:
+    """(the module on the meta device, its Qwen2Config) for a checkpoint folder: no memory, no random init.
+    The config is read as a plain Qwen2Config: its `auto_map` (remote code) is never followed."""
+    from transformers import Qwen2Config
+
+    config = Qwen2Config.from_pretrained(folder)  # a config without pad_token_id reads as pad_token_id=None
+    if config.model_type != "qwen2":
+        raise ValueError(f"PRM {folder!r}: {PRM_ARCHITECTURE} needs model_type 'qwen2', config.json has "
+                         f"{config.model_type!r}")
+    with torch.device("meta"):
+        module = Qwen2ProcessRewardModel(config)
+    return module, config
+
+
+def check_qwen2_prm_checkpoint(folder: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """The weight names and shapes of a Qwen2.5-Math-PRM checkpoint against `Qwen2ProcessRewardModel`, from
+    the file headers only. `lm_head.*` (saved by some exports, unused by a PRM) is ignored. Returns the
+    checkpoint's name -> (shape, shard) map; raises ValueError, one line naming the keys, on a missing,
+    unexpected or misshapen weight (a missing score head would otherwise be left at random initialisation)."""
+    module, _ = _empty_qwen2_prm(folder)
+    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
+    found = {k: v for k, v in _checkpoint_shapes(folder).items() if not k.startswith("lm_head.")}
+    missing = sorted(set(expected) - set(found))
+    unexpected = sorted(set(found) - set(expected))
+    misshapen = sorted(k for k in set(expected) & set(found) if expected[k] != found[k][0])
+
+    def some(keys):
+        return ", ".join(keys[:6]) + (f" (+{len(keys) - 6} more)" if len(keys) > 6 else "")
+
+    problems = [f"missing {some(missing)}" if missing else "", f"unexpected {some(unexpected)}" if unexpected else "",
+                "wrong shape " + some([f"{k} {found[k][0]} (expected {expected[k]})" for k in misshapen])
+                if misshapen else ""]
+    if any(problems):
+        raise ValueError(f"PRM {folder!r} is not a {PRM_ARCHITECTURE} checkpoint (model.* + score.0 + score.2): "
+                         + "; ".join(p for p in problems if p))
+    return found
+
+
+def load_qwen2_prm(folder: str, device="cpu", dtype=None) -> tuple[Qwen2ProcessRewardModel, object]:
+    """(module, config) of a Qwen2.5-Math-PRM checkpoint folder, without remote code: keys checked first
+    (`check_qwen2_prm_checkpoint`), then each tensor read straight onto `device` and assigned in place of the
+    meta parameters (peak memory = one copy of the weights). The decoder gets `dtype` (default float32), the
+    score head float32."""
+    dtype = dtype or torch.float32
+    found = check_qwen2_prm_checkpoint(folder)
+    module, config = _empty_qwen2_prm(folder)
+    from safetensors import safe_open
+
+    state = {}
+    for shard in sorted({path for _, path in found.values()}):
+        with safe_open(shard, framework="pt", device=str(torch.device(device))) as f:
+            for key in f.keys():
+                if key in found:
+                    state[key] = f.get_tensor(key).to(torch.float32 if key.startswith("score.") else dtype)
+    module.load_state_dict(state, strict=True, assign=True)
+    # the rotary inverse frequencies are a computed buffer, not a weight: build them on the device
+    module.model.rotary_emb = type(module.model.rotary_emb)(config).to(device)
+    left = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
+    if left:
+        raise ValueError(f"PRM {folder!r}: no weights for {', '.join(left[:6])}")
+    return module.eval(), config
+
+
+def _config_json(name: str) -> dict:
+    """config.json of a local folder or of a hub id (downloaded, or from the cache when offline)."""
+    path = os.path.join(name, "config.json")
+    if not os.path.isdir(name):
+        from huggingface_hub import hf_hub_download
+        from huggingface_hub.errors import HFValidationError
+
+        try:
+            path = hf_hub_download(name, "config.json")
+        except HFValidationError as e:  # not a folder, and not a hub id either
+            raise OSError(str(e)) from e
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
 class ProcessRewardModel:
     """P(step correct) for each step of a solution, read from a 2-class token classifier.
 
@@ -275,15 +411,17 @@ class ProcessRewardModel:
     exactly. A tokenizer without a chat template gets the plain layout
     `f"{PRM_SYSTEM}\\n\\nQuestion: {question}\\n\\nAnswer:\\n"` followed by the steps and separators.
 
-    Loading: a local folder whose config names a `*ForTokenClassification` architecture (e.g. a tiny
-    `Qwen2ForTokenClassification(num_labels=2)` in the tests, or an HF PRM trained with TRL) loads with
-    `AutoModelForTokenClassification`; anything else with `AutoModel(..., trust_remote_code=True)` (the
-    real `Qwen2ForProcessRewardModel`). The model must return logits of shape (B, T, 2) as `outputs[0]`.
+    Loading, chosen by the `architectures` of config.json; nothing runs remote code:
+    - `Qwen2ForProcessRewardModel` (Qwen2.5-Math-PRM-7B/-72B): `load_qwen2_prm`, our own module on
+      transformers' Qwen2Model, from the safetensors files (a hub id is fetched, or read from the cache);
+      why in process: the module docstring, choice 8.
+    - `*ForTokenClassification` with 2 labels (a tiny `Qwen2ForTokenClassification` in the tests, an HF PRM
+      trained with TRL): `AutoModelForTokenClassification`, refused when a weight is missing from the files.
     `max_length` is capped at the model's `max_position_embeddings`.
     """
 
     def __init__(self, name_or_path, device="cpu", dtype=None, max_length=4096, micro_batch_size=4):
-        from transformers import AutoConfig, AutoModel, AutoModelForTokenClassification
+        from transformers import AutoConfig, AutoModelForTokenClassification
 
         from harness.generate import load_tokenizer
 
@@ -291,14 +429,30 @@ class ProcessRewardModel:
             dtype = getattr(torch, dtype)
         self.name = str(name_or_path)
         try:
-            config = AutoConfig.from_pretrained(self.name, trust_remote_code=True)
-            self.tokenizer = load_tokenizer(self.name, trust_remote_code=True)
-            archs = getattr(config, "architectures", None) or []
-            if any(a.endswith("ForTokenClassification") for a in archs):
-                model = AutoModelForTokenClassification.from_pretrained(self.name, dtype=dtype)
+            archs = _config_json(self.name).get("architectures") or []
+            self.tokenizer = load_tokenizer(self.name)
+            if PRM_ARCHITECTURE in archs:
+                folder = self.name
+                if not os.path.isdir(folder):
+                    from huggingface_hub import snapshot_download
+
+                    folder = snapshot_download(self.name, allow_patterns=["*.json", "*.safetensors"])
+                model, config = load_qwen2_prm(folder, device, dtype)
+            elif any(a.endswith("ForTokenClassification") for a in archs):
+                config = AutoConfig.from_pretrained(self.name)
+                if config.num_labels != 2:
+                    raise ValueError(f"PRM {self.name!r}: a token classifier with {config.num_labels} labels; "
+                                     "a PRM has 2 (incorrect, correct)")
+                model, info = AutoModelForTokenClassification.from_pretrained(self.name, dtype=dtype,
+                                                                              output_loading_info=True)
+                model.config.use_cache = False  # one forward pass per input: no KV cache
+                if info["missing_keys"]:
+                    raise ValueError(f"PRM {self.name!r}: weights missing from the checkpoint (they would be "
+                                     f"random): {', '.join(sorted(info['missing_keys'])[:6])}")
             else:
-                model = AutoModel.from_pretrained(self.name, trust_remote_code=True, dtype=dtype)
-        except (OSError, ValueError, ImportError) as e:
+                raise ValueError(f"PRM {self.name!r}: config.json names architectures {archs}; supported are "
+                                 f"{PRM_ARCHITECTURE} (Qwen2.5-Math-PRM) and *ForTokenClassification with 2 labels")
+        except (OSError, ImportError) as e:
             where = ("local folder" if os.path.isdir(self.name)
                      else "no such folder; tried as a Hugging Face id")
             raise RuntimeError(
@@ -386,7 +540,7 @@ class ProcessRewardModel:
                 attention[row, :len(ids)] = 1
             out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device))
             logits = out if torch.is_tensor(out) else getattr(out, "logits", None)
-            logits = out[0] if logits is None else logits  # (b, T, 2); remote-code models may return tuples
+            logits = out[0] if logits is None else logits  # (b, T, 2); a tuple's first item
             if logits.dim() != 3 or logits.shape[-1] != 2:
                 raise ValueError(f"PRM {self.name!r} returned logits of shape {tuple(logits.shape)}, "
                                  "expected (batch, tokens, 2)")

@@ -11,6 +11,8 @@ Not part of the paper. A real run costs hours of GPU time; a typo should cost se
  4. `check_hub`: when a model or data set must come from the Hugging Face hub, a 3-second probe; when the
     hub is unreachable the hub libraries are put in offline mode (no screens of retries) and a model that
     is in neither a local folder nor the local cache stops the run with one line saying what to do.
+    Then `check_prm_weights`: a Qwen2.5-Math-PRM checkpoint on disk has the weight names and shapes that
+    prm.py loads (read from the file headers).
  5. `load_data`: training and evaluation problems loaded and checked non-empty (toy questions with --toy).
  6. `memory_plan`: weights, gradients and AdamW state of the float32 policy, the rollout engine's share,
     the PRM, the refiner, update activations and the KV cache, from the model configs (a local folder, the
@@ -256,6 +258,39 @@ def check_hub(args, resume_step: int | None) -> tuple[bool, list[str]]:
                 stop(message)
             notes.append(message)
     return True, notes
+
+
+def check_prm_weights(args) -> None:
+    """A Qwen2.5-Math-PRM checkpoint that is a local folder, or whose weights are in the hub cache: its weight
+    names and shapes against the module prm.py builds, from the safetensors headers (no tensor is read), so a
+    damaged checkpoint stops the run in one line before any model loads. Other PRMs are checked as they load."""
+    if args.toy or args.prm == "none":
+        return
+    name = MODEL_ALIASES.get(args.prm, args.prm)
+    folder = name if os.path.isdir(name) else None
+    if folder is None and "/" in name:
+        try:
+            from huggingface_hub import try_to_load_from_cache
+
+            cached = try_to_load_from_cache(name, "config.json")
+            folder = os.path.dirname(cached) if isinstance(cached, str) else None
+        except (ImportError, ValueError):
+            folder = None
+    if folder is None or not any(os.path.isfile(os.path.join(folder, f))
+                                 for f in ("model.safetensors", "model.safetensors.index.json")):
+        return   # downloaded when the PRM loads; checked there
+    try:
+        with open(os.path.join(folder, "config.json"), encoding="utf-8") as f:
+            archs = json.load(f).get("architectures") or []
+    except (OSError, ValueError):
+        return   # the loader names an unreadable config
+    import prm
+
+    if prm.PRM_ARCHITECTURE in archs:
+        try:
+            prm.check_qwen2_prm_checkpoint(folder)
+        except (OSError, ValueError) as e:
+            stop(f"--prm {args.prm}: {e}")
 
 
 # ---------------------------------------------------------------------------------------------------------- 5. data

@@ -267,6 +267,7 @@ def start(args) -> Run | None:
     resume_step = preflight.check_run_dir(args, run_dir)              # no clobbering, no resume below the checkpoint
     device, use_vllm, notes = preflight.choose_device(args)           # the GPU before the data
     offline, hub_notes = preflight.check_hub(args, resume_step)       # no network: one line, no retry noise
+    preflight.check_prm_weights(args)                                 # a damaged PRM checkpoint: one line
     train_problems, eval_problems = preflight.load_data(args, offline, notes)  # non-empty, before any model
     preflight.check_memory(args, device, use_vllm)                    # printed; stops on a GPU too small
     if args.dry_run:

@@ -1,11 +1,17 @@
-"""Tests for the PRM wrapper (prm.ProcessRewardModel) and the pure first-error / selection functions."""
+"""Tests for the PRM wrapper (prm.ProcessRewardModel), the Qwen2.5-Math-PRM loader without remote code
+(prm.load_qwen2_prm, on a tiny checkpoint in the real file layout: tests/real_layout_prm.py) and the pure
+first-error / selection functions."""
+import json
 import math
+import os
 import shutil
 
 import pytest
 import torch
 
+import conftest
 import prm
+import real_layout_prm
 from prm import (ProcessRewardModel, cut_point, first_error, keep_ratio, mean_score, select_candidate)
 
 QUESTION = "What is 12 * 4 - 5?"
@@ -129,6 +135,122 @@ def test_a_tokenizer_without_the_separator_is_an_error(tiny_prm_dir, tmp_path):
     PreTrainedTokenizerFast(tokenizer_object=plain, unk_token="[UNK]").save_pretrained(path)
     with pytest.raises(ValueError, match="<extra_0>"):
         ProcessRewardModel(str(path))
+
+
+# ---------------------------------------------------------------------------------------------------
+# Qwen2.5-Math-PRM's real layout, without remote code
+# ---------------------------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def real_prm_dir(tmp_path_factory, qwen_prm_tokenizer):
+    return real_layout_prm.write_qwen2_prm(str(tmp_path_factory.mktemp("real_prm")), qwen_prm_tokenizer)
+
+
+SOLUTIONS = [(QUESTION, STEPS), ("Compute 1/2 + 1/3.", ["We have \\frac{1}{2} + \\frac{1}{3} = \\frac{5}{6}."]),
+             ("What is the area of a circle of radius 3?",
+              ["Step 1: the area is \\pi r^2 = 9\\pi.\n\n", "Step 2: so \\boxed{9\\pi}.\n\n", "Naïve √2."])]
+
+
+def test_real_layout_loads_without_remote_code_and_scores_as_a_plain_torch_forward(real_prm_dir):
+    """Guards: loading Qwen2.5-Math-PRM through the hub's remote code (config without pad_token_id, cache methods
+    transformers 5 removed). The folder's config.json has no pad_token_id and an auto_map to code files that do
+    not exist; the scores must equal a forward pass written with plain torch ops from the safetensors (a wrong
+    key mapping, a missing bias or a head on the wrong position changes them)."""
+    with open(os.path.join(real_prm_dir, "config.json")) as f:
+        config = json.load(f)
+    assert "pad_token_id" not in config and config["architectures"] == ["Qwen2ForProcessRewardModel"]
+    m = ProcessRewardModel(real_prm_dir, micro_batch_size=2)
+    assert isinstance(m.model, prm.Qwen2ProcessRewardModel)
+    assert m.model.model.config.pad_token_id is None
+    for question, steps in SOLUTIONS:
+        ids, positions = m.build_input(question, steps)
+        want = real_layout_prm.reference_step_probs(real_prm_dir, ids, positions)
+        assert m.score(question, steps) == pytest.approx(want, abs=1e-5)
+    scores = [s for q, st in SOLUTIONS for s in m.score(q, st)]
+    assert max(scores) - min(scores) > 0.05  # the probabilities differ by position, far above the tolerance
+    batched = m.score_batch([q for q, _ in SOLUTIONS], [s for _, s in SOLUTIONS])  # padded, 2 per forward
+    assert [b for row in batched for b in row] == pytest.approx(scores, abs=1e-5)
+
+
+def test_real_layout_from_shards_and_in_bfloat16(real_prm_dir, qwen_prm_tokenizer, tmp_path):
+    """The sharded layout (model.safetensors.index.json, as the 7B on the hub) loads to the same scores; in
+    bfloat16 the decoder is bfloat16 and the score head float32 (vLLM's default head dtype for pooling)."""
+    sharded = real_layout_prm.write_qwen2_prm(str(tmp_path / "sharded"), qwen_prm_tokenizer, shards=2)
+    assert os.path.isfile(os.path.join(sharded, "model.safetensors.index.json"))
+    want = ProcessRewardModel(real_prm_dir).score(QUESTION, STEPS)
+    assert ProcessRewardModel(sharded).score(QUESTION, STEPS) == pytest.approx(want, abs=1e-6)
+    half = ProcessRewardModel(real_prm_dir, dtype="bfloat16")
+    assert half.model.model.embed_tokens.weight.dtype == torch.bfloat16
+    assert {p.dtype for p in half.model.score.parameters()} == {torch.float32}
+    assert half.score(QUESTION, STEPS) == pytest.approx(want, abs=0.03)
+
+
+def _rewrite(folder, edit):
+    """Apply `edit(tensors)` to the single model.safetensors of `folder`."""
+    from safetensors.torch import load_file, save_file
+
+    path = os.path.join(folder, "model.safetensors")
+    tensors = load_file(path)
+    edit(tensors)
+    save_file(tensors, path, metadata={"format": "pt"})
+
+
+@pytest.mark.parametrize("damage, named", [
+    ("drop", "missing score.2.weight"),
+    ("extra", "unexpected score.4.weight"),
+    ("shape", "wrong shape score.0.bias (32,) (expected (64,))")])
+def test_a_damaged_real_layout_checkpoint_is_refused_in_one_line(real_prm_dir, tmp_path, damage, named):
+    """Guards: a head left at random initialisation (a missing score weight), or weights that belong to another
+    model, scored silently. One line naming the keys, from the file headers, before any tensor is read."""
+    folder = str(tmp_path / damage)
+    shutil.copytree(real_prm_dir, folder)
+    edits = {"drop": lambda t: t.pop("score.2.weight"),
+             "extra": lambda t: t.update({"score.4.weight": torch.zeros(2, 2, dtype=torch.bfloat16)}),
+             "shape": lambda t: t.update({"score.0.bias": torch.zeros(32, dtype=torch.bfloat16)})}
+    _rewrite(folder, edits[damage])
+    with pytest.raises(ValueError) as err:
+        ProcessRewardModel(folder)
+    assert named in str(err.value) and "\n" not in str(err.value)
+    assert "lm_head" not in str(err.value)  # the unused lm_head.weight is not a complaint
+
+
+def test_a_damaged_prm_stops_scope_before_any_model_loads(real_prm_dir, tmp_path):
+    """The pre-flight reads the checkpoint's headers: `scope.py` exits 2 with one line naming the missing key,
+    before the policy or the rollout engine is loaded."""
+    folder = str(tmp_path / "damaged")
+    shutil.copytree(real_prm_dir, folder)
+    _rewrite(folder, lambda t: t.pop("score.2.bias"))
+    data = tmp_path / "problems.jsonl"
+    data.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    proc = conftest.run_scope(["--model", real_prm_dir, "--prm", folder, "--refiner", "policy", "--device", "cpu",
+                               "--dataset", str(data), "--eval-dataset", str(data), "--steps", "1", "--run-name", "r"],
+                              tmp_path, check=False, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]  # (a no-GPU warning too)
+    assert len(errors) == 1 and errors[0].startswith("error: --prm") and "missing score.2.bias" in errors[0], errors
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "runs" / "r").exists() or not os.listdir(tmp_path / "runs" / "r")
+
+
+def test_a_token_classifier_with_a_missing_head_is_refused(tiny_prm_dir, tmp_path):
+    """Guards: transformers initialises a weight missing from the files at random and only warns."""
+    folder = str(tmp_path / "headless")
+    shutil.copytree(tiny_prm_dir, folder)
+    _rewrite(folder, lambda t: [t.pop(k) for k in [k for k in t if k.startswith("score.")]])
+    with pytest.raises(ValueError, match="score.weight"):
+        ProcessRewardModel(folder)
+
+
+def test_an_unsupported_architecture_is_named(tiny_prm_dir, tmp_path):
+    folder = str(tmp_path / "causal")
+    shutil.copytree(tiny_prm_dir, folder)
+    with open(os.path.join(folder, "config.json")) as f:
+        config = json.load(f)
+    config["architectures"] = ["Qwen2ForCausalLM"]
+    with open(os.path.join(folder, "config.json"), "w") as f:
+        json.dump(config, f)
+    with pytest.raises(ValueError, match="Qwen2ForCausalLM.*Qwen2ForProcessRewardModel"):
+        ProcessRewardModel(folder)
 
 
 # ---------------------------------------------------------------------------------------------------
