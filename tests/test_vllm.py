@@ -21,6 +21,8 @@ SFT steps so that greedy decoding says something that ends with EOS. One engine 
    vLLM: policy rollouts in-process, the refiner on its own `vllm serve` (log in the run folder), and no
    server process left afterwards;
 7. refiner tokens/s through `vllm serve` vs HF generate, same tiny model and prompts (printed; README figures).
+8. the tiny checkpoint in Qwen2.5-Math-PRM's layout (tests/real_layout_prm.py): prm.py's step probabilities
+   equal vLLM's own Qwen2ForProcessRewardModel (runner="pooling", STEP pooling on `<extra_0>`, softmax).
 """
 import copy
 import json
@@ -318,3 +320,52 @@ def test_refiner_tokens_per_second_vllm_serve_vs_hf(tmp_path, qwen_models):
     print(f"\nrefiner tokens/s (tiny Qwen2 refiner, 8 prompts x 2 attempts x <= 64 new tokens, CPU): "
           f"HF generate {hf_rate:.0f}, vllm serve {vllm_rate:.0f} (x{vllm_rate / hf_rate:.2f}); rounds "
           f"HF {[round(r) for r in rates['hf']]}, vLLM {[round(r) for r in rates['vllm']]}")
+
+
+POOL_SCRIPT = """
+import json, os, sys
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+from vllm import LLM, TokensPrompt
+from vllm.config import PoolerConfig
+path, sep, prompts = sys.argv[1], int(sys.argv[2]), json.load(open(sys.argv[3]))
+llm = LLM(model=path, runner="pooling", dtype="float32", enforce_eager=True, max_model_len=512, seed=0,
+          kv_cache_memory_bytes=64 << 20, block_size=32, pooler_config=PoolerConfig(step_tag_id=sep))
+print("ARCH", llm.llm_engine.model_config.architectures)
+out = llm.encode([TokensPrompt(prompt_token_ids=p) for p in prompts], pooling_task="token_classify", use_tqdm=False)
+print("ROWS", json.dumps([o.outputs.data.tolist() for o in out]))
+"""
+
+
+def test_real_layout_prm_equals_vllm_native_step_pooling(tmp_path):
+    """(8) An independent reference for prm.Qwen2ProcessRewardModel: vLLM's native Qwen2ForProcessRewardModel
+    loads the same files (no remote code, no pad_token_id) and pools at every `<extra_0>` id (STEP pooling,
+    step_tag_id = the tokenizer's separator id; vLLM's default 151651 is the real PRM tokenizer's), softmax over
+    the 2 classes; P(correct) = class 1. Run in a child process: one vLLM engine per process, and this module's
+    engine is a generation model. Guards a wrong head layout, bias, activation or position of the read-out."""
+    import real_layout_prm
+    from prm import ProcessRewardModel
+
+    if conftest.qwen_tokenizer_file() is None:
+        pytest.skip(conftest.QWEN_SKIP)
+    path = real_layout_prm.write_qwen2_prm(str(tmp_path / "prm"), conftest.make_qwen_tokenizer(prm=True), layers=2)
+    ours = ProcessRewardModel(path)
+    solutions = [("What is 12 * 4 - 5?", ["First, 12 * 4 = 48.\n\n", "Next, 48 - 5 = 43.\n\n", "So \\boxed{43}."]),
+                 ("Compute 1/2 + 1/3.", ["We have \\frac{1}{2} + \\frac{1}{3} = \\frac{5}{6}."]),
+                 ("Area of a circle of radius 3?", ["The area is \\pi r^2 = 9\\pi.\n\n", "Naïve √2 <extra_0> text.",
+                                                    "So \\boxed{9\\pi}."])]
+    built = [ours.build_input(q, s) for q, s in solutions]
+    mine = ours.score_batch([q for q, _ in solutions], [s for _, s in solutions])
+    (tmp_path / "pool.py").write_text(POOL_SCRIPT)
+    (tmp_path / "prompts.json").write_text(json.dumps([ids for ids, _ in built]))
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    proc = subprocess.run([sys.executable, str(tmp_path / "pool.py"), path, str(ours.sep_id), str(tmp_path / "prompts.json")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "Qwen2ForProcessRewardModel" in proc.stdout.split("ARCH", 1)[1].splitlines()[0]
+    rows = json.loads(proc.stdout.split("ROWS", 1)[1].splitlines()[0])
+    for (ids, positions), theirs, scores in zip(built, rows, mine):
+        assert len(theirs) == len(positions) == ids.count(ours.sep_id)  # one row per separator, in order
+        assert [sum(r) for r in theirs] == pytest.approx([1.0] * len(theirs), abs=1e-5)  # softmax over 2 classes
+        assert scores == pytest.approx([r[1] for r in theirs], abs=1e-5)
+    flat = [s for row in mine for s in row]
+    assert max(flat) - min(flat) > 0.05  # the probabilities vary far above the tolerance
