@@ -189,7 +189,7 @@ def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: 
 @no_cuda
 def test_two_real_shape_steps_on_the_gpu(tmp_path):
     """Parts 1-5 at Qwen2.5-1.5B's shape on CUDA."""
-    figures = run_check(tmp_path, "cuda", QWEN25_15B, dict(hidden=1024, layers=2, heads=16, kv_heads=2),
+    figures = run_check(tmp_path, "cuda", QWEN25_15B, dict(hidden=512, layers=2, heads=8, kv_heads=2),
                         ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "64",
                          "--micro-batch-size", "4"], timeout=420)
     report(figures)
