@@ -383,7 +383,7 @@ def load_qwen2_prm(folder: str, device="cpu", dtype=None) -> tuple[Qwen2ProcessR
     left = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
     if left:
         raise ValueError(f"PRM {folder!r}: no weights for {', '.join(left[:6])}")
-    return module.eval(), config
+    return module.eval().requires_grad_(False), config
 
 
 def _config_json(name: str) -> dict:
