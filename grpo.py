@@ -73,6 +73,7 @@ Choices (each is a keyword argument, so a flag in scope.py):
     time, with the trailing all-padding columns trimmed, so the (N, L, V) logits of the whole batch
     never exist.
 """
+import contextlib
 import math
 
 import torch
@@ -378,8 +379,11 @@ def loss_metrics(terms: dict) -> dict:
 
 
 def join_terms(parts: list[dict]) -> dict:
-    """The terms of micro-batches, concatenated along the batch dimension."""
-    return {k: None if parts[0][k] is None else torch.cat([p[k].cpu() for p in parts]) for k in parts[0]}
+    """The terms of micro-batches (or of ranks), concatenated along the batch dimension; a shorter sequence
+    dimension is padded with zeros (False), which every mask leaves out."""
+    width = max(p["on"].shape[1] for p in parts)
+    return {k: None if parts[0][k] is None else torch.cat([F.pad(p[k].cpu(), (0, width - p[k].shape[1]))
+                                                           for p in parts]) for k in parts[0]}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -387,7 +391,7 @@ def join_terms(parts: list[dict]) -> dict:
 # ---------------------------------------------------------------------------------------------------
 def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_norm=1.0, clip_eps=0.2,
            shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
-           ref_model=None, offpolicy_credit="shaped") -> dict:
+           ref_model=None, offpolicy_credit="shaped", dist=None) -> dict:
     """One optimizer step on `batch`: `policy_loss` micro-batch by micro-batch, gradients accumulated.
 
     batch: input_ids, attention_mask, response_mask, offpolicy_mask (N, L), advantages (N,), optionally
@@ -400,6 +404,12 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     Gradients are clipped to `max_grad_norm` (None: no clipping). A non-finite loss or gradient norm
     skips the step (gradients zeroed, parameters untouched). Returns Python-float metrics: loss,
     grad_norm, skipped and `loss_metrics` of the whole batch.
+
+    Under torchrun (`dist`, harness/dist.py; `model` wrapped in DDP or FSDP2) `batch` is this rank's rows: Z is
+    summed over the ranks and divided by the world size (DDP and FSDP average the ranks' gradients), every rank
+    runs the same number of micro-batches (a rank with fewer adds a zero-weight one), gradients are exchanged
+    once, on the last micro-batch, and the loss and the metrics are those of the whole global batch, so the
+    skip decision is the same on every rank.
     """
     if kl_coef > 0 and batch.get("ref_logp") is None and ref_model is None:
         raise ValueError("update: kl_coef > 0 needs batch['ref_logp'] or ref_model")
@@ -407,34 +417,47 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     z = loss_normaliser(batch["response_mask"], loss_agg, max_new_tokens)  # over the whole batch
     device = next(model.parameters()).device
     mb = max(1, int(micro_batch_size))
+    n_micro = math.ceil(n / mb)
+    if dist is not None:  # Z of the global batch; ÷ world: the ranks' gradients are averaged, not summed
+        z = dist.sum(z) / dist.world
+        n_micro = int(dist.max(n_micro))  # the same count on every rank: FSDP all-gathers in every forward
 
     optimizer.zero_grad(set_to_none=True)
     loss_total, parts = 0.0, []
     # BEGIN SOLUTION update
-    for s in range(0, n, mb):
+    for i in range(n_micro):
+        s, padding = (i * mb, False) if i * mb < n else (0, True)  # padding: a zero-weight pass on row 0
         part = {k: v[s:s + mb].to(device) for k, v in batch.items() if isinstance(v, Tensor)}
-        logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"],
-                                          part["response_mask"], entropy_grad=entropy_coef != 0)
-        old_logp = part.get("old_logp")
-        if old_logp is None:
-            old_logp = logp.detach()  # one optimizer step per rollout batch: ρ = 1 exactly
-        ref_logp = part.get("ref_logp")
-        if ref_logp is None and kl_coef > 0:
-            ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"],
-                                         part["response_mask"], micro_batch_size=mb)
-        loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"], part["offpolicy_mask"],
-                                  clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=z, ref_logp=ref_logp,
-                                  kl_coef=kl_coef, entropy=entropy, entropy_coef=entropy_coef,
-                                  offpolicy_credit=offpolicy_credit)
-        loss.backward()  # divided by the whole batch's Z: the accumulated gradient is the full-batch one
-        loss_total += float(loss.detach())
-        parts.append(terms)
+        sync = dist is None or i == n_micro - 1  # one gradient exchange per step, on the last micro-batch
+        with contextlib.nullcontext() if sync else dist.no_sync(model):
+            logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"],
+                                              part["response_mask"], entropy_grad=entropy_coef != 0)
+            old_logp = part.get("old_logp")
+            if old_logp is None:
+                old_logp = logp.detach()  # one optimizer step per rollout batch: ρ = 1 exactly
+            ref_logp = part.get("ref_logp")
+            if ref_logp is None and kl_coef > 0:
+                ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"],
+                                             part["response_mask"], micro_batch_size=mb)
+            loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"],
+                                      part["offpolicy_mask"], clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=z,
+                                      ref_logp=ref_logp, kl_coef=kl_coef, entropy=entropy,
+                                      entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit)
+            (loss * 0.0 if padding else loss).backward()  # ÷ the whole batch's Z: the full-batch gradient
+        if not padding:
+            loss_total += float(loss.detach())
+            parts.append(terms)
     # END SOLUTION
 
     clip_to = float("inf") if max_grad_norm is None else float(max_grad_norm)
-    grad_norm = float(torch.nn.utils.clip_grad_norm_(model.parameters(), clip_to))
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_to)
+    grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP2: DTensor
+    terms = join_terms(parts)
+    if dist is not None:  # the global batch's loss and metrics; a non-finite loss anywhere skips everywhere
+        loss_total = dist.mean(loss_total)
+        terms = join_terms(dist.all_gather(terms))
     skipped = not (math.isfinite(loss_total) and math.isfinite(grad_norm))
     if not skipped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # a skipped step leaves parameters and optimizer state untouched
-    return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped), **loss_metrics(join_terms(parts))}
+    return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped), **loss_metrics(terms)}

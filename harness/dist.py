@@ -1,0 +1,179 @@
+"""dist.py — one run over several processes: `torchrun --nproc_per_node N scope.py ...` (DDP), and `--fsdp`
+(FSDP2) for a policy whose float32 weights and AdamW state do not fit one GPU. docs/scaling.md has the commands.
+
+The split is nanochat's (scripts/chat_rl.py): every rank draws the same B problems and takes a contiguous slice
+of whole groups, so rewards, advantages, the PRM and the refiner need no communication. What is shared:
+
+  - the loss normaliser Z, summed over ranks (a local Z is wrong as soon as groups are ragged, `--merge append`,
+    or the loss is a token mean), divided by the world size because DDP and FSDP average the ranks' gradients;
+  - one gradient all-reduce per optimizer step (`no_sync` on every micro-batch but the last), and the same number
+    of micro-batches on every rank (`max`), which FSDP needs for its per-forward all-gathers;
+  - the loss, whose finiteness decides the skip rule on every rank alike (the gradient norm is global already);
+  - the step's rows (rollouts, trained batch, traces), gathered on rank 0, which logs them as one process would.
+
+Rank 0 alone holds the run-folder lock and writes config, metrics, traces and checkpoints. With one process
+every helper here is the identity and nothing is initialised.
+
+Random draws follow the global index of a prompt (or a refiner request): vLLM seeds each request with
+`seed + index`, so rank r passes `seed + offset` and draws what a one-process run draws. HF generate draws one
+random stream for a whole call, which no slice reproduces: without vLLM each rank samples the whole batch (the
+same on every rank) and keeps its groups, which is exact but does not split the sampling work.
+"""
+import contextlib
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as tdist
+
+
+@dataclass
+class Dist:
+    """This process's place in the run: rank, world size, local rank (its GPU on the node)."""
+    rank: int = 0
+    world: int = 1
+    local_rank: int = 0
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def groups(self, n_groups: int) -> range:
+        """This rank's contiguous slice of whole groups (the world size divides n_groups: preflight)."""
+        per = n_groups // self.world
+        return range(self.rank * per, (self.rank + 1) * per)
+
+    def block(self, n: int) -> range:
+        """This rank's contiguous share of n items (evaluation problems), the first ranks one longer."""
+        per, extra = divmod(n, self.world)
+        lo = self.rank * per + min(self.rank, extra)
+        return range(lo, lo + per + (self.rank < extra))
+
+    def all_gather(self, obj) -> list:
+        """Every rank's obj, in rank order, on every rank."""
+        if self.world == 1:
+            return [obj]
+        out = [None] * self.world
+        tdist.all_gather_object(out, obj)
+        return out
+
+    def gather_rows(self, rows: list) -> list:
+        """The ranks' lists joined in rank order (the global order of the groups), on every rank."""
+        return [r for part in self.all_gather(rows) for r in part]
+
+    def offset(self, n: int) -> int:
+        """How many items the lower ranks hold (exclusive prefix sum): the global index of this rank's first."""
+        return sum(self.all_gather(n)[:self.rank])
+
+    def _reduce(self, x: float, op) -> float:
+        if self.world == 1:
+            return x
+        t = torch.tensor([float(x)], dtype=torch.float64, device=self._device())
+        tdist.all_reduce(t, op=op)
+        return float(t.item())
+
+    def sum(self, x: float) -> float:
+        return self._reduce(x, tdist.ReduceOp.SUM)
+
+    def mean(self, x: float) -> float:
+        return self.sum(x) / self.world
+
+    def max(self, x: float) -> float:
+        return self._reduce(x, tdist.ReduceOp.MAX)
+
+    def broadcast(self, obj):
+        """Rank 0's obj on every rank."""
+        if self.world == 1:
+            return obj
+        box = [obj]
+        tdist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            tdist.barrier()
+
+    def no_sync(self, model):
+        """A context in which backward accumulates gradients without communicating (DDP's no_sync, FSDP2's
+        set_requires_gradient_sync); a plain model: nothing."""
+        if hasattr(model, "no_sync"):
+            return model.no_sync()
+        if hasattr(model, "set_requires_gradient_sync"):
+            return _fsdp_no_sync(model)
+        return contextlib.nullcontext()
+
+    def _device(self):
+        return torch.device("cuda", torch.cuda.current_device()) if tdist.get_backend() == "nccl" else "cpu"
+
+
+@contextlib.contextmanager
+def _fsdp_no_sync(model):
+    model.set_requires_gradient_sync(False)
+    try:
+        yield
+    finally:
+        model.set_requires_gradient_sync(True)
+
+
+def init(timeout_s: float) -> Dist:
+    """The process group of a torchrun launch (WORLD_SIZE > 1; NCCL on GPUs, gloo on the CPU), or a one-process
+    Dist. A rank that waits longer than timeout_s in a collective raises instead of hanging."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world == 1:
+        return Dist()
+    rank, local_rank = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    if not tdist.is_initialized():
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(local_rank)   # "cuda" now means this rank's GPU
+        tdist.init_process_group("nccl" if cuda else "gloo", timeout=datetime.timedelta(seconds=timeout_s))
+    return Dist(rank, world, local_rank)
+
+
+def close() -> None:
+    if tdist.is_initialized():
+        tdist.destroy_process_group()
+
+
+def wrap(model, d: Dist, fsdp: bool):
+    """The module the update trains: the model itself (one process), DDP, or FSDP2 sharded per decoder layer
+    and at the root (`fully_shard` turns the model into an FSDPModule in place; build the optimizer after)."""
+    if d.world == 1 and not fsdp:
+        return model
+    if fsdp:
+        from torch.distributed.fsdp import fully_shard
+        for layer in model.model.layers:   # HF causal LMs: model.model.layers (Qwen2, Llama, Mistral)
+            fully_shard(layer)
+        fully_shard(model)
+        return model
+    from torch.nn.parallel import DistributedDataParallel
+    cuda = next(model.parameters()).is_cuda
+    return DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if cuda else None)
+
+
+def reshard(model) -> None:
+    """Free the gathered full weights of every FSDP2 unit after a forward without backward (generation,
+    evaluation). FSDP2 keeps the root unit (embeddings, final norm, lm_head) unsharded after a forward; left so,
+    its parameters are not the sharded ones the gradient clipping and the optimizer see, and the clipped
+    gradient norm is silently wrong. No-op for a plain or DDP model."""
+    from torch.distributed.fsdp import FSDPModule
+    for m in model.modules():
+        if isinstance(m, FSDPModule):
+            m.reshard()
+
+
+def full_state_dict(model) -> dict:
+    """Full (unsharded) tensors of the model's state dict on every rank; a collective under FSDP2."""
+    from torch.distributed.tensor import DTensor
+    return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
+
+
+class FullView:
+    """Stands in for an FSDP2 model where a full state dict is needed (the vLLM weight push, save_pretrained)."""
+
+    def __init__(self, model):
+        self.config, self._model = model.config, model
+
+    def state_dict(self):
+        return full_state_dict(self._model)
