@@ -19,6 +19,7 @@ Run:
     python scope.py --resume runs/NAME           # continue a run exactly where its last checkpoint left it
     python scope.py --model Qwen2.5-1.5B --dry-run   # the pre-flight only: memory plan and resolved Args
     python scope.py --help                       # every flag with its default
+    torchrun --nproc_per_node 8 scope.py --model Qwen2.5-Math-7B --fsdp   # several GPUs (docs/scaling.md)
 
 Choices this file makes (the paper leaves them open; each one is a flag unless said otherwise):
  1. `--mode` (paper Table 3): `scope`; `grpo` = no rectification; `replace` = the refiner writes a whole
@@ -60,7 +61,7 @@ from tqdm import tqdm
 
 from eval import discarded_valid_share, near_miss_at_k
 from grpo import build_batch, group_advantages, update
-from harness import preflight, wiring
+from harness import dist, preflight, wiring
 from harness.generate import GeneratorUnavailable, format_prompt
 from harness.grader import grade
 from prm import cut_point, keep_ratio, mean_score, select_candidate, split_steps, step_token_spans
@@ -136,6 +137,11 @@ class Args:
     memory_check: bool = arg(True, "stop before loading when the memory plan (an estimate) exceeds the GPU; "
                              "--no-memory-check starts anyway")
     dry_run: bool = arg(False, "run the pre-flight (flags, folder, data, memory plan), print the resolved Args, exit")
+    # --- several GPUs (torchrun; docs/scaling.md)
+    fsdp: bool = arg(False, "under torchrun: shard the policy, its gradients and AdamW state over the processes "
+                     "(FSDP2) instead of a full copy per GPU (DDP)")
+    dist_timeout: float = arg(1800.0, "under torchrun: seconds a process waits for the others before the run "
+                              "stops with an error")
 
 
 # Applied with --toy unless the flag is typed. 30 steps take ~0.5 s each on 2 CPU cores once the warm start is cached.
@@ -198,13 +204,13 @@ def locate_first_errors(trajs: list[Trajectory], prm, args: Args, tokenizer) -> 
     return prefix_len
 
 
-def select_failures(trajs: list[Trajectory], n_groups: int, prefix_len: dict[int, int], args: Args) -> list[tuple]:
+def select_failures(trajs: list[Trajectory], groups: range, prefix_len: dict[int, int], args: Args) -> list[tuple]:
     """Step 4: (index, tokens to keep) of the most promising failure per eligible group (`--rectify-groups any`:
     every group with a failure; `all-fail`: only groups in which every rollout failed): largest keep ratio, then higher prefix PRM mean, then shorter. Mode replace keeps nothing of the same pick."""
     if args.mode not in ("scope", "replace"):
         return []
     picks = []
-    for b in range(n_groups):
+    for b in groups:
         idx = [i for i, t in enumerate(trajs) if t.group == b and not t.correct]
         if not idx or (args.rectify_groups == "all-fail" and any(t.correct for t in trajs if t.group == b)):
             continue   # all-fail only: a group with a success keeps its on-policy signal untouched
@@ -216,17 +222,20 @@ def select_failures(trajs: list[Trajectory], n_groups: int, prefix_len: dict[int
     return picks
 
 
-def rollout(run, problems: list[dict], seed: int) -> list[Trajectory]:
-    """Step 1: G samples per prompt at the rollout temperature, one batched call, kept as token ids."""
+def rollout(run, problems: list[dict], groups: range, seed: int) -> list[Trajectory]:
+    """Step 1: G samples per prompt of `groups` (this rank's; all B in one process) at the rollout temperature,
+    one batched call, kept as token ids. vLLM seeds prompt i with seed + i, so a rank samples its slice alone;
+    HF generate draws one stream for the whole call, so each rank samples all B prompts and keeps its groups."""
     a = run.args
-    prompts = [format_prompt(run.tokenizer, p["question"]) for p in problems]
+    todo = groups if run.use_vllm else range(len(problems))
+    prompts = [format_prompt(run.tokenizer, problems[b]["question"]) for b in todo]
     run.policy.eval()
     with run.amp():
         completions = run.generator.generate(prompts, n=a.group_size, temperature=a.temperature,
-                                             max_tokens=a.max_new_tokens, seed=seed)
-    return [Trajectory(question=p["question"], answer=p["answer"], group=b, prompt_ids=prompts[b],
+                                             max_tokens=a.max_new_tokens, seed=seed + todo.start)
+    return [Trajectory(question=problems[b]["question"], answer=problems[b]["answer"], group=b, prompt_ids=prompt,
                        response_ids=list(c.ids), text=c.text)
-            for b, (p, group) in enumerate(zip(problems, completions)) for c in group]
+            for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
 
 
 def repair(run, trajs: list[Trajectory], picks: list[tuple], seed: int) -> tuple[list[Trajectory], list[dict], bool]:
@@ -246,11 +255,11 @@ def repair(run, trajs: list[Trajectory], picks: list[tuple], seed: int) -> tuple
         return trajs, [], True
 
 
-def batch_advantages(trajs: list[Trajectory], n_groups: int, scale_std: bool) -> torch.Tensor:
+def batch_advantages(trajs: list[Trajectory], groups: range, scale_std: bool) -> torch.Tensor:
     """Step 6: A = r − mean(r) over each merged group (ragged with --merge append)."""
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)            # (N,)
     advantages = torch.zeros_like(rewards)                                             # (N,)
-    for b in range(n_groups):
+    for b in groups:
         idx = torch.tensor([i for i, t in enumerate(trajs) if t.group == b])
         advantages[idx] = group_advantages(rewards[idx], group_size=len(idx), scale_std=scale_std)
     return advantages
@@ -262,12 +271,14 @@ def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
     batch = build_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
                         [t.offpolicy_mask for t in trajs], advantages, wiring.pad_token_id(run.tokenizer))
     batch = {k: v.to(run.device) for k, v in batch.items()}   # no old_logp: one step per batch, ρ = 1
+    dist.reshard(run.policy)   # FSDP2: drop the full weights a generation left gathered (else clipping misses them)
     run.policy.train()
-    with run.amp():
-        stats = update(run.policy, run.optimizer, batch, micro_batch_size=a.micro_batch_size, max_grad_norm=1.0,
+    with run.amp():   # under torchrun: this rank's groups; Z, the gradient and the metrics are global
+        stats = update(run.model, run.optimizer, batch, micro_batch_size=a.micro_batch_size, max_grad_norm=1.0,
                        clip_eps=a.clip_eps, shaping_gamma=a.shaping_gamma, loss_agg=a.loss_agg,
                        offpolicy_credit=a.offpolicy_credit, max_new_tokens=a.max_new_tokens, kl_coef=a.kl_coef,
-                       entropy_coef=a.entropy_coef, ref_model=run.ref_model)
+                       entropy_coef=a.entropy_coef, ref_model=run.ref_model,
+                       dist=run.dist if run.dist.world > 1 else None)
     run.policy.eval()
     return stats
 
@@ -316,6 +327,7 @@ def main(args: Args) -> dict:
     if run is None:
         return {"run_dir": preflight.run_dir_of(args), "dry_run": True}
     B, G = args.prompts_per_step, args.group_size
+    mine = run.dist.groups(B)   # this rank's whole groups of the same B problems (all of them in one process)
     for step in run.steps():
         times, t0 = {}, time.time()
         torch.manual_seed(seed_for(args.seed, step, "torch"))
@@ -325,7 +337,7 @@ def main(args: Args) -> dict:
             rng = np.random.default_rng(seed_for(args.seed, step, "prompts"))
             n = len(run.train_problems)
             problems = [run.train_problems[i] for i in rng.choice(n, size=B, replace=n < B)]
-            trajs = rollout(run, problems, seed=seed_for(args.seed, step, "rollout"))
+            trajs = rollout(run, problems, mine, seed=seed_for(args.seed, step, "rollout"))
 
         # ---------------------------------------------------------- 2. grade: outcome reward 1/0 from the final \boxed{}
         for t in trajs:
@@ -342,14 +354,15 @@ def main(args: Args) -> dict:
                     t.reward = float(t.correct) + args.prm_reward_coef * mean_score(t.step_scores or [])
 
         # ---------------------------------------------------------- 4. select the most promising failure of each group
-        picks = select_failures(trajs, B, prefix_len, args)
+        picks = select_failures(trajs, mine, prefix_len, args)
 
         # ---------------------------------------------------------- 5. rectify: keep the prefix ids, refiner writes the rest
         with timed(times, "refine"):
-            batch, traces, unavailable = repair(run, trajs, picks, seed=seed_for(args.seed, step, "refine"))
+            seed = seed_for(args.seed, step, "refine") + run.dist.offset(len(picks))   # the picks' global index
+            batch, traces, unavailable = repair(run, trajs, picks, seed=seed)
 
         # ---------------------------------------------------------- 6. advantages over each merged group: A = r − mean(r)
-        advantages = batch_advantages(batch, B, args.adv_std)
+        advantages = batch_advantages(batch, mine, args.adv_std)
 
         # ---------------------------------------------------------- 7. update: one optimizer step (ρ = 1: no old-log-prob pass)
         with timed(times, "update"):
@@ -357,11 +370,12 @@ def main(args: Args) -> dict:
 
         # ---------------------------------------------------------- 8. sync: push the new weights into the rollout engine
         with timed(times, "sync"):
-            if run.use_vllm:
-                run.generator.sync_weights(run.policy)
+            if run.use_vllm:   # FSDP2: every rank gathers the full tensors for its own engine
+                run.generator.sync_weights(dist.FullView(run.policy) if args.fsdp else run.policy)
 
         # ---------------------------------------------------------- 9. log, periodic eval, checkpoint
-        m, traces = step_metrics(step, args, trajs, batch, traces, stats, times, unavailable)
+        trajs, batch, traces, unavailable = run.dist.gather(trajs, batch, traces, [unavailable])   # all ranks' rows
+        m, traces = step_metrics(step, args, trajs, batch, traces, stats, times, any(unavailable))
         if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
             m["eval_acc"] = run.evaluate()
         m["time_step"] = time.time() - t0

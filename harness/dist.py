@@ -58,9 +58,13 @@ class Dist:
         tdist.all_gather_object(out, obj)
         return out
 
-    def gather_rows(self, rows: list) -> list:
-        """The ranks' lists joined in rank order (the global order of the groups), on every rank."""
-        return [r for part in self.all_gather(rows) for r in part]
+    def gather(self, *lists: list) -> tuple[list, ...]:
+        """Each list joined over the ranks in rank order (the global order of the groups), on every rank; one
+        exchange for all of them."""
+        if self.world == 1:
+            return lists
+        parts = self.all_gather(lists)
+        return tuple([x for part in parts for x in part[k]] for k in range(len(lists)))
 
     def offset(self, n: int) -> int:
         """How many items the lower ranks hold (exclusive prefix sum): the global index of this rank's first."""
@@ -177,3 +181,49 @@ class FullView:
 
     def state_dict(self):
         return full_state_dict(self._model)
+
+
+class _Consolidated:
+    """A model whose save_pretrained writes the given full state dict (an FSDP2 model's, gathered)."""
+
+    def __init__(self, model, state: dict):
+        self.model, self.state = model, state
+
+    def save_pretrained(self, path):
+        self.model.save_pretrained(path, state_dict=self.state)
+
+
+class _OptimizerState:
+    """An optimizer whose state_dict is the given one."""
+
+    def __init__(self, state: dict):
+        self.state = state
+
+    def state_dict(self):
+        return self.state
+
+
+def full_checkpoint(model, optimizer):
+    """(model, optimizer) stand-ins whose save_pretrained / state_dict give the consolidated FSDP2 weights and
+    AdamW state in the one-process format: an HF folder that eval.py reads, and optimizer.pt keyed by parameter
+    index in `model.parameters()` order. A collective: every rank calls it; the tensors land on rank 0's CPU."""
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict)
+    options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+    weights = get_model_state_dict(model, options=options)
+    state = get_optimizer_state_dict(model, optimizer, options=options)   # keyed by parameter name
+    index = {name: i for i, (name, _) in enumerate(model.named_parameters())}
+    if state:
+        state = {"state": {index[k]: v for k, v in state["state"].items()},
+                 "param_groups": [{**g, "params": [index[k] for k in g["params"]]} for g in state["param_groups"]]}
+    return _Consolidated(model, weights), _OptimizerState(state)
+
+
+def load_optimizer(model, optimizer, state: dict) -> None:
+    """A one-process optimizer.pt (keyed by parameter index) into the sharded optimizer of an FSDP2 model; every
+    rank reads the whole file and keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
+    names = [name for name, _ in model.named_parameters()]
+    state = {"state": {names[i]: v for i, v in state["state"].items()},
+             "param_groups": [{**g, "params": [names[i] for i in g["params"]]} for g in state["param_groups"]]}
+    set_optimizer_state_dict(model, optimizer, state, options=StateDictOptions(full_state_dict=True))

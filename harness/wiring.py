@@ -5,6 +5,8 @@ read as the method.
 `start(args)` runs the pre-flight (every refusal one line, exit 2, before anything loads), opens the run folder
 (lock, resume, config.json) and loads the policy, its rollout engine, the PRM and the refiner, returning a `Run`
 the loop calls back into: `run.evaluate()`, `run.log(metrics, traces)`, `run.checkpoint(step)`, `run.finish()`.
+Under torchrun (harness/dist.py) every rank runs `start` and the loop; rank 0 alone takes the lock, writes the
+folder and prints, and `run.dist` says which groups of each step are this rank's.
 """
 import atexit
 import contextlib
@@ -20,10 +22,11 @@ import torch
 from tqdm import tqdm
 
 from eval import evaluate
-from harness import preflight
+from harness import dist, preflight
 from harness.generate import HFGenerator, load_causal_lm, load_tokenizer, vllm_importable
 from harness.preflight import MODEL_ALIASES
-from harness.runs import acquire_lock, clear_run, recover_checkpoint, release_lock, restore_rng, save_checkpoint, truncate_jsonl
+from harness.runs import (acquire_lock, clear_run, recover_checkpoint, release_lock, restore_rng, save_checkpoint, stop,
+                          truncate_jsonl)
 from refine import Refiner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
@@ -74,11 +77,14 @@ def load_policy(args, path: str, base_path: str, device: str):
     return policy, tokenizer, ref_model
 
 
-def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool):
-    """vLLM in-process (its weights follow the policy through sync_weights after every update) or HF generate."""
+def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, world: int = 1):
+    """vLLM in-process (its weights follow the policy through sync_weights after every update) or HF generate.
+    Under torchrun each rank builds its own engine on its own GPU; vLLM joins the torchrun processes as data-
+    parallel replicas of one engine each (`external_launcher`, written for vLLM 0.33, not run on GPUs here)."""
     if use_vllm:
         from harness.generate import VLLMGenerator
-        return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed)
+        launch = dict(distributed_executor_backend="external_launcher", data_parallel_size=world) if world > 1 else {}
+        return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed, **launch)
     return HFGenerator(policy, tokenizer, micro_batch_size=args.micro_batch_size)
 
 
@@ -137,9 +143,14 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
                    refiner_tokenizer, prompt_style=args.refine_prompt)
 
 
-def restore_checkpoint(ckpt: str, optimizer, device: str) -> None:
-    """Optimizer and RNG states from the checkpoint (the model loaded from it already)."""
-    optimizer.load_state_dict(torch.load(os.path.join(ckpt, "optimizer.pt"), map_location=device))
+def restore_checkpoint(ckpt: str, optimizer, device: str, model=None) -> None:
+    """Optimizer and RNG states from the checkpoint (the model loaded from it already); with `model`, an FSDP2
+    policy whose optimizer holds shards (dist.load_optimizer)."""
+    state = torch.load(os.path.join(ckpt, "optimizer.pt"), map_location=device)
+    if model is not None:
+        dist.load_optimizer(model, optimizer, state)
+    else:
+        optimizer.load_state_dict(state)
     restore_rng(torch.load(os.path.join(ckpt, "state.pt"), weights_only=False))
 
 
@@ -215,6 +226,8 @@ class Run:
     summary: dict = field(default_factory=dict)
     history: list = field(default_factory=list)      # this process's step metrics, for the closing summary
     unavailable: list = field(default_factory=list)  # steps on which the served refiner did not answer
+    dist: object = field(default_factory=dist.Dist)     # this process's rank under torchrun (harness/dist.py)
+    model: object = None                             # the module the update trains: policy, DDP or FSDP2
 
     def amp(self):
         """bfloat16 autocast on CUDA (float32 master weights), nothing on the CPU."""
@@ -226,42 +239,73 @@ class Run:
         """The steps still to run, with a progress bar on a terminal."""
         a = self.args
         return tqdm(range(self.start_step, a.steps + 1), initial=self.start_step - 1, total=a.steps, desc="steps",
-                    disable=not sys.stderr.isatty())
+                    disable=not sys.stderr.isatty() or not self.dist.main)
 
     def evaluate(self) -> float:
-        """Accuracy (avg@eval_n at temperature 0.6) on the held-out problems."""
-        a = self.args
+        """Accuracy (avg@eval_n at temperature 0.6) on the held-out problems. Under torchrun with vLLM each rank
+        evaluates its share (seeded by the global problem index) and the shares are counted together; HF
+        generate's one random stream per call does not split, so there every rank evaluates all of them."""
+        a, problems = self.args, self.eval_problems
+        share = self.dist.block(len(problems)) if self.use_vllm and self.dist.world > 1 else range(len(problems))
         with self.amp():
-            result = evaluate(self.generator, self.tokenizer, self.eval_problems, n=a.eval_n, temperature=0.6,
-                              max_new_tokens=a.max_new_tokens, seed=a.seed, batch_size=64)
-        return result["acc"]
+            result = evaluate(self.generator, self.tokenizer, problems[share.start:share.stop], n=a.eval_n,
+                              temperature=0.6, max_new_tokens=a.max_new_tokens, seed=a.seed + share.start,
+                              batch_size=64)
+        if len(share) == len(problems):
+            return result["acc"]
+        return self.dist.sum(result["acc"] * len(share)) / len(problems)   # avg@n: a mean over problems
 
     def log(self, m: dict, traces: list[dict]) -> None:
-        """Append one step's metrics and traces, print its line, checkpoint when due."""
+        """Append one step's metrics and traces, print its line, checkpoint when due. Under torchrun every rank
+        holds the same gathered metrics and rank 0 writes them."""
         a, step = self.args, m["step"]
         if "eval_acc" in m:
             self.summary["eval_acc_after"] = m["eval_acc"]
-        for tr in traces:
-            self.traces_file.write(json.dumps({"step": step, **tr}) + "\n")
-        self.traces_file.flush()
-        self.metrics_file.write(json.dumps(m) + "\n")
-        self.metrics_file.flush()
+        if self.dist.main:
+            for tr in traces:
+                self.traces_file.write(json.dumps({"step": step, **tr}) + "\n")
+            self.traces_file.flush()
+            self.metrics_file.write(json.dumps(m) + "\n")
+            self.metrics_file.flush()
+            tqdm.write(summary_line(m))
         if m.get("refiner_unavailable"):
             self.unavailable.append(step)
-        tqdm.write(summary_line(m))
         self.history.append(m)
         if step % a.save_every == 0 or step == a.steps:
-            save_checkpoint(self.run_dir, step, self.policy, self.tokenizer, self.optimizer)
+            self.checkpoint(step)
+
+    def checkpoint(self, step: int) -> None:
+        """runs/<name>/checkpoint in one format for one process, DDP and FSDP2 (rank 0 writes; under FSDP2
+        every rank helps gather the full weights and optimizer state first)."""
+        model, optimizer = self.policy, self.optimizer
+        if self.args.fsdp:
+            model, optimizer = dist.full_checkpoint(self.policy, self.optimizer)
+        if self.dist.main:
+            save_checkpoint(self.run_dir, step, model, self.tokenizer, optimizer)
+        self.dist.barrier()   # a resume after a crash finds the checkpoint every rank trained past
 
     def finish(self) -> dict:
+        if not self.dist.main:
+            dist.close()
+            return dict(self.summary)
         self.metrics_file.close()
         self.traces_file.close()
-        return finish(self.summary, self.history, self.run_dir, self.t_start, self.unavailable, self.refiner)
+        summary = finish(self.summary, self.history, self.run_dir, self.t_start, self.unavailable, self.refiner)
+        dist.close()
+        return summary
 
 
 def start(args) -> Run | None:
     """The pre-flight, then the run folder and the models; None after a --dry-run."""
     t_start = time.time()
+    d = dist.init(args.dist_timeout)                                  # torchrun: the process group; else rank 0 of 1
+    if not d.main:
+        sys.stdout = open(os.devnull, "w")                            # rank 0 prints; errors still reach stderr
+    if args.prompts_per_step % d.world:
+        stop(f"--prompts-per-step {args.prompts_per_step}: not divisible by the {d.world} torchrun processes "
+             f"(each takes whole groups)")
+    if args.fsdp and d.world == 1:
+        stop("--fsdp shards the policy over torchrun processes: launch with torchrun --nproc_per_node N")
     preflight.check_args(args)                                        # every flag: one line and exit 2
     run_dir = preflight.run_dir_of(args)
     resume_step = preflight.check_run_dir(args, run_dir)              # no clobbering, no resume below the checkpoint
@@ -274,31 +318,35 @@ def start(args) -> Run | None:
         preflight.print_dry_run(args, run_dir, notes + hub_notes)
         return None
 
-    ckpt, start_step = open_run(args, run_dir, resume_step)
+    d.barrier()                                                       # every rank checked the folder before rank 0 writes
+    ckpt, start_step = d.broadcast(open_run(args, run_dir, resume_step) if d.main else None)
     seed_everything(args.seed)
     if args.toy:
         torch.set_num_threads(1)   # a 0.3 M-parameter model gains nothing from threads; on a shared 2-core machine
                                    # two threads per process were ~15x slower (oversubscription)
     base_path = base_model_path(args)
     policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
-    generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm)
+    model = dist.wrap(policy, d, args.fsdp)                           # DDP or FSDP2 under torchrun; else the policy
+    generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
     prm = load_prm(args, device)
     refiner = load_refiner(args, generator, tokenizer, device, run_dir)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)   # after wrap: FSDP2's parameters are shards
     if ckpt:
-        restore_checkpoint(ckpt, optimizer, device)
+        restore_checkpoint(ckpt, optimizer, device, policy if args.fsdp else None)
         print(f"resumed {run_dir} at step {start_step}")
     mode = "a" if ckpt else "w"
+    logs = [open(os.path.join(run_dir, name), mode, encoding="utf-8") if d.main else None
+            for name in ("metrics.jsonl", "traces.jsonl")]
     run = Run(args, run_dir, device, use_vllm, policy, tokenizer, ref_model, generator, prm, refiner, optimizer,
-              train_problems, eval_problems, start_step,
-              open(os.path.join(run_dir, "metrics.jsonl"), mode, encoding="utf-8"),
-              open(os.path.join(run_dir, "traces.jsonl"), mode, encoding="utf-8"), t_start,
-              summary={"run_dir": run_dir})
+              train_problems, eval_problems, start_step, *logs, t_start, summary={"run_dir": run_dir}, dist=d,
+              model=model)
     n_params = sum(p.numel() for p in policy.parameters())
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")
     if start_step == 1 and args.eval_every:
         run.summary["eval_acc_before"] = run.evaluate()
+        if not d.main:
+            return run
         run.metrics_file.write(json.dumps({"step": 0, "mode": args.mode, "eval_acc": run.summary["eval_acc_before"]}) + "\n")
         run.metrics_file.flush()
         print(f"eval before training: acc {run.summary['eval_acc_before']:.3f}")

@@ -1,0 +1,110 @@
+"""One rank of tests/test_dist.py's gradient check, launched by `python -m torch.distributed.run --standalone
+--nproc_per_node 2 tests/dist_worker.py OUT.json` (gloo, float64, a tiny random Qwen2).
+
+Every rank builds the same global batch of B groups and the one-process gradient of all of it (grpo.update on a
+plain copy of the model); then it trains its slice of whole groups through DDP and through FSDP2
+(harness/dist.py wrap) with grpo.update(dist=...) and compares the gradient the optimizer sees with the
+one-process one. Cases: equal groups and ragged ones (one extra row in some groups, as `--merge append` makes),
+each with both loss aggregations; the ragged cases give the ranks different micro-batch counts. The FSDP2 cases
+first run a no-grad HF generation through the sharded model and call dist.reshard, as scope.py does. Rank 0
+writes {case: {"max_diff", "grad_norm", "grad_norm_ref", "loss", "loss_ref"}} to OUT.json.
+"""
+import copy
+import json
+import os
+import sys
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from grpo import build_batch, update  # noqa: E402
+from harness import dist  # noqa: E402
+
+B, G, MB, MAX_NEW = 4, 2, 2, 8
+
+
+class Capture:
+    """An optimizer that records the gradients it is asked to apply (full tensors under FSDP2) and moves nothing."""
+
+    def __init__(self, model):
+        self.params, self.grads = list(model.parameters()), None
+
+    def zero_grad(self, set_to_none=True):
+        for p in self.params:
+            p.grad = None
+
+    def step(self):
+        self.grads = [(p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad).detach().clone()
+                      for p in self.params]
+
+
+def tiny_model():
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+    torch.manual_seed(0)
+    config = Qwen2Config(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64,
+                         tie_word_embeddings=False)
+    return Qwen2ForCausalLM(config).double()
+
+
+def global_rows(ragged: bool):
+    """(group, prompt ids, response ids, off-policy mask, advantage) of every row, group by group."""
+    g = torch.Generator().manual_seed(1)
+    rows = []
+    for b in range(B):
+        size = G + (1 if ragged and b in (0, 1) else 0)   # appended repairs land on rank 0's groups only
+        rewards = torch.randint(0, 2, (size,), generator=g).double()
+        for k in range(size):
+            prompt = torch.randint(1, 40, (int(torch.randint(2, 5, (1,), generator=g)),), generator=g).tolist()
+            response = torch.randint(1, 40, (int(torch.randint(1, MAX_NEW + 1, (1,), generator=g)),), generator=g).tolist()
+            off = [0] * len(response) if k < G else [0] + [1] * (len(response) - 1)   # a repair: refiner tokens
+            rows.append((b, prompt, response, off, float(rewards[k] - rewards.mean())))
+    return rows
+
+
+def as_batch(rows):
+    return build_batch([r[1] for r in rows], [r[2] for r in rows], [r[3] for r in rows],
+                       torch.tensor([r[4] for r in rows]), pad_id=0)
+
+
+def grads_of(model, batch, loss_agg, d=None):
+    opt = Capture(model)
+    stats = update(model, opt, batch, micro_batch_size=MB, max_grad_norm=1e9, loss_agg=loss_agg,
+                   max_new_tokens=MAX_NEW, dist=d)
+    return opt.grads, stats
+
+
+def main(out_path):
+    d = dist.init(timeout_s=60)
+    base = tiny_model()
+    results = {}
+    for wrapper in ("ddp", "fsdp"):
+        for ragged in (False, True):
+            for loss_agg in ("constant", "token-mean"):
+                rows = global_rows(ragged)
+                ref_grads, ref = grads_of(copy.deepcopy(base), as_batch(rows), loss_agg)
+                mine = [r for r in rows if r[0] in d.groups(B)]
+                model = copy.deepcopy(base)
+                if wrapper == "fsdp":
+                    model = dist.wrap(model, d, fsdp=True)
+                    with torch.no_grad():   # a rollout through the sharded model, the same on every rank
+                        model.generate(input_ids=torch.tensor([[1, 2, 3]]), max_new_tokens=3, do_sample=False,
+                                       pad_token_id=0)
+                    dist.reshard(model)
+                else:
+                    model = dist.wrap(model, d, fsdp=False)
+                grads, stats = grads_of(model, as_batch(mine), loss_agg, d)
+                diff = max(float((a - b).abs().max()) for a, b in zip(grads, ref_grads))
+                results[f"{wrapper}-{'ragged' if ragged else 'equal'}-{loss_agg}"] = {
+                    "max_diff": diff, "grad_norm": stats["grad_norm"], "grad_norm_ref": ref["grad_norm"],
+                    "loss": stats["loss"], "loss_ref": ref["loss"], "rows": d.all_gather(len(mine))}
+    if d.main:
+        with open(out_path, "w") as f:
+            json.dump(results, f, indent=1)
+    dist.close()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
