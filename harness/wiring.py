@@ -325,7 +325,9 @@ def start(args) -> Run | None:
     if args.toy:
         torch.set_num_threads(1)   # a 0.3 M-parameter model gains nothing from threads; on a shared 2-core machine
                                    # two threads per process were ~15x slower (oversubscription)
-    base_path = base_model_path(args)
+    base_path = base_model_path(args) if d.main else None            # rank 0 trains a missing toy warm start alone
+    d.barrier()
+    base_path = base_path or base_model_path(args)
     policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
     model = dist.wrap(policy, d, args.fsdp)                           # DDP or FSDP2 under torchrun; else the policy
     generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
