@@ -286,11 +286,9 @@ class Run:
         self.dist.barrier()   # a resume after a crash finds the checkpoint every rank trained past
 
     def finish(self) -> dict:
-        if not self.dist.main:
-            dist.close()
-            return dict(self.summary)
-        self.metrics_file.close()
-        self.traces_file.close()
+        for log in (self.metrics_file, self.traces_file):   # None on ranks other than 0
+            if log is not None:
+                log.close()
         summary = finish(self.summary, self.history, self.run_dir, self.t_start, self.unavailable, self.refiner)
         dist.close()
         return summary
