@@ -26,7 +26,7 @@ def launch(args, cwd, timeout=150):
         proc = subprocess.run([*LAUNCH, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
         pytest.fail(f"torchrun {' '.join(args)} ran past {timeout} s (a deadlock?):\n{e.stdout}\n{e.stderr}")
-    assert proc.returncode == 0, f"torchrun {' '.join(args)} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+    assert proc.returncode == 0, f"torchrun {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}"
     return proc
 
 
