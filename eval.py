@@ -52,11 +52,7 @@ from harness.grader import grade, grader_benchmark
 from harness.problems import load_problems
 
 
-
-# ==== 2. problems and benchmarks: problems.py (re-exported here for existing callers) ====
-
-
-# ==== 3. metrics: pass@k, diversity, near misses ====
+# ==== 1. metrics: pass@k, diversity, near misses ====
 # Pure functions: numbers or strings in, a number out. The diversity metrics all tokenise a response the
 # same way, by whitespace (`text.split()`): cheap, model-independent, and the same for every checkpoint.
 
@@ -242,7 +238,7 @@ def median_p10_p90(values: list[float]) -> tuple[float, float, float]:
     return (float(med), float(p10), float(p90))
 
 
-# ==== 4. evaluation, plots, trace viewer, command line ====
+# ==== 2. evaluation, plots, trace viewer, command line ====
 # Everything heavy (torch, transformers, vLLM, matplotlib, tqdm, generate.py) is imported inside the
 # function that needs it, so `import eval` stays cheap for the training loop and the grader tests.
 
@@ -466,7 +462,7 @@ def plot_runs(runs: list[str], out: str) -> str:
     for ax in list(axes.flat)[len(PLOT_PANELS):]:
         ax.axis("off")
     # one legend naming every run (a run without data in the first panel, e.g. grpo's keep ratio, still gets its
-    # entry; regression: per-panel colour cycles used to shift and the legend then mislabelled later panels)
+    # entry; with per-panel colour cycles the legend would mislabel later panels)
     handles = [plt.Line2D([], [], color=colors[label], label=label) for label in logs]
     if handles:
         axes.flat[0].legend(handles=handles, fontsize=8)

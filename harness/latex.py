@@ -484,7 +484,7 @@ def as_number(s: str) -> Fraction | None:
     return None
 
 
-# ---- equations, inequalities and long decimals (issue 15) ----
+# ---- equations, inequalities and long decimals ----
 
 def _points(names: list[str]):
     """The test points of the identity tests: each symbol gets its own value (base points shifted by index)."""

@@ -1,6 +1,6 @@
 """toy.py — the CPU toy world: SCOPE's loop with stand-ins small enough to run on a laptop.
 
-What it implements (DESIGN.md "The toy world"):
+What it implements (the world is described, with its measured statistics, in docs/results.md):
 - a task generator of multi-step arithmetic. Question: "Start at 7, add 5, times 3, minus 4, add 9."
   Solution: one step per operation, "So 7 + 5 = 12.", "So 12 * 3 = 36.", ..., then "\\boxed{41}", steps
   separated by a blank line ("\\n\\n") like real solutions, so `prm.split_steps` cuts them as it cuts real
@@ -18,8 +18,8 @@ What it implements (DESIGN.md "The toy world"):
   steps from any prefix.
 
 Paper: Ren et al., "Recycling Failures: Salvaging Exploration in RLVR via Fine-Grained Off-Policy Guidance"
-(arXiv 2602.24110). The toy world is ours, not the paper's: it exists because no real weights or GPU are
-reachable while building this and students often lack a GPU.
+(arXiv 2602.24110). The toy world is ours, not the paper's: it runs the whole loop on a CPU, for the tests
+and for students without a GPU.
 
 Run: `python scope.py --toy` uses it; `python -m harness.toy` prints a sample problem, its solution and a warm
 start cache path (training one if needed).
@@ -43,13 +43,13 @@ Choices and departures (numbered):
 4. Injected slips: the result of step k is off by one of +-1, +-2, +-10 (kept >= 0); later steps continue
    consistently from the wrong value. A solution of n operations carries a slip with probability
    1 - (1 - step_error_rate)^n (q = 0.4), at step k drawn with weight (k + 1) ** `lateness` over the
-   operation steps; the "\\boxed{}" copy only with `slip_boxed` (issue 7's world put slips on the copy: 71 %
-   of SCOPE's picks were copy errors there, which GRPO fixes alone). Why lateness 2 (v3) and not 0 (uniform
-   slips, v2): the sampled policy adds its own arithmetic errors, mostly early in the chain, so uniform
-   slips gave FRONT-loaded first errors (6 operations: 293 / 238 / 150 / 90 / 53 / 38 at steps 0-5); with
-   slips drawn late the sampled first errors come out roughly uniform. The SFT result varies a lot with the
-   settings: with lateness 1.0 or 1.5, or with 1200 instead of 2000 steps, the same recipe gave weaker
-   policies (13-25 % accuracy) whose errors were front-loaded again (README, "Results (toy world)").
+   operation steps; the "\\boxed{}" copy only with `slip_boxed` (slips on the copy make most of SCOPE's
+   picks copy errors, which GRPO fixes alone). Why lateness 2 and not 0 (uniform slips): the sampled policy
+   adds its own arithmetic errors, mostly early in the chain, so uniform slips give FRONT-loaded first
+   errors (6 operations: 293 / 238 / 150 / 90 / 53 / 38 at steps 0-5); with slips drawn late the sampled
+   first errors come out roughly uniform. The SFT result varies a lot with the settings: with lateness 1.0
+   or 1.5, or with 1200 instead of 2000 steps, the same recipe gives weaker policies (13-25 % accuracy)
+   whose errors are front-loaded again (docs/results.md).
 5. Values of the correct chain stay in 0..`max_value`; operations whose result would leave that range are
    not drawn. Wrong chains may leave it (they are written as they are).
 6. SFT trains on freshly drawn problems each step (no fixed train set), from a seed stream different from the
@@ -59,9 +59,8 @@ Choices and departures (numbered):
    (the Qwen PRM step separator, so PRM-style code runs) and "<unk>" (a character outside the task maps to it
    instead of raising). No chat template, so `generate.format_prompt` uses the plain layout
    "Question: {q}\\nSolution:\\n".
-8. Defaults (world v3, issue 11): 1-6 operations, values 0..30, operands 1..9, multiplier 2; a 2-layer,
-   128-wide Qwen2 (0.30 M parameters); 2000 SFT steps of 32 at lr 3e-3, step_error_rate 0.4, lateness 2
-   (world v3). Sampling at temperature 1.0 reproduces the slips. The SFT problems
+8. Defaults: 1-6 operations, values 0..30, operands 1..9, multiplier 2; a 2-layer, 128-wide Qwen2
+   (0.30 M parameters); 2000 SFT steps of 32 at lr 3e-3, step_error_rate 0.4, lateness 2. Sampling at temperature 1.0 reproduces the slips. The SFT problems
    (SFT_TASK) are part of the warm start's cache key, the RL problems (TASK_DEFAULTS) are not.
 9. The model refiner (REFINER_DEFAULTS): 200 more SFT steps from the warm start at lr 1e-3 on clean
    solutions (step_error_rate 0), another problem stream; same tokenizer, so the splice is exact.

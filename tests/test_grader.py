@@ -1,4 +1,4 @@
-"""Tests of grader.py and latex.py: extract_answer and the safe grader (issues 2, 14, 15).
+"""Tests of grader.py and latex.py: extract_answer and the safe grader.
 
 Each case is (model's final answer, gold, expected verdict); the model's answer is wrapped in a short
 response with a \\boxed{} so that extraction runs too. Cases are grouped by the rule they exercise."""
@@ -290,7 +290,7 @@ FORBIDDEN_METHODS = {"sympify", "parse_expr", "parse_latex", "S", "lambdify", "e
 
 @pytest.mark.parametrize("path", GRADER_FILES, ids=lambda p: p.name)
 def test_grader_files_never_call_eval_or_sympy_parsers(path):
-    """The safety rule of issue 2: no eval/exec/sympify/parse_expr/parse_latex/lambdify anywhere in
+    """The safety rule: no eval/exec/sympify/parse_expr/parse_latex/lambdify anywhere in
     grader.py, latex.py, eval.py or problems.py (a torch `model.eval()` is a method of a model object and is
     allowed)."""
     tree = ast.parse(path.read_text())

@@ -1,4 +1,4 @@
-"""Tests of grader.py's NuminaMath / OpenR1 conventions (issue 15): one test per kind of answer, each with
+"""Tests of grader.py's NuminaMath / OpenR1 conventions: one test per kind of answer, each with
 equal pairs and near misses that must stay wrong, plus the deliberate non-equalities, the two debatable
 choices and adversarial inputs for every new path. All examples are our own.
 
@@ -97,7 +97,7 @@ LONG_DECIMALS = [  # N8: >= 12 significant digits compare by the digits they sho
     ("0.1428571", "\\frac17", False), ("0.142857142857143", "\\frac{1}{6}", False),
     ("1.7320508075688772", "\\sqrt{2}", False),
 ]
-DELIBERATE = [  # kept on purpose (issue 15, item 2)
+DELIBERATE = [  # non-equalities kept on purpose
     ("0.33", "\\frac{1}{3}", False), ("0.3333333333", "\\frac13", False), ("0.666667", "\\frac23", False),
     ("(3, 1)", "(1, 3)", False), ("(1, 3]", "(1, 3)", False), ("\\{3, 1\\}", "\\{1, 3\\}", True),
     ("2,345,678", "2345678", True), ("12,34", "1234", False), ("1,2345", "12345", False), ("123,456", "123456", True),

@@ -465,10 +465,10 @@ def test_update_kl_from_ref_model():
 @pytest.mark.parametrize("dtype,tol", [(torch.float64, dict(rtol=1e-9, atol=1e-12)),
                                        (torch.float32, dict(rtol=1e-4, atol=1e-6))])
 def test_update_without_old_logp_gives_the_separate_pass_gradient(dtype, tol):
-    """Issue 12: with one optimizer step per rollout batch, `update` without old_logp uses its own
+    """With one optimizer step per rollout batch, `update` without old_logp uses its own
     log-probs, detached, as old log-probs (rho = 1 exactly). The parameter change after one SGD step
     (lr = 1, so it is minus the gradient) must equal the change with old_logp from a separate no-grad
-    forward, as scope.py computed it before; both aggregations, KL and entropy on, two micro-batch sizes.
+    forward (`token_logprobs`); both aggregations, KL and entropy on, two micro-batch sizes.
     The logged entropy over policy-written tokens must equal that pass's masked mean."""
     tok = make_char_tokenizer()
     model = make_tiny_causal_lm(tok).to(dtype)

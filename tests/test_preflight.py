@@ -3,7 +3,7 @@ model loads, and leaves no run folder; the memory plan's numbers; the data check
 
 In-process tests call scope.main(scope.parse_args([...])) in an empty working directory (the refusals happen
 before anything is imported or loaded, so they take milliseconds); a few subprocess tests check the real
-entry point (exit code, one line, seconds, no traceback). Issue 13's findings are named in the docstrings.
+entry point (exit code, one line, seconds, no traceback). Each regression test's docstring names the bug it guards.
 """
 import json
 import os
@@ -59,7 +59,7 @@ def refused(argv, tmp_path, monkeypatch, capsys) -> str:
     (["--refiner-timeout", "0"], "--refiner-timeout 0"),
 ])
 def test_bad_flag_values_are_refused_before_anything_loads(flags, culprit, tmp_path, monkeypatch, capsys):
-    """Issue 13, 'Bad values are only rejected deep inside the run' and 'Silently accepted nonsense'."""
+    """Regression: bad values were rejected only deep inside the run, or silently accepted."""
     line = refused(["--toy", *flags], tmp_path, monkeypatch, capsys)
     assert culprit in line, line
 
@@ -79,21 +79,21 @@ def test_args_built_in_code_are_checked_too(tmp_path, monkeypatch, capsys):
 
 
 def test_empty_dataset_is_refused_before_any_model(tmp_path, monkeypatch, capsys):
-    """Issue 13: `--dataset empty.jsonl` ran the whole evaluation, then numpy raised."""
+    """Regression: `--dataset empty.jsonl` ran the whole evaluation, then numpy raised."""
     (tmp_path / "empty.jsonl").write_text("")
     line = refused(["--toy", "--dataset", str(tmp_path / "empty.jsonl")], tmp_path, monkeypatch, capsys)
     assert "--dataset" in line and "empty.jsonl" in line and "no problems" in line
 
 
 def test_empty_eval_dataset_is_refused(tmp_path, monkeypatch, capsys):
-    """Issue 13: an empty --eval-dataset ended in a traceback."""
+    """Regression: an empty --eval-dataset ended in a traceback."""
     (tmp_path / "empty.jsonl").write_text("\n")
     line = refused(["--toy", "--eval-dataset", str(tmp_path / "empty.jsonl")], tmp_path, monkeypatch, capsys)
     assert "--eval-dataset" in line and "no problems" in line
 
 
 def test_ordinary_questions_with_toy_are_refused(tmp_path, monkeypatch, capsys):
-    """Issue 13: ordinary questions with --toy → `ValueError: not a toy question` from the toy PRM mid-run."""
+    """Regression: ordinary questions with --toy → `ValueError: not a toy question` from the toy PRM mid-run."""
     data = tmp_path / "math.jsonl"
     data.write_text(json.dumps({"question": "What is 1+1?", "answer": "2"}) + "\n")
     line = refused(["--toy", "--dataset", str(data)], tmp_path, monkeypatch, capsys)
@@ -101,7 +101,7 @@ def test_ordinary_questions_with_toy_are_refused(tmp_path, monkeypatch, capsys):
 
 
 def test_no_gpu_is_refused_before_the_data(tmp_path, monkeypatch, capsys):
-    """Issue 13: the data loaded before the GPU check. A data set that cannot load must not be reached."""
+    """Regression: the data loaded before the GPU check. A data set that cannot load must not be reached."""
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
@@ -116,7 +116,7 @@ def test_missing_local_model_path_is_named(tmp_path, monkeypatch, capsys):
 
 
 def test_resume_problems_are_one_line(tmp_path, monkeypatch, capsys):
-    """Issue 13: `--resume` of a missing folder → FileNotFoundError; of an empty one → the same; of a folder with
+    """Regression: `--resume` of a missing folder → FileNotFoundError; of an empty one → the same; of a folder with
     a foreign config → `TypeError: Args.__init__() got an unexpected keyword argument`."""
     monkeypatch.chdir(tmp_path)
     (tmp_path / "empty").mkdir()
@@ -217,7 +217,7 @@ def test_rejected_flag_from_the_command_line_is_fast(tmp_path):
 
 
 def test_eval_report_goes_next_to_the_evaluated_run(tmp_path):
-    """Issue 13: `eval.py --model runs/X/checkpoint` wrote eval_checkpoint.json into the working directory, so
+    """Regression: `eval.py --model runs/X/checkpoint` wrote eval_checkpoint.json into the working directory, so
     every run's evaluation overwrote the same file."""
     from eval import report_path
 
@@ -231,7 +231,7 @@ def test_eval_report_goes_next_to_the_evaluated_run(tmp_path):
 
 
 def test_gitignore_has_no_mangled_lines():
-    """Issue 13: .gitignore had its comment block pasted three times and `.pytest_# toy warm…` entries."""
+    """Regression: .gitignore had its comment block pasted three times and `.pytest_# toy warm…` entries."""
     with open(os.path.join(ROOT, ".gitignore")) as f:
         lines = [line.rstrip("\n") for line in f if line.strip()]
     assert all(line.startswith("#") or "#" not in line for line in lines), lines

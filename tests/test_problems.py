@@ -1,4 +1,4 @@
-"""Tests of problems.py: load_problems, BENCHMARKS, the row checks and error rules (issues 2, 13, 14).
+"""Tests of problems.py: load_problems, BENCHMARKS, the row checks and error rules.
 
 Nothing is downloaded: local files are written to tmp_path, and the Hugging Face path runs against a fake
 `datasets.load_dataset` installed with monkeypatch."""
@@ -76,7 +76,7 @@ def test_invalid_json_line_names_file_and_line(tmp_path):
 
 
 def test_load_problems_names_file_and_line_of_non_utf8(tmp_path):
-    """Issue 13: a non-UTF-8 data file's error had no line number."""
+    """Regression: a non-UTF-8 data file's error had no line number."""
     path = tmp_path / "latin1.jsonl"
     path.write_bytes(json.dumps({"question": "ok?", "answer": "1"}).encode() + b"\n"
                      + b'{"question": "caf\xe9?", "answer": "2"}\n')
@@ -91,7 +91,7 @@ def test_load_problems_names_file_and_line_of_non_utf8(tmp_path):
 
 
 def test_skip_bad_skips_invalid_json_lines(tmp_path):
-    """Issue 13: `load_problems(..., skip_bad=True)` still raised on an invalid-JSON line."""
+    """Regression: `load_problems(..., skip_bad=True)` still raised on an invalid-JSON line."""
     path = tmp_path / "p.jsonl"
     path.write_text('{"question": "a", "answer": "1"}\n{"question": "b", "ans\n{"question": "c", "answer": "3"}\n')
     with pytest.raises(ValueError, match=r"p\.jsonl: line 2: invalid JSON"):

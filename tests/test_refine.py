@@ -284,7 +284,7 @@ def test_rectify_end_to_end_with_hf_refiner(policy_tok, bpe_tokenizer, tiny_caus
 
 
 def test_truncated_refiner_text_gets_no_eos_and_is_judged_truncated(bpe_tokenizer, char_tokenizer):
-    """Regression (issue 13): `Refiner.continue_from` returned text only, so whether the refiner finished was
+    """Regression: `Refiner.continue_from` returned text only, so whether the refiner finished was
     lost; a refiner text cut at its budget that re-tokenises SHORTER than the budget in the policy's tokens
     (here the refiner is char-level, the policy BPE) got an EOS appended and was accepted as a finished
     solution. Now `finished` travels with the text and only a finished refiner text gets the EOS."""

@@ -1,4 +1,4 @@
-"""Runs that never lose work (runs.py, harness/wiring.py:open_run) and the training-path fixes of issue 13.
+"""Runs that never lose work (runs.py, harness/wiring.py:open_run) and regression tests of the training path.
 
 - unit tests of the checkpoint swap, its recovery, the lock and the JSONL reader, on fake models (no torch
   model is saved: save_pretrained writes one file), each kill window simulated by the state it leaves;
@@ -62,7 +62,7 @@ def test_save_swaps_without_leftovers(tmp_path):
 
 
 def test_kill_after_old_checkpoint_removed_recovers_the_tmp_one(tmp_path):
-    """Issue 13: a kill after `rmtree(checkpoint)` and before `os.replace(tmp, checkpoint)` left no checkpoint/
+    """Regression: a kill after `rmtree(checkpoint)` and before `os.replace(tmp, checkpoint)` left no checkpoint/
     but a complete checkpoint.tmp/; `--resume` then restarted from step 1, truncated the logs and deleted
     checkpoint.tmp (20 steps lost). The state that kill leaves: only a complete checkpoint.tmp."""
     save(tmp_path, 20)
@@ -113,7 +113,7 @@ def test_a_torn_state_file_is_not_a_checkpoint(tmp_path):
 
 # ------------------------------------------------------------------------------------------------ lock
 def test_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path, capsys):
-    """Issue 13: two runs with the same --run-name at once both ran and interleaved their JSONL lines."""
+    """Regression: two runs with the same --run-name at once both ran and interleaved their JSONL lines."""
     path = runs.acquire_lock(str(tmp_path))
     with pytest.raises(SystemExit) as exc:    # this process is alive: a second taker stops at once
         runs.acquire_lock(str(tmp_path))
@@ -133,7 +133,7 @@ def test_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path, capsys):
 
 # ------------------------------------------------------------------------------------------------ logs
 def test_torn_last_jsonl_line_is_dropped_with_a_warning(tmp_path, capsys):
-    """Issue 13: a torn last line (a kill mid-write) made `--resume` die with JSONDecodeError in truncate_jsonl."""
+    """Regression: a torn last line (a kill mid-write) made `--resume` die with JSONDecodeError in truncate_jsonl."""
     path = tmp_path / "metrics.jsonl"
     path.write_text("".join(json.dumps({"step": s, "loss": 0.1 * s}) + "\n" for s in range(1, 5)) + '{"step": 5, "lo')
     runs.truncate_jsonl(str(path), 3)
@@ -169,7 +169,7 @@ def run_copy(finished_run, tmp_path):
 
 
 def test_second_run_under_the_same_name_is_refused(run_copy):
-    """Issue 13: `python scope.py --toy --toy-prm-noise 0.2` after `python scope.py --toy` reopened
+    """Regression: `python scope.py --toy --toy-prm-noise 0.2` after `python scope.py --toy` reopened
     runs/scope-toy-s0 with "w": metrics, traces and checkpoint replaced without a word."""
     cwd, flags = run_copy
     before = (cwd / "runs" / "r" / "metrics.jsonl").read_text()
@@ -185,7 +185,7 @@ def test_second_run_under_the_same_name_is_refused(run_copy):
 
 
 def test_resume_after_a_kill_mid_save_and_a_torn_log_line(run_copy):
-    """Issue 13: the checkpoint kill window (only checkpoint.tmp left) and a torn last JSONL line both lost work
+    """Regression: the checkpoint kill window (only checkpoint.tmp left) and a torn last JSONL line both lost work
     or crashed the resume; now the resume continues from step 2 and keeps steps 1-2 of the logs."""
     cwd, _ = run_copy
     run = cwd / "runs" / "r"
@@ -204,7 +204,7 @@ def test_resume_after_a_kill_mid_save_and_a_torn_log_line(run_copy):
 
 
 def test_resume_below_the_checkpoint_step_is_refused(run_copy):
-    """Issue 13: `--resume RUN --steps 5` on a run at step 30 said "done" and rewrote config.json to steps 5."""
+    """Regression: `--resume RUN --steps 5` on a run at step 30 said "done" and rewrote config.json to steps 5."""
     cwd, _ = run_copy
     config = (cwd / "runs" / "r" / "config.json").read_text()
     proc = run_scope(["--resume", "runs/r", "--steps", "1"], cwd, check=False)
@@ -213,7 +213,7 @@ def test_resume_below_the_checkpoint_step_is_refused(run_copy):
 
 
 def test_folder_without_checkpoint_is_resumed_only_on_purpose(run_copy):
-    """Issue 13: a run folder with a config but no checkpoint (a crash before the first save) was silently
+    """Regression: a run folder with a config but no checkpoint (a crash before the first save) was silently
     restarted from step 1, wiping its logs."""
     cwd, _ = run_copy
     run = cwd / "runs" / "r"
@@ -227,7 +227,7 @@ def test_folder_without_checkpoint_is_resumed_only_on_purpose(run_copy):
 
 
 def test_second_process_on_a_live_run_stops_at_once(run_copy):
-    """Issue 13: two runs on one folder at once interleaved their logs and overwrote each other's checkpoint."""
+    """Regression: two runs on one folder at once interleaved their logs and overwrote each other's checkpoint."""
     cwd, _ = run_copy
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
@@ -244,7 +244,7 @@ def test_second_process_on_a_live_run_stops_at_once(run_copy):
 
 # ------------------------------------------------------------------------------------------------ training path
 def test_empty_failed_response_keeps_nothing():
-    """Issue 13: an empty failed response (split_steps → no steps, cut 0) got prefix_len = len(response_ids): a
+    """Regression: an empty failed response (split_steps → no steps, cut 0) got prefix_len = len(response_ids): a
     bare EOS was kept as the "prefix", trained on-policy with positive advantage, the refiner's tokens followed
     an EOS, and keep_ratio_tokens logged 1.0."""
     from refine import Trajectory
@@ -267,7 +267,7 @@ def test_empty_failed_response_keeps_nothing():
 
 
 def test_pad_id_falls_back_to_eos():
-    """Issue 13: scope.py passed tokenizer.pad_token_id to build_batch unguarded; a tokenizer without a pad token
+    """Regression: scope.py passed tokenizer.pad_token_id to build_batch unguarded; a tokenizer without a pad token
     (Llama/Mistral style) crashed the update (`full(): ... must be Number, not NoneType`)."""
     from types import SimpleNamespace
 

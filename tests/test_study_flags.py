@@ -1,4 +1,4 @@
-"""Tests of issue 11's switches: --rectify-groups, --offpolicy-credit, the toy model refiner, and the study's
+"""Tests of the study's switches: --rectify-groups, --offpolicy-credit, the toy model refiner, and the study's
 statistics. The scope.py runs are in-process toy runs of 2-3 steps on the shipped warm start (cache/)."""
 import json
 import math
@@ -46,7 +46,7 @@ def test_unit_credit_rejects_unknown_value():
                          offpolicy_credit="units")
 
 
-# ---------------------------------------------------------------- toy world v2 pieces
+# ---------------------------------------------------------------- toy world pieces
 
 def test_slip_probability_and_uniform_positions():
     assert toy.slip_probability(1, 0.3) == pytest.approx(0.3)
@@ -165,7 +165,7 @@ def test_paired_difference_matches_seeds():
     assert d["n"] == 2 and d["mean"] == pytest.approx((-0.1 + 0.1) / 2)
 
 
-def test_study_plan_has_the_issue_rows():
+def test_study_plan_has_every_row():
     """Stage 1: 7 grid rows x seeds (+ 2 warm-start evals); stage 2 from the ranking: best + unit credit /
     model refiner / PRM noise 0.2, long runs of grpo and best (4x steps, long seeds), weak start rows."""
     from tools.experiment import GRID, parse_args, plan_grid, plan_stage2, scope_command

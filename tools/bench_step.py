@@ -36,8 +36,8 @@ def main(argv=None):
     ap.add_argument("--micro-batch-size", type=int, default=64)
     ap.add_argument("--lr", type=float, default=1e-4)
     ap.add_argument("--old-logp-pass", action="store_true",
-                    help="also time our step with the separate no-grad old-log-prob forward it ran before "
-                         "issue 12 (same model; the two variants alternate their order every step)")
+                    help="also time our step with a separate no-grad old-log-prob forward "
+                         "(same model; the two variants alternate their order every step)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

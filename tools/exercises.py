@@ -64,7 +64,7 @@ SCOPE_RUNS = ("tests/test_scope.py::test_each_mode_runs_two_toy_steps",
               "tests/test_dist.py::test_torchrun_toy_run_and_resume_match_one_process")
 # the torchrun gradient check runs build_batch, the log-probs, policy_loss and update, no other exercise
 DIST_GRADIENTS = ("tests/test_dist.py::test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient",)
-# the issue-13 regression of an empty failed response runs scope.locate_first_errors: split_steps, cut_point, keep_ratio
+# the regression test of an empty failed response runs scope.locate_first_errors: split_steps, cut_point, keep_ratio
 # and step_token_spans
 FIRST_ERRORS = ("tests/test_runs.py::test_empty_failed_response_keeps_nothing",)
 

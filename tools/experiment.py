@@ -1,6 +1,6 @@
-"""experiment.py — the toy-world study (issue 11): where does step-wise rectification help?
+"""tools/experiment.py — the toy-world study: where does step-wise rectification help?
 
-What it runs, all from the same SFT-warm-started toy policy (toy.warm_start, shipped under cache/) with the
+What it runs, all from the same SFT-warm-started toy policy (harness/toy.py:warm_start, shipped under cache/) with the
 same budget (steps, 8 prompts x 8 rollouts, lr) and one `python scope.py --toy` process per (row, seed):
   stage 1, the grid (--seeds, >= 5):  grpo; SCOPE with each of --rectify-groups {any, all-fail} x
       --merge {replace, append}; whole-trajectory replacement (--mode replace); PRM as reward.
@@ -41,7 +41,7 @@ Choices:
  3. 95 % interval of a paired difference: mean +- t_{0.975, n-1} * sd / sqrt(n) over the n seeds.
  4. Workers: --jobs processes (default 2 = the two cores), each training one run with one torch thread and
     then evaluating it; the longest jobs are submitted first so the two cores finish together.
- 5. Budget (issue 11 asks <= 90 min): with two jobs on the 2-core machine a 20-step run costs about a minute
+ 5. Budget (at most 90 min): with two jobs on the 2-core machine a 20-step run costs about a minute
     of training (with its in-training evals) and half a minute of final eval; the model refiner costs ~1.5x.
     The defaults are sized to stay under 90 min (measured: 51.9 min for the whole study on the quiet 2-core
     machine); the wall time is printed and written to study.json.
@@ -53,7 +53,7 @@ Choices:
     training and evaluation problems, and --weak-start for the policy (default {"lateness": 1.5}: the same
     SFT with slips drawn less late, which trained to a much weaker policy, 16 % accuracy on the ladder and
     about two thirds of 6-operation groups all-fail; {} = the main warm start, whose 6-operation groups are
-    only ~28 % all-fail; an earlier stop of the same SFT, {"sft_steps": 400}, was tried and fails nearly
+    only ~28 % all-fail; an earlier stop of the same SFT, {"sft_steps": 400}, fails nearly
     everything at step 0, so a repair would keep no prefix).
 """
 import argparse
@@ -472,7 +472,7 @@ def write_results(results: list[dict], args, ranked: list[str] | None, wall_minu
     os.makedirs(args.out, exist_ok=True)
     command = shlex.join(["python", "-m", "tools.experiment", *(sys.argv[1:] if __name__ == "__main__" else [])])
     keys = [k for k, _ in COLS]
-    md = ["# Toy world study (issue 11): SCOPE vs GRPO\n",
+    md = ["# Toy world study: SCOPE vs GRPO\n",
           f"Command: `{command}`  \nWall time: {wall_minutes:.1f} min ({args.jobs} jobs at once).  \n"
           f"Training: {args.steps} steps of `scope.py --toy` (8 prompts x 8 rollouts){' + ' + ' '.join(args.passthrough) if args.passthrough else ''}; "
           f"long runs x{args.long_factor}; weak start on task {args.weak_task}. Final eval on {args.eval_size} held-out "
