@@ -1,8 +1,9 @@
 """eval.py — the paper's evaluation: metrics, `evaluate`, the command line, training curves and traces.
 
 What it implements (SCOPE, Ren et al. 2026, arXiv 2602.24110):
-  The verifier is harness/grader.py (`grade`); the benchmarks (Table 1: AIME24, AIME25, AMC, MATH-500,
-  Minerva, OlympiadBench; out of domain: ARC-c, GPQA-diamond, MMLU-Pro) are harness/problems.py's.
+  The verifier is harness/grader.py (`grade`; its conventions: docs/grader.md); the benchmarks (Table 1:
+  AIME24, AIME25, AMC, MATH-500, Minerva, OlympiadBench; out of domain: ARC-c, GPQA-diamond, MMLU-Pro) are
+  harness/problems.py's.
   1. Metrics, as pure functions: unbiased pass@k (Chen et al. 2021); the Table-4 diversity metrics
      distinct-1/4, self-BLEU, self-ROUGE-L and div-score; Near-miss@k (r = 0) (Fig. 7); the share of
      discarded valid trajectories (Fig. 3); median with p10/p90 across prompts (Table 4).
@@ -19,22 +20,10 @@ How to run:
   python eval.py --trace runs/scope-toy-s0 --step 40 --html trace.html
   python eval.py --grader-bench
 
-Departures and choices (the grader's own list is in grader.py, the loader's in problems.py):
-  1. avg@n is the mean over problems of c/n with n samples at T = 0.6, top-p 1.0 (the LUFFY harness);
-     LUFFY's rows duplicate AIME/AMC 32 times instead, which is avg@32 with n = 32 here.
-  2. pass@k is reported for k = 1, 2, 4, ... up to n and for n, from the same n samples.
-  3. All diversity metrics tokenise responses by whitespace; the paper does not say which tokens it uses.
-  4. Self-BLEU is BLEU-4 of each sample against the other samples of its prompt, smoothed with Chen &
-     Cherry's method 1 (ε = 0.1, as NLTK/Texygen); self-ROUGE-L is the mean ROUGE-L F1 over all pairs.
-  5. div-score = mean(distinct-1, distinct-4, 1 − self-BLEU, 1 − self-ROUGE-L): our reading of the
-     paper, which names the score without a definition we could read.
-  6. Near-miss@k (r = 0) takes K = the cut point of prm.cut_point (a wrong answer with no flagged step
-     counts its last step as the error); "discarded valid" means a zero-reward sample with keep ratio
-     K / N ≥ 0.5. Both are our definitions of quantities the paper plots.
-  7. Multiple-choice questions are asked with lettered options and graded on the boxed letter
-     (problems.py builds the prompt).
-  8. Samples come from the training backends (vLLM when importable with CUDA, else HF generate), with
-     generate.format_prompt: the model's chat template and the \\boxed{} instruction.
+The metric definitions are written out in docs/metrics.md; the choices the paper leaves open (avg@n at
+T = 0.6, whitespace tokens, div-score, near-miss and discarded valid) are rows "metrics" of docs/choices.md.
+Multiple-choice questions are asked with lettered options and graded on the boxed letter; samples come from
+the training backends (harness/generate.py) with the model's chat template and the \\boxed{} instruction.
 """
 # ==== imports ====
 import argparse

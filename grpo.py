@@ -9,8 +9,8 @@ tensor code: no text, no PRM, no vLLM; the only model calls are the forward pass
 Run the tests: `python -m pytest tests/test_grpo.py -q`. scope.py calls, once per training step,
 `group_advantages` → `build_batch` → `update`. Each term of the loss is its own public function
 (`logprobs_and_entropy`, `entropy_from_logprobs`, `clipped_surrogate`, `shaped_offpolicy_loss`,
-`k3_kl`, `loss_normaliser`), composed by `policy_loss`, which `update` calls per micro-batch; the `# BEGIN SOLUTION` /
-`# END SOLUTION` comments mark what `exercises.py` turns into student exercises.
+`k3_kl`, `loss_normaliser`), composed by `policy_loss`, which `update` calls per micro-batch; the
+`# BEGIN SOLUTION` / `# END SOLUTION` comments mark what `tools/exercises.py` turns into student exercises.
 
 Conventions. Every per-token tensor is (N, L) over the whole right-padded prompt + response sequence.
 `logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t])`; position 0 (nothing predicts it) and every
@@ -43,35 +43,11 @@ References:
   Dr. GRPO  "Understanding R1-Zero-Like Training: A Critical Perspective", Liu et al., arXiv 2503.20783;
   PPO    Schulman et al., arXiv 1707.06347;  k3 KL estimator: joschu.net/blog/kl-approx.html.
 
-Choices (each is a keyword argument, so a flag in scope.py):
- 1. No std in the advantage (`scale_std=False`): Dr. GRPO shows that dividing by the group std
-    over-weights groups that are almost all right or all wrong (a difficulty bias); LUFFY's released
-    script also runs with `grpo_use_std=False`.
- 2. Constant normaliser Z = N × max_new_tokens (`loss_agg="constant"`): Dr. GRPO's fix for the length
-    bias of per-sequence means; it is also LUFFY's `loss_remove_token_mean=True`. `"token-mean"` divides
-    by the number of response tokens instead. Either way Z is computed over the WHOLE batch, so
-    gradient accumulation over micro-batches gives exactly the full-batch gradient.
- 3. γ = 0.1: LUFFY's setting (`off_policy_reshape="p_div_p_0.1"`).
- 4. ε = 0.2 PPO clipping on on-policy tokens, although LUFFY's released training script drops clipping
-    (`loss_remove_clip=True`). It is the conservative default: when old_logp is recomputed by the same
-    weights just before a single optimizer step, ρ = 1 and the clip is inert, so it costs nothing there;
-    it only acts once several optimizer steps are taken on one rollout batch, which is exactly when it
-    keeps the policy's own prefix tokens from being pushed too far. One flag away:
-    `clip_eps=float("inf")` gives LUFFY's unclipped ratio. Off-policy tokens are never clipped (as in
-    LUFFY): their ratio has no old probability to be near.
- 5. The behaviour probability of a refiner token is taken as 1 (LUFFY never queries the teacher's
-    probabilities), so `old_logp` is not used on off-policy tokens.
- 6. KL off (`kl_coef=0`): LUFFY and Dr. GRPO train without a KL term; k3 is there for ablations.
-    Entropy bonus off by default here (`entropy_coef=0`; LUFFY uses 0.001): scope.py passes its value.
- 7. A step whose loss or gradient norm is not finite is skipped: gradients are zeroed, the optimizer
-    does not step, parameters stay bit-identical, and `metrics["skipped"] = 1`.
- 8. No separate old-log-prob forward pass: scope.py takes one optimizer step per rollout batch, so
-    π_old = π_θ at the update and `update` uses its own log-probs, detached, as old log-probs (ρ = 1
-    exactly, the gradient of a separate no-grad pass to float tolerance, as TRL does). Pass
-    `batch["old_logp"]` from `token_logprobs` for several optimizer steps on one batch.
- 9. Log-probs and entropies are computed in float32 (bf16/fp16 logits are upcast), one micro-batch at a
-    time, with the trailing all-padding columns trimmed, so the (N, L, V) logits of the whole batch
-    never exist.
+Choices (each is a keyword argument, so a flag in scope.py): no std in the advantage, the Dr. GRPO
+constant normaliser over the whole batch, γ = 0.1, ε = 0.2, behaviour probability 1 on refiner tokens, no
+KL or entropy bonus, a non-finite step skipped, no separate old-log-prob pass, float32 log-probs one
+micro-batch at a time. Each is explained once, with its reason, in docs/choices.md (rows "6 advantages"
+and "7 update").
 """
 import contextlib
 import math

@@ -20,34 +20,17 @@ tests/test_prm.py -q`. A quick look at a real PRM (GPU, weights in the HF cache)
 `python -c "import prm; print(prm.ProcessRewardModel('Qwen/Qwen2.5-Math-PRM-7B', 'cuda', 'bfloat16')
 .score('1+1?', ['1+1 = 3.', 'So the answer is \\\\boxed{3}.']))"`.
 
-Departures and choices (the paper's method section is not public; each choice is ours):
-1. Steps are paragraphs (blank-line separated, the Qwen PRM card's "\\n\\n" convention); a text with no
-   blank line falls back to lines. Pieces with fewer than `min_chars` non-space characters merge into the
-   next piece (the last one into the previous), and at most `max_steps` steps are made (the tail merges
-   into the last). The research notes suggest merging up to ~64 tokens per step for long R1-style traces;
-   we keep the card's granularity by default and expose the knobs.
-2. Each separator belongs to the step *before* it, so the prefix before step k ends with a blank line and
-   the refiner starts a fresh paragraph.
-3. A token that straddles a step boundary belongs to the *later* step: the kept prefix never contains
-   text of a step that was not verified.
-4. Steps are `.strip()`-ed before they go to the PRM (the "\\n\\n" separators are replaced by `<extra_0>`,
-   as in the card) and any literal `<extra_0>` text inside a step or the question is removed, and step
-   text is tokenised with special-token parsing off, so a policy that writes separator text cannot move
-   the positions that are read.
-5. Inputs longer than `max_length` tokens are not truncated: the steps whose separator fits are scored,
-   the rest come back as `None` ("unscored", which the caller treats as not verified).
-6. `first_error` stops at the first unscored step (later scores cannot be trusted to come after a verified
-   prefix); `cut_point` then cuts at that unscored step; with no error and everything scored the last
-   step is cut (the final answer is wrong, so the last step is presumed wrong).
-7. Candidate selection: the largest keep ratio κ = cut / #steps; ties go to the higher mean PRM score over
-   the kept prefix, then to the shorter rollout, then to the earlier index.
-8. The PRM runs in the trainer's process: our own module (transformers' Qwen2Model + the 2-layer score head,
-   the layout vLLM 0.32 loads as `Qwen2ForProcessRewardModel`), not the hub's remote code (which does not run
-   on transformers 5 and is code we would have to trust) and not a served vLLM pooling model
-   (`vllm serve --runner pooling`, POST /pooling). The trainer already owns the GPU, vLLM allows one engine
-   per process, and a second server would need its own memory share and start-up for what is one forward
-   pass over a few failed rollouts per step. The head runs in float32, as vLLM's pooling runner does by
-   default; tests/test_vllm.py checks our step probabilities against vLLM's own implementation.
+The paper's method section is not public, so the step unit, where separators and straddling tokens go,
+the PRM input format, unscored steps, the cut and the choice of the failure to repair are ours; each is
+one row of docs/choices.md (rows "3 PRM" and "4 select"), with its reason.
+
+The PRM runs in the trainer's process: our own module (transformers' Qwen2Model + the 2-layer score head,
+the layout vLLM 0.32 loads as `Qwen2ForProcessRewardModel`), not the hub's remote code (which does not run
+on transformers 5 and is code we would have to trust) and not a served vLLM pooling model
+(`vllm serve --runner pooling`, POST /pooling). The trainer already owns the GPU, vLLM allows one engine
+per process, and a second server would need its own memory share and start-up for what is one forward
+pass over a few failed rollouts per step. The head runs in float32, as vLLM's pooling runner does by
+default; tests/test_vllm.py checks our step probabilities against vLLM's own implementation.
 """
 import codecs
 import json
@@ -498,7 +481,7 @@ class ProcessRewardModel:
     def build_input(self, question: str, steps: list[str]) -> tuple[list[int], list[int]]:
         """(input ids, separator positions of the steps that fit in max_length).
 
-        Steps are stripped and cleaned of "<extra_0>" text (module docstring, choice 4). When everything
+        Steps are stripped and cleaned of "<extra_0>" text (docs/choices.md, row "PRM input"). When everything
         fits, the template tail is appended too (it cannot change the scores: the model is causal)."""
         head, tail = self._head_tail(question)
         ids, positions = list(head), []

@@ -12,33 +12,12 @@ off-policy here).
 
 Run: `python -m pytest tests/test_refine.py -q` (tiny random models on CPU).
 
-Choices (the paper leaves these open):
-1. Refiner prompt: the question in the *refiner's* chat template (system "Please reason step by step, and put
-   your final answer within \\boxed{}.", add_generation_prompt), then the kept prefix text as the beginning
-   of the assistant turn, so the refiner simply continues (`--refine-prompt continue`). The `hint` variant
-   adds to the user turn a note that the partial solution stops right before a mistake; it is left out
-   when the prefix is empty (nothing to warn about). Without a chat template the plain
-   "Question: ...\\nSolution:\\n" format of generate.format_prompt is used.
-2. The prefix text given to the refiner is policy_tokenizer.decode(prefix_ids, skip_special_tokens=True):
-   the refiner sees text (its own tokenizer may differ); the policy keeps its original ids, never
-   re-tokenised.
-3. Splice: response = prefix_ids + policy_tokenizer(suffix_text) (+ EOS). The suffix is encoded with special-
-   token parsing off (a refiner text holding "<|im_start|>" cannot forge that id), except that the EOS text
-   itself ends the suffix there (the refiner spelled out its stop). EOS is appended only when the
-   refiner stopped by itself (`Suffix.finished`, carried from the generator's Completion) and it fits in
-   max_new_tokens; a refiner text cut at its token budget, or a suffix cut to fit, gets no EOS (the
-   trajectory is truncated, like a policy sample that hit the limit), even when it re-tokenises shorter
-   than the budget. The mask is 0 on the prefix and 1 on the suffix, the EOS included (the refiner decided
-   to stop there).
-4. Budgets: the suffix gets max_new_tokens - len(prefix) tokens. All picks x attempts go to the generator in
-   ONE call with the largest budget; each suffix is then clipped to its own budget in refiner tokens (the
-   splice enforces the exact budget in policy tokens).
-5. All attempts are graded (the trace records each); the first correct one is accepted with reward 1.0.
-   An empty prefix (mode replace) gives source "replaced", otherwise "rectified". The PRM facts (steps,
-   scores, cut, keep ratios) are copied from the original so the logs can show what was salvaged.
-6. Merge: "replace" (default) puts the repaired trajectory at the original's index (the group keeps G
-   members); "append" inserts it right after the last member of its group. A rejected pick leaves the
-   list holding the very same Trajectory objects (bit-identical ids, masks and rewards).
+The refiner prompt, the prefix given as decoded text, the splice and its EOS, the budgets, the attempts and
+the merge are choices the paper leaves open; each is one row of docs/choices.md (rows "5 rectify"), with
+its reason. `rectify` grades every attempt (the trace records each), accepts the first correct one with
+reward 1.0 (source "rectified", or "replaced" for an empty prefix), and copies the PRM facts (steps, scores,
+cut, keep ratios) from the original so the logs show what was salvaged; a rejected pick leaves the list
+holding the very same Trajectory objects.
 """
 from dataclasses import dataclass
 
@@ -115,7 +94,7 @@ class Refiner:
         prompts = [self.prompt_ids(q, p) for q, p in zip(questions, prefixes)]
         outs = self.generator.generate(prompts, n=n, temperature=self.temperature, top_p=self.top_p,
                                        max_tokens=max(max(budgets), 0), seed=seed)
-        # one call with the largest budget; clip each item to its own budget (choice 4)
+        # one call with the largest budget; clip each item to its own budget
         return [[Suffix(c.text, c.finished) if len(c.ids) <= b
                  else Suffix(self.tokenizer.decode(c.ids[:max(b, 0)], skip_special_tokens=True), False)
                  for c in row] for row, b in zip(outs, budgets)]

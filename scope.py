@@ -12,8 +12,8 @@ One training step:
     log → periodic eval → checkpoint
 
 Run:
-    python scope.py --toy                        # CPU toy world, one command: before/after accuracy (the first
-                                                 # run also trains and caches the toy warm start under cache/)
+    python scope.py --toy                        # CPU toy world, one command: before/after accuracy (the toy
+                                                 # warm start ships in cache/; trained again only when missing)
     python scope.py --toy --mode grpo            # the on-policy baseline in the same world (also: replace, prm-reward)
     python scope.py --model Qwen2.5-1.5B         # the real path on one GPU (vLLM rollouts when installed)
     python scope.py --resume runs/NAME           # continue a run exactly where its last checkpoint left it
@@ -21,33 +21,9 @@ Run:
     python scope.py --help                       # every flag with its default
     torchrun --nproc_per_node 8 scope.py --model Qwen2.5-Math-7B --fsdp   # several GPUs (docs/scaling.md)
 
-Choices this file makes (the paper leaves them open; each one is a flag unless said otherwise):
- 1. `--mode` (paper Table 3): `scope`; `grpo` = no rectification; `replace` = the refiner writes a whole
-    solution from an empty prefix for the same selected failure (every token off-policy, LUFFY-like);
-    `prm-reward` = reward + λ · mean PRM step score, no refinement.
- 2. Rectification is tried in every group with at least one failure (`--rectify-groups any`), or only in
-    groups where every rollout failed (`all-fail`), once per group (the largest keep ratio); `replace`
-    picks the same failure, so the two modes differ only in the kept prefix. Traces record the group's
-    rewards before repair (`group_rewards`, `group_all_fail`); refiner tokens get LUFFY's shaped credit
-    or, with `--offpolicy-credit unit`, −A·log π as if sampled.
- 3. The PRM scores failed rollouts in every mode that loads one (`--prm none` skips it). In `grpo` mode its
-    scores are only logged (near misses, discarded valid trajectories: paper Figs 3 and 7).
- 4. `reward_mean`, `frac_all_fail`, `frac_all_pass` and `response_len` describe the policy's own rollouts
-    (before rectification), so they compare across modes; `reward_merged` is the mean reward of the batch
-    trained on; `entropy` is the mean over that batch's policy-written tokens (refiner tokens left out).
- 5. `near_miss_frac` = near-miss@1 (N − K ≤ 1) and `discarded_valid_frac` = share with κ ≥ 0.5, both
-    over the zero-reward rollouts the PRM scored (eval.near_miss_at_k, eval.discarded_valid_share).
- 6. Every random draw derives from (seed, step): prompt sampling, generation, refinement, the toy PRM's
-    noise. So `--resume` reproduces the metrics of an uninterrupted run exactly (tested on CPU).
- 7. Real path on a GPU: the policy keeps float32 master weights (AdamW at lr 1e-6 would round away in
-    bfloat16) and runs forward passes under bfloat16 autocast; PRM and refiner load in bfloat16.
- 8. Periodic evaluation: `--eval-n` samples (1) per problem at temperature 0.6 (LUFFY harness) on `--eval-dataset`;
-    `python eval.py` does the full protocol (avg@n, pass@k, diversity) on saved checkpoints.
- 9. One checkpoint, `runs/<name>/checkpoint`, replaced every `--save-every` steps and at the end
-    (model, tokenizer, optimizer, RNG states, step) without a moment in which no complete one exists;
-    a run folder is never clobbered and is locked while a run uses it (runs.py).
-10. Before anything loads or is written, the pre-flight (preflight.py) checks every flag, the run folder,
-    the GPU, the network, the data and the memory plan; a refusal is one line and exit code 2.
+Every choice the paper leaves open is a field of `Args` below (its help text is its `--help` line) and one
+row of docs/choices.md, with its reason. The run folder, the pre-flight, checkpoints and resume are
+described in docs/running.md; the logged metrics in docs/metrics.md.
 """
 import argparse
 import time

