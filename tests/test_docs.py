@@ -196,3 +196,15 @@ def test_reading_guide_tests_exist():
             if not re.search(rf"^def {test}\b", read(os.path.join(ROOT, current)), re.MULTILINE):
                 missing.append(f"{current}::{test}")
     assert not missing, "the reading guide cites tests that do not exist: " + ", ".join(missing)
+
+
+def test_every_file_and_name_cited_in_readme_and_docs_exists():
+    """`harness/generate.py:sync_weights` anywhere in README.md or docs/ names a def or class of that file."""
+    missing = []
+    for doc in doc_files():
+        for path, name in re.findall(r"`([\w/]+\.py):(\w+)`", read(doc)):
+            full = os.path.join(ROOT, path)
+            src = read(full) if os.path.isfile(full) else ""
+            if not re.search(rf"^\s*(def|class)\s+{name}\b", src, re.MULTILINE):
+                missing.append(f"{os.path.relpath(doc, ROOT)}: {path}:{name}")
+    assert not missing, "cited names their files do not define:\n" + "\n".join(missing)
