@@ -8,7 +8,7 @@ off-policy here).
 
     refiner = Refiner(HFGenerator(refiner_model, refiner_tok), refiner_tok, prompt_style="continue")
     new_trajs, traces = rectify(trajs, [(index, prefix_len)], refiner, policy_tok,
-                                attempts=2, merge="replace", max_new_tokens=1024, grade_fn=eval.grade)
+                                attempts=2, merge="replace", max_new_tokens=1024, grade_fn=grader.grade)
 
 Run: `python -m pytest tests/test_refine.py -q` (tiny random models on CPU).
 

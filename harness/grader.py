@@ -2,7 +2,7 @@
 
 What it implements: the outcome reward r_i of every rollout (SCOPE, Ren et al. 2026, arXiv 2602.24110,
 step 2 "Verify"; the paper, like LUFFY, uses a math verifier it does not specify) and the regrading of
-rectified trajectories. `grade(response, gold) -> bool`, `extract_answer(text)` (eval.py re-exports both),
+rectified trajectories. `grade(response, gold) -> bool`, `extract_answer(text)`,
 `final_boxes(text)` and `grader_benchmark`.
 The maths it relies on (our LaTeX-subset parser, exact numbers, the numeric identity test) is in latex.py.
 

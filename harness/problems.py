@@ -18,7 +18,6 @@ What it owns (SCOPE, Ren et al. 2026, arXiv 2602.24110):
 How to use:
   from harness.problems import load_problems
   load_problems("math500"); load_problems("my_problems.jsonl", limit=50, skip_bad=True); load_problems("toy")
-  (eval.py re-exports `load_problems` and `BENCHMARKS`.)
 
 Choices the paper leaves open:
   1. Field names come from the BENCHMARKS row, else are auto-detected from _QUESTION_FIELDS /

@@ -12,7 +12,7 @@ TRACE_KEYS = {"group", "question", "answer", "mode", "steps", "scores", "cut", "
 
 
 def boxed_grade(text, gold):
-    """A stand-in for eval.grade: correct iff the text contains \\boxed{gold}."""
+    """A stand-in for harness.grader.grade: correct iff the text contains \\boxed{gold}."""
     return f"\\boxed{{{gold}}}" in text
 
 

@@ -2,7 +2,7 @@
 
 Same model (the toy warm start in cache/, trained once by `python -m harness.toy` or `python scope.py --toy`),
 same batch shape (8 prompts × 8 rollouts, up to 128 new tokens, temperature 1.0, one optimizer step per
-batch, no KL, Dr. GRPO loss, AdamW), same reward (`eval.grade` of the last \\boxed{}), one CPU thread.
+batch, no KL, Dr. GRPO loss, AdamW), same reward (`harness.grader.grade` of the last \\boxed{}), one CPU thread.
 A step is: sample the rollouts, grade them, advantages, one optimizer step. Runs alternate: TRL step k
 then our step k (our step runs inside a TRL callback, between two TRL steps), so slow phases of a
 shared machine hit both; the medians of `--steps` timed steps are printed after `--warmup` untimed ones.
