@@ -225,3 +225,16 @@ def test_every_file_and_name_cited_in_readme_and_docs_exists():
             if not re.search(rf"^\s*(def|class)\s+{name}\b", src, re.MULTILINE):
                 missing.append(f"{os.path.relpath(doc, ROOT)}: {path}:{name}")
     assert not missing, "cited names their files do not define:\n" + "\n".join(missing)
+
+
+def test_every_flag_of_the_choices_table_is_a_field_of_args():
+    """docs/choices.md's flag column names `scope.py` flags only (Args is the one source of truth)."""
+    src = read(os.path.join(ROOT, "scope.py"))
+    fields = set(re.findall(r"^    (\w+): [\w |]+ = arg\(", src, re.MULTILINE))
+    assert len(fields) > 20, "could not read the fields of scope.Args"
+    rows = [line.split("|") for line in read(os.path.join(DOCS, "choices.md")).splitlines()
+            if line.startswith("| ") and not line.startswith("| step")]
+    flags = {f for row in rows if len(row) > 3 for f in re.findall(r"`--([a-z][a-z-]*)`", row[3])}
+    assert len(flags) >= 20, f"the choices table should name the flags; found {sorted(flags)}"
+    unknown = sorted(f for f in flags if f.replace("-", "_") not in fields)
+    assert not unknown, f"docs/choices.md names flags scope.Args does not have: {unknown}"
