@@ -11,7 +11,7 @@ What it implements (SCOPE, Ren et al. 2026, arXiv 2602.24110):
 
 How to run:
   python eval.py --model Qwen/Qwen2.5-Math-1.5B --benchmarks math500,aime24,aime25,amc,minerva,olympiad \\
-      --ood arc-c,gpqa,mmlu-pro --n 8 --temperature 0.6 --max-new-tokens 1024 --out results.json
+      --ood arc-c,gpqa,mmlu-pro --n 8 --temperature 0.6 --max-new-tokens 1024   # report: runs/eval_Qwen_Qwen2.5-Math-1.5B.json
   python eval.py --model runs/NAME/checkpoint --benchmarks toy --n 4      # a toy-world checkpoint
   python eval.py --model ckpt --benchmarks my_problems.jsonl --limit 50    # any local JSONL file
   python eval.py --diversity --model ckpt --benchmarks aime24 --n 10 --temperature 1.0   # Table 4
