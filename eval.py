@@ -1,4 +1,4 @@
-"""eval.py — the paper's evaluation: metrics, `evaluate`, the command line, training curves and traces.
+"""eval.py — the paper's evaluation: metrics, `evaluate` and its command line.
 
 What it implements (SCOPE, Ren et al. 2026, arXiv 2602.24110):
   The verifier is harness/grader.py (`grade`; its conventions: docs/grader.md); the benchmarks (Table 1:
@@ -7,17 +7,15 @@ What it implements (SCOPE, Ren et al. 2026, arXiv 2602.24110):
   1. Metrics, as pure functions: unbiased pass@k (Chen et al. 2021); the Table-4 diversity metrics
      distinct-1/4, self-BLEU, self-ROUGE-L and div-score; Near-miss@k (r = 0) (Fig. 7); the share of
      discarded valid trajectories (Fig. 3); median with p10/p90 across prompts (Table 4).
-  2. `evaluate` (avg@n and pass@k of any generator backend), training curves from metrics.jsonl
-     (Figs. 3-7) and the rectification viewer for traces.jsonl (Fig. 12); the command line.
+  2. `evaluate` (avg@n and pass@k of any generator backend) and the command line. Training curves from
+     metrics.jsonl (Figs. 3-7) and the rectification viewer for traces.jsonl (Fig. 12) are tools/report.py.
 
 How to run:
   python eval.py --model Qwen/Qwen2.5-Math-1.5B --benchmarks math500,aime24,aime25,amc,minerva,olympiad \\
-      --ood arc-c,gpqa,mmlu-pro --n 8 --temperature 0.6 --max-new-tokens 1024 --out results.json
+      --ood arc-c,gpqa,mmlu-pro --n 8 --temperature 0.6 --max-new-tokens 1024   # report: runs/eval_Qwen_Qwen2.5-Math-1.5B.json
   python eval.py --model runs/NAME/checkpoint --benchmarks toy --n 4      # a toy-world checkpoint
   python eval.py --model ckpt --benchmarks my_problems.jsonl --limit 50    # any local JSONL file
   python eval.py --diversity --model ckpt --benchmarks aime24 --n 10 --temperature 1.0   # Table 4
-  python eval.py --plot runs/scope-toy-s0 runs/grpo-toy-s0 --out curves.png   # two `scope.py --toy` runs
-  python eval.py --trace runs/scope-toy-s0 --step 40 --html trace.html
   python eval.py --grader-bench
 
 The metric definitions are written out in docs/metrics.md; the choices the paper leaves open (avg@n at
@@ -27,7 +25,6 @@ the training backends (harness/generate.py) with the model's chat template and t
 """
 # ==== imports ====
 import argparse
-import html
 import json
 import math
 import os
@@ -373,215 +370,10 @@ def diversity_table(results: dict[str, dict], model: str) -> str:
     return format_table(headers, rows)
 
 
-def read_jsonl(path: str) -> list[dict]:
-    """The records of a JSON-lines file; a bad line raises ValueError naming the file and line number."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}, line {line_no}: not valid JSON ({err})") from err
-    return records
-
-
-def _run_file(run: str, name: str) -> str:
-    """runs/A -> runs/A/<name>; a file path is taken as is. FileNotFoundError names what is missing."""
-    path = os.path.join(run, name) if os.path.isdir(run) else run
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such file (expected a run directory holding {name}, or the file)")
-    return path
-
-
-def _field(row: dict, key: str) -> float | None:
-    value = row.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _acceptance(row: dict) -> float | None:
-    tried, accepted = _field(row, "rectify_tried"), _field(row, "rectify_accepted")
-    return accepted / tried if tried and accepted is not None else None
-
-
-# (panel title, value of one metrics.jsonl row or None when the row lacks it)
-PLOT_PANELS = [
-    ("reward (mean)", lambda row: _field(row, "reward_mean")),
-    ("eval accuracy", lambda row: _field(row, "eval_acc")),
-    ("keep ratio (steps)", lambda row: _field(row, "keep_ratio_steps")),
-    ("rectification acceptance", _acceptance),
-    ("entropy", lambda row: _field(row, "entropy")),
-    ("response length (tokens)", lambda row: _field(row, "response_len")),
-    ("near-miss share (r=0)", lambda row: _field(row, "near_miss_frac")),
-    ("discarded valid share (r=0)", lambda row: _field(row, "discarded_valid_frac")),
-]
-
-
-def plot_runs(runs: list[str], out: str) -> str:
-    """One PNG with the training curves of several runs side by side (paper Figs. 3-7), from each run's
-    metrics.jsonl. x = "step" (the row index when absent); rows without a field are skipped; a panel no
-    run has data for says so. Returns `out`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    logs = {}
-    for run in runs:
-        path = _run_file(run, "metrics.jsonl")
-        logs[os.path.basename(os.path.dirname(os.path.abspath(path)))] = read_jsonl(path)  # label: run dir name
-    cols = 4
-    fig, axes = plt.subplots((len(PLOT_PANELS) + cols - 1) // cols, cols,
-                             figsize=(4.5 * cols, 3.4 * ((len(PLOT_PANELS) + cols - 1) // cols)), squeeze=False)
-    colors = {label: f"C{i % 10}" for i, label in enumerate(logs)}  # one colour per run in every panel
-    for ax, (title, value) in zip(axes.flat, PLOT_PANELS):
-        any_data = False
-        for label, rows in logs.items():
-            points = [(row.get("step", i), value(row)) for i, row in enumerate(rows)]
-            points = [(x, y) for x, y in points if y is not None]
-            if points:
-                any_data = True
-                xs, ys = zip(*points)
-                ax.plot(xs, ys, marker="o" if len(points) <= 30 else None, markersize=3, color=colors[label])
-        if not any_data:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step", fontsize=8)
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(PLOT_PANELS):]:
-        ax.axis("off")
-    # one legend naming every run (a run without data in the first panel, e.g. grpo's keep ratio, still gets its
-    # entry; with per-panel colour cycles the legend would mislabel later panels)
-    handles = [plt.Line2D([], [], color=colors[label], label=label) for label in logs]
-    if handles:
-        axes.flat[0].legend(handles=handles, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
-
-
-ANSI = {"green": "\033[32m", "red": "\033[31m", "blue": "\033[34m", "dim": "\033[2m", "bold": "\033[1m"}
-
-
-def _paint(text: str, style: str, color: bool) -> str:
-    """Wrap each line in an ANSI style (per line, so pagers like `less -R` keep it)."""
-    if not color:
-        return text
-    return "\n".join(f"{ANSI[style]}{line}\033[0m" for line in text.split("\n"))
-
-
-def _printable(text: str) -> str:
-    """Model text made safe for a terminal: control characters (an ESC could recolour or move the cursor)
-    shown as \\xNN, newlines and tabs kept."""
-    return "".join(c if c in "\n\t" or (c >= " " and c != "\x7f") else f"\\x{ord(c):02x}" for c in str(text))
-
-
-def _indent(text: str, prefix: str = "    ") -> str:
-    lines = _printable(text).strip("\n").split("\n")
-    return "\n".join(prefix + line if line.strip() else "" for line in lines)
-
-
-def _attempt_labels(record: dict) -> list[str]:
-    """'correct' / 'wrong' per refiner attempt; the first correct one of an accepted record is the one kept."""
-    correct = record.get("attempt_correct") or []
-    n_attempts = len(record.get("suffixes") or [])
-    labels = ["correct" if j < len(correct) and correct[j] else "wrong" for j in range(n_attempts)]
-    if record.get("accepted") and "correct" in labels:
-        labels[labels.index("correct")] = "correct, accepted"
-    return labels
-
-
-def _score(score) -> str:
-    return "  -  " if score is None else f"{score:.2f}"
-
-
-def _ratio(value) -> str:
-    return "?" if value is None else f"{value:.2f}"
-
-
-def render_trace_text(record: dict, color: bool = False) -> str:
-    """One rectification (a traces.jsonl record) for the terminal, as in the paper's Fig. 12: the
-    policy's steps with their PRM scores (green = kept, red = the first step not kept, dim = discarded),
-    the cut, then each refiner attempt (blue) marked correct or not."""
-    steps, scores, cut = record.get("steps") or [], record.get("scores") or [], record.get("cut") or 0
-    verdict = "ACCEPTED" if record.get("accepted") else "rejected"
-    out = [_paint(f"== step {record.get('step', '?')} | group {record.get('group', '?')} | "
-                  f"mode {record.get('mode', 'scope')} | {verdict} | reward {record.get('reward_before', '?')}"
-                  f" -> {record.get('reward_after', '?')} | kept {cut}/{len(steps)} steps "
-                  f"(keep ratio {_ratio(record.get('keep_ratio'))}, tokens "
-                  f"{_ratio(record.get('keep_ratio_tokens'))})", "bold", color),
-           "question:", _indent(record.get("question", "")),
-           f"gold answer: {_printable(record.get('answer', ''))}",
-           "policy steps [PRM score]:"]
-    for i, step in enumerate(steps):
-        score = scores[i] if i < len(scores) else None
-        if i == cut:
-            out.append(_paint("  ---- cut: the refiner rewrites from here ----", "bold", color))
-        tag, style = ("kept", "green") if i < cut else ("FIRST ERROR", "red") if i == cut else ("discarded", "dim")
-        out.append(_paint(f"  [{_score(score)}] {tag}\n{_indent(step)}", style, color))
-    if cut >= len(steps):
-        out.append(_paint("  ---- cut: the refiner continues after the last step ----", "bold", color))
-    for j, (suffix, label) in enumerate(zip(record.get("suffixes") or [], _attempt_labels(record))):
-        out.append(_paint(f"  refiner attempt {j + 1} ({label}):\n{_indent(suffix)}", "blue", color))
-    return "\n".join(out) + "\n"
-
-
-HTML_STYLE = """body{font-family:system-ui,sans-serif;max-width:60rem;margin:2rem auto;color:#222}
-section{border:1px solid #ccc;border-radius:6px;padding:1rem;margin-bottom:1.5rem}
-.step,.refined{white-space:pre-wrap;font-family:monospace;padding:.3rem .5rem;margin:.2rem 0;border-radius:4px}
-.kept{background:#e6f4ea;border-left:4px solid #2e7d32}.error{background:#fdecea;border-left:4px solid #c62828}
-.discarded{color:#888;background:#f5f5f5;border-left:4px solid #bbb}
-.refined{background:#e8f0fe;border-left:4px solid #1a56db}.score{font-weight:bold;margin-right:.6rem}
-.cut{color:#c62828;font-weight:bold;margin:.4rem 0}.q{white-space:pre-wrap}"""
-
-
-def render_traces_html(records: list[dict], title: str = "SCOPE rectifications") -> str:
-    """A self-contained HTML page of rectifications (inline CSS, no scripts); all model text is escaped."""
-    def esc(value) -> str:
-        return html.escape(str(value).strip("\n"), quote=True)
-
-    parts = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{esc(title)}</title>"
-             f"<style>{HTML_STYLE}</style></head><body><h1>{esc(title)}</h1>"]
-    for rec in records:
-        steps, scores, cut = rec.get("steps") or [], rec.get("scores") or [], rec.get("cut") or 0
-        parts.append(f"<section><h2>step {esc(rec.get('step', '?'))}, group {esc(rec.get('group', '?'))}: "
-                     f"{'accepted' if rec.get('accepted') else 'rejected'}</h2>"
-                     f"<p>mode {esc(rec.get('mode', 'scope'))}; reward {esc(rec.get('reward_before', '?'))} "
-                     f"&rarr; {esc(rec.get('reward_after', '?'))}; kept {cut}/{len(steps)} steps "
-                     f"(keep ratio {_ratio(rec.get('keep_ratio'))}, "
-                     f"tokens {_ratio(rec.get('keep_ratio_tokens'))})</p>"
-                     f"<p><b>Question</b></p><div class='q'>{esc(rec.get('question', ''))}</div>"
-                     f"<p><b>Gold answer:</b> {esc(rec.get('answer', ''))}</p>")
-        for i, step in enumerate(steps):
-            if i == cut:
-                parts.append("<div class='cut'>&#9986; cut: the refiner rewrites from here</div>")
-            kind = "kept" if i < cut else "error" if i == cut else "discarded"
-            score = scores[i] if i < len(scores) else None
-            parts.append(f"<div class='step {kind}'><span class='score'>{esc(_score(score))}</span>"
-                         f"{esc(step)}</div>")
-        if cut >= len(steps):
-            parts.append("<div class='cut'>&#9986; cut: the refiner continues after the last step</div>")
-        for j, (suffix, label) in enumerate(zip(rec.get("suffixes") or [], _attempt_labels(rec))):
-            parts.append(f"<p>refiner attempt {j + 1} ({label})</p><div class='refined'>{esc(suffix)}</div>")
-        parts.append("</section>")
-    parts.append("</body></html>\n")
-    return "\n".join(parts)
-
-
-def select_traces(records: list[dict], step: int | None) -> list[dict]:
-    """The records of training step `step`; without one, those of the last step that has any."""
-    if not records:
-        return []
-    if step is None:
-        step = max(r.get("step", 0) for r in records)
-    return [r for r in records if r.get("step", 0) == step]
-
-
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         prog="eval.py", description="Evaluate a checkpoint on math / OOD benchmarks (avg@n, pass@k, diversity), "
-        "plot training runs, or view rectification traces.")
+        "or time the grader (curves and traces: python -m tools.report).")
     p.add_argument("--model", help="HF model id or local checkpoint directory to evaluate")
     p.add_argument("--benchmarks", default="math500,aime24,aime25,amc,minerva,olympiad",
                    help="comma-separated names from BENCHMARKS, 'toy', or local .jsonl paths")
@@ -594,25 +386,20 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64, help="problems per generate call")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--limit", type=int, default=None,
-                   help="first K problems of each benchmark (with --trace: show at most K traces)")
+                   help="first K problems of each benchmark")
     p.add_argument("--backend", choices=["auto", "vllm", "hf"], default="auto",
                    help="generation backend; auto = vLLM when importable and CUDA is present, else HF")
     p.add_argument("--vllm-mem", type=float, default=0.85, help="vLLM gpu_memory_utilization")
     p.add_argument("--out", default=None,
-                   help="output file: results JSON (default: eval_<folder>.json next to a local model folder, else "
-                        "eval_<hub id>.json) or the PNG of --plot (curves.png)")
+                   help="results JSON (default: eval_<folder>.json next to a local model folder, else "
+                        "runs/eval_<hub id>.json)")
     p.add_argument("--save-samples", action="store_true", help="keep every sampled text in the results JSON")
     p.add_argument("--diversity", action="store_true",
                    help="also print the Table-4 diversity table (needs --n >= 2; paper: --n 10 --temperature 1.0)")
     p.add_argument("--grader-bench", action="store_true", help="time the grader on generated pairs and exit")
-    p.add_argument("--plot", nargs="+", metavar="RUN", help="run directories (or metrics.jsonl files) to plot")
-    p.add_argument("--trace", metavar="RUN", help="run directory (or traces.jsonl) whose rectifications to show")
-    p.add_argument("--step", type=int, default=None, help="with --trace: training step (default: the last one)")
-    p.add_argument("--html", metavar="FILE", help="with --trace: also write a self-contained HTML page")
-    p.add_argument("--no-color", action="store_true", help="with --trace: no ANSI colours")
     args = p.parse_args(argv)
-    if not (args.grader_bench or args.plot or args.trace or args.model):
-        p.error("--model is required (or use --plot, --trace or --grader-bench)")
+    if not (args.grader_bench or args.model):
+        p.error("--model is required (or --grader-bench; curves and traces: python -m tools.report --plot/--trace RUN)")
     if args.diversity and args.n < 2:
         p.error("--diversity needs --n >= 2 samples per prompt")
     return args
@@ -623,11 +410,6 @@ def main(argv=None) -> int:
     try:
         if args.grader_bench:
             print(json.dumps(grader_benchmark(), indent=2, default=str))
-        elif args.plot:
-            print(f"wrote {plot_runs(args.plot, args.out or 'curves.png')}")
-        elif args.trace:
-            show_traces(args.trace, step=args.step, limit=args.limit, html_out=args.html,
-                        color=sys.stdout.isatty() and not args.no_color and "NO_COLOR" not in os.environ)
         else:
             run_evaluation(args)
     except (OSError, ValueError, RuntimeError) as err:  # missing files, bad rows, unloadable models: one line
@@ -636,27 +418,25 @@ def main(argv=None) -> int:
     return 0
 
 
-def show_traces(run: str, *, step: int | None, limit: int | None, html_out: str | None, color: bool) -> None:
-    """Print the rectifications of one training step of a run (and write them as HTML when asked)."""
-    records = select_traces(read_jsonl(_run_file(run, "traces.jsonl")), step)[:limit]
-    if not records:
-        print(f"no rectification traces in {run}" + ("" if step is None else f" at step {step}"))
-    for record in records:
-        print(render_trace_text(record, color=color))
-    if html_out:
-        with open(html_out, "w", encoding="utf-8") as f:
-            f.write(render_traces_html(records, title=f"SCOPE rectifications: {run}"))
-        print(f"wrote {html_out}")
-
-
 def report_path(model: str) -> str:
     """Where the results JSON goes without --out: next to the evaluated run (a local checkpoint folder
     runs/X/checkpoint gives runs/X/eval_checkpoint.json), so evaluating two runs never overwrites one file;
-    a hub id gives eval_<owner_name>.json in the working directory."""
+    a hub id gives runs/eval_<owner_name>.json (beside the runs, never in the working directory itself)."""
     if os.path.isdir(model):
         folder = os.path.normpath(model)
         return os.path.join(os.path.dirname(folder) or ".", f"eval_{os.path.basename(folder)}.json")
-    return f"eval_{re.sub(r'[^A-Za-z0-9_.-]+', '_', model.strip('/'))}.json"
+    return os.path.join("runs", f"eval_{re.sub(r'[^A-Za-z0-9_.-]+', '_', model.strip('/'))}.json")
+
+
+def run_changes(model: str) -> list[str]:
+    """The accepted config changes of the training run a checkpoint folder belongs to (runs/X/checkpoint ->
+    runs/X/changes.jsonl), one line each; [] for anything else."""
+    run_dir = os.path.dirname(os.path.normpath(model))
+    if not (os.path.isdir(model) and os.path.isfile(os.path.join(run_dir, "changes.jsonl"))):
+        return []
+    from harness.runs import format_changes, read_changes
+
+    return format_changes(read_changes(run_dir))
 
 
 def run_evaluation(args: argparse.Namespace) -> dict:
@@ -670,6 +450,10 @@ def run_evaluation(args: argparse.Namespace) -> dict:
     settings = dict(n=args.n, temperature=args.temperature, top_p=args.top_p,
                     max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size)
     report = {"model": args.model, **settings, "limit": args.limit}
+    changes = run_changes(args.model)
+    if changes:   # the checkpoint was trained under settings that changed on a resume: say so with the numbers
+        report["run_config_changes"] = changes
+        print("\n".join(f"note: its run changed config {line}" for line in changes))
     keep = args.diversity or args.save_samples
     for group, benchmarks in problems.items():
         results = {}
@@ -690,6 +474,7 @@ def run_evaluation(args: argparse.Namespace) -> dict:
                 print(diversity_table(results, model_name))
         report[group] = results
     out = args.out or report_path(args.model)
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
     print(f"\nwrote {out}")

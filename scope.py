@@ -17,6 +17,7 @@ Run:
     python scope.py --toy --mode grpo            # the on-policy baseline in the same world (also: replace, prm-reward)
     python scope.py --model Qwen2.5-1.5B         # the real path on one GPU (vLLM rollouts when installed)
     python scope.py --resume runs/NAME           # continue a run exactly where its last checkpoint left it
+                                                 # (Ctrl-C prints this command with the checkpoint's step)
     python scope.py --model Qwen2.5-1.5B --dry-run   # the pre-flight only: memory plan and resolved Args
     python scope.py --help                       # every flag with its default
     torchrun --nproc_per_node 8 scope.py --model Qwen2.5-Math-7B --fsdp   # several GPUs (docs/scaling.md)
@@ -40,6 +41,7 @@ from grpo import build_batch, group_advantages, update
 from harness import dist, preflight, wiring
 from harness.generate import GeneratorUnavailable, format_prompt
 from harness.grader import grade
+from harness.runs import read_changes, run_settings
 from prm import cut_point, keep_ratio, mean_score, select_candidate, split_steps, step_token_spans
 from refine import Trajectory, rectify
 
@@ -105,7 +107,11 @@ class Args:
     save_every: int = arg(100, "checkpoint every N steps (and after the last)")
     seed: int = arg(0, "seed; every random draw derives from (seed, step)")
     run_name: str = arg("", "logs go to runs/<run_name>; default <mode>-<model>-s<seed>")
-    resume: str = arg("", "continue the run in this folder (runs/<name>) from its checkpoint")
+    resume: str = arg("", "continue the run in this folder (runs/<name>) from its checkpoint, with its settings")
+    change_config: bool = arg(False, "with --resume: accept typed flags that change how the run trains (recorded "
+                              "with their step in runs/<name>/changes.jsonl; config.json keeps the start)")
+    report_to: str = arg("none", "also log the metrics to TensorBoard (runs/<name>/tensorboard) or Weights & Biases "
+                         "(offline without network)", ("none", "tensorboard", "wandb"))
     toy: bool = arg(False, "the CPU toy world: tiny char-level Qwen2, rule-based PRM, oracle refiner")
     toy_prm_noise: float = arg(0.0, "toy world: probability that the toy PRM flips a step score")
     overwrite: bool = arg(False, "allow starting from step 1 in a folder holding a run (a new run under a used "
@@ -126,8 +132,9 @@ TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy",
                     lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10)
 
 def parse_args(argv=None) -> Args:
-    """Args from the command line. Precedence: flags typed > the resumed run's config.json > --toy defaults >
-    the dataclass defaults."""
+    """Args from the command line. Precedence: flags typed > the resumed run's settings (config.json with the
+    accepted changes of changes.jsonl) > --toy defaults > the dataclass defaults. On a resume, a typed flag that
+    changes training is refused by the pre-flight unless --change-config confirms it."""
     toy_line = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TOY_DEFAULTS.items())
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      epilog=f"--toy also sets, unless typed: {toy_line}")
@@ -138,8 +145,9 @@ def parse_args(argv=None) -> Args:
     typed = vars(parser.parse_args(argv))   # only the flags on the command line (the rest are SUPPRESSed)
     values = asdict(Args())
     if typed.get("resume"):   # a checked config: missing folder/file, bad JSON or foreign keys stop in one line
-        values.update(preflight.read_run_config(typed["resume"], set(values)))
-        values.update(overwrite=False, dry_run=False)   # never inherited from the resumed run
+        config = preflight.read_run_config(typed["resume"], set(values))
+        values.update(run_settings(config, read_changes(typed["resume"])))
+        values.update(overwrite=False, dry_run=False, change_config=False)   # never inherited from the resumed run
     elif typed.get("toy"):
         values.update(TOY_DEFAULTS)
     values.update(typed)
@@ -360,4 +368,6 @@ def main(args: Args) -> dict:
 
 
 if __name__ == "__main__":
-    main(parse_args())
+    cli_args = parse_args()
+    with wiring.calm_interrupt(cli_args):   # Ctrl-C / SIGTERM: one line with the --resume command, no traceback
+        main(cli_args)

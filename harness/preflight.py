@@ -4,9 +4,9 @@ Not part of the paper. A real run costs hours of GPU time; a typo should cost se
 
  1. `check_args`: every flag's range and the flags' coherence. A refusal is one line naming the flag, its
     value and what is valid, exit code 2 (runs.stop).
- 2. `check_run_dir`: a new run's folder holds no other run (else `--overwrite`); a resumed folder has a
-    complete checkpoint (else `--overwrite` restarts it) at a step not above `--steps`; no live process
-    holds its lock.
+ 2. `check_resume`: a resume keeps the run's record. A typed flag that changes how the run trains (anything
+    but `--steps` and the bookkeeping flags in BOOKKEEPING) is refused unless `--change-config` confirms
+    it (then it is recorded in changes.jsonl, runs.py rule 6); a finished run says so and exits 0.
  3. `choose_device`: the GPU (or `--device cpu`) and the rollout engine, before any data is read.
  4. `check_hub`: when a model or data set must come from the Hugging Face hub, a 3-second probe; when the
     hub is unreachable the hub libraries are put in offline mode (no screens of retries) and a model that
@@ -14,7 +14,10 @@ Not part of the paper. A real run costs hours of GPU time; a typo should cost se
     Then `check_prm_weights`: a Qwen2.5-Math-PRM checkpoint on disk has the weight names and shapes that
     prm.py loads (read from the file headers).
  5. `load_data`: training and evaluation problems loaded and checked non-empty (toy questions with --toy).
- 6. `memory_plan`: weights, gradients and AdamW state of the float32 policy, the rollout engine's share,
+ 6. `check_run_dir`: a new run's folder holds no other run (else `--overwrite`); a resumed folder has a
+    complete checkpoint (else `--overwrite` restarts it) at a step not above `--steps`; no live process
+    holds its lock.
+ 7. `memory_plan`: weights, gradients and AdamW state of the float32 policy, the rollout engine's share,
     the PRM, the refiner, update activations and the KV cache, from the model configs (a local folder, the
     hub cache, or the known sizes of the aliases below). Printed at start; on a GPU that cannot hold it the
     run stops with the plan and the flags that would make it fit. `--dry-run` prints it and the resolved
@@ -29,7 +32,7 @@ import sys
 import urllib.parse
 from dataclasses import asdict
 
-from harness.runs import find_checkpoint, holds_run, lock_holder, stop
+from harness.runs import find_checkpoint, holds_run, lock_holder, read_changes, run_settings, stop
 
 GIB = 2 ** 30
 MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
@@ -40,6 +43,9 @@ MODES_WITH_PRM = ("scope", "replace", "prm-reward")
 MODES_WITH_REFINER = ("scope", "replace")
 VLLM_SHARE = 0.3          # generate.VLLMGenerator's default gpu_memory_utilization, as scope.py builds it
 PROMPT_TOKENS = 256       # assumed prompt length (system prompt + a MATH question) for the plan
+COMMAND_ONLY = ("resume", "overwrite", "dry_run", "change_config", "run_name")   # how this process was started
+BOOKKEEPING = ("steps", "eval_every", "save_every", "memory_check", "report_to", "dist_timeout")   # not the training
+TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 
 # The published config.json fields the plan needs, for the aliases (so --dry-run works offline).
 _QWEN_1_5B = dict(vocab_size=151936, hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
@@ -100,6 +106,12 @@ def check_args(args) -> None:
     elif not args.refiner_url and args.refiner not in ("toy", "toy-oracle", "toy-model", "policy"):
         stop(f"--refiner {args.refiner!r} with --toy: choose toy-oracle, toy-model or policy "
              f"(or serve a model and pass --refiner-url)")
+    package = TRACKER_PACKAGES.get(args.report_to)
+    if package is not None:
+        import importlib.util
+
+        if importlib.util.find_spec(package) is None:
+            stop(f"--report-to {args.report_to}: the {package} package is not installed (pip install {package})")
     if args.mode in MODES_WITH_PRM and args.prm == "none":
         stop(f"--prm none: --mode {args.mode} needs a PRM (--prm none only suits --mode grpo)")
     if args.refiner_url and args.refiner in ("policy", "toy", "toy-oracle", "toy-model"):
@@ -135,8 +147,41 @@ def check_run_dir(args, run_dir: str) -> int | None:
     return found[1]
 
 
+def check_resume(args) -> None:
+    """Refuse a typed flag that changes how a resumed run trains (unless --change-config); a finished run: one
+    line, exit 0."""
+    if not args.resume:
+        return
+    run_dir = run_dir_of(args)
+    changed = [k for k in resume_changes(args, run_dir) if k not in BOOKKEEPING]
+    if changed and not args.change_config:
+        settings = run_settings(read_run_config(run_dir, set(asdict(args))), read_changes(run_dir))
+        flags = ", ".join(f"--{k.replace('_', '-')} {getattr(args, k)} (the run has {settings.get(k)})" for k in changed)
+        stop(f"--resume {run_dir}: {flags} would change how the run trains; drop the flag, start a new run "
+             f"(--run-name), or confirm with --change-config (recorded with its step in {run_dir}/changes.jsonl)")
+    found = find_checkpoint(run_dir)
+    if found is not None and found[1] == args.steps:
+        print(f"{run_dir} is finished (step {found[1]} of --steps {args.steps}): nothing to do; "
+              f"--resume {run_dir} --steps N (N > {found[1]}) trains it further")
+        raise SystemExit(0)
+
+
+def resume_changes(args, run_dir: str) -> dict[str, tuple]:
+    """{flag: (the run's setting, the value now)} for every setting a resume changes (COMMAND_ONLY left out)."""
+    defaults = asdict(type(args)())   # a config.json written before a flag existed ran with its default
+    settings = {**defaults, **run_settings(read_run_config(run_dir, set(defaults)), read_changes(run_dir))}
+    return {k: (settings[k], v) for k, v in asdict(args).items() if k not in COMMAND_ONLY and settings[k] != v}
+
+
+def resume_step_of(args, run_dir: str) -> int | None:
+    """The step of the checkpoint a resume would start from (None: a new run, or no checkpoint yet)."""
+    found = find_checkpoint(run_dir) if args.resume else None
+    return None if found is None else found[1]
+
+
 def read_run_config(run_dir: str, known: set[str]) -> dict:
-    """The config.json of a run folder to resume, checked: the folder, the file, JSON, no foreign keys."""
+    """The config.json of a run folder to resume, checked: the folder, the file, JSON, no foreign keys.
+    The run's settings now are this with changes.jsonl applied (runs.run_settings)."""
     path = os.path.join(run_dir, "config.json")
     if not os.path.isdir(run_dir):
         stop(f"--resume {run_dir}: no such folder")
@@ -457,8 +502,8 @@ def fixes(args, gpu_gib: float, use_vllm: bool) -> list[str]:
 def format_plan(args, rows, notes, gpu_gib: float | None) -> str:
     lines = [f"memory plan (estimate, GiB){'' if gpu_gib is None else f' on a {gpu_gib:.0f} GiB GPU'}:"]
     lines += [f"  {gib:7.1f}  {row}" for row, gib in rows]
-    total = plan_total(rows)
-    lines.append(f"  {total:7.1f}  total")
+    if gpu_gib is not None:   # the total depends on the card (vLLM's share of it): only for a known one
+        lines.append(f"  {plan_total(rows):7.1f}  total")
     if gpu_gib is None and not args.toy and rows:
         for size in (24, 48, 80):
             gib = size * 1e9 / GIB

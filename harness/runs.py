@@ -19,6 +19,10 @@ tests/test_runs.py:
  5. Logs: a torn last line of metrics.jsonl / traces.jsonl (a kill mid-write) is dropped with a warning;
     lines logged after the checkpoint's step are dropped on resume; a broken line elsewhere stops the
     resume with one line naming the file and line.
+ 6. The record: `config.json` holds the flags the run was started with and is never rewritten by a resume.
+    A flag typed on `--resume` that differs from the run's settings is appended to `changes.jsonl`
+    ({"step": first step trained with it, "changes": {flag: [old, new]}}); the run's settings at any point
+    are config.json with those records applied in order (`run_settings`).
 """
 import json
 import os
@@ -30,7 +34,8 @@ import sys
 import numpy as np
 import torch
 
-RUN_FILES = ("config.json", "metrics.jsonl", "traces.jsonl", "checkpoint", "checkpoint.tmp", "checkpoint.old")
+RUN_FILES = ("config.json", "changes.jsonl", "metrics.jsonl", "traces.jsonl", "checkpoint", "checkpoint.tmp",
+             "checkpoint.old")
 
 
 def stop(message: str, code: int = 2):
@@ -234,3 +239,42 @@ def truncate_jsonl(path: str, last_step: int) -> None:
         with open(path + ".part", "w", encoding="utf-8") as f:
             f.writelines(json.dumps(r) + "\n" for r in records)
         os.replace(path + ".part", path)
+
+
+# ---------------------------------------------------------------------------------------------------------- record
+def read_changes(run_dir: str) -> list[dict]:
+    """The accepted changes of a run, oldest first: [{"step": first step trained with them, "changes": {flag:
+    [old, new]}}] (flag names as in config.json)."""
+    return read_log(os.path.join(run_dir, "changes.jsonl"))
+
+
+def run_settings(config: dict, changes: list[dict]) -> dict:
+    """The run's settings now: config.json with every accepted change applied in order."""
+    settings = dict(config)
+    for record in changes:
+        settings.update({name: new for name, (_, new) in record["changes"].items()})
+    return settings
+
+
+def append_change(run_dir: str, step: int, changes: dict) -> None:
+    """Record flags changed on a resume ({flag: (old, new)}) as taking effect at `step`."""
+    with open(os.path.join(run_dir, "changes.jsonl"), "a", encoding="utf-8") as f:
+        f.write(json.dumps({"step": step, "changes": {k: list(v) for k, v in changes.items()}}) + "\n")
+
+
+def format_changes(changes: list[dict]) -> list[str]:
+    """One line per accepted change: "from step 11: --lr 0.0001 -> 0.001, --steps 30 -> 60"."""
+    return [f"from step {r['step']}: " + ", ".join(f"--{k.replace('_', '-')} {old} -> {new}"
+                                                    for k, (old, new) in r["changes"].items()) for r in changes]
+
+
+def resume_hint(run_dir: str) -> str:
+    """Where a stopped run stands and the command that continues it (for an interrupt)."""
+    found = find_checkpoint(run_dir)
+    if found is not None:
+        return (f"the last complete checkpoint is step {found[1]} ({found[0]}); continue with: "
+                f"python scope.py --resume {run_dir}")
+    if holds_run(run_dir):
+        return (f"no checkpoint yet in {run_dir}; start it again with: python scope.py --resume {run_dir} "
+                f"--overwrite")
+    return "nothing was written; run the same command again"

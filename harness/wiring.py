@@ -6,13 +6,15 @@ read as the method.
 (lock, resume, config.json) and loads the policy, its rollout engine, the PRM and the refiner, returning a `Run`
 the loop calls back into: `run.evaluate()`, `run.log(metrics, traces)`, `run.checkpoint(step)`, `run.finish()`.
 Under torchrun (harness/dist.py) every rank runs `start` and the loop; rank 0 alone takes the lock, writes the
-folder and prints, and `run.dist` says which groups of each step are this rank's.
+folder and prints, and `run.dist` says which groups of each step are this rank's. `calm_interrupt(args)` turns
+Ctrl-C or a SIGTERM into one line naming the last complete checkpoint and the command that resumes it.
 """
 import atexit
 import contextlib
 import json
 import os
 import random
+import signal
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -25,8 +27,9 @@ from eval import evaluate
 from harness import dist, preflight
 from harness.generate import HFGenerator, load_causal_lm, load_tokenizer, vllm_importable
 from harness.preflight import MODEL_ALIASES
-from harness.runs import (acquire_lock, clear_run, recover_checkpoint, release_lock, restore_rng, save_checkpoint, stop,
-                          truncate_jsonl)
+from harness import trackers
+from harness.runs import (acquire_lock, append_change, clear_run, format_changes, read_changes, read_log, recover_checkpoint,
+                          release_lock, restore_rng, resume_hint, save_checkpoint, stop, truncate_jsonl)
 from refine import Refiner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
@@ -166,42 +169,82 @@ def pad_token_id(tokenizer) -> int:
 
 def open_run(args, run_dir: str, resume_step: int | None) -> tuple[str | None, int]:
     """Take the folder's lock, then: a resume recovers its newest complete checkpoint (a kill mid-save leaves
-    it as checkpoint.tmp/.old); --overwrite clears the old run; config.json is (re)written.
+    it as checkpoint.tmp/.old), keeps config.json as the run was started and appends the flags it changes to
+    changes.jsonl with the step they take effect (runs.py rule 6); a new run (or --overwrite) writes config.json.
     Returns (checkpoint path or None, the first step to run)."""
     atexit.register(release_lock, acquire_lock(run_dir))
-    ckpt = None
     if resume_step is not None:
         ckpt, step = recover_checkpoint(run_dir)
         for name in ("metrics.jsonl", "traces.jsonl"):   # drop what was logged after the checkpoint
             truncate_jsonl(os.path.join(run_dir, name), step)
-    elif args.overwrite:
+        changes = preflight.resume_changes(args, run_dir)
+        if changes:
+            append_change(run_dir, step + 1, changes)
+            print(f"{run_dir}: recorded in changes.jsonl {format_changes(read_changes(run_dir)[-1:])[0]}")
+        return ckpt, step + 1
+    if args.overwrite:
         clear_run(run_dir)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump({**asdict(args), "resume": "", "overwrite": False, "dry_run": False}, f, indent=1)
-    return ckpt, 1 if resume_step is None else resume_step + 1
+        json.dump({**asdict(args), "resume": "", "overwrite": False, "dry_run": False, "change_config": False}, f,
+                  indent=1)
+    return None, 1
 
 
-def finish(summary: dict, history: list[dict], run_dir: str, t_start: float, unavailable: list[int], refiner) -> dict:
-    """The closing lines: eval accuracy before → after, train reward first → last steps, the steps on which a served
-    refiner did not answer, where the logs are; our own refiner server is shut down here (also at exit and on error)."""
-    summary["minutes"] = (time.time() - t_start) / 60
-    before, after = summary.get("eval_acc_before"), summary.get("eval_acc_after")
-    print(f"\ndone in {summary['minutes']:.1f} min. eval accuracy: before {_fmt(before)} → after {_fmt(after)}")
+def finish(summary: dict, run_dir: str, t_start: float, start_step: int, refiner, main: bool = True) -> dict:
+    """The closing lines, from the whole run's logs (also the steps before a resume): eval accuracy before →
+    after, train reward first → last steps, the steps on which a served refiner did not answer, the accepted
+    config changes, where the logs are; our own refiner server is shut down here (also at exit and on error;
+    on every torchrun rank, which alone reads and prints nothing)."""
+    if refiner is not None and getattr(getattr(refiner, "generator", None), "server", None) is not None:
+        refiner.generator.server.close()   # our own vllm serve (also closed at exit and on error)
+    if not main:
+        return summary
+    records = read_log(os.path.join(run_dir, "metrics.jsonl"))
+    history = [r for r in records if r.get("step", 0) >= 1]
+    before = next((r["eval_acc"] for r in records if r.get("step") == 0 and "eval_acc" in r), None)
+    after = next((r["eval_acc"] for r in reversed(history) if r.get("eval_acc") is not None), None)
+    summary.update(minutes=(time.time() - t_start) / 60, eval_acc_before=before, eval_acc_after=after)
+    resumed = f" (resumed at step {start_step}; the lines below cover the whole run)" if start_step > 1 else ""
+    print(f"\ndone in {summary['minutes']:.1f} min{resumed}. eval accuracy: before {_fmt(before)} → after {_fmt(after)}")
     if history:
         k = max(1, len(history) // 5)
         print(f"train reward of the policy's rollouts: first {k} steps {mean(h['reward_mean'] for h in history[:k]):.3f}"
               f" → last {k} steps {mean(h['reward_mean'] for h in history[-k:]):.3f}; rectifications accepted "
               f"{sum(h['rectify_accepted'] for h in history)}/{sum(h['rectify_tried'] for h in history)}")
+    unavailable = [h["step"] for h in history if h.get("refiner_unavailable")]
     if unavailable:
         summary["refiner_unavailable_steps"] = unavailable
         print(f"WARNING: the refiner did not answer on {len(unavailable)} of {len(history)} steps "
               f"({', '.join(map(str, unavailable[:20]))}{' ...' if len(unavailable) > 20 else ''}): those steps "
               f"trained without rectification (metrics.jsonl: refiner_unavailable)")
-    if refiner is not None and getattr(getattr(refiner, "generator", None), "server", None) is not None:
-        refiner.generator.server.close()   # our own vllm serve (also closed at exit and on error)
-    print(f"logs: {run_dir}/metrics.jsonl, {run_dir}/traces.jsonl; checkpoint: {run_dir}/checkpoint\n"
-          f"plot: python eval.py --plot {run_dir}    rectifications: python eval.py --trace {run_dir}")
+    for line in format_changes(read_changes(run_dir)):
+        print(f"config changed {line} ({run_dir}/changes.jsonl; config.json: the flags it started with)")
+    has_traces = bool(read_log(os.path.join(run_dir, "traces.jsonl")))
+    print(f"logs: {run_dir}/metrics.jsonl" + (f", {run_dir}/traces.jsonl" if has_traces else "")
+          + f"; checkpoint: {run_dir}/checkpoint\nplot: python -m tools.report --plot {run_dir}"
+          + (f"    rectifications: python -m tools.report --trace {run_dir}" if has_traces else ""))
     return summary
+
+
+@contextlib.contextmanager
+def calm_interrupt(args):
+    """Ctrl-C or SIGTERM: one line naming the last complete checkpoint and the exact --resume command, exit 130,
+    no traceback. The lock is released by the exit handler open_run registered; a save cut short is
+    recovered by the resume (runs.py rule 4)."""
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    except KeyboardInterrupt:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut this message short
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if os.environ.get("RANK", "0") == "0":   # under torchrun every rank gets the signal; rank 0 speaks
+            tqdm.write(f"\ninterrupted: {resume_hint(preflight.run_dir_of(args))}", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass
@@ -224,9 +267,8 @@ class Run:
     metrics_file: object
     traces_file: object
     t_start: float
+    tracker: object = None                           # --report-to: TensorBoard or W&B (harness/trackers.py)
     summary: dict = field(default_factory=dict)
-    history: list = field(default_factory=list)      # this process's step metrics, for the closing summary
-    unavailable: list = field(default_factory=list)  # steps on which the served refiner did not answer
     dist: object = field(default_factory=dist.Dist)     # this process's rank under torchrun (harness/dist.py)
     model: object = None                             # the module the update trains: policy, DDP or FSDP2
 
@@ -256,22 +298,23 @@ class Run:
             return result["acc"]
         return self.dist.sum(result["acc"] * len(share)) / len(problems)   # avg@n: a mean over problems
 
+    def record(self, m: dict) -> None:
+        """One metrics.jsonl record, also sent to the tracker."""
+        self.metrics_file.write(json.dumps(m) + "\n")
+        self.metrics_file.flush()
+        if self.tracker is not None:
+            self.tracker.log(m)
+
     def log(self, m: dict, traces: list[dict]) -> None:
         """Append one step's metrics and traces, print its line, checkpoint when due. Under torchrun every rank
         holds the same gathered metrics and rank 0 writes them."""
         a, step = self.args, m["step"]
-        if "eval_acc" in m:
-            self.summary["eval_acc_after"] = m["eval_acc"]
         if self.dist.main:
             for tr in traces:
                 self.traces_file.write(json.dumps({"step": step, **tr}) + "\n")
             self.traces_file.flush()
-            self.metrics_file.write(json.dumps(m) + "\n")
-            self.metrics_file.flush()
+            self.record(m)
             tqdm.write(summary_line(m))
-        if m.get("refiner_unavailable"):
-            self.unavailable.append(step)
-        self.history.append(m)
         if step % a.save_every == 0 or step == a.steps:
             self.checkpoint(step)
 
@@ -289,7 +332,9 @@ class Run:
         for log in (self.metrics_file, self.traces_file):   # None on ranks other than 0
             if log is not None:
                 log.close()
-        summary = finish(self.summary, self.history, self.run_dir, self.t_start, self.unavailable, self.refiner)
+        if self.tracker is not None:
+            self.tracker.close()
+        summary = finish(self.summary, self.run_dir, self.t_start, self.start_step, self.refiner, self.dist.main)
         dist.close()
         return summary
 
@@ -306,12 +351,13 @@ def start(args) -> Run | None:
     if args.fsdp and d.world == 1:
         stop("--fsdp shards the policy over torchrun processes: launch with torchrun --nproc_per_node N")
     preflight.check_args(args)                                        # every flag: one line and exit 2
+    preflight.check_resume(args)                                      # the record kept; a finished run: exit 0
     run_dir = preflight.run_dir_of(args)
-    resume_step = preflight.check_run_dir(args, run_dir)              # no clobbering, no resume below the checkpoint
     device, use_vllm, notes = preflight.choose_device(args)           # the GPU before the data
-    offline, hub_notes = preflight.check_hub(args, resume_step)       # no network: one line, no retry noise
+    offline, hub_notes = preflight.check_hub(args, preflight.resume_step_of(args, run_dir))  # no network: one line
     preflight.check_prm_weights(args)                                 # a damaged PRM checkpoint: one line
     train_problems, eval_problems = preflight.load_data(args, offline, notes)  # non-empty, before any model
+    resume_step = preflight.check_run_dir(args, run_dir)              # no clobbering, no resume below the checkpoint
     preflight.check_memory(args, device, use_vllm)                    # printed; stops on a GPU too small
     if args.dry_run:
         preflight.print_dry_run(args, run_dir, notes + hub_notes)
@@ -339,18 +385,18 @@ def start(args) -> Run | None:
     logs = [open(os.path.join(run_dir, name), mode, encoding="utf-8") if d.main else None
             for name in ("metrics.jsonl", "traces.jsonl")]
     run = Run(args, run_dir, device, use_vllm, policy, tokenizer, ref_model, generator, prm, refiner, optimizer,
-              train_problems, eval_problems, start_step, *logs, t_start, summary={"run_dir": run_dir}, dist=d,
-              model=model)
+              train_problems, eval_problems, start_step, *logs, t_start,
+              trackers.open_tracker(args.report_to, run_dir, asdict(args), start_step) if d.main else None,
+              summary={"run_dir": run_dir}, dist=d, model=model)
     n_params = sum(p.numel() for p in policy.parameters())
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")
     if start_step == 1 and args.eval_every:
-        run.summary["eval_acc_before"] = run.evaluate()
+        acc = run.evaluate()
         if not d.main:
             return run
-        run.metrics_file.write(json.dumps({"step": 0, "mode": args.mode, "eval_acc": run.summary["eval_acc_before"]}) + "\n")
-        run.metrics_file.flush()
-        print(f"eval before training: acc {run.summary['eval_acc_before']:.3f}")
+        run.record({"step": 0, "mode": args.mode, "eval_acc": acc})
+        print(f"eval before training: acc {acc:.3f}")
     return run
 
 

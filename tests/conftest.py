@@ -227,6 +227,24 @@ def toy_model_dir(tmp_path_factory):
 
 # ------------------------------------------------------------------------------------- scope.py as a subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LEFT_ALONE = ("__pycache__", ".pytest_cache")   # Python's and pytest's own caches
+
+
+def repo_listing() -> set[str]:
+    """The entries of the repository root and of its runs/ folder (the folders a user's work lives in)."""
+    runs = os.path.join(ROOT, "runs")
+    return ({name for name in os.listdir(ROOT) if name not in LEFT_ALONE}
+            | ({f"runs/{name}" for name in os.listdir(runs)} if os.path.isdir(runs) else set()))
+
+
+@pytest.fixture(autouse=True)
+def writes_only_under_tmp():
+    """Every test writes only under temporary folders: a test that leaves a file or folder in the repository
+    root or its runs/ fails, naming what it left (the suite once left runs/study-data-min-ops--6--max-ops--6/)."""
+    before = repo_listing()
+    yield
+    left = sorted(repo_listing() - before)
+    assert not left, f"this test left {', '.join(left)} in the repository (tests write under tmp_path)"
 
 
 def run_scope(args, cwd, check=True, timeout=300):

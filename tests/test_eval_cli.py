@@ -1,5 +1,6 @@
 """eval.py section 4: `evaluate` with hand-computed numbers, the CLI end to end on a local JSONL benchmark
-with a tiny random model saved to disk (HF backend), `--plot` and the `--trace` viewer."""
+with a tiny random model saved to disk (HF backend), and tools/report.py: `--plot` and the `--trace` viewer, whose
+files go next to the run."""
 import json
 import os
 import subprocess
@@ -10,6 +11,7 @@ import pytest
 import eval as ev
 from conftest import make_bpe_tokenizer, make_tiny_causal_lm
 from harness.generate import Completion
+from tools import report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -117,7 +119,7 @@ def test_plot_writes_png_from_metrics_jsonl(tmp_path):
     (run_a / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_a))
     (run_b / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows_b))
     out = tmp_path / "curves.png"
-    assert ev.main(["--plot", str(run_a), str(run_b), "--out", str(out)]) == 0
+    assert report.main(["--plot", str(run_a), str(run_b), "--out", str(out)]) == 0
     data = out.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
 
@@ -136,14 +138,14 @@ def test_plot_keeps_one_colour_per_run_across_panels(tmp_path, monkeypatch):
         (tmp_path / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     colours, plot = [], Axes.plot
     monkeypatch.setattr(Axes, "plot", lambda self, *a, **kw: colours.append(kw.get("color")) or plot(self, *a, **kw))
-    ev.plot_runs([str(tmp_path / "grpo"), str(tmp_path / "scope")], str(tmp_path / "c.png"))
+    report.plot_runs([str(tmp_path / "grpo"), str(tmp_path / "scope")], str(tmp_path / "c.png"))
     assert colours == ["C0", "C1", "C1"]   # reward: grpo, scope; keep ratio: scope only, still C1
 
 
 def test_plot_names_a_bad_line(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n{oops\n')
     with pytest.raises(ValueError, match=r"metrics.jsonl, line 2"):
-        ev.plot_runs([str(tmp_path)], str(tmp_path / "x.png"))
+        report.plot_runs([str(tmp_path)], str(tmp_path / "x.png"))
 
 
 # ---- --trace ----
@@ -162,13 +164,13 @@ def write_traces(run_dir):
 
 
 def test_trace_terminal_rendering():
-    plain = ev.render_trace_text(TRACE, color=False)
+    plain = report.render_trace_text(TRACE, color=False)
     assert "\033[" not in plain
     for piece in ("[0.93] kept", "[0.12] FIRST ERROR", "[  -  ] discarded", "cut: the refiner rewrites from here",
                   "refiner attempt 2 (correct, accepted)", "refiner attempt 1 (wrong)", "Then 2 + 12 = 14.", "ACCEPTED", "kept 1/3 steps"):
         assert piece in plain
     assert plain.index("[0.93] kept") < plain.index("cut:") < plain.index("FIRST ERROR") < plain.index("attempt 1")
-    coloured = ev.render_trace_text(TRACE, color=True)
+    coloured = report.render_trace_text(TRACE, color=True)
     assert "\033[32m  [0.93] kept" in coloured  # green kept step
     assert "\033[31m  [0.12] FIRST ERROR" in coloured  # red first error
     assert "\033[34m    Then 2 + 12 = 14." in coloured  # blue refiner text
@@ -178,7 +180,7 @@ def test_trace_cli_terminal_and_html(tmp_path):
     """Subprocess run of the real entry point: stdout is a pipe, so no ANSI codes; --html escapes model text."""
     write_traces(tmp_path)
     page = tmp_path / "trace.html"
-    proc = subprocess.run([sys.executable, os.path.join(REPO, "eval.py"), "--trace", str(tmp_path),
+    proc = subprocess.run([sys.executable, "-m", "tools.report", "--trace", str(tmp_path),
                            "--html", str(page)], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "Compute 2 + 3 * 4." in proc.stdout and "an earlier question" not in proc.stdout  # last step only
@@ -191,24 +193,70 @@ def test_trace_cli_terminal_and_html(tmp_path):
 
 def test_trace_cli_step_selection(tmp_path, capsys):
     write_traces(tmp_path)
-    assert ev.main(["--trace", str(tmp_path), "--step", "1", "--no-color"]) == 0
+    assert report.main(["--trace", str(tmp_path), "--step", "1", "--no-color"]) == 0
     printed = capsys.readouterr().out
     assert "an earlier question" in printed and "Compute 2 + 3 * 4." not in printed
-    assert ev.main(["--trace", str(tmp_path), "--step", "99"]) == 0
-    assert "no rectification traces" in capsys.readouterr().out
+    assert report.main(["--trace", str(tmp_path), "--step", "2"]) == 0
+    out = capsys.readouterr().out   # no metrics.jsonl beside the traces: no range to check, the steps that have some
+    assert "no rectification at step 2" in out and "steps with traces: 1, 3" in out
+
+
+def write_metrics(run_dir, steps):
+    (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": 0.5}) + "\n" for s in steps))
+
+
+def test_trace_step_outside_the_run_names_the_range(tmp_path, capsys):
+    """`--trace RUN --step 99` on a 3-step run exited 0 without saying which steps exist."""
+    write_traces(tmp_path)
+    write_metrics(tmp_path, [0, 1, 2, 3])
+    assert report.main(["--trace", str(tmp_path), "--step", "99"]) == 2
+    err = capsys.readouterr().err
+    assert "--step 99" in err and "trained steps 1-3" in err
+    assert report.main(["--trace", str(tmp_path), "--step", "2"]) == 0   # trained, but nothing repaired there
+    assert "no rectification at step 2" in capsys.readouterr().out
+
+
+def test_trace_of_a_run_without_repairs_says_so(tmp_path, capsys):
+    (tmp_path / "traces.jsonl").write_text("")
+    write_metrics(tmp_path, [1, 2])
+    assert report.main(["--trace", str(tmp_path)]) == 0
+    assert "repaired nothing" in capsys.readouterr().out
+
+
+def test_plot_and_html_go_next_to_the_run(tmp_path, monkeypatch):
+    """`eval.py --plot runs/NAME` (the line scope.py printed) wrote curves.png into the working directory, the
+    repository root."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("a", "b"):
+        (tmp_path / "runs" / name).mkdir(parents=True)
+        write_metrics(tmp_path / "runs" / name, [1, 2])
+    write_traces(tmp_path / "runs" / "a")
+    assert report.main(["--plot", "runs/a"]) == 0
+    assert report.main(["--plot", "runs/a", "runs/b"]) == 0
+    assert report.main(["--trace", "runs/a", "--html", "--no-color"]) == 0
+    assert sorted(os.listdir(tmp_path)) == ["runs"]
+    assert (tmp_path / "runs" / "a" / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "runs" / "curves_a_b.png").read_bytes()[:4] == b"\x89PNG"
+    assert "<!DOCTYPE html>" in (tmp_path / "runs" / "a" / "trace_step3.html").read_text()
 
 
 def test_cli_evaluates_a_toy_checkpoint(tmp_path):
     """`--benchmarks toy`: held-out toy problems from toy.make_problems, a char-tokenizer model on disk."""
     from harness import toy
+    from harness.runs import append_change
     tok = toy.make_tokenizer()
-    make_tiny_causal_lm(tok).save_pretrained(tmp_path / "toy_ckpt")
-    tok.save_pretrained(tmp_path / "toy_ckpt")
-    out = tmp_path / "toy.json"
-    assert ev.main(["--model", str(tmp_path / "toy_ckpt"), "--benchmarks", "toy", "--limit", "2", "--n", "1",
-                    "--max-new-tokens", "4", "--backend", "hf", "--out", str(out)]) == 0
-    res = json.loads(out.read_text())["benchmarks"]["toy"]
+    ckpt = tmp_path / "runs" / "r" / "checkpoint"   # a run's checkpoint, whose run changed --lr on a resume
+    make_tiny_causal_lm(tok).save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    append_change(str(ckpt.parent), 11, {"lr": (1e-4, 1e-3)})
+    assert ev.main(["--model", str(ckpt), "--benchmarks", "toy", "--limit", "2", "--n", "1",
+                    "--max-new-tokens", "4", "--backend", "hf"]) == 0
+    out = tmp_path / "runs" / "r" / "eval_checkpoint.json"   # next to the run
+    written = json.loads(out.read_text())
+    res = written["benchmarks"]["toy"]
     assert res["num_problems"] == 2 and set(res["pass@k"]) == {"1"}
+    assert written["run_config_changes"] == ["from step 11: --lr 0.0001 -> 0.001"]
+
 
 
 def test_cli_argument_errors_and_grader_bench(capsys):
@@ -225,12 +273,12 @@ def test_cli_argument_errors_and_grader_bench(capsys):
 def test_trace_terminal_output_neutralises_escape_sequences():
     """Guards against model text driving the terminal: an ESC in a step or suffix is shown, not executed."""
     record = dict(TRACE, suffixes=["\x1b]0;owned\x07 \x1b[2J then 14"], steps=["a \x1b[31m step"])
-    text = ev.render_trace_text(record, color=False)
+    text = report.render_trace_text(record, color=False)
     assert "\x1b" not in text and "\x07" not in text and "\\x1b[2J" in text
 
 
 def test_cli_reports_a_missing_run_or_benchmark_in_one_line(tmp_path, capsys):
-    assert ev.main(["--trace", str(tmp_path)]) == 2
+    assert report.main(["--trace", str(tmp_path)]) == 2
     assert "traces.jsonl: no such file" in capsys.readouterr().err
     assert ev.main(["--model", "unused", "--benchmarks", str(tmp_path / "nope.jsonl")]) == 2
     assert "nope.jsonl" in capsys.readouterr().err

@@ -227,7 +227,7 @@ def test_eval_report_goes_next_to_the_evaluated_run(tmp_path):
     b = report_path(str(tmp_path / "runs" / "b" / "checkpoint") + "/")
     assert a == str(tmp_path / "runs" / "a" / "eval_checkpoint.json")
     assert b == str(tmp_path / "runs" / "b" / "eval_checkpoint.json")
-    assert report_path("Qwen/Qwen2.5-Math-7B") == "eval_Qwen_Qwen2.5-Math-7B.json"
+    assert report_path("Qwen/Qwen2.5-Math-7B") == os.path.join("runs", "eval_Qwen_Qwen2.5-Math-7B.json")
 
 
 def test_gitignore_has_no_mangled_lines():
@@ -237,3 +237,16 @@ def test_gitignore_has_no_mangled_lines():
     assert all(line.startswith("#") or "#" not in line for line in lines), lines
     assert len(lines) == len(set(lines)), "duplicated lines"
     assert ".pytest_cache/" in lines and "!cache/toy_warm_725d1cdb59cf/" in lines and "!cache/toy_refiner_3f9f426b1ba2/" in lines
+
+
+def test_the_headline_total_is_for_the_card_it_names():
+    """The dry-run's headline total (vLLM's weights + KV of every sequence) matched none of its per-card totals
+    (30 % of each card): without a known card there is no headline total, only the per-card ones."""
+    args = scope.Args(model="Qwen2.5-1.5B")
+    rows, notes = preflight.memory_plan(args, None, True)
+    text = preflight.format_plan(args, rows, notes, None)
+    assert not any(line.strip().endswith("total") for line in text.splitlines())
+    assert text.count("on a ") == 3 and "on a 80 GB GPU" in text
+    rows, notes = preflight.memory_plan(args, 80.0, True)
+    totals = [line for line in preflight.format_plan(args, rows, notes, 80.0).splitlines() if line.endswith("total")]
+    assert totals == [f"  {preflight.plan_total(rows):7.1f}  total"]

@@ -7,9 +7,11 @@
   a folder without checkpoint is resumed only with --overwrite, a second process on a live run stops;
 - kept_tokens and pad_token_id, the regression tests of the two training-path bugs.
 """
+import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -240,6 +242,102 @@ def test_second_process_on_a_live_run_stops_at_once(run_copy):
         holder.wait()
     run_scope(["--resume", "runs/r", "--steps", "3"], cwd)   # the holder is gone: its lock is stale, taken over
     assert read_steps(cwd / "runs" / "r" / "metrics.jsonl") == [1, 2, 3]
+
+
+def md5(path):
+    return hashlib.md5(path.read_bytes()).hexdigest()
+
+
+def test_resume_with_a_changed_training_flag_is_refused_or_recorded(run_copy):
+    """`--resume RUN --lr 0.1` overwrote config.json with "lr": 0.1 without a word: the record of how the run
+    was trained was gone. Now: one line, exit 2, config.json unchanged; with --change-config the change is
+    recorded with its step in changes.jsonl (config.json still unchanged) and later resumes keep it."""
+    cwd, _ = run_copy
+    run = cwd / "runs" / "r"
+    config, logs = md5(run / "config.json"), (run / "metrics.jsonl").read_text()
+    proc = run_scope(["--resume", "runs/r", "--steps", "3", "--lr", "0.1"], cwd, check=False)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2 and len(errors) == 1, proc.stderr
+    assert "--lr 0.1 (the run has 0.0001)" in errors[0] and "--change-config" in errors[0]
+    assert md5(run / "config.json") == config and (run / "metrics.jsonl").read_text() == logs
+    assert not (run / "changes.jsonl").exists()
+    proc = run_scope(["--resume", "runs/r", "--steps", "3", "--lr", "0.1", "--change-config"], cwd)
+    assert md5(run / "config.json") == config and read_steps(run / "metrics.jsonl") == [1, 2, 3]
+    assert runs.read_changes(str(run)) == [{"step": 3, "changes": {"steps": [2, 3], "lr": [0.0001, 0.1]}}]
+    assert "config changed from step 3: --steps 2 -> 3, --lr 0.0001 -> 0.1" in proc.stdout
+    proc = run_scope(["--resume", "runs/r", "--steps", "4", "--dry-run"], cwd)   # the settings now: lr 0.1 kept
+    assert '"lr": 0.1,' in proc.stdout and '"steps": 4,' in proc.stdout
+    assert len(runs.read_changes(str(run))) == 1, "a dry run records nothing"
+
+
+def test_resuming_a_finished_run_is_one_line(run_copy):
+    """`--resume` of a finished run said `resumed ... at step 3`, then `before n/a -> after n/a`."""
+    cwd, _ = run_copy
+    run = cwd / "runs" / "r"
+    config, logs = md5(run / "config.json"), (run / "metrics.jsonl").read_text()
+    proc = run_scope(["--resume", "runs/r"], cwd)
+    assert proc.stdout.strip().splitlines() == [
+        "runs/r is finished (step 2 of --steps 2): nothing to do; --resume runs/r --steps N (N > 2) trains it further"]
+    assert md5(run / "config.json") == config and (run / "metrics.jsonl").read_text() == logs
+    assert not (run / "lock").exists() and not (run / "changes.jsonl").exists()
+
+
+def test_the_data_is_checked_before_the_run_folder(run_copy):
+    """A missing --dataset file was reported only after the run folder's name clash."""
+    cwd, flags = run_copy
+    proc = run_scope([*flags, "--dataset", "no_such.jsonl"], cwd, check=False)
+    assert proc.returncode == 2 and "--dataset no_such.jsonl" in proc.stderr and "already holds" not in proc.stderr
+
+
+def scope_until(args, cwd, line_start, sig):
+    """Start scope.py, send `sig` once a stdout line starts with `line_start`; (returncode, stdout, stderr)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scope.py"), *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    out = []
+    try:
+        for line in proc.stdout:
+            out.append(line)
+            if line.startswith(line_start):
+                proc.send_signal(sig)   # mid-run: the next step is under way (or its checkpoint being saved)
+                break
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return proc.returncode, "".join(out) + stdout, stderr
+
+
+def comparable(path):
+    return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in map(json.loads, open(path))]
+
+
+def test_interrupt_says_how_to_resume_and_the_resume_is_exact(toy_model_dir, tmp_path):
+    """Ctrl-C printed a 76-line KeyboardInterrupt traceback and no line saying where the last checkpoint was.
+    Now SIGINT and SIGTERM end the run with one line naming the checkpoint's step and the --resume command, the
+    lock released; the run resumed twice matches an uninterrupted one (metrics and the closing summary, which
+    reads the whole run's logs: the step-0 evaluation, the first steps' reward)."""
+    flags = ["--toy", "--model", toy_model_dir, *TINY, "--steps", "5", "--eval-every", "2"]
+    full = run_scope([*flags, "--run-name", "full"], tmp_path)
+    run = tmp_path / "runs" / "r"
+    for command, line_start, sig in ((["--run-name", "r", *flags], "step    2 |", signal.SIGINT),
+                                     (["--resume", "runs/r"], "step    3 |", signal.SIGTERM)):
+        code, stdout, stderr = scope_until(command, tmp_path, line_start, sig)
+        assert code == 130, (code, stdout, stderr)
+        step = runs.find_checkpoint(str(run))[1]
+        said = [line for line in stderr.splitlines() if line.startswith("interrupted")]
+        assert said == [f"interrupted: the last complete checkpoint is step {step} ({run.relative_to(tmp_path)}/"
+                        f"{os.path.basename(runs.find_checkpoint(str(run))[0])}); continue with: "
+                        f"python scope.py --resume runs/r"], stderr
+        assert "Traceback" not in stderr and "KeyboardInterrupt" not in stderr
+        assert not (run / "lock").exists()
+    resumed = run_scope(["--resume", "runs/r"], tmp_path)
+    assert comparable(run / "metrics.jsonl") == comparable(tmp_path / "runs" / "full" / "metrics.jsonl")
+
+    def summary(text):   # the closing lines but the time
+        lines = text[text.index("\ndone in"):].strip().splitlines()
+        return [lines[0].split(". ", 1)[1]] + [line for line in lines[1:] if not line.startswith(("logs:", "plot:"))]
+    assert summary(resumed.stdout) == summary(full.stdout)
+    assert "before n/a" not in resumed.stdout and "resumed at step" in resumed.stdout
 
 
 # ------------------------------------------------------------------------------------------------ training path

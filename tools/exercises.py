@@ -17,8 +17,8 @@ exercises not chosen keep their reference code (marker lines removed), so `--onl
 assignment. The teacher's tools (this file and its contract test) are not copied.
 
     python -m tools.exercises --list                       # the table: concept, tests, difficulty, depends on
-    python -m tools.exercises --out assignment             # every exercise
-    python -m tools.exercises --out hw1 --only first_error,keep_ratio
+    python -m tools.exercises --out ../assignment          # every exercise (outside the repository)
+    python -m tools.exercises --out ../hw1 --only first_error,keep_ratio
 
 `EXERCISES` below is the one table: each exercise's paper concept, the tests that grade it (pytest node
 ids; a parametrised test is named once), its difficulty (1 easy … 4 challenge) and the exercises its

@@ -196,7 +196,8 @@ def problem_files(task: str, args, write: bool = False) -> dict:
 
     folder = os.path.join("runs", f"{args.tag}-data-{slug(task)}")
     files = {"train": os.path.join(folder, "train.jsonl"), "eval": os.path.join(folder, "eval.jsonl")}
-    os.makedirs(folder, exist_ok=True)
+    if write:   # planning a command only names the files
+        os.makedirs(folder, exist_ok=True)
     for split, n, seed in (("train", 500, 1), ("eval", max(args.eval_size, args.train_eval_size), 0)) if write else ():
         with open(files[split], "w") as f:
             for p in toy.make_problems(n, seed=seed, **json.loads(task)):
