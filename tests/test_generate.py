@@ -286,3 +286,22 @@ def test_hf_never_samples_ids_beyond_the_tokenizer(bpe_tokenizer):
     model.lm_head.register_forward_hook(lambda module, inputs, logits: logits + boost)
     out = HFGenerator(model, bpe_tokenizer).generate([[5, 6, 7]], n=4, temperature=1.0, max_tokens=10, seed=0)
     assert all(t < len(bpe_tokenizer) for c in out[0] for t in c.ids)
+
+
+def test_autocast_only_around_hf_generate(monkeypatch):
+    """Regression: vLLM calls ran inside CUDA autocast. Run.amp_for gives autocast for an HF generator of this
+    process on CUDA, and nothing for any other generator (vLLM, a served model, none)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from harness import wiring
+
+    entered = []
+    fake_run = SimpleNamespace(device="cuda:0", amp=lambda: entered.append("amp") or contextlib.nullcontext())
+    hf = HFGenerator.__new__(HFGenerator)
+    with wiring.Run.amp_for(fake_run, hf):
+        pass
+    assert entered == ["amp"]
+    for other in (object(), None, OpenAIGenerator("http://127.0.0.1:9", "m", make_bpe_tokenizer())):
+        assert isinstance(wiring.Run.amp_for(fake_run, other), contextlib.nullcontext)
+    assert entered == ["amp"]
