@@ -384,8 +384,8 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True) -> tu
     KL reference (--kl-coef > 0): 4 bytes per parameter;
     rollout engine: vLLM reserves VLLM_SHARE of the GPU (without a GPU size: bf16 weights + the KV cache of all
     B·G sequences); HF generate: the KV cache of one --gen-batch-size batch;
-    PRM and a separate refiner: bfloat16 weights (2 bytes per parameter), plus the refiner's KV cache of one
-    --gen-batch-size batch (`refiner_gib`);
+    PRM and a separate refiner: bfloat16 weights (2 bytes per parameter), plus the refiner's KV cache
+    (`refiner_gib`: one --gen-batch-size batch under HF generate, one micro-batch beside vLLM);
     update activations, one micro-batch of T = PROMPT_TOKENS + max_new_tokens tokens per sequence:
     34 · hidden · layers bytes per token (Korthikanti et al. 2022, no recomputation, fused attention) and
     14 · vocab bytes per token for the logits (bf16 logits, their float32 copy, log-softmax, its gradient);
@@ -424,18 +424,20 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True) -> tu
         if ref_cfg is None:
             notes.append(f"no config for refiner '{args.refiner}': left out of the plan")
         else:
-            rows.append((f"refiner {n_params(ref_cfg) / 1e9:.2f} B params (bf16) + KV cache", refiner_gib(args, ref_cfg)))
+            # HF generate holds one --gen-batch-size batch; beside vLLM it is served, KV of a micro-batch assumed
+            batch = args.micro_batch_size if use_vllm else args.gen_batch_size
+            rows.append((f"refiner {n_params(ref_cfg) / 1e9:.2f} B params (bf16) + KV cache", refiner_gib(args, ref_cfg, batch)))
     act = args.micro_batch_size * T * (34 * cfg["hidden_size"] * cfg["num_hidden_layers"] + 14 * cfg["vocab_size"])
     rows.append((f"update activations ({args.micro_batch_size} sequences x {T} tokens)", act / GIB))
     rows.append(("CUDA context and allocator slack", 2.0))
     return rows, notes
 
 
-def refiner_gib(args, cfg: dict) -> float:
-    """GiB of a refiner held in this process (HF generate): bf16 weights + the KV cache of one --gen-batch-size
-    batch of PROMPT_TOKENS + max_new_tokens tokens."""
+def refiner_gib(args, cfg: dict, batch: int) -> float:
+    """GiB of a refiner: bf16 weights + the KV cache of `batch` sequences of PROMPT_TOKENS + max_new_tokens tokens
+    (HF generate in this process: batch = --gen-batch-size)."""
     T = PROMPT_TOKENS + args.max_new_tokens
-    return (2 * n_params(cfg) + args.gen_batch_size * T * kv_bytes_per_token(cfg)) / GIB
+    return (2 * n_params(cfg) + batch * T * kv_bytes_per_token(cfg)) / GIB
 
 
 def refiner_fallback_refusal(args, free_gib: float, total_gib: float, reason: str, log_path: str) -> str | None:
@@ -444,7 +446,7 @@ def refiner_fallback_refusal(args, free_gib: float, total_gib: float, reason: st
     line that stops the run, naming the flags that fit: a --refiner-mem share that the free memory holds and
     that holds the bf16 weights with 2 GiB of KV cache (when there is one), --refiner-url, --refiner policy."""
     cfg = model_config(args.refiner)
-    need = None if cfg is None else refiner_gib(args, cfg) + 1.0
+    need = None if cfg is None else refiner_gib(args, cfg, args.gen_batch_size) + 1.0
     if need is not None and need <= free_gib:
         return None
     ways = []

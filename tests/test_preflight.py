@@ -251,7 +251,7 @@ def test_refiner_fallback_refusal_by_the_memory_plan():
     """The refiner server failed: HF generate of the 7B refiner (weights 14.2 GiB + KV of one --gen-batch-size
     batch, 4.4 GiB, + 1 GiB) is allowed only when that much GPU memory is free; else one line with flags that fit."""
     args = scope.Args(model="Qwen2.5-1.5B")
-    assert preflight.refiner_gib(args, preflight.model_config(args.refiner)) == pytest.approx(REFINER_7B)
+    assert preflight.refiner_gib(args, preflight.model_config(args.refiner), 64) == pytest.approx(REFINER_7B)
     assert REFINER_7B == pytest.approx(18.56, abs=0.01)
     assert preflight.refiner_fallback_refusal(args, 30.0, 80.0, "CUDA out of memory", "log") is None
     line = preflight.refiner_fallback_refusal(args, 18.0, 80.0, "torch.OutOfMemoryError: CUDA out of memory", "x.log")
