@@ -110,7 +110,8 @@ def format_prompt(tokenizer, question: str, system: str | None = DEFAULT_SYSTEM)
 CHATML_TURN_END = "<|im_end|>"
 
 # vLLM's defaults of the plain distribution, sent explicitly (choice 3): a `vllm serve` fills unset fields from
-# the checkpoint's generation_config. top_k=-1 and 0 both mean "no top-k" in vLLM 0.32 and 0.33's SamplingParams.
+# the checkpoint's generation_config. top_k=-1 and 0 both mean "no top-k" (checked in vLLM 0.32's SamplingParams,
+# which "quietly accepts -1"; its CompletionRequest takes all three keys and stop_token_ids).
 PLAIN_SAMPLING = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
 
 
