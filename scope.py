@@ -271,7 +271,8 @@ def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
     a = run.args
     batch = build_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
                         [t.offpolicy_mask for t in trajs], advantages, wiring.pad_token_id(run.tokenizer),
-                        sampler_logp=[t.sampler_logp for t in trajs] if a.tis_cap > 0 else None)
+                        sampler_logp=[t.sampler_logp for t in trajs]   # vLLM rollouts only (HF: none)
+                        if a.tis_cap > 0 and any(t.sampler_logp for t in trajs) else None)
     batch = {k: v.to(run.device) for k, v in batch.items()}   # no old_logp: one step per batch, ρ = 1
     run.policy.train()
     with run.amp():
