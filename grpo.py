@@ -25,6 +25,8 @@ Equations (token t of sequence i, A_i its advantage, π = exp(logp), ε = clip_e
     off-policy tokens      ℓ_it = −f(π) A_i,   f(π) = π / (π + γ)              LUFFY policy shaping,
                                                                                behaviour prob = 1, no clip
     ... or, unit credit     ℓ_it = −A_i · logp_it                           offpolicy_credit="unit": as if sampled
+    sampler mismatch       w_it = min(exp(old_logp − sampler_logp), C)      truncated importance sampling on the
+                           ℓ_it ← w_it · ℓ_it  on on-policy tokens          policy's tokens (vLLM rollouts, C = tis_cap)
     KL (optional)          k3_it = exp(r) − r − 1,   r = ref_logp − logp      k3 estimator (Schulman)
     entropy (optional)     H_it = −Σ_v π_v log π_v  of the distribution that produced token t
     loss                   L = (1/Z) Σ_i Σ_{t in response_i} [ ℓ_it + kl_coef·k3_it − entropy_coef·H_it ]
@@ -45,9 +47,10 @@ References:
 
 Choices (each is a keyword argument, so a flag in scope.py): no std in the advantage, the Dr. GRPO
 constant normaliser over the whole batch, γ = 0.1, ε = 0.2, behaviour probability 1 on refiner tokens, no
-KL or entropy bonus, a non-finite step skipped, no separate old-log-prob pass, float32 log-probs one
-micro-batch at a time. Each is explained once, with its reason, in docs/choices.md (rows "6 advantages"
-and "7 update").
+KL or entropy bonus, a non-finite step skipped, no separate old-log-prob pass, a truncated importance weight
+min(π_old/π_vLLM, C) on the policy's own tokens when vLLM sampled them (`truncated_is_weight`), float32
+log-probs one micro-batch at a time. Each is explained once, with its reason, in docs/choices.md (rows
+"6 advantages" and "7 update").
 """
 import contextlib
 import math
@@ -95,12 +98,15 @@ def group_advantages(rewards, group_size: int, scale_std: bool = False) -> Tenso
 # Batch layout
 # ---------------------------------------------------------------------------------------------------
 def build_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], offpolicy_mask: list[list[int]],
-                advantages: Tensor, pad_id: int) -> dict[str, Tensor]:
+                advantages: Tensor, pad_id: int, sampler_logp: list[list[float] | None] | None = None,
+                ) -> dict[str, Tensor]:
     """Right-padded (N, L) tensors for `token_logprobs` / `update`.
 
     Row i is prompt_ids[i] + response_ids[i] + padding. `response_mask` is 1 on the response tokens and
     `offpolicy_mask` is 1 where `offpolicy_mask[i]` marks a refiner token (None: none), both aligned with
     input_ids positions. All masks are int64 0/1. `advantages` is returned as a float32 (N,) tensor.
+    `sampler_logp` (optional): per row, the sampler's log-probs of the FIRST len() response tokens (None: none
+    known); it adds "sampler_logp" (N, L) float32 and "sampler_mask" (N, L), 1 where a value is known.
     """
     n = len(prompt_ids)
     if n == 0:
@@ -132,9 +138,23 @@ def build_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], offp
         response_mask[i, a:b] = 1
         if len(r):
             off_mask[i, a:b] = torch.tensor([1 if x else 0 for x in m], dtype=torch.long)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
-            "offpolicy_mask": off_mask, "advantages": advantages}
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
+             "offpolicy_mask": off_mask, "advantages": advantages}
     # END SOLUTION
+    if sampler_logp is not None:
+        if len(sampler_logp) != n:
+            raise ValueError(f"build_batch: {len(sampler_logp)} sampler_logp rows for {n} sequences")
+        logp = torch.zeros((n, length), dtype=torch.float32)  # (N, L)
+        known = torch.zeros((n, length), dtype=torch.long)  # (N, L)
+        for i, (p, r, lp) in enumerate(zip(prompt_ids, response_ids, sampler_logp)):
+            if lp is None or len(lp) == 0:
+                continue
+            if len(lp) > len(r):
+                raise ValueError(f"build_batch: sampler_logp[{i}] has {len(lp)} entries for {len(r)} response tokens")
+            logp[i, len(p):len(p) + len(lp)] = torch.tensor(lp, dtype=torch.float32)
+            known[i, len(p):len(p) + len(lp)] = 1
+        batch.update(sampler_logp=logp, sampler_mask=known)
+    return batch
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -268,6 +288,18 @@ def unit_offpolicy_loss(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tenso
     return -torch.where(mask, logp, torch.zeros_like(logp)) * adv  # (N, L)
 
 
+def truncated_is_weight(train_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """Truncated importance weight of each token for the sampler / trainer mismatch (docs/choices.md):
+    w = min(π_train / π_sampler, C) = min(exp(train_logp − sampler_logp), C), detached; 1 where `mask` is 0.
+
+    train_logp, sampler_logp, mask: (N, L); cap C >= 1. The log-ratio is zeroed off the mask before exp."""
+    if cap < 1:
+        raise ValueError(f"truncated_is_weight: cap must be >= 1 (a cap below 1 scales every token down), got {cap}")
+    mask = mask.bool()  # (N, L)
+    log_ratio = torch.where(mask, train_logp.detach() - sampler_logp.to(train_logp.dtype), torch.zeros_like(train_logp))
+    return torch.clamp(torch.exp(log_ratio), max=cap)  # (N, L) truncated IS weight
+
+
 def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     """k3 KL estimator per token: exp(r) − r − 1 with r = ref_logp − logp (≥ 0; Schulman). (N, L), 0 off
     the mask; ref_logp is a constant."""
@@ -291,19 +323,20 @@ def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> flo
 
 def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, clip_eps=0.2,
                 shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, z=None, ref_logp=None, kl_coef=0.0,
-                entropy=None, entropy_coef=0.0, offpolicy_credit="shaped") -> tuple[Tensor, dict]:
+                entropy=None, entropy_coef=0.0, offpolicy_credit="shaped", is_weight=None) -> tuple[Tensor, dict]:
     """The SCOPE token loss L (the module docstring's equations): `clipped_surrogate` on the policy's own
     tokens, `shaped_offpolicy_loss` on the refiner's (or `unit_offpolicy_loss` with offpolicy_credit="unit"),
     optional `k3_kl` and entropy bonus, summed over response tokens and divided by Z.
 
     logp, old_logp, response_mask, offpolicy_mask, ref_logp, entropy: (N, L); advantages: (N,).
     z: the normaliser; None = `loss_normaliser` of this batch (`update` passes the whole batch's Z to every
-    micro-batch). Returns (scalar loss with gradient through logp and entropy, terms): `terms` holds the
-    detached per-token tensors the metrics are made of, for `loss_metrics`.
+    micro-batch). is_weight: (N, L) per-token weights of the policy's tokens' surrogate (`truncated_is_weight`;
+    None = 1), treated as constants. Returns (scalar loss with gradient through logp and entropy, terms):
+    `terms` holds the detached per-token tensors the metrics are made of, for `loss_metrics`.
     """
     shape = tuple(logp.shape)
     named = {"old_logp": old_logp, "response_mask": response_mask, "offpolicy_mask": offpolicy_mask,
-             "ref_logp": ref_logp, "entropy": entropy}
+             "ref_logp": ref_logp, "entropy": entropy, "is_weight": is_weight}
     for name, t in named.items():
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"policy_loss: {name} has shape {tuple(t.shape)}, logp has {shape}")
@@ -319,6 +352,8 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
     kl = None
     # BEGIN SOLUTION policy_loss
     on_loss, ratio, clipped = clipped_surrogate(logp, old_logp, advantages, on, clip_eps)  # (N, L) each
+    if is_weight is not None:  # truncated importance sampling against the sampler (policy tokens only)
+        on_loss = on_loss * torch.where(on, is_weight.detach(), torch.ones_like(on_loss))  # (N, L)
     off_loss, shaped = shaped_offpolicy_loss(logp, advantages, off, shaping_gamma)  # (N, L) each
     if offpolicy_credit == "unit":  # the refiner's tokens as if the policy had sampled them
         off_loss = unit_offpolicy_loss(logp, advantages, off)  # (N, L)
@@ -333,7 +368,8 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
     loss = per_token.sum() / z  # L = (1/Z) Σ_i Σ_t ℓ_it
     # END SOLUTION
     terms = {"on": on, "off": off, "ratio": ratio.detach(), "clipped": clipped, "shaped": shaped.detach(),
-             "kl": None if kl is None else kl.detach(), "entropy": None if entropy is None else entropy.detach()}
+             "kl": None if kl is None else kl.detach(), "entropy": None if entropy is None else entropy.detach(),
+             "is_weight": None if is_weight is None else is_weight.detach()}
     return loss, terms
 
 
@@ -341,25 +377,32 @@ def loss_metrics(terms: dict) -> dict:
     """Python-float metrics of `policy_loss`'s terms (one batch, or micro-batches joined by `join_terms`):
     clip fraction and mean ratio over the policy's tokens, mean f(π) over the refiner's, the refiner's share
     of response tokens, KL and entropy as means over response tokens, entropy_policy over the policy's
-    tokens only (0 where a set is empty)."""
+    tokens only (0 where a set is empty); with importance weights, their mean and the share of policy tokens
+    at the cap, over the policy tokens that carry one (`is_mask`)."""
     on, off = terms["on"], terms["off"]
     resp = on | off
 
     def mean_over(x, mask):
         return float(x[mask].sum() / mask.sum()) if x is not None and mask.any() else 0.0
 
-    return {"clip_frac": mean_over(terms["clipped"].double(), on), "ratio_mean": mean_over(terms["ratio"], on),
-            "shaped_mean": mean_over(terms["shaped"], off), "offpolicy_share": mean_over(off.double(), resp),
-            "kl": mean_over(terms["kl"], resp), "entropy": mean_over(terms["entropy"], resp),
-            "entropy_policy": mean_over(terms["entropy"], on)}
+    metrics = {"clip_frac": mean_over(terms["clipped"].double(), on), "ratio_mean": mean_over(terms["ratio"], on),
+               "shaped_mean": mean_over(terms["shaped"], off), "offpolicy_share": mean_over(off.double(), resp),
+               "kl": mean_over(terms["kl"], resp), "entropy": mean_over(terms["entropy"], resp),
+               "entropy_policy": mean_over(terms["entropy"], on)}
+    if terms.get("is_weight") is not None and terms.get("is_mask") is not None:
+        weighted, w = terms["is_mask"].bool() & on, terms["is_weight"]
+        metrics.update(tis_weight_mean=mean_over(w, weighted),
+                       tis_capped_frac=mean_over((w >= terms["is_cap"]).double(), weighted))
+    return metrics
 
 
 def join_terms(parts: list[dict]) -> dict:
     """The terms of micro-batches (or of ranks), concatenated along the batch dimension; a shorter sequence
-    dimension is padded with zeros (False), which every mask leaves out."""
+    dimension is padded with zeros (False), which every mask leaves out. Non-tensor entries (the TIS cap)
+    are the same in every part."""
     width = max(p["on"].shape[1] for p in parts)
-    return {k: None if parts[0][k] is None else torch.cat([F.pad(p[k].cpu(), (0, width - p[k].shape[1]))
-                                                           for p in parts]) for k in parts[0]}
+    return {k: torch.cat([F.pad(p[k].cpu(), (0, width - p[k].shape[1])) for p in parts])
+            if isinstance(parts[0][k], Tensor) else parts[0][k] for k in parts[0]}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -367,7 +410,7 @@ def join_terms(parts: list[dict]) -> dict:
 # ---------------------------------------------------------------------------------------------------
 def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_norm=1.0, clip_eps=0.2,
            shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
-           ref_model=None, offpolicy_credit="shaped", dist=None) -> dict:
+           ref_model=None, offpolicy_credit="shaped", tis_cap=0.0, dist=None) -> dict:
     """One optimizer step on `batch`: `policy_loss` micro-batch by micro-batch, gradients accumulated.
 
     batch: input_ids, attention_mask, response_mask, offpolicy_mask (N, L), advantages (N,), optionally
@@ -377,6 +420,8 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     before the first of several steps) when one rollout batch gets several optimizer steps. With
     kl_coef > 0 and no ref_logp, ref_logp is computed from `ref_model` per micro-batch. Each micro-batch's
     loss is divided by the WHOLE batch's Z, so the accumulated gradient equals the single-batch gradient.
+    With tis_cap > 0 and batch["sampler_logp"] / ["sampler_mask"] (build_batch), the policy's tokens whose
+    sampler log-prob is known get `truncated_is_weight(old_logp, sampler_logp, ..., tis_cap)` (docs/choices.md).
     Gradients are clipped to `max_grad_norm` (None: no clipping). A non-finite loss or gradient norm
     skips the step (gradients zeroed, parameters untouched). Returns Python-float metrics: loss,
     grad_norm, skipped and `loss_metrics` of the whole batch.
@@ -415,10 +460,17 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
             if ref_logp is None and kl_coef > 0:
                 ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"],
                                              part["response_mask"], micro_batch_size=mb)
+            is_weight = is_mask = None
+            if tis_cap > 0 and "sampler_logp" in part:  # the sampler / trainer mismatch
+                is_mask = part["sampler_mask"].bool() & part["response_mask"].bool() & ~part["offpolicy_mask"].bool()
+                is_weight = truncated_is_weight(old_logp, part["sampler_logp"], is_mask, tis_cap)  # (n, L)
             loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"],
                                       part["offpolicy_mask"], clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=z,
                                       ref_logp=ref_logp, kl_coef=kl_coef, entropy=entropy,
-                                      entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit)
+                                      entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
+                                      is_weight=is_weight)
+            if is_weight is not None:
+                terms.update(is_mask=is_mask, is_cap=float(tis_cap))
             (loss * 0.0 if padding else loss).backward()  # ÷ the whole batch's Z: the full-batch gradient
         if not padding:
             loss_total += float(loss.detach())

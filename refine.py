@@ -21,7 +21,7 @@ holding the very same Trajectory objects.
 """
 from dataclasses import dataclass
 
-from harness.generate import DEFAULT_SYSTEM, format_prompt
+from harness.generate import DEFAULT_SYSTEM, format_prompt, turn_end_id
 
 HINT = ("\n\nA partial solution follows. It is correct up to where it stops, and the next step would contain "
         "a mistake. Continue it from exactly where it stops, avoid that mistake, and finish the solution.")
@@ -46,6 +46,8 @@ class Trajectory:
     cut: int | None = None  # index of the first step NOT kept (the first error / cut point)
     keep_ratio: float | None = None  # cut / len(steps)
     keep_ratio_tokens: float | None = None  # prefix tokens / response tokens
+    finished: bool = True  # the sampler stopped by itself (False: it hit max_new_tokens, a truncated response)
+    sampler_logp: list[float] | None = None  # the sampler's log-prob of the first len() response ids (vLLM only)
 
     def __post_init__(self):
         if self.offpolicy_mask is None:
@@ -102,10 +104,11 @@ class Refiner:
 
 def splice(prefix_ids: list[int], suffix_text: str, tokenizer, *, max_new_tokens: int,
            eos_id: int | None, finished: bool = True) -> tuple[list[int], list[int]]:
-    """(response_ids, offpolicy_mask): the original prefix ids untouched + the suffix in POLICY tokens (+ EOS).
+    """(response_ids, offpolicy_mask): the original prefix ids untouched + the suffix in POLICY tokens (+ END).
 
-    `finished`: the refiner stopped by itself. Only then is EOS appended (when it fits): a refiner text cut at
-    its budget stays a truncated trajectory however few policy tokens it re-tokenises to."""
+    `eos_id`: the id that ends the assistant turn (rectify passes generate.turn_end_id: <|im_end|> for ChatML).
+    `finished`: the refiner stopped by itself. Only then is that id appended (when it fits): a refiner text cut
+    at its budget stays a truncated trajectory however few policy tokens it re-tokenises to."""
     prefix_ids = list(prefix_ids)
     budget = max_new_tokens - len(prefix_ids)
     if budget < 0:
@@ -155,6 +158,7 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
     suffixes = refiner.continue_from([t.question for t in originals], prefix_texts, n=attempts,
                                      max_tokens=[max_new_tokens - len(p) for p in prefixes], seed=seed)
 
+    end_id = turn_end_id(tokenizer)  # what ends the assistant turn of the policy's prompt (choice 3)
     accepted: dict[int, Trajectory] = {}  # index of the original -> its repaired trajectory
     traces = []
     for t, (index, _), prefix, prefix_text, texts in zip(originals, picks, prefixes, prefix_texts, suffixes):
@@ -162,7 +166,7 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
         texts = [s if isinstance(s, Suffix) else Suffix(s, True) for s in texts]
         for suffix in texts:
             response_ids, mask = splice(prefix, suffix.text, tokenizer, max_new_tokens=max_new_tokens,
-                                        eos_id=tokenizer.eos_token_id, finished=suffix.finished)
+                                        eos_id=end_id, finished=suffix.finished)
             text = tokenizer.decode(response_ids, skip_special_tokens=True)
             candidates.append((response_ids, mask, text))
             verdicts.append(bool(grade_fn(text, t.answer)))  # reward recomputation with the grader
@@ -172,7 +176,9 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
                 question=t.question, answer=t.answer, group=t.group, prompt_ids=list(t.prompt_ids),
                 response_ids=response_ids, text=text, reward=1.0, correct=True, offpolicy_mask=mask,
                 source="rectified" if prefix else "replaced", steps=_copy(t.steps), step_scores=_copy(t.step_scores),
-                cut=t.cut, keep_ratio=t.keep_ratio, keep_ratio_tokens=t.keep_ratio_tokens)
+                cut=t.cut, keep_ratio=t.keep_ratio, keep_ratio_tokens=t.keep_ratio_tokens,
+                finished=bool(response_ids) and response_ids[-1] == end_id,
+                sampler_logp=None if t.sampler_logp is None else list(t.sampler_logp[:len(prefix)]))
         traces.append({
             "group": t.group, "question": t.question, "answer": t.answer,
             "mode": "scope" if prefix else "replace", "steps": t.steps, "scores": t.step_scores, "cut": t.cut,

@@ -80,6 +80,7 @@ class Args:
     prompts_per_step: int = arg(16, "prompts per step (B)")
     group_size: int = arg(8, "rollouts per prompt (G)")
     max_new_tokens: int = arg(1024, "response budget in tokens (clamped to the model context)")
+    eval_max_new_tokens: int = arg(3000, "response budget of the periodic evaluation (clamped to the model context)")
     temperature: float = arg(1.0, "rollout sampling temperature")
     tau: float = arg(0.5, "PRM threshold: the first step scored below it is the first error")
     refine_attempts: int = arg(2, "refiner attempts per selected failure (one batched call); first correct wins")
@@ -101,7 +102,10 @@ class Args:
     adv_std: bool = arg(False, "divide group advantages by their std (GRPO) instead of mean-centring only")
     kl_coef: float = arg(0.0, "β of a k3 KL penalty to the initial policy (0 = no reference model)")
     entropy_coef: float = arg(0.0, "entropy bonus coefficient")
-    micro_batch_size: int = arg(4, "sequences per forward/backward pass (and per HF generate batch)")
+    micro_batch_size: int = arg(4, "sequences per forward/backward pass of the update")
+    gen_batch_size: int = arg(64, "sequences per HF generate call (rollouts, evaluation, an in-process refiner)")
+    tis_cap: float = arg(2.0, "truncated importance sampling on the policy's tokens with vLLM rollouts: weight "
+                         "min(π_train/π_vLLM, C) with this C (>= 1); 0 = off; no weight with HF generate")
     # --- bookkeeping
     eval_every: int = arg(50, "evaluate every N steps (and before the first and after the last); 0 = never")
     save_every: int = arg(100, "checkpoint every N steps (and after the last)")
@@ -129,7 +133,7 @@ class Args:
 # Applied with --toy unless the flag is typed. 30 steps take ~0.5 s each on 2 CPU cores once the warm start is cached.
 TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy", eval_dataset="toy", eval_size=200,
                     backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
-                    lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10)
+                    lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, eval_max_new_tokens=128)
 
 def parse_args(argv=None) -> Args:
     """Args from the command line. Precedence: flags typed > the resumed run's settings (config.json with the
@@ -214,11 +218,11 @@ def rollout(run, problems: list[dict], groups: range, seed: int) -> list[Traject
     todo = groups if run.use_vllm else range(len(problems))
     prompts = [format_prompt(run.tokenizer, problems[b]["question"]) for b in todo]
     run.policy.eval()
-    with run.amp():
+    with run.amp_for(run.generator):   # autocast for HF generate only, never around vLLM
         completions = run.generator.generate(prompts, n=a.group_size, temperature=a.temperature,
                                              max_tokens=a.max_new_tokens, seed=seed + todo.start)
     return [Trajectory(question=problems[b]["question"], answer=problems[b]["answer"], group=b, prompt_ids=prompt,
-                       response_ids=list(c.ids), text=c.text)
+                       response_ids=list(c.ids), text=c.text, finished=c.finished, sampler_logp=c.logprobs)
             for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
 
 
@@ -230,7 +234,7 @@ def repair(run, trajs: list[Trajectory], picks: list[tuple], seed: int) -> tuple
     if not picks:
         return trajs, [], False
     try:
-        with run.amp():
+        with run.amp_for(getattr(run.refiner, "generator", None)):
             merged, traces = rectify(trajs, picks, run.refiner, run.tokenizer, attempts=a.refine_attempts,
                                      merge=a.merge, max_new_tokens=a.max_new_tokens, grade_fn=grade, seed=seed)
         return merged, traces, False
@@ -250,10 +254,13 @@ def batch_advantages(trajs: list[Trajectory], groups: range, scale_std: bool) ->
 
 
 def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
-    """Step 7: one optimizer step (grpo.update: PPO ratio on the policy's tokens, shaping on the refiner's)."""
+    """Step 7: one optimizer step (grpo.update: PPO ratio on the policy's tokens, truncated importance weight
+    against vLLM's log-probs where the rollout engine returned them, shaping on the refiner's)."""
     a = run.args
     batch = build_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                        [t.offpolicy_mask for t in trajs], advantages, wiring.pad_token_id(run.tokenizer))
+                        [t.offpolicy_mask for t in trajs], advantages, wiring.pad_token_id(run.tokenizer),
+                        sampler_logp=[t.sampler_logp for t in trajs]   # vLLM rollouts only (HF: none)
+                        if a.tis_cap > 0 and any(t.sampler_logp for t in trajs) else None)
     batch = {k: v.to(run.device) for k, v in batch.items()}   # no old_logp: one step per batch, ρ = 1
     dist.reshard(run.policy)   # FSDP2: drop the full weights a generation left gathered (else clipping misses them)
     run.policy.train()
@@ -261,7 +268,7 @@ def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
         stats = update(run.model, run.optimizer, batch, micro_batch_size=a.micro_batch_size, max_grad_norm=1.0,
                        clip_eps=a.clip_eps, shaping_gamma=a.shaping_gamma, loss_agg=a.loss_agg,
                        offpolicy_credit=a.offpolicy_credit, max_new_tokens=a.max_new_tokens, kl_coef=a.kl_coef,
-                       entropy_coef=a.entropy_coef, ref_model=run.ref_model,
+                       entropy_coef=a.entropy_coef, ref_model=run.ref_model, tis_cap=a.tis_cap,
                        dist=run.dist if run.dist.world > 1 else None)
     run.policy.eval()
     return stats
@@ -281,6 +288,7 @@ def step_metrics(step: int, args: Args, rollouts: list[Trajectory], trained: lis
          "reward_mean": float(passed.mean()), "frac_all_fail": float((~passed.any(1)).mean()),
          "frac_all_pass": float(passed.all(1).mean()),
          "response_len": float(np.mean([len(t.response_ids) for t in rollouts])),
+         "trunc_frac": float(np.mean([not t.finished for t in rollouts])),   # hit max_new_tokens without a stop
          "near_miss_frac": near_miss_at_k([(len(t.steps), t.cut) for t in failed_scored], k=1) if failed_scored else None,
          "discarded_valid_frac": discarded_valid_share([t.keep_ratio for t in failed_scored]) if failed_scored else None,
          "refiner_unavailable": int(unavailable), "rectify_tried": len(traces), "rectify_accepted": len(accepted),
@@ -292,6 +300,7 @@ def step_metrics(step: int, args: Args, rollouts: list[Trajectory], trained: lis
          "entropy": stats["entropy_policy"],   # mean over policy-written tokens, before the step
          "loss": stats["loss"], "grad_norm": stats["grad_norm"], "skipped": stats["skipped"],
          "clip_frac": stats.get("clip_frac"), "offpolicy_share": stats.get("offpolicy_share"),
+         "tis_weight_mean": stats.get("tis_weight_mean"), "tis_capped_frac": stats.get("tis_capped_frac"),
          **{f"time_{k}": v for k, v in times.items()}}
     rewards = {b: [t.reward for t in rollouts if t.group == b] for b in range(B)}
     traces = [{**tr, "group_rewards": rewards[tr["group"]], "group_all_fail": bool(not passed[tr["group"]].any())}

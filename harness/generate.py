@@ -16,13 +16,15 @@ share one `generate(prompts, *, n, temperature, top_p, max_tokens, seed) -> list
 Run: nothing to run on its own; `python -m pytest tests/test_generate.py tests/test_served.py -q` exercises sections
 1, 2, 4, 5 (section 3 and a real `vllm serve`: tests/test_vllm.py in the vLLM stage).
 
-The prompt format, where a completion ends, the plain sampling distribution and the clamped budget are
-choices of the method, one row each of docs/choices.md ("1 rollout"); why the refiner runs as a
-`vllm serve` subprocess rather than a second in-process engine is in docs/vllm.md. Implementation notes:
+The prompt format, where a completion ends (the first stop id: the tokenizer's EOS, the checkpoint's
+generation_config EOS and, for a ChatML prompt, `<|im_end|>`), the plain sampling distribution
+(`PLAIN_SAMPLING`) and the clamped budget are choices of the method, one row each of docs/choices.md
+("1 rollout"); why the refiner runs as a `vllm serve` subprocess rather than a second in-process engine is in
+docs/vllm.md. Implementation notes:
 1. HF seeding forks the torch RNG: the same seed gives the same samples for the same prompts and
    micro-batch size, and the caller's global RNG stream is left untouched.
 2. The OpenAI backend returns the server's text and re-tokenises it with the local tokenizer (plus the
-   EOS id when `finish_reason == "stop"`): the refiner's consumer (refine.splice) needs only its text.
+   turn-end id when `finish_reason == "stop"`): the refiner's consumer (refine.splice) needs only its text.
 3. vLLM rejects greedy sampling with n > 1, so a greedy call sends each prompt n times with n = 1 (still
    one batched `llm.generate`).
 4. vLLM weight push (`sync_weights`): `collective_rpc("reload_weights")`, then the tied lm_head is
@@ -32,7 +34,12 @@ choices of the method, one row each of docs/choices.md ("1 rollout"); why the re
    scheduler steps) and the KV cache is 1 GiB unless `VLLM_CPU_KVCACHE_SPACE` says otherwise.
 6. The refiner's `vllm serve` (section 5) logs into the run folder, is started after the policy's engine
    so that each memory share is checked in turn, and is stopped at exit, on error, and by the kernel if the
-   trainer is killed (PR_SET_PDEATHSIG). Without vLLM, or when the server cannot start, HF generate is used.
+   trainer is killed (PR_SET_PDEATHSIG). Without vLLM HF generate is used; when the server cannot start, HF
+   generate is used only where that is safe (the CPU, or a GPU whose free memory holds the refiner by the
+   memory plan: harness/preflight.check_refiner_fallback), otherwise the run stops naming the flags that fit.
+7. In-process vLLM also returns the log-probability of each sampled token (`Completion.logprobs`,
+   `logprobs=0`: of the distribution that drew it), for grpo.truncated_is_weight; HF generate (the sampler
+   is the trained model) and the served refiner (its tokens are off-policy) return None.
 """
 # ==== imports ====
 import json
@@ -52,9 +59,10 @@ DEFAULT_SYSTEM = "Please reason step by step, and put your final answer within \
 class Completion:
     """One sampled continuation of one prompt."""
 
-    ids: list[int]  # NEW token ids only (never the prompt); ends with the EOS id when the model stopped
+    ids: list[int]  # NEW token ids only (never the prompt); ends with the stop id when the model stopped
     text: str  # tokenizer.decode(ids, skip_special_tokens=True)
-    finished: bool  # True when it stopped at EOS, False when it hit max_tokens
+    finished: bool  # True when it stopped at a stop id, False when it hit max_tokens
+    logprobs: list[float] | None = None  # the sampler's log-prob of each id (in-process vLLM only; choice 7)
 
 
 def format_prompt(tokenizer, question: str, system: str | None = DEFAULT_SYSTEM) -> list[int]:
@@ -73,23 +81,46 @@ def format_prompt(tokenizer, question: str, system: str | None = DEFAULT_SYSTEM)
     return tokenizer.encode(text, add_special_tokens=False)
 
 
+CHATML_TURN_END = "<|im_end|>"
+
+# vLLM's defaults of the plain distribution, sent explicitly (docs/choices.md): a `vllm serve` fills unset fields from
+# the checkpoint's generation_config. top_k=-1 and 0 both mean "no top-k" (checked in vLLM 0.32's SamplingParams,
+# which "quietly accepts -1"; its CompletionRequest takes all three keys and stop_token_ids).
+PLAIN_SAMPLING = {"top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0}
+
+
+def turn_end_id(tokenizer) -> int | None:
+    """The id that ends the assistant turn of the prompts format_prompt builds: `<|im_end|>` when the tokenizer's
+    chat template is ChatML and `<|im_end|>` is one token of its vocabulary, else the tokenizer's EOS (None if
+    it has none). Qwen2.5 base models: 151645, although their EOS is <|endoftext|> (151643)."""
+    template = getattr(tokenizer, "chat_template", None)
+    if isinstance(template, str) and CHATML_TURN_END in template:
+        token_id = tokenizer.convert_tokens_to_ids(CHATML_TURN_END)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+            return token_id
+    return tokenizer.eos_token_id
+
+
 def stop_ids(tokenizer, model=None) -> set[int]:
-    """The ids that end a completion: the tokenizer's EOS plus the model's generation_config EOS ids."""
-    ids = set() if tokenizer.eos_token_id is None else {tokenizer.eos_token_id}
+    """The ids that end a completion (docs/choices.md): the tokenizer's EOS, the model's generation_config EOS ids and
+    the ChatML turn end when the prompt is ChatML (turn_end_id)."""
+    ids = {i for i in (tokenizer.eos_token_id, turn_end_id(tokenizer)) if i is not None}
     model_eos = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     if model_eos is not None:
         ids.update([model_eos] if isinstance(model_eos, int) else model_eos)
     return ids
 
 
-def to_completion(new_ids, tokenizer, stop: set[int], max_tokens: int) -> Completion:
+def to_completion(new_ids, tokenizer, stop: set[int], max_tokens: int, logprobs=None) -> Completion:
     """Cut raw new ids right after the first stop id (kept; finished) or at max_tokens (not finished).
-    Anything after the stop id (padding, a second turn) is dropped."""
+    Anything after the stop id (padding, a second turn) is dropped; `logprobs` (one per id) is cut alike."""
     ids = list(new_ids)[:max_tokens]
     end = next((i + 1 for i, t in enumerate(ids) if t in stop), None)
     if end is not None:
         ids = ids[:end]
-    return Completion(ids=ids, text=tokenizer.decode(ids, skip_special_tokens=True), finished=end is not None)
+    kept = None if logprobs is None else [float(x) for x in list(logprobs)[:len(ids)]]
+    return Completion(ids=ids, text=tokenizer.decode(ids, skip_special_tokens=True), finished=end is not None,
+                      logprobs=kept)
 
 
 def check_sampling(n: int, temperature: float, top_p: float, max_tokens: int) -> None:
@@ -162,7 +193,8 @@ def vllm_importable() -> bool:
 
 
 class HFGenerator:
-    """`model.generate` over token-id prompts: prompts repeated n times, left-padded, micro-batched."""
+    """`model.generate` over token-id prompts: prompts repeated n times, left-padded, `micro_batch_size` rows per
+    generate call (scope.py passes --gen-batch-size)."""
 
     def __init__(self, model, tokenizer, micro_batch_size: int = 16):
         if micro_batch_size < 1:
@@ -296,9 +328,10 @@ class VLLMGenerator:
         copies, per_request = (n, 1) if temperature == 0 else (1, n)
         # one SamplingParams per request: the budgets differ once clamped; seed + i keeps a repeated prompt
         # from repeating its samples. max_tokens is always set (vLLM's default is 16).
+        # logprobs=0: the sampled token's log-prob only (docs/choices.md); PLAIN_SAMPLING: the plain distribution
         params = [SamplingParams(n=per_request, temperature=temperature, top_p=top_p, max_tokens=budgets[i],
                                  seed=None if seed is None else seed + i, stop_token_ids=sorted(self.stop),
-                                 allowed_token_ids=self.allowed, detokenize=False)
+                                 allowed_token_ids=self.allowed, detokenize=False, logprobs=0, **PLAIN_SAMPLING)
                   for i in todo for _ in range(copies)]
         requests = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in todo for _ in range(copies)]
         results = self.llm.generate(requests, params, use_tqdm=False)  # in request order
@@ -306,12 +339,22 @@ class VLLMGenerator:
             mine = results[k * copies:(k + 1) * copies]
             samples = [o for r in mine for o in sorted(r.outputs, key=lambda o: o.index)]
             # token_ids are the new tokens only (vLLM >= 0.10.2), ending with the stop id if it stopped
-            out[i] = [to_completion(o.token_ids, self.tokenizer, self.stop, budgets[i]) for o in samples]
+            out[i] = [to_completion(o.token_ids, self.tokenizer, self.stop, budgets[i], sampled_logprobs(o))
+                      for o in samples]
         return out
 
     def sync_weights(self, hf_model) -> None:
         """Push the training model's weights into this engine (see the module-level `sync_weights`)."""
         sync_weights(hf_model, self.llm)
+
+
+def sampled_logprobs(output) -> list[float] | None:
+    """The log-prob of each sampled token of one vLLM CompletionOutput requested with logprobs=0: position t
+    holds a mapping token id -> Logprob that contains the sampled id (vLLM 0.32 and 0.33: a list of dicts or
+    FlatLogprobs, both indexable by position and then by id). None when vLLM returned none."""
+    if output.logprobs is None:
+        return None
+    return [float(output.logprobs[t][token].logprob) for t, token in enumerate(output.token_ids)]
 
 
 def _generation_config(model_path: str):
@@ -389,6 +432,7 @@ class OpenAIGenerator:
         self.api_key, self.retries, self.server = api_key, retries, server
         self.completion_tokens = 0  # as counted by the server (its `usage`), summed over calls: for tokens/s
         self.stop = stop_ids(tokenizer)
+        self.turn_end = turn_end_id(tokenizer)
         self._context = max_model_len
         self._context_known = max_model_len is not None
 
@@ -401,8 +445,11 @@ class OpenAIGenerator:
         # one request per distinct budget (a single request unless clamping split them)
         for budget in sorted(set(b for b in budgets if b > 0)):
             members = [i for i, b in enumerate(budgets) if b == budget]
+            # the plain distribution (docs/choices.md) and our stop ids (docs/choices.md): the server would otherwise use the
+            # checkpoint's generation_config and only the EOS of its own tokenizer
             body = {"model": self.model, "prompt": [list(prompts[i]) for i in members], "n": n,
-                    "temperature": temperature, "top_p": top_p, "max_tokens": budget}
+                    "temperature": temperature, "top_p": top_p, "max_tokens": budget, **PLAIN_SAMPLING,
+                    "stop_token_ids": sorted(self.stop)}
             if seed is not None:
                 body["seed"] = seed
             reply = self._request("/v1/completions", body)
@@ -419,10 +466,10 @@ class OpenAIGenerator:
 
     def _to_completion(self, choice: dict) -> Completion:
         text = choice.get("text") or ""
-        finished = choice.get("finish_reason") == "stop"  # no stop strings are sent, so "stop" means EOS
+        finished = choice.get("finish_reason") == "stop"  # no stop strings are sent: "stop" means a stop id
         ids = self.tokenizer.encode(text, add_special_tokens=False)
-        if finished and self.tokenizer.eos_token_id is not None:
-            ids.append(self.tokenizer.eos_token_id)
+        if finished and self.turn_end is not None:
+            ids.append(self.turn_end)
         return Completion(ids=ids, text=text, finished=finished)
 
     def context(self) -> int | None:

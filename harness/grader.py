@@ -10,6 +10,10 @@ How to run: `python -m harness.grader --bench` (or `python eval.py --grader-benc
 pairs and prints pairs/s, agreement with the intended labels and the slowest cases.
 
 Pipeline of grade(response, gold):
+  first_turn(response)      the text before the first ChatML turn marker ("<|im_end|>", "<|im_start|>",
+                            "<|endoftext|>"): an answer written in an invented next turn is never read.
+                            The backends already stop there (generate.stop_ids); this is the guard for text
+                            from elsewhere (a stored sample, a server that kept special tokens).
   extract_answer(response)  the LAST \\boxed{...} / \\fbox{...} ("\\boxed 5" takes one token), else the text
                             after the last "(final) answer is"; an unbalanced last box (a truncated
                             response) or an empty one gives no answer, so the grade is False. A gold that
@@ -617,6 +621,15 @@ def _scalar_equal(pred: str, gold: str) -> bool:
     return bool(g_pct and sympy_equal(a, mul(b, hundredth)))
 
 
+TURN_MARKERS = ("<|im_end|>", "<|im_start|>", "<|endoftext|>")
+
+
+def first_turn(text: str) -> str:
+    """`text` up to its first ChatML turn marker (TURN_MARKERS), all of it when there is none."""
+    cut = min((i for i in (text.find(m) for m in TURN_MARKERS) if i >= 0), default=len(text))
+    return text[:cut]
+
+
 def grade(response: str, gold: str) -> bool:
     """True when the final answer of `response` is equivalent to `gold` (an answer string; if it holds a
     \\boxed{}, its last box is used). Never raises: malformed or over-limit input gives False."""
@@ -626,6 +639,7 @@ def grade(response: str, gold: str) -> bool:
         if _BOX_RE.search(gold):
             boxes = final_boxes(gold)                     # N4: a gold run of boxes is one list
             gold = ";".join(boxes) if 1 < len(boxes) <= _MAX_ITEMS else (extract_answer(gold) or "")
+        response = first_turn(response)                   # never past the first stop
         pred = extract_answer(response)
         if pred is None or not gold.strip():
             return False

@@ -80,7 +80,7 @@ def check_args(args) -> None:
             stop(f"--{flag} {getattr(args, flag.replace('-', '_'))!r}: must be {valid}")
 
     for flag in ("steps", "prompts-per-step", "max-new-tokens", "refine-attempts", "micro-batch-size", "save-every",
-                 "eval-n"):
+                 "eval-n", "gen-batch-size", "eval-max-new-tokens"):
         need(getattr(args, flag.replace("-", "_")) >= 1, flag, "an integer >= 1")
     need(args.group_size >= 2, "group-size", ">= 2 (advantages are centred within a group: one rollout per "
                                              "prompt gives zero loss and zero gradient)")
@@ -97,6 +97,8 @@ def check_args(args) -> None:
     need(abs(args.prm_reward_coef) < float("inf"), "prm-reward-coef", "a finite number")
     need(0 < args.refiner_mem < 1, "refiner-mem", "a share of the GPU's memory in (0, 1)")
     need(args.refiner_timeout > 0, "refiner-timeout", "> 0 seconds")
+    need(args.tis_cap == 0 or 1 <= args.tis_cap < float("inf"), "tis-cap",
+         "0 (off) or a finite cap >= 1 (a cap below 1 would scale every policy token down)")
     if not args.toy:
         if args.toy_prm_noise != 0:
             stop(f"--toy-prm-noise {args.toy_prm_noise!r}: only with --toy (the real PRM has no noise knob)")
@@ -426,8 +428,9 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True) -> tu
     policy (float32, trained): weights 4 + gradients 4 + AdamW m and v 8 = 16 bytes per parameter;
     KL reference (--kl-coef > 0): 4 bytes per parameter;
     rollout engine: vLLM reserves VLLM_SHARE of the GPU (without a GPU size: bf16 weights + the KV cache of all
-    B·G sequences); HF generate: the KV cache of one micro-batch of G sequences;
-    PRM and a separate refiner: bfloat16 weights (2 bytes per parameter), plus the refiner's KV cache;
+    B·G sequences); HF generate: the KV cache of one --gen-batch-size batch;
+    PRM and a separate refiner: bfloat16 weights (2 bytes per parameter), plus the refiner's KV cache
+    (`refiner_gib`: one --gen-batch-size batch under HF generate, one micro-batch beside vLLM);
     update activations, one micro-batch of T = PROMPT_TOKENS + max_new_tokens tokens per sequence:
     34 · hidden · layers bytes per token (Korthikanti et al. 2022, no recomputation, fused attention) and
     14 · vocab bytes per token for the logits (bf16 logits, their float32 copy, log-softmax, its gradient);
@@ -453,8 +456,8 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True) -> tu
             rows.append((f"rollout engine: vLLM bf16 weights + KV of {args.prompts_per_step}x{args.group_size} "
                          f"sequences ({VLLM_SHARE:.0%} of the GPU once one is known)", need))
     else:
-        rows.append((f"rollout KV cache (HF generate, {args.micro_batch_size} sequences)",
-                     args.micro_batch_size * T * kv / GIB))
+        rows.append((f"rollout KV cache (HF generate, {args.gen_batch_size} sequences)",
+                     args.gen_batch_size * T * kv / GIB))
     if args.prm != "none":
         prm_cfg = model_config(args.prm)
         if prm_cfg is None:
@@ -466,12 +469,56 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True) -> tu
         if ref_cfg is None:
             notes.append(f"no config for refiner '{args.refiner}': left out of the plan")
         else:
-            rows.append((f"refiner {n_params(ref_cfg) / 1e9:.2f} B params (bf16) + KV cache",
-                         (2 * n_params(ref_cfg) + args.micro_batch_size * T * kv_bytes_per_token(ref_cfg)) / GIB))
+            # HF generate holds one --gen-batch-size batch; beside vLLM it is served, KV of a micro-batch assumed
+            batch = args.micro_batch_size if use_vllm else args.gen_batch_size
+            rows.append((f"refiner {n_params(ref_cfg) / 1e9:.2f} B params (bf16) + KV cache", refiner_gib(args, ref_cfg, batch)))
     act = args.micro_batch_size * T * (34 * cfg["hidden_size"] * cfg["num_hidden_layers"] + 14 * cfg["vocab_size"])
     rows.append((f"update activations ({args.micro_batch_size} sequences x {T} tokens)", act / GIB))
     rows.append(("CUDA context and allocator slack", 2.0))
     return rows, notes
+
+
+def refiner_gib(args, cfg: dict, batch: int) -> float:
+    """GiB of a refiner: bf16 weights + the KV cache of `batch` sequences of PROMPT_TOKENS + max_new_tokens tokens
+    (HF generate in this process: batch = --gen-batch-size)."""
+    T = PROMPT_TOKENS + args.max_new_tokens
+    return (2 * n_params(cfg) + batch * T * kv_bytes_per_token(cfg)) / GIB
+
+
+def refiner_fallback_refusal(args, free_gib: float, total_gib: float, reason: str, log_path: str) -> str | None:
+    """The refiner's own `vllm serve` did not start: None when HF generate may hold the refiner instead (the
+    plan's refiner row, `refiner_gib`, plus 1 GiB fits in `free_gib`, the GPU memory free now), else the one
+    line that stops the run, naming the flags that fit: a --refiner-mem share that the free memory holds and
+    that holds the bf16 weights with 2 GiB of KV cache (when there is one), --refiner-url, --refiner policy."""
+    cfg = model_config(args.refiner)
+    need = None if cfg is None else refiner_gib(args, cfg, args.gen_batch_size) + 1.0
+    if need is not None and need <= free_gib:
+        return None
+    ways = []
+    if cfg is not None and total_gib > 0:
+        low, high = (2 * n_params(cfg) / GIB + 2.0) / total_gib, (free_gib - 0.5) / total_gib
+        share = int(high * 100) / 100   # rounded down: vLLM checks at start that its share is free
+        if share >= low and share != args.refiner_mem:
+            ways.append(f"--refiner-mem {share:.2f}")
+    ways += ["--refiner-url http://HOST:8000/v1 (vllm serve the refiner elsewhere)", "--refiner policy"]
+    why = "for lack of GPU memory" if "memory" in reason.lower() else "(see its log)"
+    held = "an unknown size" if need is None else f"about {need:.0f} GiB"
+    return (f"the refiner server (vllm serve {args.refiner}, --refiner-mem {args.refiner_mem}) did not start {why}; "
+            f"log {log_path}. Refining through HF generate on this GPU would need {held} of the {free_gib:.0f} GiB "
+            f"free, so the run stops instead; it fits with: {' | '.join(ways)}")
+
+
+def check_refiner_fallback(args, device: str, reason: str, log_path: str) -> None:
+    """Stop (one line, exit 2) when the refiner server failed and HF generate on this GPU would not fit
+    (refiner_fallback_refusal with torch.cuda.mem_get_info); on the CPU the fallback is always allowed."""
+    if not device.startswith("cuda"):
+        return
+    import torch
+
+    free, total = torch.cuda.mem_get_info(torch.device(device))
+    refusal = refiner_fallback_refusal(args, free / GIB, total / GIB, reason, log_path)
+    if refusal:
+        stop(refusal)
 
 
 def plan_total(rows) -> float:

@@ -88,7 +88,7 @@ def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, worl
         from harness.generate import VLLMGenerator
         launch = dict(distributed_executor_backend="external_launcher", data_parallel_size=world) if world > 1 else {}
         return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed, **launch)
-    return HFGenerator(policy, tokenizer, micro_batch_size=args.micro_batch_size)
+    return HFGenerator(policy, tokenizer, micro_batch_size=args.gen_batch_size)
 
 
 def load_prm(args, device: str):
@@ -107,7 +107,9 @@ def load_prm(args, device: str):
 def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
     """The refiner of --mode scope/replace (None otherwise): the policy itself, a served model (--refiner-url),
     the toy oracle, a separate model on its own `vllm serve` (when vLLM is installed: refiner work never goes
-    through HF generate then; generate.serve_with_vllm), or, without vLLM, a separate model through HF generate."""
+    through HF generate then; generate.serve_with_vllm), or, without vLLM, a separate model through HF generate.
+    A server that does not start falls back to HF generate only where preflight.check_refiner_fallback finds
+    room (the CPU, or enough free GPU memory); otherwise the run stops in one line naming the flags that fit."""
     if args.mode not in ("scope", "replace"):
         return None
     if args.refiner == "policy":   # self-refinement: the current policy, through the same engine
@@ -121,7 +123,7 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
     if args.toy and args.refiner == "toy-model":   # a stronger toy model through the real Refiner + HF generate
         from harness import toy
         refiner_model, refiner_tokenizer = toy.refiner_model(CACHE_DIR, seed=0)
-        return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.micro_batch_size),
+        return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.gen_batch_size),
                        refiner_tokenizer, prompt_style=args.refine_prompt)
     if args.toy:                   # toy-oracle (or its old name, toy): rule-based, never fails
         from harness import toy
@@ -138,12 +140,13 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
                                      cpu=not device.startswith("cuda"), gpu_memory_utilization=args.refiner_mem,
                                      timeout=args.refiner_timeout)
             return Refiner(served, refiner_tokenizer, prompt_style=args.refine_prompt)
-        except RuntimeError as err:
+        except RuntimeError as err:   # HF generate only where it fits; else one line with the flags that do
+            preflight.check_refiner_fallback(args, device, str(err), log_path)
             print(f"warning: the refiner server did not start, refining through HF generate instead: {err}",
                   file=sys.stderr)
-    with loading(args.refiner):    # no vLLM (or its server failed to start): HF generate
+    with loading(args.refiner):    # no vLLM (or its server failed to start where HF generate fits): HF generate
         refiner_model, refiner_tokenizer = load_causal_lm(args.refiner, device)   # bf16 on CUDA
-    return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.micro_batch_size),
+    return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.gen_batch_size),
                    refiner_tokenizer, prompt_style=args.refine_prompt)
 
 
@@ -278,6 +281,11 @@ class Run:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def amp_for(self, generator):
+        """amp() around an HF generator of this process; nothing around vLLM or a served model (they run in
+        their own dtype: autocast there does nothing but hide what precision the sampler used)."""
+        return self.amp() if isinstance(generator, HFGenerator) else contextlib.nullcontext()
+
     def steps(self):
         """The steps still to run, with a progress bar on a terminal."""
         a = self.args
@@ -285,14 +293,15 @@ class Run:
                     disable=not sys.stderr.isatty() or not self.dist.main)
 
     def evaluate(self) -> float:
-        """Accuracy (avg@eval_n at temperature 0.6) on the held-out problems. Under torchrun with vLLM each rank
-        evaluates its share (seeded by the global problem index) and the shares are counted together; HF
-        generate's one random stream per call does not split, so there every rank evaluates all of them."""
+        """Accuracy (avg@eval_n at temperature 0.6, up to --eval-max-new-tokens) on the held-out problems. Under
+        torchrun with vLLM each rank evaluates its share (seeded by the global problem index) and the shares are
+        counted together; HF generate's one random stream per call does not split, so there every rank
+        evaluates all of them."""
         a, problems = self.args, self.eval_problems
         share = self.dist.block(len(problems)) if self.use_vllm and self.dist.world > 1 else range(len(problems))
-        with self.amp():
+        with self.amp_for(self.generator):
             result = evaluate(self.generator, self.tokenizer, problems[share.start:share.stop], n=a.eval_n,
-                              temperature=0.6, max_new_tokens=a.max_new_tokens, seed=a.seed + share.start,
+                              temperature=0.6, max_new_tokens=a.eval_max_new_tokens, seed=a.seed + share.start,
                               batch_size=64)
         if len(share) == len(problems):
             return result["acc"]

@@ -229,14 +229,18 @@ def test_openai_request_body_and_completions(bpe_tokenizer, fake_server):
     assert len(posts) == 1  # all prompts in one request
     _, path, body = posts[0]
     assert path == "/v1/completions"
+    # the plain distribution (a vllm serve would fill top_k, min_p, repetition_penalty from the checkpoint's
+    # generation_config) and both stops of a ChatML prompt: <|endoftext|> (0) and <|im_end|> (2)
+    end = bpe_tokenizer.convert_tokens_to_ids("<|im_end|>")
     assert body == {"model": "tiny-refiner", "prompt": prompts, "n": 2, "temperature": 0.7, "top_p": 0.9,
-                    "max_tokens": 33, "seed": 5}
-    eos = bpe_tokenizer.eos_token_id
+                    "max_tokens": 33, "seed": 5, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                    "stop_token_ids": sorted({bpe_tokenizer.eos_token_id, end})}
+    assert body["stop_token_ids"] == [0, 2]
     for i in range(2):
         for s in range(2):
             c = out[i][s]
             assert c.text == f" p{i}s{s} so \\boxed{{7}}"
-            tail = [eos] if s == 0 else []
+            tail = [end] if s == 0 else []  # a stopped completion ends with the turn end id
             assert c.ids == bpe_tokenizer.encode(c.text, add_special_tokens=False) + tail
             assert c.finished == (s == 0)
 
@@ -282,3 +286,22 @@ def test_hf_never_samples_ids_beyond_the_tokenizer(bpe_tokenizer):
     model.lm_head.register_forward_hook(lambda module, inputs, logits: logits + boost)
     out = HFGenerator(model, bpe_tokenizer).generate([[5, 6, 7]], n=4, temperature=1.0, max_tokens=10, seed=0)
     assert all(t < len(bpe_tokenizer) for c in out[0] for t in c.ids)
+
+
+def test_autocast_only_around_hf_generate(monkeypatch):
+    """Regression: vLLM calls ran inside CUDA autocast. Run.amp_for gives autocast for an HF generator of this
+    process on CUDA, and nothing for any other generator (vLLM, a served model, none)."""
+    import contextlib
+    from types import SimpleNamespace
+
+    from harness import wiring
+
+    entered = []
+    fake_run = SimpleNamespace(device="cuda:0", amp=lambda: entered.append("amp") or contextlib.nullcontext())
+    hf = HFGenerator.__new__(HFGenerator)
+    with wiring.Run.amp_for(fake_run, hf):
+        pass
+    assert entered == ["amp"]
+    for other in (object(), None, OpenAIGenerator("http://127.0.0.1:9", "m", make_bpe_tokenizer())):
+        assert isinstance(wiring.Run.amp_for(fake_run, other), contextlib.nullcontext)
+    assert entered == ["amp"]

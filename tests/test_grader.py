@@ -352,3 +352,14 @@ def test_safety_scan_catches_a_forbidden_call(tmp_path):
     bad.write_text("import sympy\nsympy.sympify(text)\neval(text)\n")
     with pytest.raises(AssertionError):
         test_grader_files_never_call_eval_or_sympy_parsers(bad)
+
+
+def test_grade_never_reads_past_the_first_turn_end():
+    """Regression: a base model prompted in ChatML closed its turn, then wrote an invented user turn with
+    another box; the grader read the LAST box. It now grades what came before the first turn marker."""
+    assert G.grade("x=\\boxed{5}<|im_end|>\nuser\n...\\boxed{4}", "5")
+    assert not G.grade("x=\\boxed{5}<|im_end|>\nuser\n...\\boxed{4}", "4")
+    assert not G.grade("x=\\boxed{4}<|endoftext|>\\boxed{5}", "5")
+    assert G.grade("so \\boxed{7}<|im_start|>user\n\\boxed{8}", "7")
+    assert G.first_turn("a<|im_start|>b<|im_end|>c") == "a" and G.first_turn("no marker") == "no marker"
+    assert not G.grade("<|im_end|>\\boxed{5}", "5")   # nothing before the stop: no answer

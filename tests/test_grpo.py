@@ -9,7 +9,8 @@ from torch.testing import assert_close
 
 from conftest import make_char_tokenizer, make_tiny_causal_lm
 from grpo import (build_batch, clipped_surrogate, entropy_from_logprobs, group_advantages, logprobs_and_entropy,
-                  loss_metrics, loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs, update)
+                  loss_metrics, loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs,
+                  truncated_is_weight, update)
 
 LN = math.log
 
@@ -520,3 +521,73 @@ def test_update_non_finite_guard(how):
     good = update(model, optim, batch, micro_batch_size=2, max_new_tokens=6)
     assert good["skipped"] == 0.0
     assert not all(torch.equal(p, b) for p, b in zip(model.parameters(), before))
+
+
+# ---------------------------------------------------------------------------------------------------
+# truncated importance sampling against the sampler (vLLM)
+# ---------------------------------------------------------------------------------------------------
+def test_truncated_is_weight_by_hand():
+    """w = min(π_train / π_sampler, C), 1 off the mask, detached."""
+    train = torch.tensor([[LN(0.5), LN(0.2), LN(0.9), LN(0.7)]], requires_grad=True)
+    sampler = torch.tensor([[LN(0.25), LN(0.4), LN(0.3), LN(0.1)]])
+    w = truncated_is_weight(train, sampler, torch.tensor([[1, 1, 1, 0]]), cap=2.5)
+    # 0.5/0.25 = 2 (under the cap), 0.2/0.4 = 0.5, 0.9/0.3 = 3 -> 2.5 (capped), masked -> 1 (7 unmasked)
+    assert_close(w, torch.tensor([[2.0, 0.5, 2.5, 1.0]]))
+    assert not w.requires_grad
+    sampler[0, 3] = float("inf")  # junk off the mask never reaches the weight
+    assert_close(truncated_is_weight(train, sampler, torch.tensor([[0, 0, 0, 0]]), cap=2.0), torch.ones(1, 4))
+    with pytest.raises(ValueError, match="cap must be >= 1"):
+        truncated_is_weight(train, sampler, torch.ones(1, 4), cap=0.5)
+
+
+def test_policy_loss_with_is_weight_by_hand():
+    """The weight multiplies the policy tokens' surrogate only; the refiner token keeps LUFFY's f(π) = 0.8.
+    One sequence, response at positions 1..3, A = 1, ρ = 1, token 3 written by the refiner, token-mean Z = 3."""
+    logp = torch.tensor([[0.0, LN(0.5), LN(0.2), LN(0.4)]], requires_grad=True)
+    resp, off, adv = torch.tensor([[0, 1, 1, 1]]), torch.tensor([[0, 0, 0, 1]]), torch.tensor([1.0])
+    weight = torch.tensor([[7.0, 2.0, 0.5, 5.0]])  # 7 (prompt) and 5 (refiner token) must be ignored
+    kw = dict(loss_agg="token-mean", shaping_gamma=0.1)
+    plain, _ = policy_loss(logp, logp.detach(), adv, resp, off, **kw)
+    loss, terms = policy_loss(logp, logp.detach(), adv, resp, off, is_weight=weight, **kw)
+    assert_close(float(plain.detach()), (-1 - 1 - 0.8) / 3)     # -0.9333
+    assert_close(float(loss.detach()), (-2 - 0.5 - 0.8) / 3)    # -1.1
+    loss.backward()
+    # d/dlogp: -A·ρ·w/Z on policy tokens; -A·γπ/(π+γ)²/Z = -0.04/0.25/3 on the refiner's token
+    assert_close(logp.grad, torch.tensor([[0.0, -2 / 3, -0.5 / 3, -0.16 / 3]]))
+    assert_close(terms["is_weight"], weight)
+
+
+def test_build_batch_lays_out_sampler_logprobs():
+    """A row's sampler log-probs cover its FIRST len() response tokens (a repaired trajectory keeps its
+    prefix's); None = none known."""
+    b = build_batch([[5, 6], [7]], [[1, 2, 3], [4, 4]], [[0, 0, 1], None], torch.zeros(2), pad_id=0,
+                    sampler_logp=[[-0.1, -0.2], None])
+    assert b["sampler_mask"].tolist() == [[0, 0, 1, 1, 0], [0, 0, 0, 0, 0]]
+    assert_close(b["sampler_logp"][0, 2:4], torch.tensor([-0.1, -0.2]))
+    assert "sampler_logp" not in build_batch([[5]], [[1]], [None], torch.zeros(1), pad_id=0)
+    with pytest.raises(ValueError, match="sampler_logp\\[0\\] has 3 entries for 2"):
+        build_batch([[5]], [[1, 2]], [None], torch.zeros(1), pad_id=0, sampler_logp=[[0.0, 0.0, 0.0]])
+
+
+@pytest.mark.parametrize("gap, cap, weight", [(1.5, 2.0, 1.5), (3.0, 2.0, 2.0), (3.0, 0.0, 1.0)])
+def test_update_weights_policy_tokens_by_the_truncated_ratio(gap, cap, weight):
+    """Sampler log-probs lower than the trainer's by ln(gap): every policy token's weight is min(gap, cap), so
+    update's loss (ρ = 1: Σ -A·w / Z) is `weight` times the unweighted one; tis_cap 0 turns it off."""
+    tok = make_char_tokenizer()
+    model = make_tiny_causal_lm(tok).double()
+    batch, prompts, responses = tiny_batch(tok, n=4)
+    batch = build_batch(prompts, responses, [None] * 4, torch.tensor([1.0, 0.5, -0.25, 1.0]), tok.pad_token_id)
+    logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"], 4)
+    sampler = [(logp[i, len(p):len(p) + len(r)] - LN(gap)).tolist() for i, (p, r) in enumerate(zip(prompts, responses))]
+    with_logp = build_batch(prompts, responses, [None] * 4, batch["advantages"], tok.pad_token_id, sampler_logp=sampler)
+    kw = dict(micro_batch_size=3, loss_agg="token-mean")
+    plain = update(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), batch, **kw)
+    got = update(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), with_logp, tis_cap=cap, **kw)
+    assert abs(plain["loss"]) > 0.1
+    # sampler log-probs are stored in float32: agreement to float32 precision
+    assert_close(got["loss"], weight * plain["loss"], rtol=1e-6, atol=1e-9)
+    if cap:
+        assert_close(got["tis_weight_mean"], weight, rtol=1e-6, atol=1e-9)
+        assert got["tis_capped_frac"] == (1.0 if gap > cap else 0.0)
+    else:
+        assert "tis_weight_mean" not in got

@@ -57,6 +57,10 @@ def refused(argv, tmp_path, monkeypatch, capsys) -> str:
     (["--prm", "none"], "--prm none"),                  # mode scope needs a PRM
     (["--refiner-mem", "1.5"], "--refiner-mem 1.5"),
     (["--refiner-timeout", "0"], "--refiner-timeout 0"),
+    (["--gen-batch-size", "0"], "--gen-batch-size 0"),
+    (["--eval-max-new-tokens", "0"], "--eval-max-new-tokens 0"),
+    (["--tis-cap", "0.5"], "--tis-cap 0.5"),           # a cap below 1 scales every policy token down
+    (["--tis-cap", "-1"], "--tis-cap -1"),
 ])
 def test_bad_flag_values_are_refused_before_anything_loads(flags, culprit, tmp_path, monkeypatch, capsys):
     """Regression: bad values were rejected only deep inside the run, or silently accepted."""
@@ -250,3 +254,49 @@ def test_the_headline_total_is_for_the_card_it_names():
     rows, notes = preflight.memory_plan(args, 80.0, True)
     totals = [line for line in preflight.format_plan(args, rows, notes, 80.0).splitlines() if line.endswith("total")]
     assert totals == [f"  {preflight.plan_total(rows):7.1f}  total"]
+GIB = 2 ** 30
+REFINER_7B = 2 * 7_615_616_512 / GIB + 64 * (256 + 1024) * 57_344 / GIB   # bf16 weights + KV of 64 x 1280 tokens
+
+
+def test_refiner_fallback_refusal_by_the_memory_plan():
+    """The refiner server failed: HF generate of the 7B refiner (weights 14.2 GiB + KV of one --gen-batch-size
+    batch, 4.4 GiB, + 1 GiB) is allowed only when that much GPU memory is free; else one line with flags that fit."""
+    args = scope.Args(model="Qwen2.5-1.5B")
+    assert preflight.refiner_gib(args, preflight.model_config(args.refiner), 64) == pytest.approx(REFINER_7B)
+    assert REFINER_7B == pytest.approx(18.56, abs=0.01)
+    assert preflight.refiner_fallback_refusal(args, 30.0, 80.0, "CUDA out of memory", "log") is None
+    line = preflight.refiner_fallback_refusal(args, 18.0, 80.0, "torch.OutOfMemoryError: CUDA out of memory", "x.log")
+    assert "\n" not in line and "lack of GPU memory" in line and "x.log" in line and "about 20 GiB" in line
+    # (18 - 0.5) / 80 = 0.21875 -> 0.21, above (14.2 + 2) / 80 = 0.20: a share that the free memory holds
+    assert line.endswith("fits with: --refiner-mem 0.21 | --refiner-url http://HOST:8000/v1 (vllm serve the "
+                         "refiner elsewhere) | --refiner policy"), line
+    line = preflight.refiner_fallback_refusal(args, 10.0, 80.0, "exit code 1", "x.log")
+    assert "fits with: --refiner-url" in line and "(see its log)" in line   # 10 GiB cannot hold the weights
+
+
+def test_a_refiner_server_that_fails_for_memory_stops_instead_of_loading_7b(monkeypatch, tmp_path, capsys):
+    """Regression: a refiner `vllm serve` that failed to start (e.g. for lack of memory) was followed by a silent
+    HF load of the 7B refiner onto the trainer's GPU. Now: on a GPU without room, one line and exit 2 before
+    any load; on the CPU the HF fallback stays, with --gen-batch-size sequences per generate call."""
+    import torch
+
+    from harness import generate, wiring
+
+    def fail(*a, **kw):
+        raise RuntimeError("the server exited during start-up (exit code 1); last lines:\nCUDA out of memory")
+
+    loaded = []
+    monkeypatch.setattr(wiring, "vllm_importable", lambda: True)
+    monkeypatch.setattr(wiring, "load_tokenizer", lambda name: object())
+    monkeypatch.setattr(generate, "serve_with_vllm", fail)
+    monkeypatch.setattr(wiring, "load_causal_lm", lambda name, device: loaded.append(name) or (torch.nn.Linear(1, 1), None))
+    monkeypatch.setattr(wiring, "HFGenerator", lambda model, tok, batch: ("hf", batch))
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GIB, 80 * GIB))
+    args = scope.Args(model="Qwen2.5-1.5B", gen_batch_size=48)
+    with pytest.raises(SystemExit) as exc:
+        wiring.load_refiner(args, None, None, "cuda:0", str(tmp_path))
+    assert exc.value.code == 2 and loaded == []
+    err = [x for x in capsys.readouterr().err.strip().splitlines() if x]
+    assert len(err) == 1 and "--refiner policy" in err[0] and "refiner_server.log" in err[0], err
+    refiner = wiring.load_refiner(args, None, None, "cpu", str(tmp_path))   # the CPU: HF generate is safe
+    assert loaded == [args.refiner] and refiner.generator == ("hf", 48)

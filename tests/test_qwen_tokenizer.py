@@ -12,7 +12,10 @@ in their own ways. Skipped with that reason when the package is not installed.
 4. the PRM input in the Qwen2.5-Math-PRM format: the same ids as encoding the model card's rendered text, one
    `<extra_0>` id per step, and policy text containing "<extra_0>" or "<|im_end|>" cannot forge either id;
 5. an end-to-end `scope.py` run (2 steps, CPU, HF backend) with tiny random models that use this tokenizer:
-   policy, PRM token classifier with <extra_0>, and a separate refiner (the vLLM version is in test_vllm.py).
+   policy, PRM token classifier with <extra_0>, and a separate refiner (the vLLM version is in test_vllm.py);
+6. stops of a BASE model's tokenizer (EOS <|endoftext|> = 151643) prompted in ChatML: <|im_end|> (151645)
+   stops HF generate and is in every backend's stop set, text past it is never returned or graded, and
+   the refiner's splice ends with 151645.
 """
 import json
 import os
@@ -175,3 +178,72 @@ def test_scope_run_with_real_tokenizer_models_on_cpu(tmp_path, qwen_models):
     traces = [json.loads(line) for line in open(run / "traces.jsonl")]
     assert traces and all(len(t["suffixes"]) == 2 for t in traces)  # --refine-attempts 2 by default
     assert "HF generate" in proc.stdout and os.path.isdir(run / "checkpoint")
+    # 24 new tokens from a random model over 151k ids almost never hit a stop: the truncated share is logged
+    assert all(r["trunc_frac"] > 0.5 for r in rows) and all(r["tis_weight_mean"] is None for r in rows)
+
+
+@pytest.fixture(scope="module")
+def base_tokenizer(qwen_tokenizer):
+    """Qwen/Qwen2.5-1.5B's (base model) setting: the same vocabulary and ChatML template, EOS <|endoftext|>."""
+    import copy
+
+    tok = copy.deepcopy(qwen_tokenizer)
+    tok.eos_token = "<|endoftext|>"
+    assert tok.eos_token_id == 151643
+    return tok
+
+
+def test_a_base_model_stops_at_the_chatml_turn_end(base_tokenizer):
+    """Regression: for Qwen/Qwen2.5-1.5B only <|endoftext|> stopped generation, so a rollout that closed its turn
+    went on with an invented "user" turn and was graded on that turn's box. Now <|im_end|> is a stop of every
+    backend, HF generate is asked to stop there, and the completion (ids and text) ends at it."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from harness.generate import HFGenerator, OpenAIGenerator, stop_ids, turn_end_id
+    from harness.grader import grade
+
+    tok = base_tokenizer
+    assert turn_end_id(tok) == 151645 and stop_ids(tok) == {151643, 151645}
+    assert OpenAIGenerator("http://127.0.0.1:9", "m", tok).stop == {151643, 151645}   # sent as stop_token_ids
+    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                      num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=512,
+                      bos_token_id=None, eos_token_id=151643, pad_token_id=151643)   # the base config: EOS only
+    model = Qwen2ForCausalLM(cfg).eval()
+    answer = tok.encode("x = \\boxed{5}", add_special_tokens=False)
+    invented = tok.encode("\nuser\nAnd now \\boxed{4}", add_special_tokens=False)
+    seen = {}
+
+    def generate(input_ids, attention_mask, generation_config):   # what the model "writes": an answer, the turn
+        seen["eos"] = generation_config.eos_token_id               # end, then an invented next turn
+        tail = torch.tensor([answer + [151645] + invented] * input_ids.shape[0])
+        return torch.cat([input_ids, tail], dim=1)
+
+    model.generate = generate
+    prompt = format_prompt(tok, "What is 2 + 3?")
+    [[c]] = HFGenerator(model, tok, micro_batch_size=8).generate([prompt], n=1, max_tokens=64)
+    assert 151645 in seen["eos"] and 151643 in seen["eos"]
+    assert c.ids == answer + [151645] and c.finished and c.text == "x = \\boxed{5}"
+    assert grade(c.text, "5") and not grade(c.text, "4")
+    raw = tok.decode(answer + [151645] + invented)   # text that kept the special token: cut by the grader too
+    assert "<|im_end|>" in raw and grade(raw, "5") and not grade(raw, "4")
+
+
+def test_refiner_suffix_ends_with_the_turn_end_of_a_base_model(base_tokenizer):
+    """Regression: a repaired trajectory ended with the policy tokenizer's EOS (151643) while the policy's own
+    ChatML samples end with <|im_end|> (151645): the refiner's suffix taught a different stop."""
+    from refine import Suffix, Trajectory, rectify
+
+    tok = base_tokenizer
+    prefix = tok.encode("We add.\n\n", add_special_tokens=False)
+    t = Trajectory(question="What is 2 + 3?", answer="5", group=0, prompt_ids=format_prompt(tok, "What is 2 + 3?"),
+                   response_ids=prefix + tok.encode("So \\boxed{6}.", add_special_tokens=False) + [151645],
+                   text="", sampler_logp=[-0.5] * (len(prefix) + 6))
+    refiner = type("R", (), {"continue_from": lambda self, q, p, **kw: [[Suffix("So \\boxed{5}.", True)]]})()
+    [fixed], [trace] = rectify([t], [(0, len(prefix))], refiner, tok, attempts=1, max_new_tokens=64,
+                               grade_fn=lambda text, gold: "boxed{5}" in text)
+    assert trace["accepted"] and fixed.response_ids[-1] == 151645 and 151643 not in fixed.response_ids
+    assert fixed.response_ids[:len(prefix)] == prefix and fixed.finished
+    assert fixed.sampler_logp == [-0.5] * len(prefix)   # the kept prefix keeps its sampler log-probs, the suffix none
+    ids, mask = splice(prefix, "So \\boxed{5}.<|im_end|>\nuser\n\\boxed{4}", tok, max_new_tokens=64, eos_id=151645)
+    assert ids[-1] == 151645 and "boxed{4}" not in tok.decode(ids)   # the spelled-out turn end ends the suffix

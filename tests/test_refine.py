@@ -179,7 +179,8 @@ def test_rectify_fake_refiner_accept_reject_and_merge(bpe_tokenizer, merge):
 
     fixed = new[0] if merge == "replace" else new[3]
     suffix_ids = tok.encode("Then 2x + 1 = 7, so \\boxed{7}.")
-    assert fixed.response_ids == trajs[0].response_ids[:k0] + suffix_ids + [tok.eos_token_id]
+    # a ChatML prompt: the repaired response ends with the turn end <|im_end|>, as a policy sample does
+    assert fixed.response_ids == trajs[0].response_ids[:k0] + suffix_ids + [tok.convert_tokens_to_ids("<|im_end|>")]
     assert fixed.offpolicy_mask == [0] * k0 + [1] * (len(suffix_ids) + 1)
     assert fixed.text == "Let x = 3.\n\nThen 2x + 1 = 7, so \\boxed{7}."
     assert (fixed.reward, fixed.correct, fixed.source, fixed.group) == (1.0, True, "rectified", 0)
@@ -216,7 +217,8 @@ def test_rectify_empty_prefix_is_whole_replacement(bpe_tokenizer):
     new, [trace] = rectify(trajs, [(5, 0)], refiner, bpe_tokenizer, attempts=1, max_new_tokens=64,
                            grade_fn=boxed_grade)
     assert new[5].source == "replaced" and trace["mode"] == "replace" and trace["prefix_text"] == ""
-    assert set(new[5].offpolicy_mask) == {1} and new[5].response_ids[-1] == bpe_tokenizer.eos_token_id
+    assert set(new[5].offpolicy_mask) == {1}
+    assert new[5].response_ids[-1] == bpe_tokenizer.convert_tokens_to_ids("<|im_end|>") and new[5].finished
     assert refiner.calls[0]["max_tokens"] == [64]
 
 
@@ -289,7 +291,7 @@ def test_truncated_refiner_text_gets_no_eos_and_is_judged_truncated(bpe_tokenize
     (here the refiner is char-level, the policy BPE) got an EOS appended and was accepted as a finished
     solution. Now `finished` travels with the text and only a finished refiner text gets the EOS."""
     text = "First, compute 12 * 4 = 48. So \\boxed{43}"
-    eos = bpe_tokenizer.eos_token_id
+    eos = bpe_tokenizer.convert_tokens_to_ids("<|im_end|>")  # the turn end of the policy's ChatML prompt
     trajs = handmade_group(bpe_tokenizer)[:1]
     budget = 200
     for finished in (False, True):
@@ -302,7 +304,7 @@ def test_truncated_refiner_text_gets_no_eos_and_is_judged_truncated(bpe_tokenize
         new, [trace] = rectify(trajs, [(0, 0)], refiner, bpe_tokenizer, attempts=1, max_new_tokens=budget,
                                grade_fn=lambda t, a: True)
         assert trace["suffix_finished"] == [finished] and trace["accepted"]
-        assert (new[0].response_ids[-1] == eos) is finished  # the old code appended EOS in both cases
+        assert (new[0].response_ids[-1] == eos) is finished and new[0].finished is finished
         assert new[0].response_ids[:-1 if finished else None] == bpe_tokenizer.encode(text)
     # splice directly: not finished -> never an EOS, even with room; finished -> EOS when it fits
     ids, mask = splice([], " x = 3", bpe_tokenizer, max_new_tokens=50, eos_id=eos, finished=False)

@@ -369,3 +369,26 @@ def test_real_layout_prm_equals_vllm_native_step_pooling(tmp_path):
         assert scores == pytest.approx([r[1] for r in theirs], abs=1e-5)
     flat = [s for row in mine for s in row]
     assert max(flat) - min(flat) > 0.05  # the probabilities vary far above the tolerance
+
+
+def test_vllm_returns_the_sampled_tokens_logprobs_and_they_match_hf(engine, tok, hf_model):
+    """The sampler's log-probs that grpo.truncated_is_weight divides by: vLLM (logprobs=0, processed_logprobs)
+    returns one per sampled id, and for the same float32 weights at temperature 1 they equal the trainer's
+    log-probs of those ids (grpo.token_logprobs on the HF model) to 1e-3. The engine also stops at the ChatML
+    turn end as well as at EOS, and returns nothing past a stop."""
+    from grpo import build_batch, token_logprobs
+
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert engine.stop == {tok.eos_token_id, end}
+    prompts = [ids(tok, "Let x = 3."), ids(tok, "First, compute")]
+    out = engine.generate(prompts, n=2, temperature=1.0, max_tokens=20, seed=3)
+    rows = [(prompts[i], c) for i, row in enumerate(out) for c in row]
+    assert all(c.logprobs is not None and len(c.logprobs) == len(c.ids) > 0 for _, c in rows)
+    assert all(all(t not in engine.stop for t in c.ids[:-1]) for _, c in rows)   # a stop only as the last id
+    batch = build_batch([p for p, _ in rows], [c.ids for _, c in rows], [None] * len(rows), torch.zeros(len(rows)),
+                        tok.pad_token_id)
+    logp, _ = token_logprobs(hf_model, batch["input_ids"], batch["attention_mask"], batch["response_mask"], 4)
+    for k, (p, c) in enumerate(rows):
+        trainer = logp[k, len(p):len(p) + len(c.ids)]
+        torch.testing.assert_close(torch.tensor(c.logprobs), trainer.float(), atol=1e-3, rtol=0)
+    assert max(-x for _, c in rows for x in c.logprobs) > 0.05   # not a trivially certain (log-prob 0) sample
