@@ -394,7 +394,8 @@ def test_update_micro_batches_equal_full_batch(opt, max_grad_norm):
         for mb in (1, 2):
             p, metrics = results[mb]
             assert_close(p, p4, rtol=1e-9, atol=1e-12)
-            assert_close(metrics, m4, rtol=1e-9, atol=1e-12)
+            same = [k for k in m4 if k != "pad_share"]   # the padding computed depends on the micro-batch size
+            assert_close({k: metrics[k] for k in same}, {k: m4[k] for k in same}, rtol=1e-9, atol=1e-12)
 
 
 def test_update_loss_equals_policy_loss():
@@ -442,7 +443,7 @@ def test_update_changes_every_parameter_tiny_qwen2(bpe_tokenizer):
     assert metrics["skipped"] == 0.0 and math.isfinite(metrics["loss"]) and metrics["grad_norm"] > 0
     for name, p in model.named_parameters():
         assert not torch.equal(p.detach(), before[name]), f"{name} did not change"
-    assert set(metrics) == {"loss", "grad_norm", "skipped", "clip_frac", "ratio_mean", "shaped_mean",
+    assert set(metrics) == {"loss", "grad_norm", "skipped", "pad_share", "clip_frac", "ratio_mean", "shaped_mean",
                             "offpolicy_share", "kl", "entropy", "entropy_policy"}
     assert all(type(v) is float for v in metrics.values())
 
