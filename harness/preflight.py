@@ -383,25 +383,29 @@ PROMPT_MAX = 1024         # prompt tokens the rollout engine's context allows on
 CUDA_CONTEXT_GIB = 1.5    # CUDA context, cuBLAS workspaces, allocator rounding: not tensors, so not traced
 
 # The update's activations and temporaries beyond fp32 weights, AdamW state and gradients (16 bytes per
-# parameter), per micro-batch of `tokens` = micro_batch_size × (PROMPT_TOKENS + max_new_tokens):
-#     bytes = tokens · (a_layer · L · (h + I) + a_vocab · V) + a_param · P
-# Least-squares fit (max relative error in the last column of the fit's printout) over the traces of
-# `python -m tools.bench_memory --fit` (FakeTensorMode + MemTracker on our grpo micro-batch step, bf16 autocast,
-# log-prob chunk 512, two micro-batches then clip and AdamW.step); a_param holds autocast's cached bf16 weight
-# copies and AdamW's step temporaries.
-UPDATE_FIT = {   # checkpointing: (a_layer, a_vocab, a_param)
-    False: (0.0, 0.0, 0.0),
-    True: (0.0, 0.0, 0.0),
+# parameter), per micro-batch of n = micro_batch_size × (PROMPT_TOKENS + max_new_tokens) tokens, C = --logprob-chunk:
+#     bytes = n · (a_h · h · L + a_i · I · L + a_v · V) + a_c · C · V + a_p · P
+# (h hidden size, I MLP width, L layers, V vocabulary, P parameters). Fitted by `fit_constants` in
+# tools/bench_memory.py to the traced peaks of `python -m tools.bench_memory --fit --full` (FakeTensorMode +
+# MemTracker on our grpo micro-batch step: bf16 autocast, C = 512, two micro-batches, clip, AdamW.step): six
+# small Qwen2 shapes and, with checkpointing, Qwen2.5-1.5B at 4 x 1,280 tokens (traced peak 30.13 GiB, planned
+# 30.13). Largest error over the fitted traces: 1.7 % with checkpointing, 0.2 % without. With checkpointing
+# a_h ≈ 11 is the saved fp32 input of each layer, a_v ≈ 4.5 the bf16 logits and their gradient, a_c ≈ 12
+# the chunk's float32 log-softmax and its backward; a_p holds autocast's cached bf16 weight copies and AdamW's
+# step temporaries. The no-checkpointing constants come from the small shapes only.
+UPDATE_FIT = {   # checkpointing: (a_h, a_i, a_v, a_c, a_p)
+    False: (38.773, 8.32, 7.181, 6.007, 1.773),
+    True: (11.377, -0.187, 4.482, 12.396, 0.609),
 }
-# The PRM's bf16 no-grad scoring forward: bytes = tokens · (p_hidden · h + p_vocab · V), same tool (--fit).
-PRM_FIT = (0.0, 0.0)
+# The PRM's bf16 no-grad scoring forward beyond its weights: bytes = n · (p_h · h + p_v · V), small shapes.
+PRM_FIT = (24.746, 0.523)
 
 
-def update_extra_bytes(cfg: dict, tokens: int, checkpointing: bool) -> float:
+def update_extra_bytes(cfg: dict, tokens: int, checkpointing: bool, chunk_tokens: int = 512) -> float:
     """Traced-constant estimate of the update's activations and temporaries (UPDATE_FIT)."""
-    a_layer, a_vocab, a_param = UPDATE_FIT[bool(checkpointing)]
+    a_h, a_i, a_v, a_c, a_p = UPDATE_FIT[bool(checkpointing)]
     h, layers, inter, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
-    return tokens * (a_layer * layers * (h + inter) + a_vocab * v) + a_param * n_params(cfg)
+    return tokens * (a_h * h * layers + a_i * inter * layers + a_v * v) + a_c * chunk_tokens * v + a_p * n_params(cfg)
 
 
 def prm_scoring_bytes(cfg: dict, tokens: int) -> float:
@@ -461,7 +465,8 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True,
     rows.append(("policy gradients (fp32)", 4 * p / GIB, "update"))
     tokens = args.micro_batch_size * T
     rows.append((f"update activations + temporaries ({args.micro_batch_size} x {T} tokens, checkpointing "
-                 f"{'on' if ckpt else 'off'}; traced)", update_extra_bytes(cfg, tokens, ckpt) / GIB, "update"))
+                 f"{'on' if ckpt else 'off'}; traced)",
+                 update_extra_bytes(cfg, tokens, ckpt, getattr(args, "logprob_chunk", 512)) / GIB, "update"))
     if args.kl_coef > 0:
         rows.append(("KL reference (fp32)", 4 * p / GIB, "all"))
     if use_vllm:

@@ -139,39 +139,61 @@ FIT_SHAPES = [  # (config changes, rows, tokens per row): one dimension varied a
     ({"intermediate_size": 2048}, 2, 512), ({"hidden_size": 512, "num_attention_heads": 8}, 2, 512)]
 
 
-def fit(verbose: bool = True) -> dict:
-    """Trace FIT_SHAPES with and without checkpointing and least-squares fit preflight's UPDATE_FIT and PRM_FIT."""
+FULL_SHAPES = [("Qwen2.5-1.5B", 4, 1280)]   # the real run's micro-batch (minutes per trace on a CPU)
+
+
+def features(cfg: dict, tokens: int, chunk_tokens: int = 512) -> list[float]:
+    """The plan's terms (preflight.UPDATE_FIT): n · h · L, n · I · L, n · V, C · V, P."""
+    from harness.preflight import n_params
+
+    h, L, inter, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
+    return [tokens * h * L, tokens * inter * L, tokens * v, chunk_tokens * v, n_params(cfg)]
+
+
+def fit_constants(points: list[tuple[dict, int, int]], full_weight: float = 10.0) -> tuple[tuple, float]:
+    """Least squares of (traced peak − 16 bytes per parameter) on `features`, relative to each peak (so small and
+    full-size traces count alike; a full-size point weighs `full_weight`). points: (cfg, tokens, peak bytes).
+    Returns (constants, largest relative error of the fitted plan against a point's peak)."""
     import numpy as np
 
     from harness.preflight import n_params
 
+    X = np.array([features(c, n) for c, n, _ in points], float)
+    peak = np.array([t for _, _, t in points], float)
+    y = peak - 16 * np.array([n_params(c) for c, _, _ in points], float)
+    w = np.array([full_weight if n_params(c) > 1e8 else 1.0 for c, _, _ in points]) / peak
+    coef = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)[0]
+    return tuple(round(float(c), 3) for c in coef), float(np.max(np.abs(X @ coef - y) / peak))
+
+
+def fit(full: bool, verbose: bool = True) -> dict:
+    """Trace FIT_SHAPES (and with `full` the FULL_SHAPES) with and without checkpointing; fit preflight's
+    UPDATE_FIT and PRM_FIT."""
+    import numpy as np
+
+    from harness.preflight import model_config
+
     out = {}
+    shapes = [({**SMALL, **change}, rows, tokens) for change, rows, tokens in FIT_SHAPES]
+    if full:
+        shapes += [(model_config(name), rows, tokens) for name, rows, tokens in FULL_SHAPES]
     for ckpt in (False, True):
-        X, y, totals = [], [], []
-        for change, rows, tokens in FIT_SHAPES:
-            cfg = {**SMALL, **change}
+        points = []
+        for cfg, rows, tokens in shapes:
             t0 = time.time()
             peak = trace_update(cfg, rows, tokens, checkpointing=ckpt)
-            p, n = n_params(cfg), rows * tokens
-            h, L, inter, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
-            X.append([n * L * (h + inter), n * v, p])
-            y.append(peak["total"] - 16 * p)
-            totals.append(peak["total"])
+            points.append((cfg, rows * tokens, peak["total"]))
             if verbose:
-                print(f"  checkpointing {ckpt!s:5}  {change or 'base'}  {rows}x{tokens}: peak {peak['total'] / 2**20:.1f} MiB "
-                      f"({time.time() - t0:.0f} s)", flush=True)
-        X, y = np.array(X, float), np.array(y, float)
-        coef = np.linalg.lstsq(X, y, rcond=None)[0]
-        err = np.abs(X @ coef - y) / np.array(totals)
-        out[ckpt] = (tuple(round(float(c), 3) for c in coef), float(err.max()))
+                print(f"  checkpointing {ckpt!s:5}  L {cfg['num_hidden_layers']} h {cfg['hidden_size']} I "
+                      f"{cfg['intermediate_size']} V {cfg['vocab_size']}  {rows}x{tokens}: peak "
+                      f"{peak['total']} B ({time.time() - t0:.0f} s)", flush=True)
+        out[str(ckpt)] = fit_constants(points)
     X, y = [], []
-    for change, rows, tokens in FIT_SHAPES:
-        cfg = {**SMALL, **change}
+    for cfg, rows, tokens in shapes[:len(FIT_SHAPES)]:
         peak = trace_prm(cfg, rows, tokens)
         X.append([rows * tokens * cfg["hidden_size"], rows * tokens * cfg["vocab_size"]])
         y.append(peak["total"] - peak.get("parameter", 0))
-    coef = np.linalg.lstsq(np.array(X, float), np.array(y, float), rcond=None)[0]
-    out["prm"] = tuple(round(float(c), 3) for c in coef)
+    out["prm"] = tuple(round(float(c), 3) for c in np.linalg.lstsq(np.array(X, float), np.array(y, float), rcond=None)[0])
     return out
 
 
@@ -192,7 +214,8 @@ def compare(args) -> None:
     t0 = time.time()
     peak = trace_update(cfg, args.micro_batch_size, T, checkpointing=args.gradient_checkpointing,
                         chunk_tokens=args.logprob_chunk, entropy_coef=args.entropy_coef)
-    plan_update = 16 * p + preflight.update_extra_bytes(cfg, args.micro_batch_size * T, args.gradient_checkpointing)
+    plan_update = 16 * p + preflight.update_extra_bytes(cfg, args.micro_batch_size * T, args.gradient_checkpointing,
+                                                        args.logprob_chunk)
     print(f"  traced in {time.time() - t0:.0f} s; peak by category (GiB): "
           + ", ".join(f"{k} {v / GIB:.2f}" for k, v in peak.items() if v))
     print(f"  {'component':58} {'traced':>8} {'planned':>8}")
@@ -253,12 +276,13 @@ def time_update(args, rows: int, tokens: int, repeats: int) -> None:
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", action="store_true", help="trace the small shapes and print the plan's constants")
+    parser.add_argument("--full", action="store_true", help="with --fit: also trace Qwen2.5-1.5B's micro-batch")
     parser.add_argument("--time-update", metavar="ROWSxTOKENS", default="",
                         help="time grpo.update for real on the CPU, with and without checkpointing (e.g. 2x160)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per setting with --time-update")
     known, rest = parser.parse_known_args(argv)
     if known.fit:
-        print(json.dumps(fit(), indent=1))
+        print(json.dumps(fit(known.full), indent=1))
         return
     import scope
 
