@@ -199,7 +199,6 @@ class HFGenerator:
     def generate(self, prompts: list[list[int]], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
                  max_tokens: int = 256, seed: int | None = None) -> list[list[Completion]]:
         check_sampling(n, temperature, top_p, max_tokens)
-        self.wake()
         budgets = [token_budget(i, p, max_tokens, self.context) for i, p in enumerate(prompts)]
         out = [[Completion(ids=[], text="", finished=False) for _ in range(n)] for _ in prompts]
         rows = [(i, s) for i, b in enumerate(budgets) if b > 0 for s in range(n)]  # prompt-major order

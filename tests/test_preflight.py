@@ -161,12 +161,16 @@ def test_memory_plan_targets_at_the_default_flags():
     """The default run fits 90 % of an 80 GB card as it reports (79.2 GiB) with the 7B PRM and refiner, and
     the GRPO baseline without PRM fits 40 GiB; the PRM goes to CPU memory on its own when needed."""
     full = scope.Args(model="Qwen2.5-1.5B")
-    assert preflight.prm_offloaded(full, "cpu", True, gpu_gib=79.2)
+    self_refine = scope.Args(model="Qwen2.5-1.5B", refiner="policy")
+    assert not preflight.prm_offloaded(self_refine, "cpu", True, gpu_gib=79.2)   # fits with the PRM resident
+    assert preflight.prm_offloaded(self_refine, "cpu", True, gpu_gib=47.5)       # only fits without it
+    assert preflight.plan_total(preflight.memory_plan(self_refine, 47.5, True)[0]) <= 0.9 * 47.5
     total = preflight.plan_total(preflight.memory_plan(full, 79.2, True)[0])
     assert total <= 0.9 * 79.2, total
     grpo = scope.Args(model="Qwen2.5-1.5B", mode="grpo", prm="none")
     assert preflight.plan_total(preflight.memory_plan(grpo, 47.5, True)[0]) <= 40.0
-    assert not preflight.prm_offloaded(scope.Args(model="Qwen2.5-1.5B", prm_offload="off"), "cpu", True, 79.2)
+    assert not preflight.prm_offloaded(scope.Args(model="Qwen2.5-1.5B", refiner="policy", prm_offload="off"),
+                                       "cpu", True, 47.5)
 
 
 def test_memory_plan_within_ten_percent_of_a_trace():
