@@ -204,8 +204,10 @@ def chunked_logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: 
     """`logprobs_and_entropy` over (n, T, V) logits, about `chunk_tokens` positions (n × positions) at a time:
     the same (n, T) log-probs and entropies, without a float32 (n, T, V) tensor. With gradients on, each
     chunk runs under non-reentrant activation checkpointing: only the model's logits are kept for the
-    backward pass, and the chunk's float32 log-softmax is recomputed there."""
+    backward pass, and the chunk's float32 log-softmax is recomputed there. chunk_tokens <= 0: one chunk."""
     n, T = targets.shape
+    if chunk_tokens <= 0:  # one chunk, no recomputation (small vocabularies: the toy world)
+        return logprobs_and_entropy(logits, targets, entropy_grad)
     step = max(1, int(chunk_tokens) // max(1, n))  # positions per chunk
     track = torch.is_grad_enabled() and logits.requires_grad
     taken, entropy = [], []

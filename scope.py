@@ -127,7 +127,8 @@ class Args:
     # --- memory (docs/memory.md)
     gradient_checkpointing: bool = arg(True, "recompute each decoder layer in the backward pass (non-reentrant) "
                                        "instead of keeping its activations; off in the toy world")
-    logprob_chunk: int = arg(512, "tokens per chunk of the update's float32 log-softmax (recomputed in the backward)")
+    logprob_chunk: int = arg(512, "tokens per chunk of the update's float32 log-softmax (recomputed in the backward); "
+                             "0 = one chunk, no recomputation (the toy world)")
     fused_adamw: bool = arg(True, "torch's fused AdamW kernel on CUDA (the same update, fewer kernels and temporaries)")
     rollout_sleep: bool = arg(True, "put the policy's vLLM engine to sleep during the update (level 1: weights to "
                               "CPU memory, KV cache freed); woken for the weight push")
@@ -156,7 +157,8 @@ class Args:
 # Applied with --toy unless the flag is typed. 30 steps take ~0.5 s each on 2 CPU cores once the warm start is cached.
 TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy", eval_dataset="toy", eval_size=200,
                     backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
-                    lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, gradient_checkpointing=False)
+                    lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, gradient_checkpointing=False,
+                    logprob_chunk=0)
 
 def parse_args(argv=None) -> Args:
     """Args from the command line. Precedence: flags typed > the resumed run's config.json > --toy defaults >
