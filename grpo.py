@@ -49,7 +49,9 @@ Choices (each is a keyword argument, so a flag in scope.py): no std in the advan
 constant normaliser over the whole batch, γ = 0.1, ε = 0.2, behaviour probability 1 on refiner tokens, no
 KL or entropy bonus, a non-finite step skipped, no separate old-log-prob pass, a truncated importance weight
 min(π_old/π_vLLM, C) on the policy's own tokens when vLLM sampled them (`truncated_is_weight`), float32
-log-probs one micro-batch at a time. Each is explained once, with its reason, in docs/choices.md (rows
+log-probs one micro-batch at a time and, within it, `chunk_tokens` positions at a time, recomputed in the
+backward pass (`chunked_logprobs_and_entropy`), micro-batches of length-sorted rows
+(`length_sorted_micro_batches`). Each is explained once, with its reason, in docs/choices.md (rows
 "6 advantages" and "7 update").
 """
 import contextlib
@@ -58,6 +60,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils.checkpoint import checkpoint
 
 LOSS_AGGS = ("constant", "token-mean")
 
@@ -188,22 +191,42 @@ def logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: bool = F
     # END SOLUTION
 
 
-def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_grad: bool):
+def chunked_logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: bool = False,
+                                 chunk_tokens: int = 512) -> tuple[Tensor, Tensor]:
+    """`logprobs_and_entropy` over (n, T, V) logits, about `chunk_tokens` positions (n × positions) at a time:
+    the same (n, T) log-probs and entropies, without a float32 (n, T, V) tensor. With gradients on, each
+    chunk runs under non-reentrant activation checkpointing: only the model's logits are kept for the
+    backward pass, and the chunk's float32 log-softmax is recomputed there. chunk_tokens <= 0: one chunk."""
+    n, T = targets.shape
+    if chunk_tokens <= 0:  # one chunk, no recomputation (small vocabularies: the toy world)
+        return logprobs_and_entropy(logits, targets, entropy_grad)
+    step = max(1, int(chunk_tokens) // max(1, n))  # positions per chunk
+    track = torch.is_grad_enabled() and logits.requires_grad
+    taken, entropy = [], []
+    for s in range(0, T, step):
+        lg, tg = logits[:, s:s + step], targets[:, s:s + step]  # (n, t, V), (n, t)
+        if track:
+            t, e = checkpoint(logprobs_and_entropy, lg, tg, entropy_grad, use_reentrant=False)
+        else:
+            t, e = logprobs_and_entropy(lg, tg, entropy_grad)
+        taken.append(t)
+        entropy.append(e)
+    return torch.cat(taken, dim=1), torch.cat(entropy, dim=1)  # (n, T), (n, T)
+
+
+def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_grad: bool, keep: int,
+                      chunk_tokens: int = 512):
     """One forward pass over one micro-batch: (logp, entropy), both (n, L), float32 (float64 for a float64
     model), 0 off the response.
 
-    Columns after the last attended position are trimmed before the forward pass (a causal model's
-    output at t never depends on later positions) and padded back with zeros afterwards.
+    Only the first `keep` columns (up to the last attended position of these rows) go through the model
+    (a causal model's output at t never depends on later positions); the rest is padded back with zeros.
     """
     n, length = input_ids.shape
-    if response_mask[:, 0].any():
-        raise ValueError("token_logprobs: response_mask is 1 at position 0, which no token predicts; "
-                         "every row needs at least one prompt token")
-    attended = attention_mask.any(dim=0).nonzero()
-    keep = int(attended.max()) + 1 if attended.numel() else 1
     ids, attn = input_ids[:, :keep], attention_mask[:, :keep]  # (n, K)
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (n, K, V)
-    taken, ent = logprobs_and_entropy(logits[:, :-1], ids[:, 1:], entropy_grad)  # (n, K-1) predicts 1..K-1
+    taken, ent = chunked_logprobs_and_entropy(logits[:, :-1], ids[:, 1:], entropy_grad,
+                                              chunk_tokens)  # (n, K-1) predicts 1..K-1
     del logits
     resp = response_mask[:, :keep].to(taken.dtype)  # (n, K)
     pad = (1, length - keep)  # position 0 and the trimmed tail are 0
@@ -212,9 +235,36 @@ def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_g
     return logp, entropy
 
 
+def _row_extents(input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor, who: str) -> list[int]:
+    """Per row, the last attended position + 1 (1 for a row with no attended position), as Python ints."""
+    if input_ids.shape != attention_mask.shape or input_ids.shape != response_mask.shape:
+        raise ValueError(f"{who}: input_ids {tuple(input_ids.shape)}, attention_mask "
+                         f"{tuple(attention_mask.shape)}, response_mask {tuple(response_mask.shape)} differ")
+    if response_mask[:, 0].any():
+        raise ValueError(f"{who}: response_mask is 1 at position 0, which no token predicts; "
+                         "every row needs at least one prompt token")
+    positions = torch.arange(1, input_ids.shape[1] + 1, device=attention_mask.device)  # (L,)
+    return (attention_mask.bool() * positions).amax(dim=1).clamp(min=1).tolist()  # (N,)
+
+
+def length_sorted_micro_batches(lengths: list[int], micro_batch_size: int) -> list[list[int]]:
+    """Row indices in micro-batches of at most `micro_batch_size`, longest rows first, so that rows of similar
+    length share a forward pass (ties keep their order). Every index appears exactly once."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    mb = max(1, int(micro_batch_size))
+    return [order[s:s + mb] for s in range(0, len(order), mb)]
+
+
+def padding_share(lengths: list[int], micro_batches: list[list[int]]) -> float:
+    """Share of the computed positions that are padding: 1 − Σ lengths / Σ (rows × longest row) over the
+    micro-batches."""
+    computed = sum(len(idx) * max(lengths[i] for i in idx) for idx in micro_batches)
+    return 1.0 - sum(lengths[i] for idx in micro_batches for i in idx) / max(1, computed)
+
+
 @torch.no_grad()
 def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor,
-                   micro_batch_size: int) -> tuple[Tensor, Tensor]:
+                   micro_batch_size: int, chunk_tokens: int = 512) -> tuple[Tensor, Tensor]:
     """Per-token log-prob of the taken token and per-token entropy, both (N, L), 0 off the response.
 
     logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t]); entropy[:, t] is the entropy of that same
@@ -222,15 +272,14 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_ma
     batch, reference log-probs); `update` computes its own with gradients. Computed `micro_batch_size`
     rows at a time; returned on input_ids' device, float32 (float64 for a float64 model).
     """
-    if input_ids.shape != attention_mask.shape or input_ids.shape != response_mask.shape:
-        raise ValueError(f"token_logprobs: input_ids {tuple(input_ids.shape)}, attention_mask "
-                         f"{tuple(attention_mask.shape)}, response_mask {tuple(response_mask.shape)} differ")
+    extents = _row_extents(input_ids, attention_mask, response_mask, "token_logprobs")
     device = next(model.parameters()).device
     logps, ents = [], []
     for s in range(0, input_ids.shape[0], max(1, micro_batch_size)):
         sl = slice(s, s + max(1, micro_batch_size))
         logp, ent = _forward_logprobs(model, input_ids[sl].to(device), attention_mask[sl].to(device),
-                                      response_mask[sl].to(device), entropy_grad=False)
+                                      response_mask[sl].to(device), entropy_grad=False,
+                                      keep=max(extents[sl]), chunk_tokens=chunk_tokens)
         logps.append(logp.to(input_ids.device))
         ents.append(ent.to(input_ids.device))
     return torch.cat(logps), torch.cat(ents)  # (N, L), (N, L)
@@ -410,7 +459,7 @@ def join_terms(parts: list[dict]) -> dict:
 # ---------------------------------------------------------------------------------------------------
 def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_norm=1.0, clip_eps=0.2,
            shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
-           ref_model=None, offpolicy_credit="shaped", tis_cap=0.0, dist=None) -> dict:
+           ref_model=None, offpolicy_credit="shaped", tis_cap=0.0, dist=None, chunk_tokens: int = 512) -> dict:
     """One optimizer step on `batch`: `policy_loss` micro-batch by micro-batch, gradients accumulated.
 
     batch: input_ids, attention_mask, response_mask, offpolicy_mask (N, L), advantages (N,), optionally
@@ -422,9 +471,11 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     loss is divided by the WHOLE batch's Z, so the accumulated gradient equals the single-batch gradient.
     With tis_cap > 0 and batch["sampler_logp"] / ["sampler_mask"] (build_batch), the policy's tokens whose
     sampler log-prob is known get `truncated_is_weight(old_logp, sampler_logp, ..., tis_cap)` (docs/choices.md).
-    Gradients are clipped to `max_grad_norm` (None: no clipping). A non-finite loss or gradient norm
-    skips the step (gradients zeroed, parameters untouched). Returns Python-float metrics: loss,
-    grad_norm, skipped and `loss_metrics` of the whole batch.
+    Micro-batches hold length-sorted rows (`length_sorted_micro_batches`); `chunk_tokens` bounds the
+    float32 log-softmax (`chunked_logprobs_and_entropy`). Gradients are clipped to `max_grad_norm` (None:
+    no clipping). A non-finite loss or gradient norm skips the step (gradients zeroed, parameters
+    untouched). Returns Python-float metrics: loss, grad_norm, skipped, pad_share (padding share of this
+    rank's computed positions) and `loss_metrics` of the whole batch.
 
     Under torchrun (`dist`, harness/dist.py; `model` wrapped in DDP or FSDP2) `batch` is this rank's rows: Z is
     summed over the ranks and divided by the world size (DDP and FSDP average the ranks' gradients), every rank
@@ -435,10 +486,12 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     if kl_coef > 0 and batch.get("ref_logp") is None and ref_model is None:
         raise ValueError("update: kl_coef > 0 needs batch['ref_logp'] or ref_model")
     n = batch["input_ids"].shape[0]
+    extents = _row_extents(batch["input_ids"], batch["attention_mask"], batch["response_mask"], "update")
     z = loss_normaliser(batch["response_mask"], loss_agg, max_new_tokens)  # over the whole batch
     device = next(model.parameters()).device
     mb = max(1, int(micro_batch_size))
-    n_micro = math.ceil(n / mb)
+    micro_batches = length_sorted_micro_batches(extents, mb)
+    n_micro = len(micro_batches)
     if dist is not None:  # Z of the global batch; ÷ world: the ranks' gradients are averaged, not summed
         z = dist.sum(z) / dist.world
         n_micro = int(dist.max(n_micro))  # the same count on every rank: FSDP all-gathers in every forward
@@ -447,19 +500,21 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     loss_total, parts = 0.0, []
     # BEGIN SOLUTION update
     for i in range(n_micro):
-        s, padding = (i * mb, False) if i * mb < n else (0, True)  # padding: a zero-weight pass on row 0
-        part = {k: v[s:s + mb].to(device) for k, v in batch.items() if isinstance(v, Tensor)}
+        idx, padding = (micro_batches[i], False) if i < len(micro_batches) else ([0], True)  # padding: zero weight
+        rows = torch.tensor(idx, device=batch["input_ids"].device)
+        part = {k: v[rows].to(device) for k, v in batch.items() if isinstance(v, Tensor)}
         sync = dist is None or i == n_micro - 1  # one gradient exchange per step, on the last micro-batch
         with contextlib.nullcontext() if sync else dist.no_sync(model):
-            logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"],
-                                              part["response_mask"], entropy_grad=entropy_coef != 0)
+            logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
+                                              entropy_grad=entropy_coef != 0, keep=max(extents[j] for j in idx),
+                                              chunk_tokens=chunk_tokens)
             old_logp = part.get("old_logp")
             if old_logp is None:
                 old_logp = logp.detach()  # one optimizer step per rollout batch: ρ = 1 exactly
             ref_logp = part.get("ref_logp")
             if ref_logp is None and kl_coef > 0:
                 ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"],
-                                             part["response_mask"], micro_batch_size=mb)
+                                             part["response_mask"], micro_batch_size=mb, chunk_tokens=chunk_tokens)
             is_weight = is_mask = None
             if tis_cap > 0 and "sampler_logp" in part:  # the sampler / trainer mismatch
                 is_mask = part["sampler_mask"].bool() & part["response_mask"].bool() & ~part["offpolicy_mask"].bool()
@@ -488,4 +543,5 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     if not skipped:
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)  # a skipped step leaves parameters and optimizer state untouched
-    return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped), **loss_metrics(terms)}
+    return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped),
+            "pad_share": padding_share(extents, micro_batches), **loss_metrics(terms)}

@@ -106,6 +106,16 @@ class Args:
     gen_batch_size: int = arg(64, "sequences per HF generate call (rollouts, evaluation, an in-process refiner)")
     tis_cap: float = arg(2.0, "truncated importance sampling on the policy's tokens with vLLM rollouts: weight "
                          "min(π_train/π_vLLM, C) with this C (>= 1); 0 = off; no weight with HF generate")
+    # --- memory (docs/memory.md)
+    gradient_checkpointing: bool = arg(True, "recompute each decoder layer in the backward pass (non-reentrant) "
+                                       "instead of keeping its activations; off in the toy world")
+    logprob_chunk: int = arg(512, "tokens per chunk of the update's float32 log-softmax (recomputed in the backward); "
+                             "0 = one chunk, no recomputation (the toy world)")
+    fused_adamw: bool = arg(True, "torch's fused AdamW kernel on CUDA (the same update, fewer kernels and temporaries)")
+    rollout_sleep: bool = arg(True, "put the policy's vLLM engine to sleep during the update (level 1: weights to "
+                              "CPU memory, KV cache freed); woken for the weight push")
+    prm_offload: str = arg("auto", "move the PRM to CPU memory between its uses; auto = when the memory plan with "
+                           "the PRM resident does not fit the GPU", ("auto", "on", "off"))
     # --- bookkeeping
     eval_every: int = arg(50, "evaluate every N steps (and before the first and after the last); 0 = never")
     save_every: int = arg(100, "checkpoint every N steps (and after the last)")
@@ -133,7 +143,8 @@ class Args:
 # Applied with --toy unless the flag is typed. 30 steps take ~0.5 s each on 2 CPU cores once the warm start is cached.
 TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy", eval_dataset="toy", eval_size=200,
                     backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
-                    lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, eval_max_new_tokens=128)
+                    lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, eval_max_new_tokens=128,
+                    gradient_checkpointing=False, logprob_chunk=0)
 
 def parse_args(argv=None) -> Args:
     """Args from the command line. Precedence: flags typed > the resumed run's settings (config.json with the
@@ -262,10 +273,13 @@ def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
                         sampler_logp=[t.sampler_logp for t in trajs]   # vLLM rollouts only (HF: none)
                         if a.tis_cap > 0 and any(t.sampler_logp for t in trajs) else None)
     batch = {k: v.to(run.device) for k, v in batch.items()}   # no old_logp: one step per batch, ρ = 1
+    if run.use_vllm and a.rollout_sleep:
+        run.generator.sleep()   # frees its weights and KV cache for the update; sync_weights wakes it
     dist.reshard(run.policy)   # FSDP2: drop the full weights a generation left gathered (else clipping misses them)
     run.policy.train()
     with run.amp():   # under torchrun: this rank's groups; Z, the gradient and the metrics are global
         stats = update(run.model, run.optimizer, batch, micro_batch_size=a.micro_batch_size, max_grad_norm=1.0,
+                       chunk_tokens=a.logprob_chunk,
                        clip_eps=a.clip_eps, shaping_gamma=a.shaping_gamma, loss_agg=a.loss_agg,
                        offpolicy_credit=a.offpolicy_credit, max_new_tokens=a.max_new_tokens, kl_coef=a.kl_coef,
                        entropy_coef=a.entropy_coef, ref_model=run.ref_model, tis_cap=a.tis_cap,
@@ -301,6 +315,7 @@ def step_metrics(step: int, args: Args, rollouts: list[Trajectory], trained: lis
          "loss": stats["loss"], "grad_norm": stats["grad_norm"], "skipped": stats["skipped"],
          "clip_frac": stats.get("clip_frac"), "offpolicy_share": stats.get("offpolicy_share"),
          "tis_weight_mean": stats.get("tis_weight_mean"), "tis_capped_frac": stats.get("tis_capped_frac"),
+         "pad_share": stats.get("pad_share"),   # padding share of the positions the update computed
          **{f"time_{k}": v for k, v in times.items()}}
     rewards = {b: [t.reward for t in rollouts if t.group == b] for b in range(B)}
     traces = [{**tr, "group_rewards": rewards[tr["group"]], "group_all_fail": bool(not passed[tr["group"]].any())}
@@ -338,7 +353,7 @@ def main(args: Args) -> dict:
             t.reward = float(t.correct)
 
         # ---------------------------------------------------------- 3. PRM: score the steps, find each failure's first error
-        with timed(times, "prm"):
+        with timed(times, "prm"), run.prm_on_device():   # back from CPU memory with --prm-offload
             if args.toy and run.prm:
                 run.prm.reseed(seed_for(args.seed, step, "prm"))   # the toy PRM's noise: exact on resume
             prefix_len = locate_first_errors(trajs, run.prm, args, run.tokenizer)   # id(traj) -> tokens kept

@@ -277,7 +277,7 @@ class VLLMGenerator:
 
     def __init__(self, model_path: str, *, tokenizer, gpu_memory_utilization: float = 0.3,
                  max_model_len: int | None = None, dtype: str = "auto", seed: int = 0,
-                 enforce_eager: bool = False, **engine_kwargs):
+                 enforce_eager: bool = False, sleep_mode: bool = False, **engine_kwargs):
         import os
 
         # must be set before the engine is built: with the engine core in a subprocess there is no way
@@ -302,6 +302,11 @@ class VLLMGenerator:
             # that much is not free: a fixed 1 GiB KV cache instead (~37k tokens of Qwen2.5-1.5B in bf16)
             if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 options["kv_cache_memory_bytes"] = 1 << 30
+        # sleep mode (CUDA only in vLLM 0.33): level 1 moves the weights to CPU memory and frees the KV cache
+        self.can_sleep = sleep_mode and not current_platform.is_cpu()
+        self.asleep = False
+        if self.can_sleep:
+            options["enable_sleep_mode"] = True
         options.update(engine_kwargs)
         # note: with the engine in-process, vLLM re-seeds the global torch RNG here; seed after building it
         self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,
@@ -319,6 +324,7 @@ class VLLMGenerator:
         from vllm import SamplingParams, TokensPrompt
 
         check_sampling(n, temperature, top_p, max_tokens)
+        self.wake()
         budgets = [token_budget(i, p, max_tokens, self.context) for i, p in enumerate(prompts)]
         out = [[Completion(ids=[], text="", finished=False) for _ in range(n)] for _ in prompts]
         todo = [i for i, b in enumerate(budgets) if b > 0]
@@ -343,8 +349,23 @@ class VLLMGenerator:
                       for o in samples]
         return out
 
+    def sleep(self) -> None:
+        """Free the engine's GPU memory until the next `wake` (level 1: weights kept in CPU memory, KV cache
+        dropped; nothing happens without sleep mode, e.g. on the CPU backend)."""
+        if self.can_sleep and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        """Weights back on the GPU and a fresh KV cache (the weight push needs the weights awake)."""
+        if self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
     def sync_weights(self, hf_model) -> None:
-        """Push the training model's weights into this engine (see the module-level `sync_weights`)."""
+        """Push the training model's weights into this engine (see the module-level `sync_weights`), waking it
+        first if it sleeps."""
+        self.wake()
         sync_weights(hf_model, self.llm)
 
 

@@ -17,13 +17,14 @@ Not part of the paper. A real run costs hours of GPU time; a typo should cost se
  6. `check_run_dir`: a new run's folder holds no other run (else `--overwrite`); a resumed folder has a
     complete checkpoint (else `--overwrite` restarts it) at a step not above `--steps`; no live process
     holds its lock.
- 7. `memory_plan`: weights, gradients and AdamW state of the float32 policy, the rollout engine's share,
-    the PRM, the refiner, update activations and the KV cache, from the model configs (a local folder, the
-    hub cache, or the known sizes of the aliases below). Printed at start; on a GPU that cannot hold it the
-    run stops with the plan and the flags that would make it fit. `--dry-run` prints it and the resolved
-    Args, then exits: it needs neither network nor GPU (what it could not check is listed as notes).
-The memory plan is an estimate (activations and allocator slack vary with lengths and library versions);
-its formulas are in `memory_plan`.
+ 7. `memory_plan`: weights, gradients and AdamW state of the float32 policy, the rollout engine sized by
+    need, the PRM, the refiner's server share, the update's activations and temporaries, by phase of the
+    step, from the model configs (a local folder, the hub cache, or the known sizes of the aliases below)
+    and constants traced from our own code (`python -m tools.bench_memory`). Printed at start; on a GPU
+    that cannot hold it the run stops with the plan and the flags that would make it fit. `--dry-run`
+    prints it (per card size, in the GiB cards report) and the resolved Args, then exits: it needs
+    neither network nor GPU (what it could not check is listed as notes).
+The memory plan is traced on the CPU's kernels and not yet checked on a GPU (docs/memory.md).
 """
 import json
 import os
@@ -41,7 +42,6 @@ MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
     "Qwen2.5-Math-1.5B-Instruct", "Qwen2.5-Math-7B-Instruct", "Qwen2.5-Math-PRM-7B")}
 MODES_WITH_PRM = ("scope", "replace", "prm-reward")
 MODES_WITH_REFINER = ("scope", "replace")
-VLLM_SHARE = 0.3          # generate.VLLMGenerator's default gpu_memory_utilization, as scope.py builds it
 PROMPT_TOKENS = 256       # assumed prompt length (system prompt + a MATH question) for the plan
 COMMAND_ONLY = ("resume", "overwrite", "dry_run", "change_config", "run_name")   # how this process was started
 BOOKKEEPING = ("steps", "eval_every", "save_every", "memory_check", "report_to", "dist_timeout")   # not the training
@@ -422,59 +422,130 @@ def kv_bytes_per_token(cfg: dict, dtype_bytes: int = 2) -> int:
     return 2 * cfg["num_hidden_layers"] * kv * hd * dtype_bytes
 
 
-def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True) -> tuple[list[tuple[str, float]], list[str]]:
-    """([(row, GiB)], notes): the GPU memory a run with these Args needs, estimated.
+# What cards report (torch.cuda.get_device_properties().total_memory) for their nominal size: RTX 4090 /
+# A10-class 24 GB, A6000 / L40S-class 48 GB (the L40S reports 44.5), A100 / H100 80 GB, H200 141 GB.
+CARD_GIB = {24: 23.6, 48: 47.5, 80: 79.2, 141: 139.8}
+FIT_SHARE = 0.9           # a plan fits when it needs at most this share of the card (allocator fragmentation)
+PROMPT_MAX = 1024         # prompt tokens the rollout engine's context allows on top of --max-new-tokens
+CUDA_CONTEXT_GIB = 1.5    # CUDA context, cuBLAS workspaces, allocator rounding: not tensors, so not traced
 
-    policy (float32, trained): weights 4 + gradients 4 + AdamW m and v 8 = 16 bytes per parameter;
-    KL reference (--kl-coef > 0): 4 bytes per parameter;
-    rollout engine: vLLM reserves VLLM_SHARE of the GPU (without a GPU size: bf16 weights + the KV cache of all
-    B·G sequences); HF generate: the KV cache of one --gen-batch-size batch;
-    PRM and a separate refiner: bfloat16 weights (2 bytes per parameter), plus the refiner's KV cache
-    (`refiner_gib`: one --gen-batch-size batch under HF generate, one micro-batch beside vLLM);
-    update activations, one micro-batch of T = PROMPT_TOKENS + max_new_tokens tokens per sequence:
-    34 · hidden · layers bytes per token (Korthikanti et al. 2022, no recomputation, fused attention) and
-    14 · vocab bytes per token for the logits (bf16 logits, their float32 copy, log-softmax, its gradient);
-    CUDA context and allocator slack: 2 GiB."""
+# The update's activations and temporaries beyond fp32 weights, AdamW state and gradients (16 bytes per
+# parameter), per micro-batch of n = micro_batch_size × (PROMPT_TOKENS + max_new_tokens) tokens, C = --logprob-chunk:
+#     bytes = n · (a_h · h · L + a_i · I · L + a_v · V) + a_c · C · V + a_p · P
+# (h hidden size, I MLP width, L layers, V vocabulary, P parameters). Fitted by `fit_constants` in
+# tools/bench_memory.py to the traced peaks of `python -m tools.bench_memory --fit --full` (FakeTensorMode +
+# MemTracker on our grpo micro-batch step: bf16 autocast, C = 512, two micro-batches, clip, AdamW.step): six
+# small Qwen2 shapes and, with checkpointing, Qwen2.5-1.5B at 4 x 1,280 tokens (traced peak 30.13 GiB, planned
+# 30.13). Largest error over the fitted traces: 1.7 % with checkpointing, 0.2 % without. With checkpointing
+# a_h ≈ 11 is the saved fp32 input of each layer, a_v ≈ 4.5 the bf16 logits and their gradient, a_c ≈ 12
+# the chunk's float32 log-softmax and its backward; a_p holds autocast's cached bf16 weight copies and AdamW's
+# step temporaries. The no-checkpointing constants come from the small shapes only.
+UPDATE_FIT = {   # checkpointing: (a_h, a_i, a_v, a_c, a_p)
+    False: (38.773, 8.32, 7.181, 6.007, 1.773),
+    True: (11.377, -0.187, 4.482, 12.396, 0.609),
+}
+# The PRM's bf16 no-grad scoring forward beyond its weights: bytes = n · (p_h · h + p_v · V), small shapes.
+PRM_FIT = (24.746, 0.523)
+
+
+def update_extra_bytes(cfg: dict, tokens: int, checkpointing: bool, chunk_tokens: int = 512) -> float:
+    """Traced-constant estimate of the update's activations and temporaries (UPDATE_FIT)."""
+    a_h, a_i, a_v, a_c, a_p = UPDATE_FIT[bool(checkpointing)]
+    h, layers, inter, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
+    return tokens * (a_h * h * layers + a_i * inter * layers + a_v * v) + a_c * chunk_tokens * v + a_p * n_params(cfg)
+
+
+def prm_scoring_bytes(cfg: dict, tokens: int) -> float:
+    p_hidden, p_vocab = PRM_FIT
+    return tokens * (p_hidden * cfg["hidden_size"] + p_vocab * cfg["vocab_size"])
+
+
+def rollout_kv_need(args) -> tuple[int | None, int]:
+    """(KV cache bytes, max_model_len) of the policy's vLLM engine sized by need: prompts_per_step × group_size
+    sequences of PROMPT_TOKENS + max_new_tokens; the context allows PROMPT_MAX prompt tokens. (None: no config.)"""
+    cfg = model_config(args.model)
+    max_len = PROMPT_MAX + args.max_new_tokens
+    if cfg is None:
+        return None, max_len
+    return args.prompts_per_step * args.group_size * (PROMPT_TOKENS + args.max_new_tokens) * kv_bytes_per_token(cfg), \
+        max_len
+
+
+def prm_offloaded(args, device: str, use_vllm: bool, gpu_gib: float | None = None) -> bool:
+    """--prm-offload on/off, or auto: offload when the plan with the PRM resident does not fit the GPU."""
+    if args.prm == "none" or args.toy or args.prm_offload == "off":
+        return False
+    if args.prm_offload == "on":
+        return True
+    if gpu_gib is None and device.startswith("cuda"):
+        import torch
+
+        gpu_gib = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
+    if gpu_gib is None:
+        return False
+    return plan_total(memory_plan(args, gpu_gib, use_vllm, prm_offload=False)[0]) > FIT_SHARE * gpu_gib
+
+
+def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True,
+                prm_offload: bool | None = None) -> tuple[list[tuple[str, float, str]], list[str]]:
+    """([(row, GiB, phase)], notes): the GPU memory a run with these Args needs, by phase.
+
+    phase "all": held the whole step; "update": only during the update; "other": only outside it (rollout,
+    PRM, refinement). The peak (`plan_total`) is "all" + the larger of the other two. Rows:
+    policy fp32 weights 4 + AdamW m and v 8 bytes per parameter (all); gradients 4 (update); the update's
+    activations and temporaries from traced constants (UPDATE_FIT); KL reference fp32 (all);
+    rollout engine: vLLM's bf16 weights + the KV cache of all B·G sequences (rollout_kv_need), asleep during
+    the update with --rollout-sleep; HF generate: the KV cache of one micro-batch; PRM: bf16 weights, with
+    --prm-offload only outside the update, + its scoring activations (PRM_FIT); a refiner on its own
+    `vllm serve`: --refiner-mem of the card (its weights and KV cache when no card is known); CUDA context."""
     if args.toy:
-        return [("toy world (CPU)", 0.1)], []
+        return [("toy world (CPU)", 0.1, "all")], []
     notes, rows = [], []
     cfg = model_config(args.model)
     if cfg is None:
         return [], [f"no config for '{args.model}' (not local, not cached, not an alias): no memory plan"]
     p, T = n_params(cfg), PROMPT_TOKENS + args.max_new_tokens
-    rows.append((f"policy {p / 1e9:.2f} B params: fp32 weights + grads + AdamW (16 B/param)", 16 * p / GIB))
+    if prm_offload is None:
+        prm_offload = prm_offloaded(args, "cpu", use_vllm, gpu_gib)
+    ckpt = bool(getattr(args, "gradient_checkpointing", False))
+    rows.append((f"policy {p / 1e9:.2f} B params: fp32 weights + AdamW m, v (12 B/param)", 12 * p / GIB, "all"))
+    rows.append(("policy gradients (fp32)", 4 * p / GIB, "update"))
+    tokens = args.micro_batch_size * T
+    rows.append((f"update activations + temporaries ({args.micro_batch_size} x {T} tokens, checkpointing "
+                 f"{'on' if ckpt else 'off'}; traced)",
+                 update_extra_bytes(cfg, tokens, ckpt, getattr(args, "logprob_chunk", 512)) / GIB, "update"))
     if args.kl_coef > 0:
-        rows.append(("KL reference (fp32)", 4 * p / GIB))
-    kv = kv_bytes_per_token(cfg)
+        rows.append(("KL reference (fp32)", 4 * p / GIB, "all"))
     if use_vllm:
-        need = (2 * p + args.prompts_per_step * args.group_size * T * kv) / GIB
-        if gpu_gib:
-            rows.append((f"rollout engine: vLLM, {VLLM_SHARE:.0%} of the GPU", VLLM_SHARE * gpu_gib))
-            if 2 * p / GIB > 0.8 * VLLM_SHARE * gpu_gib:
-                notes.append("vLLM's share of this GPU barely holds the bf16 weights: little room for the KV cache")
-        else:
-            rows.append((f"rollout engine: vLLM bf16 weights + KV of {args.prompts_per_step}x{args.group_size} "
-                         f"sequences ({VLLM_SHARE:.0%} of the GPU once one is known)", need))
+        kv, _ = rollout_kv_need(args)
+        sleep = bool(getattr(args, "rollout_sleep", False))
+        rows.append((f"rollout engine: vLLM bf16 weights + KV of {args.prompts_per_step}x{args.group_size} x {T} "
+                     f"tokens{' (asleep in the update)' if sleep else ''}", (2 * p + kv) / GIB,
+                     "other" if sleep else "all"))
     else:
         rows.append((f"rollout KV cache (HF generate, {args.gen_batch_size} sequences)",
-                     args.gen_batch_size * T * kv / GIB))
+                     args.gen_batch_size * T * kv_bytes_per_token(cfg) / GIB, "other"))
     if args.prm != "none":
         prm_cfg = model_config(args.prm)
         if prm_cfg is None:
             notes.append(f"no config for PRM '{args.prm}': left out of the plan")
         else:
-            rows.append((f"PRM {n_params(prm_cfg) / 1e9:.2f} B params (bf16)", 2 * n_params(prm_cfg) / GIB))
+            rows.append((f"PRM {n_params(prm_cfg) / 1e9:.2f} B params (bf16){', in CPU memory in the update' if prm_offload else ''}",
+                         2 * n_params(prm_cfg) / GIB, "other" if prm_offload else "all"))
+            rows.append((f"PRM scoring ({4} x {T} tokens; traced)", prm_scoring_bytes(prm_cfg, 4 * T) / GIB, "other"))
     if args.mode in MODES_WITH_REFINER and args.refiner != "policy" and not args.refiner_url:
         ref_cfg = model_config(args.refiner)
-        if ref_cfg is None:
+        if gpu_gib:
+            rows.append((f"refiner: its own vllm serve, --refiner-mem {args.refiner_mem:.0%} of the card",
+                         args.refiner_mem * gpu_gib, "all"))
+        elif ref_cfg is None:
             notes.append(f"no config for refiner '{args.refiner}': left out of the plan")
         else:
             # HF generate holds one --gen-batch-size batch; beside vLLM it is served, KV of a micro-batch assumed
             batch = args.micro_batch_size if use_vllm else args.gen_batch_size
-            rows.append((f"refiner {n_params(ref_cfg) / 1e9:.2f} B params (bf16) + KV cache", refiner_gib(args, ref_cfg, batch)))
-    act = args.micro_batch_size * T * (34 * cfg["hidden_size"] * cfg["num_hidden_layers"] + 14 * cfg["vocab_size"])
-    rows.append((f"update activations ({args.micro_batch_size} sequences x {T} tokens)", act / GIB))
-    rows.append(("CUDA context and allocator slack", 2.0))
+            rows.append((f"refiner {n_params(ref_cfg) / 1e9:.2f} B params (bf16) + KV cache (--refiner-mem of a card "
+                         f"once one is known)", refiner_gib(args, ref_cfg, batch), "all"))
+    rows.append(("CUDA context, workspaces (not traced)", CUDA_CONTEXT_GIB, "all"))
     return rows, notes
 
 
@@ -522,14 +593,22 @@ def check_refiner_fallback(args, device: str, reason: str, log_path: str) -> Non
 
 
 def plan_total(rows) -> float:
-    return sum(gib for _, gib in rows)
+    """The peak: what is held all step plus the larger of the update's and the rest of the step's rows."""
+    phase = {k: sum(gib for _, gib, ph in rows if ph == k) for k in ("all", "update", "other")}
+    return phase["all"] + max(phase["update"], phase["other"])
 
 
 def fixes(args, gpu_gib: float, use_vllm: bool) -> list[str]:
-    """Flag changes (fewest first) under which the plan fits in 95 % of gpu_gib."""
+    """Flag changes (fewest first) under which the plan fits in FIT_SHARE of gpu_gib."""
     from dataclasses import replace
 
     options = [{}]
+    if not args.gradient_checkpointing:
+        options.append({"gradient_checkpointing": True})
+    if args.prm != "none" and args.prm_offload == "off":
+        options.append({"prm_offload": "on"})
+    if use_vllm and not args.rollout_sleep:
+        options.append({"rollout_sleep": True})
     if args.mode in MODES_WITH_REFINER and args.refiner != "policy" and not args.refiner_url:
         options += [{"refiner": "policy"}, {"refiner_url": "http://HOST:8000/v1"}]
     found = []
@@ -537,8 +616,9 @@ def fixes(args, gpu_gib: float, use_vllm: bool) -> list[str]:
         mb = args.micro_batch_size
         while mb >= 1:
             trial = replace(args, **change, micro_batch_size=mb)
-            if plan_total(memory_plan(trial, gpu_gib, use_vllm)[0]) <= 0.95 * gpu_gib:
-                flags = [f"--{k.replace('_', '-')} {v}" for k, v in change.items()]
+            if plan_total(memory_plan(trial, gpu_gib, use_vllm)[0]) <= FIT_SHARE * gpu_gib:
+                flags = [f"--{k.replace('_', '-')} {v}" if not isinstance(v, bool) else f"--{k.replace('_', '-')}"
+                         for k, v in change.items()]
                 flags += [f"--micro-batch-size {mb}"] if mb != args.micro_batch_size else []
                 found.append(" ".join(flags) + (" (serve the refiner: vllm serve NAME)" if "refiner_url" in change else ""))
                 break
@@ -547,17 +627,20 @@ def fixes(args, gpu_gib: float, use_vllm: bool) -> list[str]:
 
 
 def format_plan(args, rows, notes, gpu_gib: float | None) -> str:
-    lines = [f"memory plan (estimate, GiB){'' if gpu_gib is None else f' on a {gpu_gib:.0f} GiB GPU'}:"]
-    lines += [f"  {gib:7.1f}  {row}" for row, gib in rows]
-    if gpu_gib is not None:   # the total depends on the card (vLLM's share of it): only for a known one
-        lines.append(f"  {plan_total(rows):7.1f}  total")
+    lines = [f"memory plan (traced constants, GiB){'' if gpu_gib is None else f' on a {gpu_gib:.1f} GiB GPU'}"
+             f"{'' if gpu_gib is None else '; total = the peak: all step + the larger of update / outside the update'}:"]
+    where = {"all": "all step", "update": "update", "other": "outside the update"}
+    lines += [f"  {gib:7.1f}  [{where[ph]}] {row}" for row, gib, ph in rows]
+    total = plan_total(rows)
+    if gpu_gib is not None:   # the refiner's share depends on the card: a total only for a known one
+        lines.append(f"  {total:7.1f}  total")
     if gpu_gib is None and not args.toy and rows:
-        for size in (24, 48, 80):
-            gib = size * 1e9 / GIB
+        for size, gib in CARD_GIB.items():
             need = plan_total(memory_plan(args, gib, args.backend != "hf")[0])
-            ways = [] if need <= 0.95 * gib else fixes(args, gib, args.backend != "hf")
-            lines.append(f"  on a {size} GB GPU: {need:.0f} GiB, " + ("fits" if need <= 0.95 * gib else
-                         "does not fit" + (f"; fits with {' | '.join(ways)}" if ways else "")))
+            fits = need <= FIT_SHARE * gib
+            ways = [] if fits else fixes(args, gib, args.backend != "hf")
+            lines.append(f"  on a {size} GB GPU ({gib:.1f} GiB reported): {need:.1f} GiB, " + (
+                "fits" if fits else "does not fit" + (f"; fits with {' | '.join(ways)}" if ways else "")))
     lines += [f"  note: {n}" for n in notes]
     return "\n".join(lines)
 
@@ -572,7 +655,7 @@ def check_memory(args, device: str, use_vllm: bool) -> None:
     rows, notes = memory_plan(args, gpu_gib, use_vllm or (gpu_gib is None and args.backend != "hf"))
     if not args.toy or args.dry_run:
         print(format_plan(args, rows, notes, gpu_gib))
-    if gpu_gib is not None and rows and plan_total(rows) > 0.95 * gpu_gib and args.memory_check and not args.dry_run:
+    if gpu_gib is not None and rows and plan_total(rows) > FIT_SHARE * gpu_gib and args.memory_check and not args.dry_run:
         ways = fixes(args, gpu_gib, use_vllm)
         stop(f"this run needs about {plan_total(rows):.0f} GiB, the GPU has {gpu_gib:.0f} GiB"
              + (f"; it would fit with: {' | '.join(ways)}" if ways else "; use a smaller model or a larger GPU")

@@ -70,9 +70,12 @@ def base_model_path(args) -> str:
 
 def load_policy(args, path: str, base_path: str, device: str):
     """(policy in float32, tokenizer, frozen KL reference or None). float32 master weights: AdamW steps of
-    lr 1e-6 would round away in bfloat16. The KL reference is the model we started from, also after a resume."""
+    lr 1e-6 would round away in bfloat16. The KL reference is the model we started from, also after a resume.
+    With --gradient-checkpointing each decoder layer's activations are recomputed in the backward pass."""
     with loading(path):
         policy, tokenizer = load_causal_lm(path, device, torch.float32)
+    if args.gradient_checkpointing:   # non-reentrant: works with frozen inputs and nested autograd (grpo's chunks)
+        policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     ref_model = None
     if args.kl_coef > 0:
         with loading(base_path):
@@ -83,11 +86,15 @@ def load_policy(args, path: str, base_path: str, device: str):
 def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, world: int = 1):
     """vLLM in-process (its weights follow the policy through sync_weights after every update) or HF generate.
     Under torchrun each rank builds its own engine on its own GPU; vLLM joins the torchrun processes as data-
-    parallel replicas of one engine each (`external_launcher`, written for vLLM 0.33, not run on GPUs here)."""
+    parallel replicas of one engine each (`external_launcher`, written for vLLM 0.33, not run on GPUs here).
+    vLLM's KV cache holds prompts_per_step × group_size sequences of an assumed prompt plus --max-new-tokens
+    (preflight.rollout_kv_need); with --rollout-sleep it can sleep through the update."""
     if use_vllm:
         from harness.generate import VLLMGenerator
         launch = dict(distributed_executor_backend="external_launcher", data_parallel_size=world) if world > 1 else {}
-        return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed, **launch)
+        kv_bytes, max_len = preflight.rollout_kv_need(args)   # sized by need, not a share of the card
+        return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed, max_model_len=max_len,
+                             sleep_mode=args.rollout_sleep, kv_cache_memory_bytes=kv_bytes, **launch)
     return HFGenerator(policy, tokenizer, micro_batch_size=args.gen_batch_size)
 
 
@@ -274,6 +281,7 @@ class Run:
     summary: dict = field(default_factory=dict)
     dist: object = field(default_factory=dist.Dist)     # this process's rank under torchrun (harness/dist.py)
     model: object = None                             # the module the update trains: policy, DDP or FSDP2
+    prm_offload: bool = False                         # the PRM waits in CPU memory between its uses
 
     def amp(self):
         """bfloat16 autocast on CUDA (float32 master weights), nothing on the CPU."""
@@ -285,6 +293,18 @@ class Run:
         """amp() around an HF generator of this process; nothing around vLLM or a served model (they run in
         their own dtype: autocast there does nothing but hide what precision the sampler used)."""
         return self.amp() if isinstance(generator, HFGenerator) else contextlib.nullcontext()
+    @contextlib.contextmanager
+    def prm_on_device(self):
+        """The PRM on the GPU for the block; with --prm-offload it lives in CPU memory outside it."""
+        if not self.prm_offload:
+            yield
+            return
+        self.prm.model.to(self.device)
+        try:
+            yield
+        finally:
+            self.prm.model.to("cpu")
+            torch.cuda.empty_cache()   # hand its 14 GiB back to the allocator's pool for the update
 
     def steps(self):
         """The steps still to run, with a progress bar on a terminal."""
@@ -386,7 +406,11 @@ def start(args) -> Run | None:
     generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
     prm = load_prm(args, device)
     refiner = load_refiner(args, generator, tokenizer, device, run_dir)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)   # after wrap: FSDP2's parameters are shards
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr,   # after wrap: FSDP2's parameters are shards
+                                  fused=args.fused_adamw and device.startswith("cuda"))   # fused: same update
+    prm_offload = prm is not None and not args.toy and preflight.prm_offloaded(args, device, use_vllm)
+    if prm_offload:
+        prm.model.to("cpu")   # between its uses; Run.prm_on_device brings it back for step 3
     if ckpt:
         restore_checkpoint(ckpt, optimizer, device, policy if args.fsdp else None)
         print(f"resumed {run_dir} at step {start_step}")
@@ -396,7 +420,7 @@ def start(args) -> Run | None:
     run = Run(args, run_dir, device, use_vllm, policy, tokenizer, ref_model, generator, prm, refiner, optimizer,
               train_problems, eval_problems, start_step, *logs, t_start,
               trackers.open_tracker(args.report_to, run_dir, asdict(args), start_step) if d.main else None,
-              summary={"run_dir": run_dir}, dist=d, model=model)
+              summary={"run_dir": run_dir}, dist=d, model=model, prm_offload=prm_offload)
     n_params = sum(p.numel() for p in policy.parameters())
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")

@@ -68,7 +68,7 @@ def test_torchrun_toy_run_and_resume_match_one_process(tmp_path, toy_model_dir):
     for a, b in zip(one, two):
         assert set(a) == set(b)
         for key in a:
-            if key.startswith("time_"):
+            if key.startswith("time_") or key == "pad_share":   # padding depends on each rank's rows
                 continue
             if isinstance(a[key], float):
                 assert b[key] == pytest.approx(a[key], rel=1e-5, abs=1e-7), (a["step"], key)

@@ -273,3 +273,34 @@ def test_the_script_skips_cleanly_without_cuda(tmp_path):
                           text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines() == ["gpu check: skipped (no CUDA GPU visible to torch)"]
+
+
+def test_update_peak_memory_matches_the_plan():
+    """grpo.update at the real Qwen2.5-1.5B shape on CUDA (random weights, fp32 master, bf16 autocast, fused
+    AdamW, gradient checkpointing, two micro-batches of 4 x 1,280 tokens): torch.cuda.max_memory_allocated of
+    the second step (AdamW's state exists) against the plan's update rows. Prints both; fails beyond 15 %."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    import grpo
+    from harness import preflight
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(**QWEN25_15B)).cuda().train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
+    rows, tokens = 8, 1280
+    ids = torch.randint(0, 151000, (rows, tokens), device="cuda")
+    resp = torch.zeros_like(ids)
+    resp[:, 256:] = 1
+    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": resp,
+             "offpolicy_mask": torch.zeros_like(ids), "advantages": torch.randn(rows, device="cuda")}
+    for step in range(2):
+        torch.cuda.reset_peak_memory_stats()
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            grpo.update(model, opt, batch, micro_batch_size=4, max_new_tokens=1024, chunk_tokens=512)
+    peak = torch.cuda.max_memory_allocated()
+    cfg = preflight.KNOWN_CONFIGS["Qwen2.5-1.5B"]
+    planned = 16 * preflight.n_params(cfg) + preflight.update_extra_bytes(cfg, 4 * tokens, True)
+    print(f"\nupdate peak on {torch.cuda.get_device_name()}: {peak / 2**30:.2f} GiB allocated, "
+          f"planned {planned / 2**30:.2f} GiB ({planned / peak - 1:+.1%})")
+    assert abs(planned / peak - 1) <= 0.15

@@ -88,7 +88,7 @@ def main(argv=None):
                                                   batch["response_mask"], args.micro_batch_size)
         ours.train()
         update(ours, opt, batch, micro_batch_size=args.micro_batch_size, max_grad_norm=1.0,
-               loss_agg="constant", max_new_tokens=args.max_new_tokens)
+               loss_agg="constant", max_new_tokens=args.max_new_tokens, chunk_tokens=0)   # as scope.py --toy
         ours.eval()
         return time.perf_counter() - t0, float(rewards.mean()), sum(map(len, resp)) / len(resp)
 
