@@ -431,7 +431,7 @@ def signature(rel: str, func: str, root: str = ROOT) -> str:
     first = node.body[0]
     has_doc = isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant)
     head = "\n".join(lines[node.lineno - 1 - len(node.decorator_list):first.lineno - 1])
-    doc = ast.get_docstring(node).split("\n\n")[0] if has_doc else ""
+    doc = ast.get_docstring(node).split("\n\n")[0].replace("\n", "\n    ") if has_doc else ""
     return head + (f'\n    """{doc}"""' if doc else "")
 
 
