@@ -86,7 +86,8 @@ SCOPE_RUNS = ("tests/test_scope.py::test_each_mode_runs_two_toy_steps",
               "tests/test_study_flags.py::test_all_fail_only_never_rectifies_a_group_with_a_success",
               "tests/test_study_flags.py::test_any_rectifies_mixed_groups_and_records_group_rewards",
               "tests/test_study_flags.py::test_model_refiner_goes_through_refiner_and_splice",
-              "tests/test_dist.py::test_torchrun_toy_run_and_resume_match_one_process")
+              "tests/test_dist.py::test_torchrun_toy_run_and_resume_match_one_process",
+              "tests/test_gpu.py::test_the_check_at_a_tiny_shape_on_the_cpu")
 # the torchrun gradient check runs build_batch, the log-probs, policy_loss and update, no other exercise
 DIST_GRADIENTS = ("tests/test_dist.py::test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient",)
 # scope.locate_first_errors on an empty failed response: split_steps, cut_point, keep_ratio, step_token_spans
