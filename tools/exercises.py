@@ -249,7 +249,7 @@ EXERCISES = [
              "ℓ = −f(π) A,  f(π) = π / (π + γ)   on the mask (behaviour probability 1, no clip)",
              ("tests/test_grpo.py::test_shaped_offpolicy_loss_hand_computed",), 2, 6,
              "-f(pi)*A with f(pi) = pi / (pi + gamma) on the mask; return (loss, f(pi))",
-             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + SCOPE_RUNS),
+             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS),
     Exercise("policy_loss", ("grpo.py:loss_normaliser", "grpo.py:policy_loss"),
              "the mixed on/off-policy objective with the Dr. GRPO constant normaliser",
              "L = (1/Z) Σ_i Σ_{t in response_i} [ℓ_it + kl_coef·k3_it − entropy_coef·H_it];  Z = N × max_new_tokens "
