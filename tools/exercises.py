@@ -752,12 +752,12 @@ def run_scope_step(m, ctx, c):
     located = [(t.steps, t.step_scores, t.cut, _graded_float(t.keep_ratio) if t.keep_ratio is not None else None,
                 _graded_float(t.keep_ratio_tokens) if t.keep_ratio_tokens is not None else None, prefix_len.get(id(t)))
                for t in trajs]
-    picks = [tuple(p) for p in m.scope.select_failures(trajs, c["n_groups"], prefix_len, args)]
+    picks = [tuple(p) for p in m.scope.select_failures(trajs, range(c["n_groups"]), prefix_len, args)]
     run = types.SimpleNamespace(args=args, refiner=FakeRefiner(c["suffixes"]), tokenizer=tok,
                                 amp=contextlib.nullcontext)
     batch, traces, unavailable = m.scope.repair(run, trajs, picks, seed=0)
     merged = [(t.group, t.response_ids, t.offpolicy_mask, t.reward, t.source) for t in batch]
-    adv = m.scope.batch_advantages(batch, c["n_groups"], c["adv_std"])
+    adv = m.scope.batch_advantages(batch, range(c["n_groups"]), c["adv_std"])
     return {"located": located, "picks": picks, "merged": merged,
             "traces": [(tr["group"], tr["accepted"], tr["mode"]) for tr in traces], "unavailable": unavailable,
             "advantages": adv}
