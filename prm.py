@@ -568,7 +568,7 @@ def cut_point(scores, tau: float = 0.5) -> int:
 
 def keep_ratio(cut: int, n_steps: int) -> float:
     """Step keep ratio κ = cut / n_steps (the share of steps kept); 0.0 when there are no steps."""
-    # BEGIN SOLUTION keep_ratio
+    # BEGIN SOLUTION first_error
     return cut / n_steps if n_steps > 0 else 0.0
     # END SOLUTION
 
@@ -589,6 +589,6 @@ def select_candidate(keep_ratios: list[float], prefix_means: list[float], length
                          f"{len(prefix_means)} prefix means, {len(lengths)} lengths)")
     if not keep_ratios:
         return None
-    # BEGIN SOLUTION keep_ratio
+    # BEGIN SOLUTION first_error
     return min(range(len(keep_ratios)), key=lambda i: (-keep_ratios[i], -prefix_means[i], lengths[i], i))
     # END SOLUTION

@@ -187,6 +187,7 @@ def locate_first_errors(trajs: list[Trajectory], prm, args: Args, tokenizer) -> 
     """Step 3, first-error localisation: the PRM scores the steps of every failed rollout (of every rollout in
     prm-reward mode); the first step below τ is the cut (prm.cut_point). Sets steps, step_scores, cut,
     keep_ratio, keep_ratio_tokens on each. Returns {id(trajectory): tokens before its first error}."""
+    # BEGIN SOLUTION scope_step
     scored = [t for t in trajs if args.mode == "prm-reward" or not t.correct] if prm else []
     prefix_len = {}
     if not scored:
@@ -201,11 +202,13 @@ def locate_first_errors(trajs: list[Trajectory], prm, args: Args, tokenizer) -> 
                                         len(t.response_ids))
         t.keep_ratio_tokens = prefix_len[id(t)] / max(1, len(t.response_ids))
     return prefix_len
+    # END SOLUTION
 
 
 def select_failures(trajs: list[Trajectory], groups: range, prefix_len: dict[int, int], args: Args) -> list[tuple]:
     """Step 4: (index, tokens to keep) of the most promising failure per eligible group (`--rectify-groups any`:
     every group with a failure; `all-fail`: only groups in which every rollout failed): largest keep ratio, then higher prefix PRM mean, then shorter. Mode replace keeps nothing of the same pick."""
+    # BEGIN SOLUTION scope_step
     if args.mode not in ("scope", "replace"):
         return []
     picks = []
@@ -219,6 +222,7 @@ def select_failures(trajs: list[Trajectory], groups: range, prefix_len: dict[int
         if j is not None:
             picks.append((idx[j], 0 if args.mode == "replace" else prefix_len[id(trajs[idx[j]])]))
     return picks
+    # END SOLUTION
 
 
 def rollout(run, problems: list[dict], groups: range, seed: int) -> list[Trajectory]:
@@ -241,6 +245,7 @@ def repair(run, trajs: list[Trajectory], picks: list[tuple], seed: int) -> tuple
     """Step 5: rectify the picks (refine.rectify: the prefix ids kept, the refiner writes the rest, regraded,
     merged). A served refiner that stopped answering leaves this step with the rollouts alone.
     Returns (the batch to train on, traces, whether the refiner was unavailable)."""
+    # BEGIN SOLUTION scope_step
     a = run.args
     if not picks:
         return trajs, [], False
@@ -252,16 +257,19 @@ def repair(run, trajs: list[Trajectory], picks: list[tuple], seed: int) -> tuple
     except GeneratorUnavailable as err:
         tqdm.write(f"warning: the refiner did not answer, no rectification this step: {err}")
         return trajs, [], True
+    # END SOLUTION
 
 
 def batch_advantages(trajs: list[Trajectory], groups: range, scale_std: bool) -> torch.Tensor:
     """Step 6: A = r − mean(r) over each merged group (ragged with --merge append)."""
+    # BEGIN SOLUTION scope_step
     rewards = torch.tensor([t.reward for t in trajs], dtype=torch.float32)            # (N,)
     advantages = torch.zeros_like(rewards)                                             # (N,)
     for b in groups:
         idx = torch.tensor([i for i, t in enumerate(trajs) if t.group == b])
         advantages[idx] = group_advantages(rewards[idx], group_size=len(idx), scale_std=scale_std)
     return advantages
+    # END SOLUTION
 
 
 def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:

@@ -149,8 +149,8 @@ def test_the_path_reader_reads_what_it_should():
 # A course assignment (python -m tools.exercises --out DIR, marked by its EXERCISES.md) leaves out the
 # generator and its contract test; there the docs may cite them. Kept equal to tools.exercises.NOT_COPIED
 # by the test below.
-NOT_IN_ASSIGNMENT = ("tools/exercises.py", "tests/test_exercises.py")
-IN_ASSIGNMENT = os.path.isfile(os.path.join(ROOT, "EXERCISES.md")) and not os.path.isfile(
+NOT_IN_ASSIGNMENT = ("tools/exercises.py", "tests/test_exercises.py", "tests/test_references.py")
+IN_ASSIGNMENT = os.path.isfile(os.path.join(ROOT, "HANDOUT.md")) and not os.path.isfile(
     os.path.join(ROOT, "tools", "exercises.py"))
 
 

@@ -1,4 +1,4 @@
-"""exercises.py — turn this repository into a course assignment: a copy with the solutions taken out.
+"""exercises.py — turn this repository into a course: a student copy, its handout, held-out grading.
 
 The reference code marks each exercise's solution region with two comment lines,
 
@@ -6,45 +6,70 @@ The reference code marks each exercise's solution region with two comment lines,
     ...                                  (the reference solution)
     # END SOLUTION
 
-(nbgrader's convention, keyed by name so that one exercise may span several functions). This script
-copies the repository (the files git tracks plus untracked files it does not ignore; without git, every
-file but caches) into an output folder and, for each chosen exercise, replaces each of its regions by
+(nbgrader's convention, keyed by name so that one exercise may span several functions). `--out` copies the
+repository (the files git tracks plus untracked files it does not ignore; without git, every file but
+caches) and replaces each region of the chosen exercises by
 
-    raise NotImplementedError("exercise N (name): <what to write>; check with: python -m pytest ...")
+    raise NotImplementedError("exercise N (name): <what to write>; <names the code after it reads>; check with: ...")
 
-keeping the signature, the docstring and any argument checks outside the region. The regions of the
-exercises not chosen keep their reference code (marker lines removed), so `--only` makes a smaller
-assignment. The teacher's tools (this file and its contract test) are not copied.
+keeping the signature, the docstring and any argument checks outside the region. Regions of exercises not
+chosen keep their reference code (marker lines removed), so `--only` makes a smaller assignment. The copy
+gets HANDOUT.md (the problems in pipeline order, then written and experiment questions; the same text as
+docs/course.md) and a one-line submit.sh. It leaves out the teacher's files (this one, its contract test,
+tests/test_references.py, which holds the answer references the copy's tests were stored from), the toy
+study's results (results/, docs/results.md, the README's results section) and docs/course.md (HANDOUT.md is
+its student part).
 
-    python -m tools.exercises --list                       # the table: concept, tests, difficulty, depends on
-    python -m tools.exercises --out ../assignment          # every exercise (outside the repository)
-    python -m tools.exercises --out ../hw1 --only first_error,keep_ratio
+    python -m tools.exercises --list                         # the problems: points, tests, depends on
+    python -m tools.exercises --out ../assignment            # every exercise (outside the repository)
+    python -m tools.exercises --out ../hw1 --only first_error,group_advantages
+    python -m tools.exercises --handout                      # print the handout (docs/course.md holds it)
+    python -m tools.exercises --fixtures held_out --seed 7   # teacher: inputs + reference outputs per problem
+    python -m tools.exercises --grade ../assignment --fixtures held_out     # points per problem; exit 1 unless full
+    python -m tools.exercises --grade submission.tar.gz --fixtures held_out
 
-`EXERCISES` below is the one table: each exercise's paper concept, the tests that grade it (pytest node
-ids; a parametrised test is named once), its difficulty (1 easy … 4 challenge) and the exercises its
-tests call (do those first). `breaks` lists every other test that fails while the exercise is a stub
-(tests of functions built on it, end-to-end runs), so `expected_failures` of a chosen set is the union of
-`tests` and `breaks`: on a generated copy exactly those tests fail, each with NotImplementedError, and
-all others pass (tests/test_exercises.py checks this, and lists any unexpected or missing failure).
-When a new test calls an exercise's function, add its node id to that exercise's `tests` (or `breaks`,
-for a test of something else that merely runs through it).
+Held-out grading: `--fixtures` draws fresh inputs from the teacher's seed (and trains a byte-level BPE
+tokenizer on a corpus drawn from it) and stores them with the reference's outputs, one file per problem.
+`--grade` runs the submitted functions on those inputs in a subprocess and compares. A problem scores its
+points only when every case matches (float tolerance 1e-4 relative); while one problem is graded, the
+functions of every other problem are the reference's, so one wrong exercise costs exactly its own points.
+Every problem's cases have outputs that differ from one another and from zero, so an all-zero or constant
+answer scores 0 (the contract test checks this).
 
-The reference is public, so these tests are a self-check for students, not a grader: a graded course
-should add its own held-out fixtures.
+`EXERCISES` below is the one table: each exercise's functions, paper concept, equation, the names the code
+around its region expects, points, the tests that grade it (pytest node ids; a parametrised test is named
+once), difficulty (1 easy … 4 challenge), the exercises its tests call, hints. `breaks` lists every other
+test that fails while the exercise is a stub, so on a generated copy exactly `expected_failures` fail, each
+with NotImplementedError, and all others pass (tests/test_exercises.py). When a new test calls an
+exercise's function, add its node id to that exercise's `tests` (or `breaks`, for a test of something else
+that merely runs through it).
 """
 import argparse
+import ast
+import contextlib
+import importlib
+import json
+import math
 import os
+import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import tarfile
+import tempfile
+import types
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
-NOT_COPIED = ("tools/exercises.py", "tests/test_exercises.py")
+NOT_COPIED = ("tools/exercises.py", "tests/test_exercises.py", "tests/test_references.py")
+LEFT_OUT = ("results/", "docs/results.md", "docs/course.md")     # the study's results; the handout's source
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".hypothesis", "runs"}
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION (?P<name>[A-Za-z0-9_]+)[ \t]*$")
 END = re.compile(r"^[ \t]*# END SOLUTION[ \t]*$")
+MODULES = ("grpo", "prm", "refine", "scope", "eval")   # imported from the graded folder (harness/ is the reference's)
+SUBMITTED = ("grpo.py", "prm.py", "refine.py", "scope.py")
 
 # end-to-end runs that go through every exercise of the training step (scope.py subprocess smoke runs and
 # the toy-world demo): they fail whenever any exercise they reach is a stub
@@ -61,14 +86,12 @@ SCOPE_RUNS = ("tests/test_scope.py::test_each_mode_runs_two_toy_steps",
               "tests/test_study_flags.py::test_all_fail_only_never_rectifies_a_group_with_a_success",
               "tests/test_study_flags.py::test_any_rectifies_mixed_groups_and_records_group_rewards",
               "tests/test_study_flags.py::test_model_refiner_goes_through_refiner_and_splice",
-              "tests/test_dist.py::test_torchrun_toy_run_and_resume_match_one_process")
+              "tests/test_dist.py::test_torchrun_toy_run_and_resume_match_one_process",
+              "tests/test_gpu.py::test_the_check_at_a_tiny_shape_on_the_cpu")
 # the torchrun gradient check runs build_batch, the log-probs, policy_loss and update, no other exercise
 DIST_GRADIENTS = ("tests/test_dist.py::test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient",)
-# the regression test of an empty failed response runs scope.locate_first_errors: split_steps, cut_point, keep_ratio
-# and step_token_spans
+# scope.locate_first_errors on an empty failed response: split_steps, cut_point, keep_ratio, step_token_spans
 FIRST_ERRORS = ("tests/test_runs.py::test_empty_failed_response_keeps_nothing",)
-
-
 POLICY_LOSS_TESTS = ("tests/test_grpo.py::test_policy_loss_hand_computed",
                      "tests/test_grpo.py::test_policy_loss_without_clipping_is_luffy_ratio",
                      "tests/test_grpo.py::test_policy_loss_gradient_closed_form",
@@ -85,71 +108,89 @@ UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch"
                 "tests/test_grpo.py::test_update_without_old_logp_gives_the_separate_pass_gradient",
                 "tests/test_grpo.py::test_update_non_finite_guard",
                 "tests/test_grpo.py::test_update_weights_policy_tokens_by_the_truncated_ratio")
+SPLIT_BREAKS = ("tests/test_steps.py::test_spans_of_real_encodings_with_eos",
+                "tests/test_steps.py::test_char_tokenizer_and_special_tokens_in_the_middle",
+                "tests/test_steps.py::test_tokenizers_that_rewrite_text_on_decode_use_the_slow_path",
+                "tests/test_steps.py::test_spans_are_linear_time",
+                "tests/test_toy.py::test_prm_split_steps_keeps_one_step_per_operation",
+                "tests/test_qwen_tokenizer.py::test_steps_and_token_spans_on_a_real_solution",
+                "tests/test_qwen_tokenizer.py::test_prm_input_is_the_model_card_format_and_cannot_be_forged")
 
 
 @dataclass(frozen=True)
 class Exercise:
     name: str          # the marker name: `# BEGIN SOLUTION <name>`
-    functions: str     # what the student writes (file.py:function)
+    functions: tuple   # what the student writes ("file.py:function")
     concept: str       # the paper's idea it implements
+    equation: str      # what it computes, in one or a few lines
     tests: tuple       # pytest node ids that grade it
     difficulty: int    # 1 easy … 4 challenge
+    points: int        # held-out grading points
+    task: str          # one line for the NotImplementedError message
     depends: tuple = ()  # exercises its tests call: do those first
     breaks: tuple = ()   # every other test that fails while it is a stub (they run through it)
-    task: str = ""     # one line for the NotImplementedError message
+    expects: str = ""  # names the code after a mid-function region reads
+    hints: tuple = ()
 
 
+# in the order of the training step: PRM side (steps, spans, first error), rectification, advantages, the
+# SCOPE step that composes them, then the update side (batch, log-probs, the loss terms, the step)
 EXERCISES = [
-    Exercise("first_error", "prm.py:first_error, prm.py:cut_point",
-             "first-error localisation: the first step the PRM scores below τ, and where the kept prefix ends",
-             ("tests/test_prm.py::test_first_error", "tests/test_prm.py::test_cut_point"), 1,
-             breaks=SCOPE_RUNS + FIRST_ERRORS + ("tests/test_prm.py::test_keep_ratio",
-                                  "tests/test_metrics.py::test_near_miss_with_prm_cut_point"),
-             task="return the index of the first step scored below tau (first_error) and the cut point"),
-    Exercise("keep_ratio", "prm.py:keep_ratio, prm.py:select_candidate",
-             "keep ratio κ and picking the most promising failure of a group",
-             ("tests/test_prm.py::test_keep_ratio", "tests/test_prm.py::test_select_candidate"), 1,
-             depends=("first_error",), breaks=SCOPE_RUNS + FIRST_ERRORS, task="kappa = cut / n_steps; pick by (kappa, prefix mean, length, index)"),
-    Exercise("group_advantages", "grpo.py:group_advantages", "GRPO group-relative advantage A = r − mean(r)",
-             ("tests/test_grpo.py::test_group_advantages_hand_computed",
-              "tests/test_grpo.py::test_group_advantages_ragged_and_edges"), 1,
-             breaks=SCOPE_RUNS, task="A = r - mean of its group (optionally / (std + 1e-6))"),
-    Exercise("build_batch", "grpo.py:build_batch",
-             "token-space batch layout: prompt + response, response and off-policy (refiner) masks",
-             ("tests/test_grpo.py::test_build_batch_layout",), 1,
-             breaks=("tests/test_grpo.py::test_token_logprobs_matches_plain_forward",
-                     "tests/test_runs.py::test_pad_id_falls_back_to_eos",
-                     "tests/test_grpo.py::test_build_batch_lays_out_sampler_logprobs") + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
-             task="right-padded input_ids, attention/response/offpolicy masks"),
-    Exercise("logprob_entropy", "grpo.py:logprobs_and_entropy, grpo.py:entropy_from_logprobs",
-             "per-token log π(token) and entropy from the logits",
-             ("tests/test_grpo.py::test_logprobs_and_entropy_hand_computed",
-              "tests/test_grpo.py::test_token_logprobs_matches_plain_forward"), 2, depends=("build_batch",),
-             breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS, task="log_softmax, gather, -sum p log p"),
-    Exercise("clipped_surrogate", "grpo.py:clipped_surrogate",
-             "PPO clipped surrogate on the policy's own tokens (the kept prefix and every other rollout)",
-             ("tests/test_grpo.py::test_clipped_surrogate_hand_computed",), 2,
-             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
-             task="-min(rho*A, clip(rho, 1-eps, 1+eps)*A) on the mask"),
-    Exercise("shaped_offpolicy", "grpo.py:shaped_offpolicy_loss",
-             "LUFFY policy shaping f(π) = π/(π+γ) on the refiner's off-policy tokens",
-             ("tests/test_grpo.py::test_shaped_offpolicy_loss_hand_computed",), 2,
-             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
-             task="-f(pi)*A with f(pi) = pi / (pi + gamma) on the mask"),
-    Exercise("policy_loss", "grpo.py:loss_normaliser, grpo.py:policy_loss",
-             "the mixed on/off-policy objective with the Dr. GRPO constant normaliser",
-             ("tests/test_grpo.py::test_loss_normaliser_hand_computed",) + POLICY_LOSS_TESTS, 2,
-             depends=("clipped_surrogate", "shaped_offpolicy"),
-             breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
-             task="Z, then compose the clipped surrogate, the shaped term, KL and entropy, sum / Z"),
-    Exercise("splice", "refine.py:splice",
+    Exercise("split_steps", ("prm.py:split_steps",), "lossless step splitting at blank lines (what the PRM scores)",
+             'pieces = cut after each blank line (else each "\\n"); merge pieces with < min_chars non-space '
+             'characters forward (a short tail back); at most max_steps; "".join(steps) == text',
+             ("tests/test_steps.py::test_split_is_lossless_and_follows_the_rules",
+              "tests/test_steps.py::test_blank_lines_separate_and_the_separator_goes_before",
+              "tests/test_steps.py::test_spaces_tabs_and_crlf_between_newlines_still_make_a_blank_line",
+              "tests/test_steps.py::test_single_newlines_are_used_only_when_there_is_no_blank_line",
+              "tests/test_steps.py::test_no_newline_is_one_step_and_empty_is_none",
+              "tests/test_steps.py::test_short_pieces_merge_forward_and_a_short_tail_merges_back",
+              "tests/test_steps.py::test_max_steps_merges_the_tail_into_the_last_step"), 2, 8,
+             'cut after blank lines, merge short pieces; "".join(steps) == text',
+             breaks=SPLIT_BREAKS + SCOPE_RUNS + FIRST_ERRORS,
+             hints=("`_blank_line_ends(text)` and `_cut_after(text, seps)` above the function do the cutting.",
+                    "The separator stays at the end of the step before it, so no character is lost.")),
+    Exercise("step_token_spans", ("prm.py:step_token_spans", "prm.py:_char_reach"),
+             "steps → token ranges, so the kept prefix is the policy's own token ids (straddling tokens go later)",
+             "spans[k] = (start_k, start_{k+1}); start_k = the largest i with decode(ids[:i]) a prefix of "
+             "steps[0] + … + steps[k-1]; tokens that decode to nothing stay with the step before",
+             ("tests/test_steps.py::test_spans_of_real_encodings_with_eos",
+              "tests/test_steps.py::test_a_bpe_token_straddling_a_boundary_goes_to_the_later_step",
+              "tests/test_steps.py::test_a_character_split_over_byte_tokens_is_never_cut",
+              "tests/test_steps.py::test_char_tokenizer_and_special_tokens_in_the_middle",
+              "tests/test_steps.py::test_tokenizers_that_rewrite_text_on_decode_use_the_slow_path",
+              "tests/test_steps.py::test_random_ids_keep_the_span_properties",
+              "tests/test_steps.py::test_spans_are_linear_time",
+              "tests/test_qwen_tokenizer.py::test_steps_and_token_spans_on_a_real_solution",
+              "tests/test_qwen_tokenizer.py::test_a_step_boundary_inside_a_merged_token"), 4, 14,
+             "map token bytes to characters; a token straddling a step boundary belongs to the later step",
+             depends=("split_steps",), breaks=SCOPE_RUNS + FIRST_ERRORS,
+             hints=("`_char_reach` returns, per token, the last character it holds a byte of and whether it ends "
+                    "inside a multi-byte character; `_token_bytes(tokenizer, ids)` gives each token's bytes.",
+                    "Decoding growing prefixes is correct but O(n²): the linear-time test needs the byte path, "
+                    "an incremental UTF-8 decoder (codecs.getincrementaldecoder) makes it O(n).")),
+    Exercise("first_error", ("prm.py:first_error", "prm.py:cut_point", "prm.py:keep_ratio", "prm.py:select_candidate"),
+             "first-error localisation and the pick of a group's most promising failure",
+             "first_error = min{k : s_k < τ} (stop at an unscored step); cut = first error, else first unscored, "
+             "else the last step; κ = cut / n_steps; pick = argmax (κ, prefix mean, −length, −index)",
+             ("tests/test_prm.py::test_first_error", "tests/test_prm.py::test_cut_point",
+              "tests/test_prm.py::test_keep_ratio", "tests/test_prm.py::test_select_candidate"), 1, 6,
+             "first step scored below tau, the cut point, kappa = cut / n_steps, the pick by (kappa, prefix mean, "
+             "length, index)",
+             breaks=SCOPE_RUNS + FIRST_ERRORS + ("tests/test_metrics.py::test_near_miss_with_prm_cut_point",),
+             hints=("A score of None means unscored (the PRM's input was too long): nothing after it is verified.",
+                    "The rollout failed, so when every step passes the last step is presumed wrong.")),
+    Exercise("splice", ("refine.py:splice",),
              "prefix-preserving rectification: the policy's prefix ids kept verbatim + the refiner's suffix",
+             "response = prefix_ids + encode(suffix_text) (+ EOS if the refiner finished and it fits); "
+             "offpolicy_mask = [0] * len(prefix) + [1] * len(suffix)",
              ("tests/test_refine.py::test_splice_keeps_the_sampled_prefix_ids",
               "tests/test_refine.py::test_splice_never_retokenises_the_prefix",
               "tests/test_refine.py::test_splice_eos_and_truncation",
               "tests/test_refine.py::test_truncated_refiner_text_gets_no_eos_and_is_judged_truncated",
               "tests/test_qwen_tokenizer.py::test_refiner_splice_on_qwen_tokens",
-              "tests/test_qwen_tokenizer.py::test_refiner_suffix_ends_with_the_turn_end_of_a_base_model"), 2,
+              "tests/test_qwen_tokenizer.py::test_refiner_suffix_ends_with_the_turn_end_of_a_base_model"), 2, 8,
+             "encode the suffix once (special-token parsing off), EOS if finished and it fits, cut to the budget",
              breaks=("tests/test_refine.py::test_rectify_fake_refiner_accept_reject_and_merge",
                      "tests/test_refine.py::test_rectify_empty_prefix_is_whole_replacement",
                      "tests/test_refine.py::test_rectify_end_to_end_with_hf_refiner",
@@ -157,44 +198,136 @@ EXERCISES = [
                      "tests/test_scope.py::test_each_mode_runs_two_toy_steps[replace-extra2]",  # prm-reward
                      "tests/test_scope.py::test_resume_reproduces_the_next_step",
                      "tests/test_scope.py::test_real_path_on_cpu_with_self_refinement") + SCOPE_RUNS[3:],
-             task="encode the suffix once, EOS if it fits, cut to the budget, mask 1 on the suffix"),
-    Exercise("update", "grpo.py:update",
-             "one optimizer step with micro-batch accumulation equal to the full batch (and ρ = 1 without old_logp)",
-             UPDATE_TESTS, 3, depends=("build_batch", "logprob_entropy", "policy_loss"),
-             breaks=DIST_GRADIENTS + SCOPE_RUNS,
-             task="per micro-batch: forward, policy_loss with the whole batch's z, backward; keep each terms dict"),
-    Exercise("split_steps", "prm.py:split_steps", "lossless step splitting at blank lines (what the PRM scores)",
-             ("tests/test_steps.py::test_split_is_lossless_and_follows_the_rules",
-              "tests/test_steps.py::test_blank_lines_separate_and_the_separator_goes_before",
-              "tests/test_steps.py::test_spaces_tabs_and_crlf_between_newlines_still_make_a_blank_line",
-              "tests/test_steps.py::test_single_newlines_are_used_only_when_there_is_no_blank_line",
-              "tests/test_steps.py::test_no_newline_is_one_step_and_empty_is_none",
-              "tests/test_steps.py::test_short_pieces_merge_forward_and_a_short_tail_merges_back",
-              "tests/test_steps.py::test_max_steps_merges_the_tail_into_the_last_step"), 3,
-             breaks=("tests/test_steps.py::test_spans_of_real_encodings_with_eos",
-                     "tests/test_steps.py::test_char_tokenizer_and_special_tokens_in_the_middle",
-                     "tests/test_steps.py::test_tokenizers_that_rewrite_text_on_decode_use_the_slow_path",
-                     "tests/test_steps.py::test_spans_are_linear_time",
-                     "tests/test_toy.py::test_prm_split_steps_keeps_one_step_per_operation",
-                     "tests/test_qwen_tokenizer.py::test_steps_and_token_spans_on_a_real_solution",
-                     "tests/test_qwen_tokenizer.py::test_prm_input_is_the_model_card_format_and_cannot_be_forged")
-                    + SCOPE_RUNS + FIRST_ERRORS,
-             task='cut after blank lines, merge short pieces; "".join(steps) == text'),
-    Exercise("step_token_spans", "prm.py:step_token_spans (and _char_reach)",
-             "steps → token ranges, so the kept prefix is the policy's own token ids (straddling tokens go later)",
-             ("tests/test_steps.py::test_spans_of_real_encodings_with_eos",
-              "tests/test_steps.py::test_a_bpe_token_straddling_a_boundary_goes_to_the_later_step",
-              "tests/test_steps.py::test_a_character_split_over_byte_tokens_is_never_cut",
-              "tests/test_steps.py::test_char_tokenizer_and_special_tokens_in_the_middle",
-              "tests/test_steps.py::test_tokenizers_that_rewrite_text_on_decode_use_the_slow_path",
-              "tests/test_steps.py::test_random_ids_match_the_brute_force_reference",
-              "tests/test_steps.py::test_spans_are_linear_time",
-              "tests/test_qwen_tokenizer.py::test_steps_and_token_spans_on_a_real_solution",
-              "tests/test_qwen_tokenizer.py::test_a_step_boundary_inside_a_merged_token"), 4,
-             depends=("split_steps",), breaks=SCOPE_RUNS + FIRST_ERRORS,
-             task="map token bytes to characters; a token straddling a step boundary belongs to the later step"),
+             hints=("Never decode and re-encode the prefix: the ids are what the policy sampled.",
+                    "The EOS token's text written out in the suffix ends it there; `split_special_tokens=True` "
+                    "keeps other special-token text plain.")),
+    Exercise("group_advantages", ("grpo.py:group_advantages",), "GRPO group-relative advantage",
+             "A_i = r_i − mean_{j in group(i)} r_j   (÷ (unbiased std + 1e-6) with scale_std)",
+             ("tests/test_grpo.py::test_group_advantages_hand_computed",
+              "tests/test_grpo.py::test_group_advantages_ragged_and_edges"), 1, 4,
+             "A = r - mean of its group (optionally / (std + 1e-6)); `r` is the (B, G) view",
+             breaks=SCOPE_RUNS, hints=("A group of one has no std: its advantage is 0 (no NaN).",)),
+    Exercise("scope_step", ("scope.py:locate_first_errors", "scope.py:select_failures", "scope.py:repair",
+                            "scope.py:batch_advantages"),
+             "the SCOPE step, steps 3–6 of the loop: localise, select, rectify and merge, re-advantage",
+             "failed rollouts → split_steps → PRM scores → cut_point, κ, kept tokens (step_token_spans) → per "
+             "eligible group select_candidate → refine.rectify (splice, regrade, merge) → group_advantages per "
+             "merged group",
+             SCOPE_RUNS + FIRST_ERRORS, 3, 16,
+             "steps 3-6 of scope.main, each function as its docstring says",
+             depends=("split_steps", "step_token_spans", "first_error", "splice", "group_advantages"),
+             hints=("`kept_tokens(spans, cut, n_tokens)` turns a cut step into a token count.",
+                    "Mode `grpo` still scores failures (for the logs) but selects nothing; `replace` keeps 0 "
+                    "tokens of the same pick; `--rectify-groups all-fail` skips a group with any success.",
+                    "With `--merge append` groups become ragged: compute each group's advantages on its own.",
+                    "A refiner server that stops answering raises harness.generate.GeneratorUnavailable: the "
+                    "step goes on with the rollouts alone.")),
+    Exercise("build_batch", ("grpo.py:build_batch",),
+             "token-space batch layout: prompt + response, response and off-policy (refiner) masks",
+             "row i = prompt_i + response_i + pad; response_mask = 1 on the response; offpolicy_mask = 1 on "
+             "refiner tokens; attention_mask = 1 up to the end of the response",
+             ("tests/test_grpo.py::test_build_batch_layout",), 1, 4,
+             "right-padded input_ids, attention/response/offpolicy masks, advantages",
+             breaks=("tests/test_grpo.py::test_token_logprobs_matches_plain_forward",
+                     "tests/test_runs.py::test_pad_id_falls_back_to_eos",
+                     "tests/test_grpo.py::test_build_batch_lays_out_sampler_logprobs") + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
+             expects="return a dict with keys input_ids, attention_mask, response_mask, offpolicy_mask (int64, "
+                     "(N, L)) and advantages (the float32 (N,) tensor above)"),
+    Exercise("logprob_entropy", ("grpo.py:logprobs_and_entropy", "grpo.py:entropy_from_logprobs"),
+             "per-token log π(token) and entropy from the logits",
+             "log π(y_t) = log_softmax(logits_t)[y_t];   H_t = −Σ_v π_v log π_v",
+             ("tests/test_grpo.py::test_logprobs_and_entropy_hand_computed",
+              "tests/test_grpo.py::test_token_logprobs_matches_plain_forward"), 2, 6,
+             "log_softmax, gather, -sum p log p (the entropy keeps a graph only with entropy_grad)",
+             depends=("build_batch",), breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
+             hints=("`torch.gather` along the vocabulary picks the targets' log-probs.",)),
+    Exercise("clipped_surrogate", ("grpo.py:clipped_surrogate",),
+             "PPO clipped surrogate on the policy's own tokens (the kept prefix and every other rollout)",
+             "ρ = exp(logp − old_logp);   ℓ = −min(ρ A, clip(ρ, 1 − ε, 1 + ε) A)   on the mask",
+             ("tests/test_grpo.py::test_clipped_surrogate_hand_computed",), 2, 6,
+             "-min(rho*A, clip(rho, 1-eps, 1+eps)*A) on the mask; return (loss, ratio, clipped)",
+             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
+             hints=("Zero the log-ratio off the mask before exp: junk there must not become a NaN gradient.",)),
+    Exercise("shaped_offpolicy", ("grpo.py:shaped_offpolicy_loss",),
+             "LUFFY policy shaping on the refiner's off-policy tokens",
+             "ℓ = −f(π) A,  f(π) = π / (π + γ)   on the mask (behaviour probability 1, no clip)",
+             ("tests/test_grpo.py::test_shaped_offpolicy_loss_hand_computed",), 2, 6,
+             "-f(pi)*A with f(pi) = pi / (pi + gamma) on the mask; return (loss, f(pi))",
+             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS),
+    Exercise("policy_loss", ("grpo.py:loss_normaliser", "grpo.py:policy_loss"),
+             "the mixed on/off-policy objective with the Dr. GRPO constant normaliser",
+             "L = (1/Z) Σ_i Σ_{t in response_i} [ℓ_it + kl_coef·k3_it − entropy_coef·H_it];  Z = N × max_new_tokens "
+             "(constant) or the number of response tokens (token-mean)",
+             ("tests/test_grpo.py::test_loss_normaliser_hand_computed",) + POLICY_LOSS_TESTS, 2, 10,
+             "Z, then compose the clipped surrogate, the shaped (or unit) term, KL and entropy, sum / Z",
+             depends=("clipped_surrogate", "shaped_offpolicy"),
+             breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
+             expects="after the region the code reads loss (scalar), ratio, clipped, shaped ((N, L) from the two "
+                     "terms), kl (k3 per token, or None without ref_logp) and entropy (masked to the response, or "
+                     "None)",
+             hints=("`on`, `off` and `resp` (boolean (N, L)) are computed for you above the region.",
+                    "`unit_offpolicy_loss` and `k3_kl` are given.")),
+    Exercise("update", ("grpo.py:update",),
+             "one optimizer step with micro-batch accumulation equal to the full batch (ρ = 1 without old_logp)",
+             "for each micro-batch: logp = forward; loss_mb = policy_loss(…, z = Z of the WHOLE batch); "
+             "loss_mb.backward()  ⇒  Σ_mb ∇loss_mb = ∇L",
+             UPDATE_TESTS, 3, 12,
+             "per micro-batch: forward, policy_loss with the whole batch's z, backward; keep each terms dict",
+             depends=("build_batch", "logprob_entropy", "policy_loss"), breaks=DIST_GRADIENTS + SCOPE_RUNS,
+             expects="after the region the code reads loss_total (the float sum of the micro-batch losses) and "
+                     "parts (the list of each micro-batch's terms dict from policy_loss)",
+             hints=("`_forward_logprobs(model, ids, attention, response_mask, entropy_grad)` is given.",
+                    "Without batch['old_logp'] use this forward's own log-probs, detached.",
+                    "With kl_coef > 0 and no batch['ref_logp'], `token_logprobs(ref_model, …)` gives them.",
+                    "Under torchrun (`dist` given) every rank runs `n_micro` micro-batches (a rank with fewer rows "
+                    "adds a zero-weight one) and gradients are exchanged once: `dist.no_sync(model)` around all "
+                    "but the last.")),
 ]
 BY_NAME = {e.name: e for e in EXERCISES}
+
+TOY = "python scope.py --toy"
+QUESTIONS = [
+    ("The shaping gradient",
+     "Derive ∂ℓ/∂log π for an off-policy token under ℓ = −A·π/(π+γ). Show it is −A·γπ/(π+γ)², find where "
+     "its magnitude peaks and show |∂ℓ/∂log π| ≤ |A|/4. Compare with unit credit (ℓ = −A log π, gradient −A) "
+     "and with the plain importance weight π/1 (gradient −Aπ): which tokens does each ignore? Check your "
+     "formula numerically with `torch.autograd` on your `shaped_offpolicy_loss`.",
+     "written; under a minute of CPU for the check"),
+    ("GRPO against SCOPE over seeds",
+     f"Run `{TOY} --mode grpo --seed S --run-name grpo-S` and `{TOY} --seed S --run-name scope-S` for "
+     "S = 0, 1, 2. Compare the final held-out accuracy and the logged `frac_all_fail`, `rectify_accepted`, "
+     "`keep_ratio_tokens`. Then open one run's repairs with `python eval.py --trace runs/scope-0 --step 10` "
+     "and explain, from two traces, what the policy is trained on in a group that had no success.",
+     "6 toy runs, about 10 CPU-minutes"),
+    ("Which groups to repair",
+     f"Run `{TOY} --rectify-groups all-fail --run-name all-fail` and `{TOY} --rectify-groups any --run-name any`. How many repairs "
+     "does each accept per step, and how does `reward_merged` differ from `reward_mean`? Argue which groups "
+     "gain a learning signal only through rectification, and which already had one.",
+     "2 toy runs, about 3–4 CPU-minutes"),
+    ("Replace or append",
+     "A group of G = 4 has rewards [1, 0, 0, 0] and its first failure is repaired (reward 1). Compute by hand "
+     "the advantages of the group with `--merge replace` (the repair takes the failure's place) and with "
+     "`--merge append` (the group grows to 5), without and with `--adv-std`. Check with your "
+     "`scope.batch_advantages`. Which merge gives the repaired trajectory the larger advantage, and what "
+     "happens to the other rollouts' advantages?",
+     "written; seconds to check"),
+    ("Why the prefix is never re-tokenised",
+     "Build a byte-level BPE tokenizer in code (`tokenizers.Tokenizer(models.BPE())` trained on a few maths "
+     "sentences, as tests/conftest.py does) and find a response whose ids differ from "
+     "`encode(decode(ids[:k]))` for some cut k (a merge across the cut, or a character split over byte "
+     "tokens). What would training on the re-tokenised prefix as on-policy text do to the PPO ratio?",
+     "a few seconds of CPU"),
+    ("Length normalisation",
+     f"Run `{TOY} --loss-agg token-mean --run-name token-mean` against the default constant normaliser (Dr. GRPO, `--run-name constant`). Write, for one "
+     "sequence of n tokens in a batch, the weight each token's gradient gets under both. Which responses "
+     "does token-mean favour when the advantage is negative, and what happens to `response_len` in your runs?",
+     "2 toy runs, about 3–4 CPU-minutes"),
+    ("Credit on refiner tokens",
+     f"Sweep `{TOY} --offpolicy-credit unit` and `--shaping-gamma` in 0.01, 0.1, 1.0 (same seed). Relate what "
+     "you see in `entropy` and accuracy to the gradient bound of the first question (give each run its own "
+     "`--run-name`: a run folder is never overwritten).",
+     "4 toy runs, about 7 CPU-minutes"),
+]
 
 
 def expected_failures(names) -> set:
@@ -209,7 +342,8 @@ def test_command(e: Exercise) -> str:
 
 def stub_message(e: Exercise) -> str:
     n = EXERCISES.index(e) + 1
-    return f"exercise {n} ({e.name}): {e.task}; see EXERCISES.md; check with: {test_command(e)}"
+    expects = f"; {e.expects}" if e.expects else ""
+    return f"exercise {n} ({e.name}): {e.task}{expects}; see HANDOUT.md; check with: {test_command(e)}"
 
 
 def stub_source(text: str, chosen: set, path: str = "<text>") -> tuple[str, set]:
@@ -241,8 +375,13 @@ def stub_source(text: str, chosen: set, path: str = "<text>") -> tuple[str, set]
     return "".join(out), found
 
 
+def left_out(rel: str) -> bool:
+    return rel in NOT_COPIED or any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in LEFT_OUT)
+
+
 def repo_files(root: str) -> list[str]:
-    """Relative paths to copy: git's tracked + untracked-not-ignored files, else a walk without caches."""
+    """Relative paths to copy: git's tracked + untracked-not-ignored files (else a walk without caches),
+    minus the teacher's files and the study's results."""
     try:
         res = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", "-z"], cwd=root,
                              capture_output=True, check=True)
@@ -252,7 +391,123 @@ def repo_files(root: str) -> list[str]:
         for d, dirs, names in os.walk(root):
             dirs[:] = [x for x in dirs if x not in SKIP_DIRS]
             files += [os.path.relpath(os.path.join(d, n), root) for n in names]
-    return sorted(f for f in files if f not in NOT_COPIED and os.path.isfile(os.path.join(root, f)))
+    return sorted(f for f in files if not left_out(f) and os.path.isfile(os.path.join(root, f)))
+
+
+# ---------------------------------------------------------------------------------------------------
+# The student copy's Markdown: no results section, no links into what was left out
+# ---------------------------------------------------------------------------------------------------
+RESULTS_HEADING = re.compile(r"^(#{2,3}) Results?\b.*$", re.MULTILINE)
+NO_RESULTS = ("Not part of the course copy: the toy study's tables and their discussion are left out so "
+              "that HANDOUT.md's questions are yours to answer; its experiment questions say what to run "
+              "(the whole study is `python -m tools.experiment`, about an hour on 2 CPU cores).\n\n")
+
+
+def student_markdown(text: str, rel: str) -> str:
+    """`text` of the copy's file `rel`: the README's results sections replaced by a pointer to the handout,
+    links to left-out files pointed at the handout, backticked left-out paths unquoted."""
+    pos = 0
+    while rel == "README.md":
+        m = RESULTS_HEADING.search(text, pos)
+        if not m:
+            break
+        nxt = re.compile(rf"^#{{2,{len(m.group(1))}}} ", re.MULTILINE).search(text, m.end())
+        end = nxt.start() if nxt else len(text)
+        text = text[:m.end()] + "\n\n" + NO_RESULTS + text[end:]
+        pos = m.end() + 2 + len(NO_RESULTS)
+    handout = os.path.relpath("HANDOUT.md", os.path.dirname(rel) or ".")
+
+    def link(m):
+        target = os.path.normpath(os.path.join(os.path.dirname(rel), m.group(2).split("#")[0])).replace(os.sep, "/")
+        return f"[{m.group(1)}]({handout})" if left_out(target) or left_out(target + "/") else m.group(0)
+
+    text = re.sub(r"\[([^\]]*)\]\(([^)\s:]+)\)", link, text)
+    return re.sub(r"`((?:results/|docs/results\.md|docs/course\.md)[^`]*)`", r"\1", text)
+
+
+# ---------------------------------------------------------------------------------------------------
+# The handout
+# ---------------------------------------------------------------------------------------------------
+def signature(rel: str, func: str, root: str = ROOT) -> str:
+    """The `def` lines of `func` in `rel` and the first paragraph of its docstring, from the reference."""
+    with open(os.path.join(root, rel), encoding="utf-8") as f:
+        src = f.read()
+    node = next(n for n in ast.walk(ast.parse(src)) if isinstance(n, ast.FunctionDef) and n.name == func)
+    lines = src.splitlines()
+    first = node.body[0]
+    has_doc = isinstance(first, ast.Expr) and isinstance(getattr(first, "value", None), ast.Constant)
+    head = "\n".join(lines[node.lineno - 1 - len(node.decorator_list):first.lineno - 1])
+    doc = ast.get_docstring(node).split("\n\n")[0].replace("\n", "\n    ") if has_doc else ""
+    return head + (f'\n    """{doc}"""' if doc else "")
+
+
+def points_total(names=None) -> int:
+    return sum(e.points for e in EXERCISES if names is None or e.name in names)
+
+
+def table(names=None) -> str:
+    """The problem table in Markdown (all problems, or those in `names`)."""
+    rows = ["| # | problem | write | points | difficulty | depends on |", "|---|---|---|---|---|---|"]
+    for i, e in enumerate(EXERCISES, 1):
+        if names is None or e.name in names:
+            rows.append(f"| {i} | `{e.name}` | {', '.join(e.functions)} | {e.points} | {'★' * e.difficulty} | "
+                        f"{', '.join(e.depends) or '—'} |")
+    return "\n".join(rows)
+
+
+def handout(names=None) -> str:
+    """HANDOUT.md: how the course works, every chosen problem, the written and experiment questions."""
+    chosen = [e for e in EXERCISES if names is None or e.name in names]
+    out = [f"""# SCOPE from the inside: the assignment
+
+SCOPE (arXiv 2602.24110) is GRPO for maths reasoning in which a failed rollout is repaired: a process reward
+model finds its first wrong step, the policy's own tokens before it are kept, a refiner writes the rest, and
+the repaired trajectory rejoins its group as off-policy text. In this copy of the reference implementation
+{len(chosen)} problems ({points_total(names)} points) are stubs that raise `NotImplementedError` with the
+problem's number, what to write, the names the code around it expects and the command that checks it.
+
+- **Work in pipeline order** (the order of one training step below); a problem's tests call the problems it
+  depends on, so do those first. `python -m pytest tests -q` runs every public test.
+- **See it learn.** `python scope.py --toy --mode grpo` trains the CPU toy world with your code (every
+  problem but `splice` is on its path); `python scope.py --toy` (SCOPE) needs all of them. Each prints the
+  held-out accuracy before and after 30 steps.
+- **Grading.** The public tests are your self-check. Your teacher grades on held-out inputs you have not
+  seen, one problem at a time: a problem scores its points when every held-out case matches the
+  reference, and while it is graded the other problems' functions are the reference's, so one mistake
+  costs one problem. An answer that returns zeros or a constant scores nothing.
+- **Submit** with `sh submit.sh`: it packs the files you edit into submission.tar.gz.
+
+One training step: rollout → grade → PRM first error of the failed rollouts (split_steps, step_token_spans,
+first_error) → the most promising failure per group → rectify (splice, regrade, merge) → advantages over the
+merged groups → update (build_batch, log-probs, the PPO surrogate on the policy's tokens, the shaped term on
+the refiner's, the normaliser) → sync → log.
+
+## Problems
+
+{table(names)}
+"""]
+    for e in chosen:
+        n = EXERCISES.index(e) + 1
+        sigs = "\n\n".join(signature(*f.split(":")) for f in e.functions)
+        part = [f"### {n}. `{e.name}` ({e.points} points, {'★' * e.difficulty})\n",
+                f"**Concept.** {e.concept}.\n", f"**Computes.** {e.equation}\n",
+                f"**Write** (the reference's signatures and docstrings, kept in your copy):\n\n```python\n{sigs}\n```\n"]
+        if e.expects:
+            part.append(f"**The code around it expects:** {e.expects}.\n")
+        if e.depends:
+            part.append(f"**Depends on:** {', '.join(f'`{d}`' for d in e.depends)}.\n")
+        part.append(f"**Check:** `{test_command(e)}` ({len(e.tests)} tests).\n")
+        if e.hints:
+            part.append("**Hints.**\n\n" + "\n".join(f"- {h}" for h in e.hints) + "\n")
+        out.append("\n".join(part))
+    out.append("## Written and experiment questions\n\nEach runs on the CPU toy world (no GPU, no download). "
+               "Compute is CPU time: one toy run (30 steps, evaluations of 200 problems at steps 0, 10, 20, 30) "
+               "took 97 s of CPU for `--mode grpo` with the warm start cached (it ships in cache/); on a busy "
+               "machine the wall time is longer. A toy run prints its held-out accuracy before and after, and "
+               "`python eval.py --plot runs/NAME --out curves.png` draws its curves.\n")
+    for i, (title, text, compute) in enumerate(QUESTIONS, 1):
+        out.append(f"**Q{i}. {title}.** {text}  \n*Expected compute:* {compute}.\n")
+    return "\n".join(out)
 
 
 def generate(out_dir: str, only=None, root: str = ROOT) -> list[str]:
@@ -270,62 +525,650 @@ def generate(out_dir: str, only=None, root: str = ROOT) -> list[str]:
     for rel in repo_files(root):
         src, dst = os.path.join(root, rel), os.path.join(out_dir, rel)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        if rel.endswith(".py"):
+        if rel.endswith((".py", ".md")):
             with open(src, encoding="utf-8") as f:
                 text = f.read()
-            new, found = stub_source(text, chosen, rel)
-            seen |= found
+            if rel.endswith(".py"):
+                new, found = stub_source(text, chosen, rel)
+                seen |= found
+                if found & chosen:
+                    changed.append(rel)
+            else:
+                new = student_markdown(text, rel)
             with open(dst, "w", encoding="utf-8") as f:
                 f.write(new)
             shutil.copymode(src, dst)
-            if found & chosen:
-                changed.append(rel)
         else:
             shutil.copy2(src, dst)
     missing = chosen - seen
     if missing:
         raise ValueError(f"no BEGIN SOLUTION region found for {sorted(missing)}")
-    with open(os.path.join(out_dir, "EXERCISES.md"), "w", encoding="utf-8") as f:
-        f.write("# Exercises\n\nEach stub raises NotImplementedError until you write it. Work easiest first; "
-                "an exercise's tests need the exercises it depends on. `python -m pytest tests -q` runs "
-                "everything; `python scope.py --toy --mode grpo` (or the default `--mode scope`) trains the toy "
-                "world with your code.\n\n" + table(chosen) + "\n")
+    with open(os.path.join(out_dir, "HANDOUT.md"), "w", encoding="utf-8") as f:
+        f.write(handout(chosen))
+    with open(os.path.join(out_dir, "submit.sh"), "w", encoding="utf-8") as f:
+        f.write(f"tar -czf submission.tar.gz {' '.join(changed)} && echo wrote submission.tar.gz\n")
     return changed
 
 
-def table(names=None) -> str:
-    """The exercise table in Markdown (all exercises, or those in `names`)."""
-    rows = ["| # | exercise | write | paper concept | difficulty | depends on | check with |",
-            "|---|---|---|---|---|---|---|"]
-    for i, e in enumerate(EXERCISES, 1):
-        if names is not None and e.name not in names:
-            continue
-        rows.append(f"| {i} | `{e.name}` | {e.functions} | {e.concept} | {'★' * e.difficulty} | "
-                    f"{', '.join(e.depends) or '—'} | `{test_command(e)}` |")
+# ---------------------------------------------------------------------------------------------------
+# Held-out fixtures: per problem, inputs drawn from the teacher's seed and the reference's outputs
+# ---------------------------------------------------------------------------------------------------
+WORDS = ["Let", "x", "=", "17.", "Then", "3x", "+", "4", "so", "the", "answer", "is", "\\boxed{55}.", "We",
+         "compute", "12", "*", "48", "naïve", "café", "√2", "∑", "ü", "\\frac{1}{2}", "First,", "Next,", "area"]
+SEPS = ["\n\n", "\n", " ", "\n \t\n", "\r\n\r\n", "\n\n\n", " "]
+
+
+def _sentence(rng: random.Random, n: int) -> str:
+    return " ".join(rng.choice(WORDS) for _ in range(n))
+
+
+def _text(rng: random.Random, pieces: int) -> str:
+    return "".join(_sentence(rng, rng.randint(1, 6)) + rng.choice(SEPS) for _ in range(pieces)).rstrip(" ")
+
+
+def held_out_tokenizer(rng: random.Random):
+    """A byte-level BPE (the Qwen2.5 scheme) trained on a corpus drawn from the teacher's seed."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=rng.randint(280, 360), special_tokens=["<|endoftext|>", "<|im_start|>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_text(rng, 4) for _ in range(200)], trainer=trainer)
+    return tok.to_str()
+
+
+def wrap_tokenizer(spec: str):
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(spec), eos_token="<|endoftext|>",
+                                   pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"])
+
+
+def _t(rng, *shape, lo=-1.0, hi=1.0, dtype="float64"):
+    import torch
+
+    g = torch.Generator().manual_seed(rng.randrange(2**31))
+    return lo + (hi - lo) * torch.rand(*shape, generator=g, dtype=getattr(torch, dtype))
+
+
+def _mask(rng, *shape, p=0.7):
+    return (_t(rng, *shape, lo=0, hi=1) < p).long()
+
+
+class FakePRM:
+    """Step scores fixed per trajectory text (drawn by the maker), truncated to the steps asked for."""
+
+    def __init__(self, scores: dict):
+        self.scores, self.calls = scores, 0
+
+    def score_batch(self, questions, steps_lists):
+        self.calls += 1
+        return [list(self.scores[q][:len(s)]) for q, s in zip(questions, steps_lists)]
+
+
+class FakeRefiner:
+    """Suffixes fixed per question (drawn by the maker): a list of (text, finished) per attempt."""
+
+    def __init__(self, suffixes: dict):
+        self.suffixes = suffixes
+
+    def continue_from(self, questions, prefixes, *, n, max_tokens, seed=None):
+        from refine import Suffix
+
+        return [[Suffix(*self.suffixes[q][k]) for k in range(n)] for q in questions]
+
+
+def _graded_float(x):
+    return round(float(x), 12)
+
+
+# each maker: (rng, ctx) -> list of inputs (plain Python, tensors); each runner: (mods, ctx, input) -> output
+def make_split_steps(rng, ctx):
+    cases = []
+    while len(cases) < 12:
+        case = {"text": _text(rng, rng.randint(2, 9)), "min_chars": rng.choice([0, 3, 8, 12]),
+                "max_steps": rng.choice([3, 5, 40])}
+        cases.append(case)
+    return cases
+
+
+def run_split_steps(m, ctx, c):
+    return m.prm.split_steps(c["text"], min_chars=c["min_chars"], max_steps=c["max_steps"])
+
+
+def make_step_token_spans(rng, ctx):
+    tok, cases = ctx["tokenizer"], []
+    for k in range(12):
+        text = _text(rng, rng.randint(2, 7))
+        ids = tok.encode(text, add_special_tokens=False) + ([tok.eos_token_id] if k % 2 else [])
+        text = tok.decode(ids, skip_special_tokens=True)
+        if k % 3 == 0:
+            import prm
+            steps = prm.split_steps(text, min_chars=0)
+        else:   # cuts anywhere, also inside tokens and multi-byte characters' tokens
+            bounds = sorted({rng.randrange(1, len(text)) for _ in range(rng.randint(1, 5))})
+            steps = [text[a:b] for a, b in zip([0] + bounds, bounds + [len(text)])]
+        cases.append({"ids": ids, "steps": steps})
+    return cases
+
+
+def run_step_token_spans(m, ctx, c):
+    return [tuple(s) for s in m.prm.step_token_spans(c["ids"], c["steps"], ctx["tokenizer"])]
+
+
+def make_first_error(rng, ctx):
+    cases = []
+    for _ in range(14):
+        n = rng.randint(0, 8)
+        scores = [None if rng.random() < 0.08 else round(rng.random(), 3) for _ in range(n)]
+        g = rng.randint(1, 5)
+        cases.append({"scores": scores, "tau": rng.choice([0.3, 0.5, 0.7]),
+                      "kappas": [rng.choice([0.0, 0.25, 0.5, 0.75]) for _ in range(g)],
+                      "means": [rng.choice([0.2, 0.6, 0.9]) for _ in range(g)],
+                      "lengths": [rng.choice([5, 9, 12]) for _ in range(g)]})
+    return cases
+
+
+def run_first_error(m, ctx, c):
+    p = m.prm
+    cut = p.cut_point(c["scores"], c["tau"])
+    return (p.first_error(c["scores"], c["tau"]), cut, p.keep_ratio(cut, len(c["scores"])),
+            p.select_candidate(c["kappas"], c["means"], c["lengths"]))
+
+
+def make_splice(rng, ctx):
+    tok, cases = ctx["tokenizer"], []
+    eos = tok.decode([tok.eos_token_id])
+    for k in range(12):
+        prefix = tok.encode(_text(rng, 2), add_special_tokens=False)
+        suffix = _text(rng, rng.randint(1, 3)) + rng.choice(["", "", eos + " tail", " <|im_start|> x"])
+        cases.append({"prefix_ids": prefix, "suffix_text": suffix, "finished": rng.random() < 0.7,
+                      "max_new_tokens": len(prefix) + rng.choice([2, 6, 40, 400])})
+    return cases
+
+
+def run_splice(m, ctx, c):
+    tok = ctx["tokenizer"]
+    return m.refine.splice(c["prefix_ids"], c["suffix_text"], tok, max_new_tokens=c["max_new_tokens"],
+                           eos_id=tok.eos_token_id, finished=c["finished"])
+
+
+def make_group_advantages(rng, ctx):
+    cases = []
+    for k in range(10):
+        g, b = rng.randint(2, 6), rng.randint(1, 4)
+        rewards = [float(rng.random() < 0.5) if k % 2 else round(rng.uniform(-1, 2), 3) for _ in range(g * b)]
+        rewards[0], rewards[1] = 1.0, 0.0   # no all-equal first group: a constant answer must fail
+        cases.append({"rewards": rewards, "group_size": g, "scale_std": k % 3 == 0})
+    return cases
+
+
+def run_group_advantages(m, ctx, c):
+    import torch
+    return m.grpo.group_advantages(torch.tensor(c["rewards"]), c["group_size"], scale_std=c["scale_std"])
+
+
+def _trajectories(rng, tok, n_groups, g):
+    out = []
+    for b in range(n_groups):
+        answer = str(rng.randint(2, 60))
+        for j in range(g):
+            correct = rng.random() < 0.3
+            text = _text(rng, rng.randint(1, 5)) + f" \\boxed{{{answer if correct else int(answer) + 1}}}"
+            ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+            out.append({"question": f"q{b}-{rng.randrange(10**6)}", "answer": answer, "group": b,
+                        "prompt_ids": tok.encode(f"Q{b}:", add_special_tokens=False), "response_ids": ids,
+                        "text": tok.decode(ids, skip_special_tokens=True), "correct": correct,
+                        "reward": float(correct)})
+    return out
+
+
+def make_scope_step(rng, ctx):
+    tok, cases = ctx["tokenizer"], []
+    for k in range(8):
+        n_groups, g = rng.randint(2, 4), rng.randint(2, 4)
+        trajs = _trajectories(rng, tok, n_groups, g)
+        trajs[0]["correct"], trajs[0]["reward"] = False, 0.0   # at least one failure to localise
+        scores = {t["question"]: [round(rng.random() * 0.6 + 0.4 * (rng.random() < 0.7), 3) for _ in range(40)]
+                  for t in trajs}
+        suffixes = {t["question"]: [(f" so \\boxed{{{t['answer'] if rng.random() < 0.6 else 0}}}", rng.random() < 0.8)
+                                    for _ in range(3)] for t in trajs}
+        cases.append({"trajs": trajs, "scores": scores, "suffixes": suffixes, "n_groups": n_groups,
+                      "mode": ["scope", "replace", "grpo", "prm-reward", "scope", "scope", "scope", "replace"][k],
+                      "rectify_groups": rng.choice(["any", "all-fail"]), "merge": rng.choice(["replace", "append"]),
+                      "tau": rng.choice([0.5, 0.7]), "attempts": rng.choice([1, 2, 3]),
+                      "adv_std": rng.random() < 0.3})
+    return cases
+
+
+def run_scope_step(m, ctx, c):
+    """Steps 3-6 on stored rollouts, with a fake PRM and refiner: what each function returns and sets."""
+    tok = ctx["tokenizer"]
+    args = m.scope.Args(toy=True, mode=c["mode"], rectify_groups=c["rectify_groups"], merge=c["merge"], tau=c["tau"],
+                        refine_attempts=c["attempts"], max_new_tokens=400, group_size=len(c["trajs"]) // c["n_groups"],
+                        prompts_per_step=c["n_groups"], adv_std=c["adv_std"])
+    trajs = [m.refine.Trajectory(**{k: (list(v) if isinstance(v, list) else v) for k, v in t.items()}) for t in c["trajs"]]
+    prm = FakePRM(c["scores"])
+    prefix_len = m.scope.locate_first_errors(trajs, prm, args, tok)
+    located = [(t.steps, t.step_scores, t.cut, _graded_float(t.keep_ratio) if t.keep_ratio is not None else None,
+                _graded_float(t.keep_ratio_tokens) if t.keep_ratio_tokens is not None else None, prefix_len.get(id(t)))
+               for t in trajs]
+    picks = [tuple(p) for p in m.scope.select_failures(trajs, range(c["n_groups"]), prefix_len, args)]
+    run = types.SimpleNamespace(args=args, refiner=FakeRefiner(c["suffixes"]), tokenizer=tok,
+                                amp=contextlib.nullcontext)
+    batch, traces, unavailable = m.scope.repair(run, trajs, picks, seed=0)
+    merged = [(t.group, t.response_ids, t.offpolicy_mask, t.reward, t.source) for t in batch]
+    adv = m.scope.batch_advantages(batch, range(c["n_groups"]), c["adv_std"])
+    return {"located": located, "picks": picks, "merged": merged,
+            "traces": [(tr["group"], tr["accepted"], tr["mode"]) for tr in traces], "unavailable": unavailable,
+            "advantages": adv}
+
+
+def make_build_batch(rng, ctx):
+    cases = []
+    for _ in range(8):
+        n = rng.randint(1, 5)
+        prompts = [[rng.randint(3, 90) for _ in range(rng.randint(1, 5))] for _ in range(n)]
+        responses = [[rng.randint(3, 90) for _ in range(rng.randint(0, 6))] for _ in range(n)]
+        masks = [None if rng.random() < 0.3 else [int(rng.random() < 0.5) for _ in r] for r in responses]
+        cases.append({"prompts": prompts, "responses": responses, "masks": masks,
+                      "adv": [round(rng.uniform(-1, 1), 3) for _ in range(n)], "pad": rng.choice([0, 1, 2])})
+    return cases
+
+
+def run_build_batch(m, ctx, c):
+    return m.grpo.build_batch(c["prompts"], c["responses"], c["masks"], c["adv"], c["pad"])
+
+
+def make_logprob_entropy(rng, ctx):
+    return [{"logits": _t(rng, rng.randint(1, 3), rng.randint(1, 5), 11, lo=-4, hi=4,
+                          dtype=rng.choice(["float32", "float64"])), "targets_seed": rng.randrange(2**31),
+             "entropy_grad": k % 2 == 1} for k in range(8)]
+
+
+def run_logprob_entropy(m, ctx, c):
+    import torch
+
+    logits = c["logits"].clone().requires_grad_(True)
+    g = torch.Generator().manual_seed(c["targets_seed"])
+    targets = torch.randint(0, logits.shape[-1], logits.shape[:-1], generator=g)
+    taken, ent = m.grpo.logprobs_and_entropy(logits, targets, entropy_grad=c["entropy_grad"])
+    (taken.sum() + (ent.sum() if ent.requires_grad else 0)).backward()
+    direct = m.grpo.entropy_from_logprobs(torch.log_softmax(c["logits"], -1))
+    return taken.detach(), ent.detach(), logits.grad, direct
+
+
+def make_clipped_surrogate(rng, ctx):
+    out = []
+    for _ in range(8):
+        n, length = rng.randint(1, 4), rng.randint(2, 6)
+        logp = _t(rng, n, length, lo=-3, hi=-0.05)
+        out.append({"logp": logp, "old": logp + 0.5 * _t(rng, n, length), "adv": _t(rng, n, lo=-2, hi=2),
+                    "mask": _mask(rng, n, length), "eps": rng.choice([0.1, 0.2, 0.3])})
+    return out
+
+
+def run_clipped_surrogate(m, ctx, c):
+    logp = c["logp"].clone().requires_grad_(True)
+    loss, ratio, clipped = m.grpo.clipped_surrogate(logp, c["old"], c["adv"], c["mask"], c["eps"])
+    loss.sum().backward()
+    return loss.detach(), ratio.detach(), clipped, logp.grad
+
+
+def make_shaped_offpolicy(rng, ctx):
+    out = []
+    for _ in range(8):
+        n, length = rng.randint(1, 4), rng.randint(2, 6)
+        out.append({"logp": _t(rng, n, length, lo=-4, hi=-0.01), "adv": _t(rng, n, lo=-2, hi=2),
+                    "mask": _mask(rng, n, length), "gamma": rng.choice([0.05, 0.1, 0.5])})
+    return out
+
+
+def run_shaped_offpolicy(m, ctx, c):
+    logp = c["logp"].clone().requires_grad_(True)
+    loss, shaped = m.grpo.shaped_offpolicy_loss(logp, c["adv"], c["mask"], c["gamma"])
+    loss.sum().backward()
+    return loss.detach(), shaped.detach(), logp.grad
+
+
+def make_policy_loss(rng, ctx):
+    out = []
+    for k in range(10):
+        n, length = rng.randint(2, 5), rng.randint(3, 8)
+        resp = _mask(rng, n, length, p=0.8)
+        resp[0, 1] = 1
+        logp = _t(rng, n, length, lo=-3, hi=-0.05)
+        out.append({"logp": logp, "old": logp + 0.4 * _t(rng, n, length), "adv": _t(rng, n, lo=-2, hi=2),
+                    "resp": resp, "off": _mask(rng, n, length, p=0.4) * resp,
+                    "ref": logp + 0.3 * _t(rng, n, length) if k % 2 else None,
+                    "ent": 3 * _t(rng, n, length, lo=0, hi=1) if k % 3 else None,
+                    "kw": {"clip_eps": rng.choice([0.2, float("inf")]), "shaping_gamma": rng.choice([0.1, 0.3]),
+                           "loss_agg": rng.choice(["constant", "token-mean"]), "max_new_tokens": length + 2,
+                           "kl_coef": 0.05, "entropy_coef": 0.01,
+                           "offpolicy_credit": "unit" if k % 4 == 3 else "shaped"}})
+    return out
+
+
+def run_policy_loss(m, ctx, c):
+    logp = c["logp"].clone().requires_grad_(True)
+    ent = None if c["ent"] is None else c["ent"].clone().requires_grad_(True)
+    loss, terms = m.grpo.policy_loss(logp, c["old"], c["adv"], c["resp"], c["off"], ref_logp=c["ref"], entropy=ent,
+                                     **c["kw"])
+    loss.backward()
+    z = m.grpo.loss_normaliser(c["resp"], c["kw"]["loss_agg"], c["kw"]["max_new_tokens"])
+    return (loss.detach(), logp.grad, None if ent is None else ent.grad,
+            {k: _graded_float(v) for k, v in m.grpo.loss_metrics(terms).items()}, _graded_float(z))
+
+
+def make_update(rng, ctx):
+    cases = []
+    for k in range(4):
+        n = rng.randint(3, 6)
+        prompts = [[rng.randint(3, 60) for _ in range(rng.randint(1, 4))] for _ in range(n)]
+        responses = [[rng.randint(3, 60) for _ in range(rng.randint(1, 6))] for _ in range(n)]
+        masks = [[int(rng.random() < 0.4) for _ in r] for r in responses]
+        adv = [round(rng.uniform(-1, 1), 3) for _ in range(n)]
+        import grpo
+        batch = grpo.build_batch(prompts, responses, masks, adv, 0)
+        if k == 1:   # several optimizer steps on one rollout batch: stale old log-probs, some clip
+            batch["old_logp"] = batch["response_mask"] * (-4.0 + 0.5 * _t(rng, *batch["input_ids"].shape, dtype="float32"))
+        if k == 2:
+            batch["ref_logp"] = batch["response_mask"] * (-4.0 + 0.5 * _t(rng, *batch["input_ids"].shape, dtype="float32"))
+        cases.append({"batch": batch, "model_seed": rng.randrange(2**31), "mb": rng.choice([1, 2, n]),
+                      "kw": {"loss_agg": rng.choice(["constant", "token-mean"]), "max_new_tokens": 8,
+                             "kl_coef": 0.1 if k == 2 else 0.0, "entropy_coef": 0.01 if k == 3 else 0.0,
+                             "clip_eps": 0.2, "max_grad_norm": 1.0}})
+    return cases
+
+
+def run_update(m, ctx, c):
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(c["model_seed"])
+    cfg = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=None,
+                      eos_token_id=1, pad_token_id=0)
+    model = Qwen2ForCausalLM(cfg).double()
+    before = [p.detach().clone() for p in model.parameters()]
+    opt = torch.optim.SGD(model.parameters(), lr=0.5)
+    batch = {k: v.clone() for k, v in c["batch"].items()}
+    for k in ("old_logp", "ref_logp"):
+        if k in batch:
+            batch[k] = batch[k].double()
+    stats = m.grpo.update(model, opt, batch, micro_batch_size=c["mb"], **c["kw"])
+    delta = torch.cat([(p.detach() - b).reshape(-1) for p, b in zip(model.parameters(), before)])
+    return {k: _graded_float(v) for k, v in stats.items()}, delta
+
+
+PROBLEMS = {name: (globals()[f"make_{name}"], globals()[f"run_{name}"]) for name in BY_NAME}
+
+
+def matches(got, want, rtol=1e-4, atol=1e-6) -> bool:
+    """Whether a submitted output equals the reference's: tensors by shape and value (rtol/atol), floats by
+    value, containers element by element, anything else by ==."""
+    import torch
+
+    if isinstance(want, torch.Tensor):
+        if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
+            return False
+        if want.dtype == torch.bool or not want.is_floating_point():
+            return got.dtype == want.dtype and bool(torch.equal(got, want))
+        return got.is_floating_point() and bool(torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol,
+                                                               equal_nan=True))
+    if isinstance(want, bool) or want is None or isinstance(want, str):
+        return got == want and type(got) is type(want)
+    if isinstance(want, float):
+        return isinstance(got, (int, float)) and not isinstance(got, bool) and math.isclose(got, want, rel_tol=rtol,
+                                                                                            abs_tol=atol)
+    if isinstance(want, int):
+        return isinstance(got, int) and not isinstance(got, bool) and got == want
+    if isinstance(want, dict):
+        return isinstance(got, dict) and set(got) == set(want) and all(matches(got[k], want[k], rtol, atol) for k in want)
+    if isinstance(want, (list, tuple)):
+        return isinstance(got, (list, tuple)) and len(got) == len(want) and all(
+            matches(a, b, rtol, atol) for a, b in zip(got, want))
+    return got == want
+
+
+def constant_like(want, value=0):
+    """`want` with every number (tensor entry, float, int) replaced by `value` and every string by "": a trivially
+    constant answer."""
+    import torch
+
+    if isinstance(want, torch.Tensor):
+        return torch.full_like(want, value) if want.dtype != torch.bool else torch.zeros_like(want)
+    if isinstance(want, str):
+        return ""
+    if isinstance(want, bool) or want is None:
+        return want
+    if isinstance(want, (int, float)):
+        return type(want)(value)
+    if isinstance(want, dict):
+        return {k: constant_like(v, value) for k, v in want.items()}
+    if isinstance(want, (list, tuple)):
+        return type(want)(constant_like(v, value) for v in want)
+    return want
+
+
+def load_modules(root: str):
+    """grpo, prm, refine, scope and eval imported from `root` as a fresh set (harness/ is shared), and the
+    previously imported ones put back afterwards."""
+    saved = {n: sys.modules.pop(n) for n in MODULES if n in sys.modules}
+    sys.path.insert(0, os.path.abspath(root))
+    try:
+        mods = {n: importlib.import_module(n) for n in MODULES}
+        for n, mod in mods.items():
+            if os.path.dirname(os.path.abspath(mod.__file__)) != os.path.abspath(root):
+                raise ValueError(f"{n} was imported from {mod.__file__}, not from {root}")
+        return types.SimpleNamespace(**mods)
+    finally:
+        sys.path.remove(os.path.abspath(root))
+        for n in MODULES:
+            sys.modules.pop(n, None)
+        sys.modules.update(saved)
+
+
+def write_fixtures(out_dir: str, seed: int, only=None, root: str = ROOT) -> dict:
+    """Draw the held-out inputs from `seed`, run the reference on them, write `<problem>.pt` files and
+    index.json into `out_dir` (new or empty). Returns {problem: number of cases}."""
+    import torch
+
+    names = list(BY_NAME) if only is None else list(only)
+    unknown = set(names) - set(BY_NAME)
+    if unknown:
+        raise ValueError(f"unknown exercise(s) {sorted(unknown)}; known: {', '.join(BY_NAME)}")
+    if os.path.exists(out_dir) and os.listdir(out_dir):
+        raise ValueError(f"--fixtures {out_dir} exists and is not empty; choose a new folder")
+    os.makedirs(out_dir, exist_ok=True)
+    rng = random.Random(seed)
+    spec = held_out_tokenizer(rng)
+    ref = load_modules(root)
+    saved = {n: sys.modules.get(n) for n in MODULES}
+    sys.modules.update({n: getattr(ref, n) for n in MODULES})   # makers call the reference directly
+    ctx = {"tokenizer": wrap_tokenizer(spec)}
+    counts = {}
+    try:
+        for name in names:
+            make, run = PROBLEMS[name]
+            cases = make(random.Random(f"{seed}-{name}"), ctx)
+            outputs = [run(ref, ctx, c) for c in cases]
+            if all(matches(o, outputs[0]) for o in outputs) or all(matches(constant_like(o), o) for o in outputs):
+                raise ValueError(f"seed {seed}: the cases of {name} do not reject a constant answer; try another seed")
+            torch.save({"problem": name, "seed": seed, "cases": cases, "outputs": outputs},
+                       os.path.join(out_dir, f"{name}.pt"))
+            counts[name] = len(cases)
+    finally:
+        for n, mod in saved.items():
+            if mod is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = mod
+    with open(os.path.join(out_dir, "index.json"), "w", encoding="utf-8") as f:
+        json.dump({"seed": seed, "tokenizer": spec, "problems": counts}, f)
+    return counts
+
+
+def _alarm(signum, frame):
+    raise TimeoutError("the problem ran past its time limit")
+
+
+def check_in_process(folder: str, fixtures: str, per_problem_s: int = 120) -> dict:
+    """Grade the modules in `folder` on the fixtures (run in a subprocess by `grade`): {problem: {passed,
+    cases, error}}. While a problem is graded, every other problem's functions are the reference's."""
+    import torch
+
+    with open(os.path.join(fixtures, "index.json"), encoding="utf-8") as f:
+        index = json.load(f)
+    ref = load_modules(ROOT)
+    sub = load_modules(folder)
+    sys.modules.update({n: getattr(sub, n) for n in MODULES})
+    ctx = {"tokenizer": wrap_tokenizer(index["tokenizer"])}
+    signal.signal(signal.SIGALRM, _alarm)
+    results = {}
+    for name in index["problems"]:
+        data = torch.load(os.path.join(fixtures, f"{name}.pt"), weights_only=False)
+        patched = []
+        for other in EXERCISES:
+            if other.name == name:
+                continue
+            for fn in other.functions:
+                mod, func = fn.split(":")
+                mine, theirs = getattr(getattr(sub, mod[:-3]), func), getattr(getattr(ref, mod[:-3]), func)
+                for n in MODULES:
+                    m = getattr(sub, n)
+                    if getattr(m, func, None) is mine:
+                        patched.append((m, func, mine))
+                        setattr(m, func, theirs)
+        passed, error = 0, ""
+        try:
+            signal.alarm(per_problem_s)
+            for case, want in zip(data["cases"], data["outputs"]):
+                got = PROBLEMS[name][1](sub, ctx, case)
+                if matches(got, want):
+                    passed += 1
+                elif not error:
+                    error = f"case {passed} differs from the reference"
+        except Exception as err:   # a student's code may raise anything: the problem scores 0, grading goes on
+            first = str(err).splitlines()[0] if str(err) else ""
+            error = f"{type(err).__name__}: {first[:60]}" + ("…" if len(first) > 60 else "")
+        finally:
+            signal.alarm(0)
+            for m, func, mine in patched:
+                setattr(m, func, mine)
+        results[name] = {"passed": passed, "cases": len(data["cases"]), "error": error}
+    return results
+
+
+def _submission_folder(path: str, tmp: str, needed: set) -> str:
+    """A folder to grade: `path` itself, or a submission.tar.gz unpacked over the reference's other modules."""
+    if os.path.isdir(path):
+        missing = sorted(f for f in needed if not os.path.isfile(os.path.join(path, f)))
+        if missing:
+            raise ValueError(f"--grade {path}: missing {', '.join(missing)}")
+        return path
+    if not tarfile.is_tarfile(path):
+        raise ValueError(f"--grade {path}: neither a folder nor a .tar.gz from submit.sh")
+    with tarfile.open(path) as tar:
+        members = {m.name.lstrip("./"): m for m in tar.getmembers() if m.isfile()}
+        missing = sorted(needed - set(members))
+        if missing:
+            raise ValueError(f"--grade {path}: the submission lacks {', '.join(missing)}")
+        for name in needed:
+            with open(os.path.join(tmp, name), "wb") as f:
+                f.write(tar.extractfile(members[name]).read())
+    for n in MODULES:
+        if not os.path.exists(os.path.join(tmp, n + ".py")):
+            shutil.copy2(os.path.join(ROOT, n + ".py"), tmp)
+    return tmp
+
+
+def grade(path: str, fixtures: str, timeout: int = 1200) -> dict:
+    """Grade a copy (folder) or a submission (.tar.gz) on held-out fixtures in a subprocess. Returns
+    {problem: {passed, cases, error, points, max}}."""
+    index_path = os.path.join(fixtures, "index.json")
+    if not os.path.isfile(index_path):
+        raise ValueError(f"--fixtures {fixtures}: no index.json (write fixtures with --fixtures DIR --seed N)")
+    with open(index_path, encoding="utf-8") as f:
+        names = list(json.load(f)["problems"])
+    needed = {fn.split(":")[0] for n in names for fn in BY_NAME[n].functions}
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = _submission_folder(path, tmp, needed)
+        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false"}
+        proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--check", os.path.abspath(folder),
+                               "--fixtures", os.path.abspath(fixtures)], cwd=ROOT, env=env, capture_output=True,
+                              text=True, timeout=timeout)
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
+        raise ValueError(f"grading {path} did not run: {tail[0]}")
+    results = json.loads(lines[-1])
+    for name, r in results.items():
+        r["max"] = BY_NAME[name].points
+        r["points"] = r["max"] if r["passed"] == r["cases"] and not r["error"] else 0
+    return results
+
+
+def grade_report(results: dict) -> str:
+    rows = [f"{'#':>2}  {'problem':<18} {'points':>9}  cases   note"]
+    for name, r in results.items():
+        n = EXERCISES.index(BY_NAME[name]) + 1
+        rows.append(f"{n:>2}  {name:<18} {r['points']:>4} / {r['max']:<3} {r['passed']:>2}/{r['cases']:<3}  {r['error']}")
+    got, full = sum(r["points"] for r in results.values()), sum(r["max"] for r in results.values())
+    rows.append(f"    {'total':<18} {got:>4} / {full:<3}")
     return "\n".join(rows)
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description="Write a copy of this repository with exercise regions stubbed out.")
-    ap.add_argument("--out", help="output folder (new or empty)")
+    ap = argparse.ArgumentParser(description="Write a course copy of this repository, its held-out fixtures, "
+                                             "or grade a submission.")
+    ap.add_argument("--out", help="output folder (new or empty) for the student copy")
     ap.add_argument("--only", help="comma-separated exercise names (default: all); see --list")
-    ap.add_argument("--list", action="store_true", help="print the exercise table and exit")
+    ap.add_argument("--list", action="store_true", help="print the problem table and exit")
+    ap.add_argument("--handout", action="store_true", help="print the handout (HANDOUT.md of a full copy)")
+    ap.add_argument("--fixtures", help="held-out fixture folder: written with --seed, read with --grade")
+    ap.add_argument("--seed", type=int, help="the teacher's seed for --fixtures (keep it private)")
+    ap.add_argument("--grade", help="a student copy (folder) or a submission.tar.gz to grade with --fixtures")
+    ap.add_argument("--check", help=argparse.SUPPRESS)   # the grading subprocess
     args = ap.parse_args(argv)
-    if args.list:
-        print(table())
-        return 0
-    if not args.out:
-        ap.error("--out is required (or --list)")
     only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
     try:
+        if args.check:
+            print(json.dumps(check_in_process(args.check, args.fixtures)))
+            return 0
+        if args.list:
+            print(table())
+            return 0
+        if args.handout:
+            print(handout(), end="")
+            return 0
+        if args.grade:
+            if not args.fixtures:
+                ap.error("--grade needs --fixtures DIR")
+            results = grade(args.grade, args.fixtures)
+            print(grade_report(results))
+            return 0 if all(r["points"] == r["max"] for r in results.values()) else 1
+        if args.fixtures:
+            if args.seed is None:
+                ap.error("--fixtures DIR writes fixtures with --seed N (or grades with --grade COPY)")
+            counts = write_fixtures(args.fixtures, args.seed, only)
+            print(f"wrote {args.fixtures}: {sum(counts.values())} held-out cases for {len(counts)} problems "
+                  f"(seed {args.seed}); grade with: python -m tools.exercises --grade COPY --fixtures {args.fixtures}")
+            return 0
+        if not args.out:
+            ap.error("--out, --list, --handout, --fixtures or --grade is required")
         changed = generate(args.out, only)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     names = only or [e.name for e in EXERCISES]
-    print(f"wrote {args.out}: {len(names)} exercise(s) ({', '.join(names)}) in {', '.join(changed)}")
-    print(f"students: cd {args.out} && python -m pytest tests -q   (the stubbed exercises fail with "
-          f"NotImplementedError until written); python -m tools.exercises --list in the reference shows the table")
+    print(f"wrote {args.out}: {len(names)} problem(s) ({', '.join(names)}) in {', '.join(changed)}, HANDOUT.md, "
+          f"submit.sh")
+    print(f"students: cd {args.out} && python -m pytest tests -q   (the stubbed problems fail with "
+          f"NotImplementedError until written); HANDOUT.md describes each problem")
     return 0
 
 
