@@ -462,9 +462,10 @@ def prm_scoring_bytes(cfg: dict, tokens: int) -> float:
 
 def rollout_kv_need(args) -> tuple[int | None, int]:
     """(KV cache bytes, max_model_len) of the policy's vLLM engine sized by need: prompts_per_step × group_size
-    sequences of PROMPT_TOKENS + max_new_tokens; the context allows PROMPT_MAX prompt tokens. (None: no config.)"""
+    sequences of PROMPT_TOKENS + max_new_tokens; the context allows PROMPT_MAX prompt tokens and the larger of
+    the training and evaluation budgets (the caller clamps it to the model's own context). (None: no config.)"""
     cfg = model_config(args.model)
-    max_len = PROMPT_MAX + args.max_new_tokens
+    max_len = PROMPT_MAX + max(args.max_new_tokens, args.eval_max_new_tokens)   # the engine also evaluates
     if cfg is None:
         return None, max_len
     return args.prompts_per_step * args.group_size * (PROMPT_TOKENS + args.max_new_tokens) * kv_bytes_per_token(cfg), \

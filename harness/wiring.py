@@ -93,6 +93,8 @@ def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, worl
         from harness.generate import VLLMGenerator
         launch = dict(distributed_executor_backend="external_launcher", data_parallel_size=world) if world > 1 else {}
         kv_bytes, max_len = preflight.rollout_kv_need(args)   # sized by need, not a share of the card
+        context = getattr(policy.config, "max_position_embeddings", None)
+        max_len = min(max_len, context) if context else max_len   # never past the model's own context
         return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed, max_model_len=max_len,
                              sleep_mode=args.rollout_sleep, kv_cache_memory_bytes=kv_bytes, **launch)
     return HFGenerator(policy, tokenizer, micro_batch_size=args.gen_batch_size)

@@ -153,7 +153,8 @@ def test_memory_plan_hand_numbers():
     engine = next(v for k, v in plan.items() if k.startswith("rollout engine"))
     # 16 x 8 sequences of 256 + 768 tokens at 28 KiB, plus bf16 weights; asleep during the update
     assert engine == (pytest.approx((2 * 1_543_714_304 + 128 * 1024 * 28_672) / 2**30), "other")
-    assert preflight.rollout_kv_need(args) == (128 * 1024 * 28_672, 1024 + 768)
+    # the context holds a prompt of up to 1024 tokens and the larger budget: --eval-max-new-tokens 3000
+    assert preflight.rollout_kv_need(args) == (128 * 1024 * 28_672, 1024 + 3000)
     full = scope.Args(model="Qwen2.5-1.5B")
     refiner = next(v for k, v, _ in preflight.memory_plan(full, 79.2, True)[0] if k.startswith("refiner"))
     assert refiner == pytest.approx(0.25 * 79.2)
