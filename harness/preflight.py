@@ -468,8 +468,8 @@ def rollout_kv_need(args) -> tuple[int | None, int]:
     max_len = PROMPT_MAX + max(args.max_new_tokens, args.eval_max_new_tokens)   # the engine also evaluates
     if cfg is None:
         return None, max_len
-    return args.prompts_per_step * args.group_size * (PROMPT_TOKENS + args.max_new_tokens) * kv_bytes_per_token(cfg), \
-        max_len
+    tokens = args.prompts_per_step * args.group_size * (PROMPT_TOKENS + args.max_new_tokens)
+    return max(tokens, max_len) * kv_bytes_per_token(cfg), max_len   # vLLM needs room for one full-length request
 
 
 def prm_offloaded(args, device: str, use_vllm: bool, gpu_gib: float | None = None) -> bool:
