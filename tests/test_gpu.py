@@ -275,6 +275,8 @@ def test_the_script_skips_cleanly_without_cuda(tmp_path):
     assert proc.stdout.strip().splitlines() == ["gpu check: skipped (no CUDA GPU visible to torch)"]
 
 
+@pytest.mark.gpu
+@no_cuda
 def test_update_peak_memory_matches_the_plan():
     """grpo.update at the real Qwen2.5-1.5B shape on CUDA (random weights, fp32 master, bf16 autocast, fused
     AdamW, gradient checkpointing, two micro-batches of 4 x 1,280 tokens): torch.cuda.max_memory_allocated of
