@@ -104,6 +104,16 @@ def parse_args(argv=None):
     p.add_argument("--compare", default="", help="only compare two study.json files 'A,B' run by run (the "
                    "reproducibility check) and exit 1 if any number differs")
     p.add_argument("--only", default="all", choices=("all", "grid"), help="'grid' stops after stage 1")
+    p.add_argument("--stage", default="study", choices=("study", "regime"),
+                   help="study: the grid and stage 2 above; regime: the regime map (tools/regime.py)")
+    p.add_argument("--regime-starts", default="strong,middle,weak", help="regime: starting policies (tools/regime.py STARTS)")
+    p.add_argument("--regime-rows", default="", help="regime: only these rows (comma-separated labels; default all)")
+    p.add_argument("--regime-steps", type=int, default=100, help="regime: training steps of every run")
+    p.add_argument("--regime-eval-every", type=int, default=25, help="regime: in-training eval every N steps")
+    p.add_argument("--regime-eval-size", type=int, default=200, help="regime: held-out problems of the in-training eval")
+    p.add_argument("--regime-best", default="scope any/append", help="regime: the grid's best SCOPE cell (a --grid label)")
+    p.add_argument("--regime-ablations", default="auto", help="regime: auto (starts where a SCOPE row separates), "
+                   "none, or a comma list of starts")
     p.add_argument("--max-new-tokens", type=int, default=128, help="response budget, training and evaluation")
     p.add_argument("--jobs", type=int, default=2, help="processes at once (each: one run, then its evaluation)")
     p.add_argument("--eval-size", type=int, default=64, help="held-out toy problems of the final eval")
@@ -127,6 +137,11 @@ def parse_args(argv=None):
             json.loads(getattr(args, flag))
         except json.JSONDecodeError as e:
             p.error(f"--{flag.replace('_', '-')}: not JSON ({e})")
+    from tools.regime import STARTS
+    bad = [x for x in args.regime_starts.split(",") if x.strip() not in STARTS]
+    if bad or args.regime_best not in SCOPE_CELLS or args.regime_steps < 1:
+        p.error(f"--regime-starts {bad} (known: {list(STARTS)}) or --regime-best {args.regime_best!r} "
+                f"(one of {SCOPE_CELLS}) or --regime-steps {args.regime_steps} is not valid")
     args.grid_rows = [row.strip() for row in args.grid.split(",") if row.strip()]
     unknown = [row for row in args.grid_rows if row not in GRID]
     if unknown or "grpo" not in args.grid_rows:
@@ -139,10 +154,13 @@ def slug(row: str) -> str:
 
 
 def job(row: str, seed: int, flags: str, args, *, group: str = "main", steps: int | None = None,
-        task: str = "") -> dict:
-    return {"row": row, "seed": seed, "group": group, "steps": steps or args.steps, "task": task,
-            "eval_every": args.long_eval_every if group == "long" else args.eval_every,
-            "name": f"{args.tag}-{group}-{slug(row)}-s{seed}", "flags": flags.split() + ["--seed", str(seed)]}
+        task: str = "", start: str | None = None, eval_every: int | None = None) -> dict:
+    """One training run. `start`: toy.warm_start settings (JSON) of its starting policy; None = the group's
+    default (`start_settings`)."""
+    j = {"row": row, "seed": seed, "group": group, "steps": steps or args.steps, "task": task,
+         "eval_every": eval_every or (args.long_eval_every if group == "long" else args.eval_every),
+         "name": f"{args.tag}-{group}-{slug(row)}-s{seed}", "flags": flags.split() + ["--seed", str(seed)]}
+    return j if start is None else {**j, "start": start}
 
 
 def plan_grid(args) -> list[dict]:
@@ -179,12 +197,19 @@ def plan_stage2(args, ranked: list[str]) -> list[dict]:
     return jobs
 
 
-def start_path(group: str, args) -> str:
-    """The starting policy of a group: the shipped warm start, or for "weak" the --weak-start one."""
+def start_settings(j: dict, args) -> dict:
+    """toy.warm_start settings of a job's starting policy: its own "start", else the shipped warm start, or for
+    the "weak" group the --weak-start one."""
+    if "start" in j:
+        return json.loads(j["start"])
+    return json.loads(args.weak_start) if j["group"] == "weak" else {}
+
+
+def start_path(j: dict, args) -> str:
+    """Where a job's starting policy is cached (see `start_settings`)."""
     from harness import toy
 
-    settings = json.loads(args.weak_start) if group == "weak" else {}
-    return toy.cache_path(os.path.join(ROOT, "cache"), seed=0, **settings)
+    return toy.cache_path(os.path.join(ROOT, "cache"), seed=0, **start_settings(j, args))
 
 
 def problem_files(task: str, args, write: bool = False) -> dict:
@@ -208,8 +233,8 @@ def problem_files(task: str, args, write: bool = False) -> dict:
 def scope_command(j: dict, args) -> list[str]:
     data = problem_files(j["task"], args)
     data_flags = ["--dataset", data["train"], "--eval-dataset", data["eval"]] if data else []
-    if j["group"] == "weak" and json.loads(args.weak_start):
-        data_flags += ["--model", os.path.relpath(start_path("weak", args), ROOT)]
+    if start_settings(j, args):
+        data_flags += ["--model", os.path.relpath(start_path(j, args), ROOT)]
     return [sys.executable, "scope.py", "--toy", "--run-name", j["name"], "--steps", str(j["steps"]),
             "--max-new-tokens", str(args.max_new_tokens), "--eval-size", str(args.train_eval_size),
             "--eval-n", str(args.train_eval_n), "--eval-every", str(j["eval_every"]),
@@ -228,7 +253,7 @@ def train(j: dict, args) -> None:
     run_dir, cmd = os.path.join("runs", j["name"]), scope_command(j, args)
     metrics = os.path.join(run_dir, "metrics.jsonl")
     done = os.path.exists(metrics) and any(json.loads(line)["step"] == j["steps"] for line in open(metrics))
-    record = {"command": cmd[1:], "start": os.path.relpath(start_path(j["group"], args), ROOT)}   # a new warm start retrains
+    record = {"command": cmd[1:], "start": os.path.relpath(start_path(j, args), ROOT)}   # a new warm start retrains
     if done and read_json(os.path.join(run_dir, "command.json")) == record:
         return
     os.makedirs(run_dir, exist_ok=True)
@@ -261,7 +286,8 @@ def evaluate_policy(path: str, task: str, args) -> dict:
     hot = evaluate(generator, tokenizer, problems, n=args.eval_n, temperature=1.0, max_new_tokens=args.max_new_tokens,
                    seed=args.eval_seed, keep_samples=True, batch_size=16)
     cool = evaluate(generator, tokenizer, problems, n=args.eval_n_cool, temperature=0.6,
-                    max_new_tokens=args.max_new_tokens, seed=args.eval_seed + 1, batch_size=16)
+                    max_new_tokens=args.max_new_tokens, seed=args.eval_seed + 1,
+                    batch_size=16) if args.eval_n_cool else {"acc": None}
     exact_prm, misses, by_ops = toy.ToyPRM(noise=0.0), [], {}   # misses: (N steps, K kept) per zero-reward sample
     for problem, row in zip(problems, hot["per_problem"]):
         by_ops.setdefault(len(toy.parse_question(problem["question"])[1]), []).append(row["correct"] / row["n"])
@@ -308,7 +334,7 @@ def run_job(j: dict, args) -> dict:
     settings["task"] = j["task"]
     run_dir = os.path.join("runs", j["name"])
     if j["steps"] == 0:   # the warm start itself
-        path = start_path(j["group"], args)
+        path = start_path(j, args)
         os.makedirs(run_dir, exist_ok=True)
     else:
         train(j, args)
@@ -557,7 +583,7 @@ def mechanism(results: list[dict], args) -> dict:
         if not acc or flag_value(rs[0]["flags"], "--mode", "scope") != "scope":
             continue
         if group not in models:
-            models[group] = load_causal_lm(start_path(group, args), "cpu")
+            models[group] = load_causal_lm(start_path(rs[0], args), "cpu")
         model, tokenizer = models[group]
         credits = []
         for r, t in acc:
@@ -622,7 +648,7 @@ def describe_warm_start(args, group: str = "main", n_problems: int = 300, n: int
     from prm import cut_point, split_steps
 
     torch.set_num_threads(1)
-    model, tokenizer = load_causal_lm(start_path(group, args), "cpu")
+    model, tokenizer = load_causal_lm(start_path({"group": group}, args), "cpu")
     problems = toy.make_problems(n_problems, seed=0, **(json.loads(args.weak_task) if group == "weak" else {}))
     res = evaluate(HFGenerator(model.eval(), tokenizer, micro_batch_size=128), tokenizer, problems, n=n,
                    temperature=1.0, max_new_tokens=args.max_new_tokens, seed=args.eval_seed, keep_samples=True,
@@ -645,7 +671,7 @@ def describe_warm_start(args, group: str = "main", n_problems: int = 300, n: int
            "first_error_by_ops": {k: dict(sorted(v.items())) for k, v in sorted(first.items())},
            "first_error_relative_hist": np.histogram(rel, bins=[0, 0.2, 0.4, 0.6, 0.8, 1.0 - 1e-9, 1.0])[0].tolist(),
            "failures": len(rel), "failures_at_answer_copy": last_only, "problems": n_problems, "n": n,
-           "policy": os.path.relpath(start_path(group, args), ROOT)}
+           "policy": os.path.relpath(start_path({"group": group}, args), ROOT)}
     return out
 
 
@@ -676,6 +702,9 @@ def main(argv=None) -> None:
         matched, diffs = compare_studies(first, second)
         print("\n".join(diffs[:50]) + f"\n{matched} runs in both; {len(diffs)} numbers differ")
         sys.exit(1 if diffs or not matched else 0)
+    if args.stage == "regime":
+        from tools import regime
+        return regime.main(args)
     from harness import toy
     toy.warm_start(os.path.join(ROOT, "cache"), seed=0)            # trained here once if not shipped
     toy.warm_start(os.path.join(ROOT, "cache"), seed=0, **json.loads(args.weak_start))
