@@ -1,0 +1,123 @@
+"""The regime-map stage of the toy study (tools/regime.py): its plan, its statistics by hand, its records."""
+import json
+import os
+
+import pytest
+
+from tools import experiment as ex
+from tools import regime
+
+
+def _run(group, row, seed, *, reward, eval_acc, all_fail=None, acc=0.5, first3=0.5):
+    n = len(reward)
+    return {"group": group, "row": row, "seed": seed, "steps": n, "name": f"{group}-{row}-{seed}",
+            "eval": {"acc_t1": acc},
+            "train": {"frac_all_fail_first3": first3, "reward_last5": sum(reward[-5:]) / len(reward[-5:]),
+                      "curve": {"step": [0, n], "eval_acc": eval_acc, "reward": reward,
+                                "all_fail": all_fail or [0.5] * n}}}
+
+
+def test_plan_is_seed_major_with_every_start_and_row():
+    """Seed 0 of every (start, row) cell comes before any seed 1 (a stopped study still holds every cell);
+    every run starts from its start's policy on its start's task, with the regime's steps and eval cadence."""
+    args = ex.parse_args(["--stage", "regime", "--seeds", "0,1"])
+    jobs = regime.plan_regime(args, ["strong", "middle", "weak"])
+    trained = [j for j in jobs if j["steps"]]
+    assert len(trained) == 2 * 3 * 4 and [j["seed"] for j in trained] == [0] * 12 + [1] * 12
+    assert {j["row"] for j in trained} == {"grpo", "scope (paper): any/replace", "best: scope any/append",
+                                           "replace (whole)"}
+    weak = next(j for j in trained if j["group"] == "regime-weak" and j["row"] == "grpo")
+    cmd = ex.scope_command(weak, args)
+    assert cmd[cmd.index("--steps") + 1] == "100" and cmd[cmd.index("--eval-every") + 1] == "25"
+    assert "--dataset" in cmd and "--model" in cmd                       # 6-operation task, weaker SFT
+    strong = next(j for j in trained if j["group"] == "regime-strong")
+    assert "--dataset" not in ex.scope_command(strong, args) and "--model" not in ex.scope_command(strong, args)
+    middle = next(j for j in trained if j["group"] == "regime-middle")
+    assert ex.start_path(middle, args) == ex.start_path(weak, args) != ex.start_path(strong, args)
+    assert len({j["name"] for j in jobs}) == len(jobs)
+    only = regime.plan_regime(ex.parse_args(["--stage", "regime", "--seeds", "3", "--regime-rows", "grpo,replace (whole)"]),
+                              ["weak"])
+    assert [j["row"] for j in only if j["steps"]] == ["grpo", "replace (whole)"]
+
+
+def test_bad_regime_flags_fail_at_parsing():
+    for bad in (["--regime-starts", "strong,medium"], ["--regime-best", "grpo"], ["--regime-steps", "0"]):
+        with pytest.raises(SystemExit):
+            ex.parse_args(["--stage", "regime", *bad])
+
+
+def test_paired_curves_and_separation_by_hand():
+    """Eval points: Δ at each step over the seeds; reward blocks: Δ of the block means; `separates` names the
+    first point past 0 whose 95 % interval excludes 0."""
+    g = "regime-x"
+    results = [_run(g, "grpo", 0, reward=[0.1, 0.2, 0.3, 0.4], eval_acc=[0.2, 0.3]),
+               _run(g, "grpo", 1, reward=[0.2, 0.2, 0.2, 0.2], eval_acc=[0.2, 0.4]),
+               _run(g, "s", 0, reward=[0.1, 0.3, 0.5, 0.5], eval_acc=[0.2, 0.5]),
+               _run(g, "s", 1, reward=[0.2, 0.4, 0.4, 0.6], eval_acc=[0.2, 0.6])]
+    ev = regime.paired_curve(results, g, "eval_acc")["s"]
+    assert [x for x, _ in ev] == [0, 4] and ev[0][1]["mean"] == pytest.approx(0.0)
+    assert ev[1][1]["mean"] == pytest.approx(0.2) and ev[1][1]["lo"] == pytest.approx(0.2)   # Δ 0.2 and 0.2: sd 0
+    blocks = regime.paired_curve(results, g, "reward", block=2)["s"]
+    # seed 0: (0.2 - 0.15, 0.5 - 0.35) = (0.05, 0.15); seed 1: (0.3 - 0.2, 0.5 - 0.2) = (0.1, 0.3)
+    assert [x for x, _ in blocks] == [2, 4]
+    assert blocks[0][1]["mean"] == pytest.approx(0.075) and blocks[1][1]["mean"] == pytest.approx(0.225)
+    half = 12.706 * (0.05 / 2 ** 0.5) / 2 ** 0.5      # t(1) * sd / sqrt(2), sd of (0.05, 0.1) = 0.05 / sqrt(2)
+    assert blocks[0][1]["lo"] == pytest.approx(0.075 - half)
+    assert regime.separates(ev) == 4 and regime.separates(blocks) is None
+    assert regime.separates([(0, {"lo": 0.1, "hi": 0.2}), (5, {"lo": -0.3, "hi": -0.1})]) == 5
+
+
+def test_starting_all_fail_and_block_means_by_hand():
+    g = "regime-x"
+    results = [_run(g, "grpo", 0, reward=[0.0] * 4, eval_acc=[0, 0], all_fail=[1.0, 0.5, 0.5, 0.0], first3=0.6),
+               _run(g, "grpo", 1, reward=[0.0] * 4, eval_acc=[0, 0], all_fail=[0.5, 0.5, 0.0, 0.0], first3=0.4),
+               _run(g, "s", 0, reward=[0.0] * 4, eval_acc=[0, 0], first3=0.9)]
+    assert regime.starting_all_fail(results, g) == pytest.approx(0.5)      # GRPO's rows only
+    assert regime.block_means(results, g, "all_fail")["grpo"] == [pytest.approx((0.5 + 0.25) / 2)]
+
+
+def test_ablations_run_only_where_a_scope_row_separates_upward():
+    args = ex.parse_args(["--stage", "regime", "--seeds", "0,1"])
+    up = [_run("regime-weak", "grpo", s, reward=[0.1], eval_acc=[0, 0], acc=0.1 + 0.01 * s) for s in (0, 1)] + \
+         [_run("regime-weak", "scope (paper): any/replace", s, reward=[0.1], eval_acc=[0, 0], acc=0.3 + 0.01 * s)
+          for s in (0, 1)]
+    flat = [_run("regime-strong", "grpo", s, reward=[0.1], eval_acc=[0, 0], acc=0.5 + 0.1 * s) for s in (0, 1)] + \
+           [_run("regime-strong", "scope (paper): any/replace", s, reward=[0.1], eval_acc=[0, 0], acc=0.6 - 0.1 * s)
+            for s in (0, 1)]
+    jobs = regime.plan_ablations(args, up + flat, ["strong", "weak"])
+    assert {j["group"] for j in jobs} == {"regime-weak"} and len(jobs) == 2 * len(regime.ABLATIONS)
+    unit = next(j for j in jobs if j["row"].endswith("unit credit"))
+    cmd = ex.scope_command(unit, args)
+    assert cmd[cmd.index("--offpolicy-credit") + 1] == "unit" and cmd[cmd.index("--merge") + 1] == "replace"
+    forced = ex.parse_args(["--stage", "regime", "--seeds", "0", "--regime-ablations", "strong"])
+    assert {j["group"] for j in regime.plan_ablations(forced, flat, ["strong"])} == {"regime-strong"}
+
+
+def test_a_record_with_the_same_command_is_read_not_retrained(tmp_path, monkeypatch):
+    """A finished run's record stands in for the run when its command and eval settings match; a changed
+    command retrains (here: calls run_job, which the test replaces)."""
+    args = ex.parse_args(["--stage", "regime", "--seeds", "0", "--out", str(tmp_path)])
+    j = next(j for j in regime.plan_regime(args, ["strong"]) if j["steps"])
+    settings = {k: getattr(args, k) for k in ("eval_size", "eval_n", "eval_n_cool", "eval_seed", "max_new_tokens")}
+    path = regime.record_path(j, args)
+    os.makedirs(os.path.dirname(path))
+    with open(path, "w") as f:
+        json.dump({"command": ex.scope_command(j, args)[1:], "start": j["start"], "eval_settings": settings,
+                   "result": {"name": j["name"], "eval": {"acc_t1": 0.25}}}, f)
+    calls = []
+    monkeypatch.setattr(ex, "run_job", lambda job, a: calls.append(job) or {"stub": True})
+    assert regime.run_recorded(j, args)["eval"]["acc_t1"] == 0.25 and not calls
+    args.max_new_tokens = 96                     # another command: the record is stale
+    with pytest.raises(Exception):
+        regime.run_recorded(j, args)             # the replaced run_job returns no runs/ folder to read
+    assert len(calls) == 1
+
+
+def test_repairs_are_counted_per_block_and_position(tmp_path):
+    traces = [{"accepted": True, "step": 1, "cut": 0, "steps": ["a", "b"], "group_all_fail": True},
+              {"accepted": True, "step": 25, "cut": 1, "steps": ["a", "b"], "group_all_fail": False},
+              {"accepted": False, "step": 2, "cut": 1, "steps": ["a", "b"], "group_all_fail": True}]
+    (tmp_path / "traces.jsonl").write_text("".join(json.dumps(t) + "\n" for t in traces))
+    r = regime.repairs_of(str(tmp_path), 40)
+    assert r["accepted"] == 2 and r["per_block"] == [1, 1] and r["in_all_fail_groups"] == pytest.approx(0.5)
+    assert r["cut_relative_hist"] == [1, 0, 1, 0, 0]      # cuts at 0/2 and 1/2
