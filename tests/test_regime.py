@@ -121,3 +121,27 @@ def test_repairs_are_counted_per_block_and_position(tmp_path):
     r = regime.repairs_of(str(tmp_path), 40)
     assert r["accepted"] == 2 and r["per_block"] == [1, 1] and r["in_all_fail_groups"] == pytest.approx(0.5)
     assert r["cut_relative_hist"] == [1, 0, 1, 0, 0]      # cuts at 0/2 and 1/2
+
+
+def test_diversity_plan_and_report_by_hand():
+    """The diversity stage trains grpo and SCOPE (paper) from the styles warm start with --toy-styles, and
+    reports the paired Δ of the final style entropy (hand numbers: Δ 0.2 and 0.4 -> mean 0.3)."""
+    args = ex.parse_args(["--stage", "diversity", "--seeds", "0,1", "--styles", "3"])
+    jobs = regime.plan_diversity(args)
+    trained = [j for j in jobs if j["steps"]]
+    assert [j["row"] for j in trained] == list(regime.DIVERSITY_ROWS) * 2
+    cmd = ex.scope_command(trained[1], args)
+    assert cmd[cmd.index("--toy-styles") + 1] == "3" and cmd[cmd.index("--steps") + 1] == "100"
+    assert ex.start_settings(trained[1], args) == {"styles": 3} and "--model" in cmd
+
+    def run(row, seed, entropy):
+        return {"group": "diversity", "row": row, "seed": seed, "steps": 4, "name": f"{row}{seed}",
+                "eval": {"style_entropy": entropy, "style_share": [0.5, 0.25, 0.25], "acc_t1": 0.5},
+                "train": {"curve": {"style_entropy_correct": [0.1, None, 0.3, 0.5]}}}
+
+    results = [run("grpo", 0, 0.5), run("grpo", 1, 0.6),
+               run("scope (paper): any/replace", 0, 0.7), run("scope (paper): any/replace", 1, 1.0)]
+    text, summary = regime.diversity_report(results, args, 1.0, "cmd")
+    d = summary["final"]["scope (paper): any/replace"]["style_entropy"]
+    assert d["n"] == 2 and d["mean"] == pytest.approx(0.3)
+    assert "0.50 / 0.25 / 0.25" in text

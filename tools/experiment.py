@@ -104,8 +104,11 @@ def parse_args(argv=None):
     p.add_argument("--compare", default="", help="only compare two study.json files 'A,B' run by run (the "
                    "reproducibility check) and exit 1 if any number differs")
     p.add_argument("--only", default="all", choices=("all", "grid"), help="'grid' stops after stage 1")
-    p.add_argument("--stage", default="study", choices=("study", "regime"),
-                   help="study: the grid and stage 2 above; regime: the regime map (tools/regime.py)")
+    p.add_argument("--stage", default="study", choices=("study", "regime", "diversity"),
+                   help="study: the grid and stage 2 above; regime: the regime map; diversity: GRPO vs SCOPE on "
+                   "a warm start with several solution styles (both: tools/regime.py)")
+    p.add_argument("--styles", type=int, default=3, help="diversity: solution styles of the warm start (toy.STYLES)")
+    p.add_argument("--diversity-steps", type=int, default=100, help="diversity: training steps of every run")
     p.add_argument("--regime-starts", default="strong,middle,weak", help="regime: starting policies (tools/regime.py STARTS)")
     p.add_argument("--regime-rows", default="", help="regime: only these rows (comma-separated labels; default all)")
     p.add_argument("--regime-steps", type=int, default=100, help="regime: training steps of every run")
@@ -269,8 +272,10 @@ def train(j: dict, args) -> None:
         json.dump(record, f)
 
 
-def evaluate_policy(path: str, task: str, args) -> dict:
-    """The final-eval metrics of the policy saved at `path` (see the module docstring)."""
+def evaluate_policy(path: str, task: str, args, styles: int = 1) -> dict:
+    """The final-eval metrics of the policy saved at `path` (see the module docstring); with `styles` > 1 also
+    the styles of its correct samples at T = 1.0 (toy.style_stats) and the mean number of distinct styles among
+    the correct samples of a problem (problems with at least two)."""
     import torch
 
     from harness import toy
@@ -296,7 +301,14 @@ def evaluate_policy(path: str, task: str, args) -> dict:
                 steps = split_steps(text)
                 misses.append((len(steps), cut_point(exact_prm.score(problem["question"], steps))))
     div = diversity_summary(hot["per_problem"])
-    return {"acc_t1": hot["acc"], "acc_t06": cool["acc"], **{f"pass@{k}": v for k, v in hot["pass@k"].items()},
+    style = {}
+    if styles > 1:
+        correct = [[text for text, ok in zip(row["samples"], row["sample_correct"]) if ok] for row in hot["per_problem"]]
+        stats = toy.style_stats([text for texts in correct for text in texts], styles)
+        style = {"style_entropy": stats["entropy"], "style_share": stats["share"], "style_other": stats["other"],
+                 "styles_per_problem": mean([len({toy.style_of(t) for t in texts} - {None})
+                                             for texts in correct if len(texts) >= 2])}
+    return {**style, "acc_t1": hot["acc"], "acc_t06": cool["acc"], **{f"pass@{k}": v for k, v in hot["pass@k"].items()},
             **{key: div[key]["median"] for key in DIVERSITY},
             "near_miss@1": near_miss_at_k(misses, k=1) if misses else None,
             "discarded_valid": discarded_valid_share([keep_ratio(kept, n) for n, kept in misses]) if misses else None,
@@ -344,7 +356,8 @@ def run_job(j: dict, args) -> dict:
     cache = os.path.join(run_dir, "final_eval.json")
     cached = read_json(cache)
     if cached is None or cached["settings"] != settings:
-        cached = {"settings": settings, "eval": evaluate_policy(path, j["task"], args)}
+        cached = {"settings": settings, "eval": evaluate_policy(path, j["task"], args,
+                                                                start_settings(j, args).get("styles", 1))}
         with open(cache, "w") as f:
             json.dump(cached, f, indent=1)
     train_info = training_stats(run_dir) if j["steps"] else {}
@@ -702,9 +715,9 @@ def main(argv=None) -> None:
         matched, diffs = compare_studies(first, second)
         print("\n".join(diffs[:50]) + f"\n{matched} runs in both; {len(diffs)} numbers differ")
         sys.exit(1 if diffs or not matched else 0)
-    if args.stage == "regime":
+    if args.stage in ("regime", "diversity"):
         from tools import regime
-        return regime.main(args)
+        return regime.main(args) if args.stage == "regime" else regime.diversity_main(args)
     from harness import toy
     toy.warm_start(os.path.join(ROOT, "cache"), seed=0)            # trained here once if not shipped
     toy.warm_start(os.path.join(ROOT, "cache"), seed=0, **json.loads(args.weak_start))

@@ -186,7 +186,7 @@ def paired_curve(results: list[dict], group: str, key: str, block: int = 1) -> d
             xs = pairs[0][0]["step"][:n]
             out[row] = [(x, ex.ci95([a[key][i] - b[key][i] for a, b in pairs])) for i, x in enumerate(xs)]
         else:
-            out[row] = [(min(i + block, n), ex.ci95([np.mean(a[key][i:i + block]) - np.mean(b[key][i:i + block])
+            out[row] = [(min(i + block, n), ex.ci95([_diff(ex.mean(a[key][i:i + block]), ex.mean(b[key][i:i + block]))
                                                      for a, b in pairs])) for i in range(0, n, block)]
     return out
 
@@ -202,8 +202,13 @@ def block_means(results: list[dict], group: str, key: str) -> dict:
     for row in dict.fromkeys(r["row"] for r in results if r["group"] == group and r["steps"]):
         ys = [r["train"]["curve"][key] for r in results if r["group"] == group and r["row"] == row]
         n = min(len(y) for y in ys)
-        out[row] = [float(np.mean([np.mean(y[i:i + BLOCK]) for y in ys])) for i in range(0, n, BLOCK)]
+        out[row] = [ex.mean([ex.mean(y[i:i + BLOCK]) for y in ys]) for i in range(0, n, BLOCK)]
     return out
+
+
+def _diff(a: float | None, b: float | None) -> float | None:
+    """a - b, None when either is missing (a step with no correct rollout has no style entropy)."""
+    return None if a is None or b is None else a - b
 
 
 def summarize(results: list[dict], groups: list[str]) -> dict:
@@ -320,7 +325,7 @@ def report(results: list[dict], summary: dict, args, wall_minutes: float, comman
         md += [f"All-fail share of the policy's own groups, mean over seeds, per {BLOCK} steps:\n",
                "| row | " + " | ".join(f"{i * BLOCK + 1}-{(i + 1) * BLOCK}" for i in range(math.ceil(args.regime_steps / BLOCK)))
                + " |", "|---" * (1 + math.ceil(args.regime_steps / BLOCK)) + "|"]
-        md += [f"| {row} | " + " | ".join(f"{v:.3f}" for v in vals) + " |" for row, vals in s["all_fail_blocks"].items()]
+        md += [f"| {row} | " + " | ".join(f3(v) for v in vals) + " |" for row, vals in s["all_fail_blocks"].items()]
         if s["repairs"]:
             md += ["", f"Where the repairs fell (accepted per run, per {BLOCK} steps; share in all-fail groups; "
                    "cut position = first wrong step / steps, 5 bins, all runs):\n",
@@ -377,3 +382,107 @@ def main(args) -> None:
     summary = summarize(results, [f"regime-{s}" for s in starts])
     print(write(results, summary, args, (time.time() - t0) / 60))
     print(f"wrote {args.out}/regime.md, regime.json, regime.png, regime_curves.png in {(time.time() - t0) / 60:.1f} min")
+
+
+# ---------------------------------------------------------------- the diversity stage
+
+DIVERSITY_ROWS = {"grpo": ex.GRID["grpo"], "scope (paper): any/replace": ex.GRID["scope any/replace"]}
+STYLE_KEYS = ["style_entropy", "styles_per_problem", "style_other", "acc_t1", "pass@16", "div_score",
+              "distinct_4", "one_minus_self_bleu"]
+
+
+def plan_diversity(args) -> list[dict]:
+    start = json.dumps({"styles": args.styles})
+    jobs = [{"row": "warm start", "seed": 0, "group": "diversity", "steps": 0, "task": "", "flags": [],
+             "start": start, "name": f"{args.tag}-diversity-start"}]
+    for seed in args.seed_list:
+        jobs += [ex.job(row, seed, f"{flags} --toy-styles {args.styles}", args, group="diversity",
+                        steps=args.diversity_steps, start=start, eval_every=args.regime_eval_every)
+                 for row, flags in DIVERSITY_ROWS.items()]
+    return jobs
+
+
+def diversity_report(results: list[dict], args, wall_minutes: float, command: str) -> tuple[str, dict]:
+    f3 = lambda x: "–" if x is None else f"{x:.3f}"   # noqa: E731
+    final = ex.paired(results, "diversity", STYLE_KEYS)
+    entropy = paired_curve(results, "diversity", "style_entropy_correct", BLOCK)
+    blocks = block_means(results, "diversity", "style_entropy_correct")
+    md = ["# Toy world: diverse correct solutions\n", f"Command: `{command}`  \nWall time: {wall_minutes:.1f} min "
+          f"({args.jobs} jobs at once; finished runs are read from their records).  \nThe warm start writes each "
+          f"solution in one of {args.styles} styles (harness/toy.py STYLES); {args.diversity_steps} steps per run; "
+          f"final eval on {args.eval_size} held-out problems x {args.eval_n} samples at T = 1.0. style entropy: of "
+          f"the styles among the correct samples (nats; ln {args.styles} = {math.log(args.styles):.3f} when even).\n",
+          "| row | seeds | " + " | ".join(STYLE_KEYS) + " | style shares |", "|---" * (len(STYLE_KEYS) + 3) + "|"]
+    for row in dict.fromkeys(r["row"] for r in results if r["group"] == "diversity"):
+        rs = [r for r in results if r["group"] == "diversity" and r["row"] == row]
+        shares = [r["eval"]["style_share"] for r in rs if r["eval"].get("style_share")]
+        share = " / ".join(f"{x:.2f}" for x in np.mean(shares, 0)) if shares else "–"
+        md.append(f"| {row} | {len(rs)} | " + " | ".join(ex.mean_sd([ex.value(r, k) for r in rs]) for k in STYLE_KEYS)
+                  + f" | {share} |")
+    md += ["", "Paired difference to grpo (same seed), mean [95 % interval]:\n",
+           "| row | " + " | ".join(STYLE_KEYS) + " |", "|---" * (len(STYLE_KEYS) + 1) + "|"]
+    md += [f"| {row} | " + " | ".join(ex.fmt_ci(d[k]) for k in STYLE_KEYS) + " |" for row, d in final.items()]
+    md += ["", f"Style entropy of the policy's own correct rollouts during training, mean over seeds per {BLOCK} "
+           "steps (and the paired Δ of SCOPE to GRPO):\n"]
+    for row, vals in blocks.items():
+        md.append(f"- {row}: " + " / ".join(f3(v) for v in vals))
+    for row, points in entropy.items():
+        md.append(f"- Δ {row}: " + " / ".join(ex.fmt_ci(c) for _, c in points))
+    return "\n".join(md) + "\n", {"final": final, "entropy_blocks": blocks, "entropy_paired": entropy}
+
+
+def plot_diversity(results: list[dict], out: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for i, row in enumerate(DIVERSITY_ROWS):
+        rs = [r for r in results if r["group"] == "diversity" and r["row"] == row and r["steps"]]
+        if not rs:
+            continue
+        curves = [[np.nan if v is None else v for v in r["train"]["curve"]["style_entropy_correct"]] for r in rs]
+        n = min(len(c) for c in curves)
+        ys = np.array([c[:n] for c in curves], dtype=float)
+        m = np.array([np.nanmean(ys[:, max(0, t - 4):t + 1]) for t in range(n)])   # trailing 5-step mean
+        x = np.arange(1, n + 1)
+        axes[0].plot(x, m, color=f"C{i}", label=row)
+        sd = np.array([np.nanstd(ys[:, max(0, t - 4):t + 1].mean(1)) for t in range(n)])
+        axes[0].fill_between(x, m - sd, m + sd, color=f"C{i}", alpha=0.15, lw=0)
+        shares = np.mean([r["eval"]["style_share"] for r in rs if r["eval"].get("style_share")], 0)
+        axes[1].bar(np.arange(len(shares)) + 0.4 * i, shares, width=0.4, color=f"C{i}", label=row)
+    axes[0].set_title("style entropy of the correct rollouts (5-step mean; band ± 1 sd over seeds)", fontsize=8)
+    axes[0].set_xlabel("step")
+    axes[1].set_title("final policy: share of each style among correct samples (T = 1.0)", fontsize=8)
+    axes[1].set_xlabel("style")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    plt.close(fig)
+
+
+def diversity_main(args) -> None:
+    """--stage diversity: GRPO vs SCOPE from the warm start with --styles solution styles."""
+    import shlex
+
+    from harness import toy
+
+    t0 = time.time()
+    args.eval_n_cool = 0
+    args.train_eval_size = args.regime_eval_size
+    toy.warm_start(os.path.join(ex.ROOT, "cache"), seed=0, styles=args.styles)   # shipped; trained here if not
+    jobs = plan_diversity(args)
+    print(f"diversity: {len(jobs) - 1} runs of {args.diversity_steps} steps, {args.styles} styles", flush=True)
+    results = run_all(jobs, args, t0)
+    command = shlex.join(["python", "-m", "tools.experiment", "--stage", "diversity"])
+    text, summary = diversity_report(results, args, (time.time() - t0) / 60, command)
+    with open(os.path.join(args.out, "diversity.md"), "w") as f:
+        f.write(text)
+    with open(os.path.join(args.out, "diversity.json"), "w") as f:
+        json.dump({"command": command, "wall_minutes": round((time.time() - t0) / 60, 2),
+                   "settings": {k: v for k, v in vars(args).items() if k not in ("seed_list", "long_seed_list", "grid_rows")},
+                   "summary": summary, "runs": results}, f, indent=1)
+    plot_diversity(results, os.path.join(args.out, "diversity.png"))
+    print(text + f"wrote {args.out}/diversity.md, diversity.json, diversity.png in {(time.time() - t0) / 60:.1f} min")
