@@ -444,8 +444,14 @@ UPDATE_FIT = {   # checkpointing: (a_h, a_i, a_v, a_c, a_p)
     False: (38.773, 8.32, 7.181, 6.007, 1.773),
     True: (11.377, -0.187, 4.482, 12.396, 0.609),
 }
-# The PRM's bf16 no-grad scoring forward beyond its weights: bytes = n · (p_h · h + p_v · V), small shapes.
-PRM_FIT = (24.746, 0.523)
+# The PRM's bf16 no-grad scoring forward beyond its weights, per micro-batch of n tokens (prm.py's
+# Qwen2ProcessRewardModel: decoder in bf16, score head in float32): bytes = n · (p_h · h + p_i · I). Fitted by
+# least squares to `python -m tools.bench_memory --fit --only prm` (the six small shapes above; the vocabulary
+# and the depth do not change the peak, which is one layer's working set: p_i ≈ 6 is three bf16 (n × I) tensors
+# of the SwiGLU MLP, p_h the bf16 residual stream, its norms and the head's float32 input). Checked at full size
+# by `python -m tools.bench_memory --only prm`: Qwen2.5-Math-PRM-7B scoring 4 x 1,280 tokens traced 13.90 GiB
+# (weights 13.22, activations 0.69), planned 13.93 (activations 0.74).
+PRM_FIT = (9.442, 6.36)
 
 
 def update_extra_bytes(cfg: dict, tokens: int, checkpointing: bool, chunk_tokens: int = 512) -> float:
@@ -456,8 +462,9 @@ def update_extra_bytes(cfg: dict, tokens: int, checkpointing: bool, chunk_tokens
 
 
 def prm_scoring_bytes(cfg: dict, tokens: int) -> float:
-    p_hidden, p_vocab = PRM_FIT
-    return tokens * (p_hidden * cfg["hidden_size"] + p_vocab * cfg["vocab_size"])
+    """Traced-constant estimate of the PRM's scoring activations for a micro-batch of `tokens` (PRM_FIT)."""
+    p_hidden, p_inter = PRM_FIT
+    return tokens * (p_hidden * cfg["hidden_size"] + p_inter * cfg["intermediate_size"])
 
 
 def rollout_kv_need(args) -> tuple[int | None, int]:

@@ -191,6 +191,22 @@ def test_memory_plan_within_ten_percent_of_a_trace():
         assert abs(planned / traced - 1) <= 0.10, (ckpt, planned / 2**20, traced / 2**20)
 
 
+def test_prm_plan_within_ten_percent_of_the_full_size_trace():
+    """The plan's PRM rows (bf16 weights + scoring activations, PRM_FIT from small shapes) against a
+    FakeTensorMode + MemTracker trace of prm.py's own Qwen2ProcessRewardModel at the real run's size:
+    Qwen2.5-Math-PRM-7B scoring one micro-batch of 4 x 1,280 tokens (about 10 s of CPU: a forward without
+    gradients), and the activations alone within 25 % (they are 5 % of the total)."""
+    from tools.bench_memory import trace_prm
+
+    cfg = preflight.model_config("Qwen2.5-Math-PRM-7B")
+    tokens = 4 * (preflight.PROMPT_TOKENS + scope.Args().max_new_tokens)
+    traced = trace_prm(cfg, 4, tokens // 4)
+    planned_extra = preflight.prm_scoring_bytes(cfg, tokens)
+    planned = 2 * preflight.n_params(cfg) + planned_extra
+    assert abs(planned / traced["total"] - 1) <= 0.10, (planned / 2**30, traced["total"] / 2**30)
+    assert abs(planned_extra / traced["activation"] - 1) <= 0.25, (planned_extra / 2**30, traced["activation"] / 2**30)
+
+
 def test_a_gpu_too_small_stops_with_the_flags_that_fit(monkeypatch, capsys):
     """The run stops with the plan and the flags that would make it fit, instead of an OOM after loading."""
     import torch

@@ -5,7 +5,9 @@ from the traces this tool runs; run it to see traced beside planned, per compone
 
     python -m tools.bench_memory                                  # Qwen2.5-1.5B policy, 7B PRM and refiner, 16x8
     python -m tools.bench_memory --model Qwen2.5-0.5B --prm none   # any scope.py flags
+    python -m tools.bench_memory --only prm                       # only the 7B PRM's scoring batch
     python -m tools.bench_memory --fit                            # the small traces the plan's constants come from
+    python -m tools.bench_memory --table                          # docs/memory.md's per-card table, from the plan
 
 How: PyTorch's FakeTensorMode builds the model from its real config.json (the alias table in preflight when
 offline) with fake tensors (shapes and dtypes, no storage: nothing is allocated, no weights are needed), and
@@ -32,7 +34,8 @@ GIB = 2 ** 30
 
 
 def fake_model(cfg: dict, dtype=torch.float32, prm: bool = False):
-    """A Qwen2 causal LM (or the PRM: the decoder without LM head, a hidden→hidden→2 head) on fake tensors."""
+    """A Qwen2 causal LM, or with `prm` prm.py's Qwen2ProcessRewardModel (the decoder without LM head and a
+    float32 hidden→hidden→2 head), built from `cfg` (on fake tensors inside FakeTensorMode)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
 
     keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
@@ -46,22 +49,16 @@ def fake_model(cfg: dict, dtype=torch.float32, prm: bool = False):
             return Qwen2ForCausalLM(config)
         finally:
             torch.set_default_dtype(torch.float32)
-    h = config.hidden_size
+    import prm as prm_module
 
-    class PRM(torch.nn.Module):   # the shape of Qwen2.5-Math-PRM-7B: decoder + Linear(h, h) → ReLU → Linear(h, 2)
-        def __init__(self):
-            super().__init__()
-            self.model = Qwen2Model(config)
-            self.score = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, 2))
-
-        def forward(self, input_ids, attention_mask):
-            return self.score(self.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state)
-
-    torch.set_default_dtype(dtype)
+    torch.set_default_dtype(dtype)   # prm.py's own module: the decoder in the run's dtype ...
     try:
-        return PRM()
+        model = prm_module.Qwen2ProcessRewardModel(config)
     finally:
         torch.set_default_dtype(torch.float32)
+    h = config.hidden_size           # ... and the score head in float32, as prm.load_qwen2_prm loads it
+    model.score = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, 2))
+    return model
 
 
 def peak_of(tracker) -> dict:
@@ -125,9 +122,9 @@ def trace_prm(cfg: dict, rows: int, tokens: int) -> dict:
         attn = torch.ones(rows, tokens, dtype=torch.long)
         tracker = MemTracker()
         tracker.track_external(model)
-        with tracker, torch.no_grad():
-            scores = model(ids, attn).softmax(-1)
-            del scores
+        with tracker, torch.no_grad():   # as prm.ProcessRewardModel.score_batch runs one micro-batch
+            probs = torch.softmax(model(ids, attn).float(), dim=-1)[..., 1]
+            del probs
         return peak_of(tracker)
 
 
@@ -166,18 +163,17 @@ def fit_constants(points: list[tuple[dict, int, int]], full_weight: float = 10.0
     return tuple(round(float(c), 3) for c in coef), float(np.max(np.abs(X @ coef - y) / peak))
 
 
-def fit(full: bool, verbose: bool = True) -> dict:
+def fit(full: bool, verbose: bool = True, only: str = "") -> dict:
     """Trace FIT_SHAPES (and with `full` the FULL_SHAPES) with and without checkpointing; fit preflight's
-    UPDATE_FIT and PRM_FIT."""
+    UPDATE_FIT and PRM_FIT (`only`: "update" or "prm" fits one of them)."""
     import numpy as np
 
     from harness.preflight import model_config
 
     out = {}
-    shapes = [({**SMALL, **change}, rows, tokens) for change, rows, tokens in FIT_SHAPES]
-    if full:
-        shapes += [(model_config(name), rows, tokens) for name, rows, tokens in FULL_SHAPES]
-    for ckpt in (False, True):
+    small = [({**SMALL, **change}, rows, tokens) for change, rows, tokens in FIT_SHAPES]
+    shapes = small + ([(model_config(name), rows, tokens) for name, rows, tokens in FULL_SHAPES] if full else [])
+    for ckpt in (False, True) if only in ("", "update") else ():
         points = []
         for cfg, rows, tokens in shapes:
             t0 = time.time()
@@ -188,18 +184,25 @@ def fit(full: bool, verbose: bool = True) -> dict:
                       f"{cfg['intermediate_size']} V {cfg['vocab_size']}  {rows}x{tokens}: peak "
                       f"{peak['total']} B ({time.time() - t0:.0f} s)", flush=True)
         out[str(ckpt)] = fit_constants(points)
-    X, y = [], []
-    for cfg, rows, tokens in shapes[:len(FIT_SHAPES)]:
-        peak = trace_prm(cfg, rows, tokens)
-        X.append([rows * tokens * cfg["hidden_size"], rows * tokens * cfg["vocab_size"]])
-        y.append(peak["total"] - peak.get("parameter", 0))
-    out["prm"] = tuple(round(float(c), 3) for c in np.linalg.lstsq(np.array(X, float), np.array(y, float), rcond=None)[0])
+    if only in ("", "prm"):   # the PRM's activations beyond its weights: n · (p_h · h + p_i · I), small shapes
+        X, y = [], []
+        for cfg, rows, tokens in small:
+            peak = trace_prm(cfg, rows, tokens)
+            X.append([rows * tokens * cfg["hidden_size"], rows * tokens * cfg["intermediate_size"]])
+            y.append(peak["total"] - peak.get("parameter", 0))
+            if verbose:
+                print(f"  PRM  L {cfg['num_hidden_layers']} h {cfg['hidden_size']} I {cfg['intermediate_size']} "
+                      f"V {cfg['vocab_size']}  {rows}x{tokens}: peak {peak['total']} B, beyond the weights "
+                      f"{y[-1]} B", flush=True)
+        coef = np.linalg.lstsq(np.array(X, float), np.array(y, float), rcond=None)[0]
+        out["prm"] = tuple(round(float(c), 3) for c in coef)
     return out
 
 
 # ------------------------------------------------------------------------------------------- traced vs planned
-def compare(args) -> None:
-    """Trace the run's update micro-batches and PRM batch at the real shapes; print them beside the plan."""
+def compare(args, only: str = "") -> None:
+    """Trace the run's update micro-batches and PRM batch at the real shapes (`only`: "update" or "prm"
+    alone); print them beside the plan."""
     from harness import preflight
 
     cfg = preflight.model_config(args.model)
@@ -211,24 +214,29 @@ def compare(args) -> None:
     planned = {r: g for r, g, _ in rows}
     print(f"policy {args.model} ({p / 1e9:.2f} B params), micro-batch {args.micro_batch_size} x {T} tokens, "
           f"checkpointing {'on' if args.gradient_checkpointing else 'off'}, log-prob chunk {args.logprob_chunk}")
-    t0 = time.time()
-    peak = trace_update(cfg, args.micro_batch_size, T, checkpointing=args.gradient_checkpointing,
-                        chunk_tokens=args.logprob_chunk, entropy_coef=args.entropy_coef)
-    plan_update = 16 * p + preflight.update_extra_bytes(cfg, args.micro_batch_size * T, args.gradient_checkpointing,
-                                                        args.logprob_chunk)
-    print(f"  traced in {time.time() - t0:.0f} s; peak by category (GiB): "
-          + ", ".join(f"{k} {v / GIB:.2f}" for k, v in peak.items() if v))
     print(f"  {'component':58} {'traced':>8} {'planned':>8}")
-    print(f"  {'update peak: weights + AdamW + grads + activations/temps':58} {peak['total'] / GIB:8.2f} "
-          f"{plan_update / GIB:8.2f}   ({(plan_update / peak['total'] - 1):+.1%})")
-    if args.prm != "none":
-        prm_cfg = preflight.model_config(args.prm)
+    if only in ("", "update"):
         t0 = time.time()
-        ppeak = trace_prm(prm_cfg, 4, T)
-        plan_prm = 2 * preflight.n_params(prm_cfg) + preflight.prm_scoring_bytes(prm_cfg, 4 * T)
-        print(f"  {'PRM ' + args.prm + ' scoring 4 x ' + str(T) + ' tokens (weights + activations)':58} "
+        peak = trace_update(cfg, args.micro_batch_size, T, checkpointing=args.gradient_checkpointing,
+                            chunk_tokens=args.logprob_chunk, entropy_coef=args.entropy_coef)
+        plan_update = 16 * p + preflight.update_extra_bytes(cfg, args.micro_batch_size * T,
+                                                            args.gradient_checkpointing, args.logprob_chunk)
+        print(f"  {'update peak: weights + AdamW + grads + activations/temps':58} {peak['total'] / GIB:8.2f} "
+              f"{plan_update / GIB:8.2f}   ({(plan_update / peak['total'] - 1):+.1%}; traced in "
+              f"{time.time() - t0:.0f} s; by category: "
+              + ", ".join(f"{k} {v / GIB:.2f}" for k, v in peak.items() if v and k != "total") + ")", flush=True)
+    if args.prm != "none" and only in ("", "prm"):
+        prm_cfg = preflight.model_config(args.prm)
+        if prm_cfg is None:
+            raise SystemExit(f"--prm {args.prm}: no config (not local, not cached, not an alias)")
+        rows_prm = 4   # prm.ProcessRewardModel's micro_batch_size
+        t0 = time.time()
+        ppeak = trace_prm(prm_cfg, rows_prm, T)
+        plan_prm = 2 * preflight.n_params(prm_cfg) + preflight.prm_scoring_bytes(prm_cfg, rows_prm * T)
+        print(f"  {f'PRM {args.prm} scoring {rows_prm} x {T} tokens (weights + activations)':58} "
               f"{ppeak['total'] / GIB:8.2f} {plan_prm / GIB:8.2f}   ({(plan_prm / ppeak['total'] - 1):+.1%}; "
-              f"traced in {time.time() - t0:.0f} s)")
+              f"traced in {time.time() - t0:.0f} s; by category: "
+              + ", ".join(f"{k} {v / GIB:.2f}" for k, v in ppeak.items() if v and k != "total") + ")", flush=True)
     for row, g, phase in rows:
         if row.startswith(("rollout", "refiner", "CUDA")):
             print(f"  {row[:58]:58} {'-':>8} {g:8.2f}   (not traced: {'a vLLM reservation' if 'CUDA' not in row else 'not tensors'})")
@@ -244,9 +252,15 @@ def time_update(args, rows: int, tokens: int, repeats: int) -> None:
     import grpo
     from harness import preflight
 
+    import os
+
     torch.manual_seed(0)
     cfg = preflight.model_config(args.model)
+    t0 = time.perf_counter()
     model = fake_model(cfg).train()   # outside FakeTensorMode: a real, randomly initialised model
+    print(f"  built and randomly initialised {args.model}'s shape in {time.perf_counter() - t0:.1f} s (not timed "
+          f"below); timed: grpo.update alone (forward, loss, backward, clip, AdamW.step), after one warm-up step "
+          f"per setting that also allocates AdamW's state", flush=True)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-6)   # one model and optimizer; checkpointing toggled
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, 10000, (rows, tokens), generator=g)
@@ -266,23 +280,70 @@ def time_update(args, rows: int, tokens: int, repeats: int) -> None:
                         chunk_tokens=args.logprob_chunk)
             if k:
                 times[ckpt].append(time.perf_counter() - t0)
-                print(f"  step {k} checkpointing {'on ' if ckpt else 'off'}: {times[ckpt][-1]:.2f} s", flush=True)
+                print(f"  step {k} checkpointing {'on ' if ckpt else 'off'}: {times[ckpt][-1]:.2f} s (load average "
+                      f"{os.getloadavg()[0]:.1f})", flush=True)
+    if not times[False]:
+        raise SystemExit("--repeats: at least 1 timed step per setting")
     off, on = statistics.median(times[False]), statistics.median(times[True])
     print(f"{args.model}-shaped policy, {rows} x {tokens} tokens, micro-batch {args.micro_batch_size}, "
           f"{torch.get_num_threads()} threads: median update {off:.2f} s without checkpointing, {on:.2f} s with "
           f"({on / off - 1:+.0%})")
 
 
+# ------------------------------------------------------------------------------------------- docs/memory.md's table
+TABLE_RUNS = [   # (command shown, flags): the combinations of docs/memory.md's per-card table
+    ("`--model Qwen2.5-1.5B` (7B PRM, 7B refiner)", "--model Qwen2.5-1.5B"),
+    ("`--model Qwen2.5-1.5B --refiner policy`", "--model Qwen2.5-1.5B --refiner policy"),
+    ("`--model Qwen2.5-1.5B --refiner-url URL` (refiner served elsewhere)",
+     "--model Qwen2.5-1.5B --refiner-url http://HOST:8000/v1"),
+    ("`--model Qwen2.5-1.5B --mode grpo --prm none`", "--model Qwen2.5-1.5B --mode grpo --prm none"),
+    ("`--model Qwen2.5-1.5B --no-gradient-checkpointing --no-rollout-sleep --prm-offload off`",
+     "--model Qwen2.5-1.5B --no-gradient-checkpointing --no-rollout-sleep --prm-offload off"),
+    ("`--model Qwen2.5-Math-7B` (7B PRM, 7B refiner)", "--model Qwen2.5-Math-7B"),
+    ("`--model Qwen2.5-Math-7B --mode grpo --prm none`", "--model Qwen2.5-Math-7B --mode grpo --prm none"),
+]
+
+
+def memory_table() -> str:
+    """docs/memory.md's per-card table: for each of TABLE_RUNS the peak that `--dry-run` prints per card
+    (preflight.format_plan's per-card lines: the plan, whether it fits FIT_SHARE of the card, the fixes)."""
+    import scope
+    from harness import preflight
+
+    lines = ["| command | " + " | ".join(f"{size} GB ({gib:.1f} GiB)" for size, gib in preflight.CARD_GIB.items()) + " |",
+             "| --- |" + " --- |" * len(preflight.CARD_GIB)]
+    for shown, flags in TABLE_RUNS:
+        args = scope.parse_args(flags.split())
+        cells = []
+        for gib in preflight.CARD_GIB.values():
+            need = preflight.plan_total(preflight.memory_plan(args, gib, True)[0])
+            if need <= preflight.FIT_SHARE * gib:
+                offloaded = preflight.prm_offloaded(args, "cpu", True, gib) and args.prm_offload == "auto"
+                cells.append(f"{need:.1f}: fits" + (" (PRM offloaded)" if offloaded else ""))
+            else:
+                ways = preflight.fixes(args, gib, True)
+                ways = [f"`{w.split(' (')[0]}`" + (f" ({w.split(' (', 1)[1]}" if " (" in w else "") for w in ways]
+                cells.append(f"{need:.1f}: no" + (f"; fits with {' / '.join(ways)}" if ways else ""))
+        lines.append(f"| {shown} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--fit", action="store_true", help="trace the small shapes and print the plan's constants")
+    parser.add_argument("--table", action="store_true", help="print docs/memory.md's per-card table from the plan")
     parser.add_argument("--full", action="store_true", help="with --fit: also trace Qwen2.5-1.5B's micro-batch")
     parser.add_argument("--time-update", metavar="ROWSxTOKENS", default="",
                         help="time grpo.update for real on the CPU, with and without checkpointing (e.g. 2x160)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per setting with --time-update")
+    parser.add_argument("--only", choices=("update", "prm"), default="",
+                        help="trace (or with --fit: fit) only the update or only the PRM's scoring batch")
     known, rest = parser.parse_known_args(argv)
     if known.fit:
-        print(json.dumps(fit(known.full), indent=1))
+        print(json.dumps(fit(known.full, only=known.only), indent=1))
+        return
+    if known.table:
+        print(memory_table())
         return
     import scope
 
@@ -291,7 +352,7 @@ def main(argv=None) -> None:
         rows, tokens = (int(x) for x in known.time_update.lower().split("x"))
         time_update(args, rows, tokens, known.repeats)
         return
-    compare(args)
+    compare(args, known.only)
 
 
 if __name__ == "__main__":
