@@ -207,6 +207,24 @@ def test_prm_plan_within_ten_percent_of_the_full_size_trace():
     assert abs(planned_extra / traced["activation"] - 1) <= 0.25, (planned_extra / 2**30, traced["activation"] / 2**30)
 
 
+def test_the_memory_table_is_the_plan():
+    """docs/memory.md's per-card table is what `python -m tools.bench_memory --table` prints from the plan (a
+    change to the plan's constants or rows that leaves the page stale fails here), and its cells are the
+    per-card lines of `--dry-run` (preflight.format_plan) for the same flags."""
+    from tools.bench_memory import TABLE_RUNS, memory_table
+
+    table = memory_table()
+    with open(os.path.join(ROOT, "docs", "memory.md"), encoding="utf-8") as f:
+        assert table in f.read(), "docs/memory.md: regenerate the table with python -m tools.bench_memory --table"
+    shown, flags = TABLE_RUNS[0]
+    lines = preflight.format_plan(scope.parse_args(flags.split()), *preflight.memory_plan(
+        scope.parse_args(flags.split()), None, True), None).splitlines()
+    row = next(line for line in table.splitlines() if line.startswith(f"| {shown} |"))
+    for (size, gib), cell in zip(preflight.CARD_GIB.items(), row.split(" | ")[1:]):
+        line = next(x for x in lines if x.strip().startswith(f"on a {size} GB GPU"))
+        assert f": {cell.split(':')[0]} GiB, " in line and (("does not fit" in line) == ("no" in cell.split(";")[0]))
+
+
 def test_a_gpu_too_small_stops_with_the_flags_that_fit(monkeypatch, capsys):
     """The run stops with the plan and the flags that would make it fit, instead of an OOM after loading."""
     import torch
