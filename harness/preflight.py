@@ -19,7 +19,7 @@ Not part of the paper. A real run costs hours of GPU time; a typo should cost se
     holds its lock.
  7. `memory_plan`: weights, gradients and AdamW state of the float32 policy, the rollout engine sized by
     need, the PRM, the refiner's server share, the update's activations and temporaries, by phase of the
-    step, from the model configs (a local folder, the hub cache, or the known sizes of the aliases below)
+    step, for one process (under torchrun: what FSDP2 shards divided by the world size), from the model configs (a local folder, the hub cache, or the known sizes of the aliases below)
     and constants traced from our own code (`python -m tools.bench_memory`). Printed at start; on a GPU
     that cannot hold it the run stops with the plan and the flags that would make it fit. `--dry-run`
     prints it (per card size, in the GiB cards report) and the resolved Args, then exits: it needs
@@ -467,15 +467,23 @@ def prm_scoring_bytes(cfg: dict, tokens: int) -> float:
     return tokens * (p_hidden * cfg["hidden_size"] + p_inter * cfg["intermediate_size"])
 
 
-def rollout_kv_need(args) -> tuple[int | None, int]:
-    """(KV cache bytes, max_model_len) of the policy's vLLM engine sized by need: prompts_per_step × group_size
-    sequences of PROMPT_TOKENS + max_new_tokens; the context allows PROMPT_MAX prompt tokens and the larger of
-    the training and evaluation budgets (the caller clamps it to the model's own context). (None: no config.)"""
+def world_size() -> int:
+    """The number of torchrun processes (WORLD_SIZE, as dist.init reads it); 1 without torchrun."""
+    return max(1, int(os.environ.get("WORLD_SIZE", "1") or 1))
+
+
+def rollout_kv_need(args, world: int | None = None) -> tuple[int | None, int]:
+    """(KV cache bytes, max_model_len) of the policy's vLLM engine sized by need: the sequences this process
+    samples, prompts_per_step / world × group_size (under torchrun each rank's engine samples its own groups),
+    of PROMPT_TOKENS + max_new_tokens; the context allows PROMPT_MAX prompt tokens and the larger of the
+    training and evaluation budgets (the caller clamps it to the model's own context). (None: no config.)
+    world: the torchrun processes (None: world_size())."""
+    world = world_size() if world is None else world
     cfg = model_config(args.model)
     max_len = PROMPT_MAX + max(args.max_new_tokens, args.eval_max_new_tokens)   # the engine also evaluates
     if cfg is None:
         return None, max_len
-    tokens = args.prompts_per_step * args.group_size * (PROMPT_TOKENS + args.max_new_tokens)
+    tokens = -(-args.prompts_per_step // world) * args.group_size * (PROMPT_TOKENS + args.max_new_tokens)
     return max(tokens, max_len) * kv_bytes_per_token(cfg), max_len   # vLLM needs room for one full-length request
 
 
@@ -494,9 +502,9 @@ def prm_offloaded(args, device: str, use_vllm: bool, gpu_gib: float | None = Non
     return plan_total(memory_plan(args, gpu_gib, use_vllm, prm_offload=False)[0]) > FIT_SHARE * gpu_gib
 
 
-def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True,
-                prm_offload: bool | None = None) -> tuple[list[tuple[str, float, str]], list[str]]:
-    """([(row, GiB, phase)], notes): the GPU memory a run with these Args needs, by phase.
+def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_offload: bool | None = None,
+                world: int | None = None) -> tuple[list[tuple[str, float, str]], list[str]]:
+    """([(row, GiB, phase)], notes): the GPU memory one process of a run with these Args needs, by phase.
 
     phase "all": held the whole step; "update": only during the update; "other": only outside it (rollout,
     PRM, refinement). The peak (`plan_total`) is "all" + the larger of the other two. Rows:
@@ -505,7 +513,14 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True,
     rollout engine: vLLM's bf16 weights + the KV cache of all B·G sequences (rollout_kv_need), asleep during
     the update with --rollout-sleep; HF generate: the KV cache of one micro-batch; PRM: bf16 weights, with
     --prm-offload only outside the update, + its scoring activations (PRM_FIT); a refiner on its own
-    `vllm serve`: --refiner-mem of the card (its weights and KV cache when no card is known); CUDA context."""
+    `vllm serve`: --refiner-mem of the card (its weights and KV cache when no card is known); CUDA context.
+    Under torchrun (world: the processes, None = world_size(); each process owns one GPU) the rollout engine
+    holds the KV cache of the rank's own groups; with --fsdp the policy's weights, AdamW state and gradients are
+    sharded (÷ world) and the update gathers FSDP2's root unit (embeddings, final norm, lm_head) and two decoder
+    layers (the one computing and the one prefetched) with their fp32 gradients; DDP holds its gradient buckets
+    (fp32, one more copy of the gradients) all step. The rest is per process as on one GPU; the sharding rows
+    are arithmetic, not traced."""
+    world = world_size() if world is None else world
     if args.toy:
         return [("toy world (CPU)", 0.1, "all")], []
     notes, rows = [], []
@@ -516,8 +531,18 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True,
     if prm_offload is None:
         prm_offload = prm_offloaded(args, "cpu", use_vllm, gpu_gib)
     ckpt = bool(getattr(args, "gradient_checkpointing", False))
-    rows.append((f"policy {p / 1e9:.2f} B params: fp32 weights + AdamW m, v (12 B/param)", 12 * p / GIB, "all"))
-    rows.append(("policy gradients (fp32)", 4 * p / GIB, "update"))
+    shards = world if getattr(args, "fsdp", False) and world > 1 else 1
+    sharded = f", sharded over {shards} processes (FSDP2)" if shards > 1 else ""
+    rows.append((f"policy {p / 1e9:.2f} B params: fp32 weights + AdamW m, v (12 B/param){sharded}",
+                 12 * p / shards / GIB, "all"))
+    rows.append((f"policy gradients (fp32){sharded}", 4 * p / shards / GIB, "update"))
+    if shards > 1:
+        root = cfg["vocab_size"] * cfg["hidden_size"] * (1 if cfg.get("tie_word_embeddings") else 2) + cfg["hidden_size"]
+        layer = (p - root) / cfg["num_hidden_layers"]
+        rows.append(("FSDP2 gathered in the update: root unit + 2 decoder layers, fp32 weights and gradients "
+                     "(not traced)", 8 * (root + 2 * layer) / GIB, "update"))
+    elif world > 1:
+        rows.append(("DDP gradient buckets (fp32, not traced)", 4 * p / GIB, "all"))
     tokens = args.micro_batch_size * T
     rows.append((f"update activations + temporaries ({args.micro_batch_size} x {T} tokens, checkpointing "
                  f"{'on' if ckpt else 'off'}; traced)",
@@ -525,9 +550,9 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True,
     if args.kl_coef > 0:
         rows.append(("KL reference (fp32)", 4 * p / GIB, "all"))
     if use_vllm:
-        kv, _ = rollout_kv_need(args)
+        kv, _ = rollout_kv_need(args, world)
         sleep = bool(getattr(args, "rollout_sleep", False))
-        rows.append((f"rollout engine: vLLM bf16 weights + KV of {args.prompts_per_step}x{args.group_size} x {T} "
+        rows.append((f"rollout engine: vLLM bf16 weights + KV of {-(-args.prompts_per_step // world)}x{args.group_size} x {T} "
                      f"tokens{' (asleep in the update)' if sleep else ''}", (2 * p + kv) / GIB,
                      "other" if sleep else "all"))
     else:

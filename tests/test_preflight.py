@@ -178,6 +178,36 @@ def test_memory_plan_targets_at_the_default_flags():
                                        "cpu", True, 47.5)
 
 
+def test_memory_plan_per_process_under_torchrun(monkeypatch):
+    """Under torchrun the plan is one process's: with --fsdp the policy's weights, AdamW state and gradients
+    are divided by the world size and FSDP2's gathered root unit and two layers are added; DDP adds its
+    gradient buckets; the rollout engine's KV cache holds the rank's own groups. Guards the pre-flight
+    refusing docs/scaling.md's `torchrun --nproc_per_node 8 scope.py --model Qwen2.5-Math-7B --fsdp` on 80 GB
+    cards (the one-process plan, 169.5 GiB, was applied to every rank)."""
+    p7 = 7_615_616_512
+    fsdp = scope.Args(model="Qwen2.5-Math-7B", fsdp=True, prompts_per_step=64)
+    rows, _ = preflight.memory_plan(fsdp, 79.2, True, world=8)
+    plan = {k: (v, ph) for k, v, ph in rows}
+    assert next(v for k, v in plan.items() if k.startswith("policy 7.62")) == (pytest.approx(12 * p7 / 8 / 2**30), "all")
+    assert next(v for k, v in plan.items() if k.startswith("policy gradients")) == (pytest.approx(4 * p7 / 8 / 2**30), "update")
+    root = 152064 * 3584 * 2 + 3584                  # untied embeddings and lm_head, final norm
+    layer = (p7 - root) / 28
+    gathered = next(v for k, v in plan.items() if k.startswith("FSDP2 gathered"))
+    assert gathered == (pytest.approx(8 * (root + 2 * layer) / 2**30), "update")   # ≈ 11.6 GiB
+    engine = next(v for k, v in plan.items() if k.startswith("rollout engine: vLLM bf16 weights + KV of 8x8"))
+    assert engine[0] == pytest.approx((2 * p7 + 8 * 8 * 1280 * 57_344) / 2**30)   # 64 prompts / 8 ranks
+    assert preflight.plan_total(rows) <= 0.9 * 79.2
+    assert preflight.plan_total(preflight.memory_plan(fsdp, 79.2, True, world=1)[0]) > 0.9 * 79.2
+    monkeypatch.setenv("WORLD_SIZE", "8")   # as torchrun sets it: the pre-flight's own call sees the world
+    assert preflight.memory_plan(fsdp, 79.2, True) == (rows, [])
+    ddp = scope.Args(model="Qwen2.5-1.5B", prompts_per_step=64)
+    rows, _ = preflight.memory_plan(ddp, 79.2, True)
+    p15 = 1_543_714_304
+    assert ("DDP gradient buckets (fp32, not traced)", pytest.approx(4 * p15 / 2**30), "all") in rows
+    assert next(v for k, v, _ in rows if k.startswith("policy 1.54")) == pytest.approx(12 * p15 / 2**30)
+    assert preflight.rollout_kv_need(ddp) == (8 * 8 * 1280 * 28_672, 1024 + 3000)
+
+
 def test_memory_plan_within_ten_percent_of_a_trace():
     """The plan's update rows (weights, AdamW, gradients, traced-constant activations) against a fresh
     FakeTensorMode + MemTracker trace of our own micro-batch step on a small Qwen2 shape that is not one
