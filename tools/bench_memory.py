@@ -8,6 +8,8 @@ from the traces this tool runs; run it to see traced beside planned, per compone
     python -m tools.bench_memory --only prm                       # only the 7B PRM's scoring batch
     python -m tools.bench_memory --fit                            # the small traces the plan's constants come from
     python -m tools.bench_memory --table                          # docs/memory.md's per-card table, from the plan
+    OMP_NUM_THREADS=1 python -m tools.bench_memory --time-update 2x160 --model Qwen2.5-0.5B --micro-batch-size 2
+                                       # grpo.update for real on the CPU, with and without checkpointing
 
 How: PyTorch's FakeTensorMode builds the model from its real config.json (the alias table in preflight when
 offline) with fake tensors (shapes and dtypes, no storage: nothing is allocated, no weights are needed), and
@@ -36,7 +38,7 @@ GIB = 2 ** 30
 def fake_model(cfg: dict, dtype=torch.float32, prm: bool = False):
     """A Qwen2 causal LM, or with `prm` prm.py's Qwen2ProcessRewardModel (the decoder without LM head and a
     float32 hidden→hidden→2 head), built from `cfg` (on fake tensors inside FakeTensorMode)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2Model
+    from transformers import Qwen2Config, Qwen2ForCausalLM
 
     keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
             "intermediate_size", "tie_word_embeddings", "head_dim", "rope_theta", "max_position_embeddings")
