@@ -38,7 +38,7 @@ from tqdm import tqdm
 
 from eval import discarded_valid_share, near_miss_at_k
 from grpo import build_batch, group_advantages, update
-from harness import dist, preflight, wiring
+from harness import dist, preflight, toy, wiring
 from harness.generate import GeneratorUnavailable, format_prompt
 from harness.grader import grade
 from harness.runs import read_changes, run_settings
@@ -128,6 +128,8 @@ class Args:
                          "(offline without network)", ("none", "tensorboard", "wandb"))
     toy: bool = arg(False, "the CPU toy world: tiny char-level Qwen2, rule-based PRM, oracle refiner")
     toy_prm_noise: float = arg(0.0, "toy world: probability that the toy PRM flips a step score")
+    toy_styles: int = arg(1, "toy world: the warm start writes its solutions in this many styles (1-3, "
+                          "harness/toy.py choice 10); > 1 also logs the styles of the correct rollouts")
     overwrite: bool = arg(False, "allow starting from step 1 in a folder holding a run (a new run under a used "
                           "--run-name, or --resume of a folder without checkpoint): its logs are replaced")
     memory_check: bool = arg(True, "stop before loading when the memory plan (an estimate) exceeds the GPU; "
@@ -325,6 +327,10 @@ def step_metrics(step: int, args: Args, rollouts: list[Trajectory], trained: lis
          "tis_weight_mean": stats.get("tis_weight_mean"), "tis_capped_frac": stats.get("tis_capped_frac"),
          "pad_share": stats.get("pad_share"),   # padding share of the positions the update computed
          **{f"time_{k}": v for k, v in times.items()}}
+    if args.toy_styles > 1:   # styles of the policy's own correct rollouts, before repair (toy.style_stats)
+        styles = toy.style_stats([t.text for t in rollouts if t.correct], args.toy_styles)
+        m.update(style_entropy_correct=styles["entropy"], style_share_correct=styles["share"],
+                 style_other_correct=styles["other"])
     rewards = {b: [t.reward for t in rollouts if t.group == b] for b in range(B)}
     traces = [{**tr, "group_rewards": rewards[tr["group"]], "group_all_fail": bool(not passed[tr["group"]].any())}
               for tr in traces]

@@ -89,6 +89,9 @@ def check_args(args) -> None:
     need(args.lr > 0 and args.lr < 1, "lr", "> 0 and < 1")
     need(0 < args.tau <= 1, "tau", "in (0, 1] (a PRM score is a probability; tau > 1 flags every step)")
     need(0 <= args.toy_prm_noise <= 1, "toy-prm-noise", "a probability in [0, 1]")
+    from harness.toy import STYLES   # the toy world's step styles (scope.py has imported it already)
+    need(1 <= args.toy_styles <= len(STYLES), "toy-styles", f"an integer in 1..{len(STYLES)} "
+         f"(the toy world's step styles, harness/toy.py choice 10)")
     need(args.temperature > 0, "temperature", "> 0")
     need(0 < args.clip_eps < 1, "clip-eps", "in (0, 1)")
     need(args.shaping_gamma > 0, "shaping-gamma", "> 0")
@@ -102,6 +105,8 @@ def check_args(args) -> None:
     if not args.toy:
         if args.toy_prm_noise != 0:
             stop(f"--toy-prm-noise {args.toy_prm_noise!r}: only with --toy (the real PRM has no noise knob)")
+        if args.toy_styles != 1:
+            stop(f"--toy-styles {args.toy_styles!r}: only with --toy (real solutions have their own styles)")
         for flag in ("model", "prm", "refiner"):
             if getattr(args, flag) in ("toy", "toy-oracle", "toy-model"):
                 stop(f"--{flag} {getattr(args, flag)}: only with --toy")

@@ -64,6 +64,17 @@ Choices and departures (numbered):
    (SFT_TASK) are part of the warm start's cache key, the RL problems (TASK_DEFAULTS) are not.
 9. The model refiner (REFINER_DEFAULTS): 200 more SFT steps from the warm start at lr 1e-3 on clean
    solutions (step_error_rate 0), another problem stream; same tokenizer, so the splice is exact.
+10. Styles (the warm-start setting `styles` = K, default 1): with K > 1 each SFT solution is written in one
+   of the first K STYLES, drawn uniformly per solution and kept for all its steps, so correct solutions
+   differ in form while being graded the same (choice 1 judges the item, never the phrasing):
+       0  "So 7 + 5 = 12."      1  "7 add 5 is 12."      2  "So 12 = 7 + 5."
+   (the answer step "\\boxed{41}" is the same in every style). Every style uses only characters the
+   tokenizer already has and has >= 8 non-blank characters, and each one tells its style on every
+   operation, minus included (a commutative order "So 5 + 7 = 12." has no form for minus, so it is not one
+   of them). `style_of` reads a response's style, `style_stats` the shares and entropy over responses.
+   OracleRefiner continues in the style of the prefix's last operation step, style 0 for a prefix without
+   one; the model refiner is trained on clean solutions of the same K styles. K = 1 leaves the settings
+   hash, the SFT stream and every cache path exactly as without the setting.
 """
 import hashlib
 import json
@@ -94,7 +105,12 @@ MODEL_DEFAULTS = dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=
                       intermediate_size=256, max_position_embeddings=256)
 OPS = {"add": "+", "minus": "-", "times": "*"}          # question word -> step symbol
 SYMBOLS = {v: k for k, v in OPS.items()}
-ITEM_RE = re.compile(r"So (-?\d+) ([+\-*]) (\d+) = (-?\d+)\.|\\boxed\{(-?\d+)\}")  # one step / the answer
+# the step templates of choice 10 (style k = STYLES[k]); `sym` is the step symbol, `word` the question word
+STYLES = ("So {a} {sym} {b} = {c}.", "{a} {word} {b} is {c}.", "So {c} = {a} {sym} {b}.")
+ITEM_RE = re.compile(r"So (?P<a0>-?\d+) (?P<s0>[+\-*]) (?P<b0>\d+) = (?P<c0>-?\d+)\."          # style 0
+                     r"|(?P<a1>-?\d+) (?P<s1>add|minus|times) (?P<b1>\d+) is (?P<c1>-?\d+)\."   # style 1
+                     r"|So (?P<c2>-?\d+) = (?P<a2>-?\d+) (?P<s2>[+\-*]) (?P<b2>\d+)\."        # style 2
+                     r"|\\boxed\{(?P<v>-?\d+)\}")                                            # the answer
 QUESTION_RE = re.compile(r"Start at (\d+)((?:, (?:add|minus|times) \d+)+)\.")
 
 
@@ -104,8 +120,9 @@ def _apply(value: int, sym: str, arg: int) -> int:
     return value + arg if sym == "+" else value - arg if sym == "-" else value * arg
 
 
-def format_step(value: int, sym: str, arg: int, result: int) -> str:
-    return f"So {value} {sym} {arg} = {result}."
+def format_step(value: int, sym: str, arg: int, result: int, style: int = 0) -> str:
+    """One operation step in style `style` (choice 10; 0: "So 7 + 5 = 12.")."""
+    return STYLES[style].format(a=value, sym=sym, word=SYMBOLS[sym], b=arg, c=result)
 
 
 def _draw_op(rng: random.Random, value: int, *, max_value: int, max_operand: int, max_factor: int):
@@ -154,12 +171,12 @@ def make_problems(n: int, seed: int, **task_kw) -> list[dict]:
     return problems
 
 
-def _chain_steps(start: int, ops, *, error_at: int | None = None, slip: int = 0) -> list[str]:
-    """Steps "So a op b = c." for each operation, then "\\boxed{final}"; step `error_at` is off by `slip`."""
+def _chain_steps(start: int, ops, *, error_at: int | None = None, slip: int = 0, style: int = 0) -> list[str]:
+    """Steps "So a op b = c." (in `style`) for each operation, then "\\boxed{final}"; step `error_at` is off by `slip`."""
     steps, value = [], start
     for k, (sym, arg) in enumerate(ops):
         result = _apply(value, sym, arg) + (slip if k == error_at else 0)
-        steps.append(format_step(value, sym, arg, result))
+        steps.append(format_step(value, sym, arg, result, style))
         value = result
     steps.append(f"\\boxed{{{value + (slip if error_at == len(ops) else 0)}}}")
     return steps
@@ -199,18 +216,21 @@ def slip_probability(n_ops: int, step_error_rate: float) -> float:
 
 
 def solution_text(problem: dict, error_at: int | None = None, rng: random.Random | None = None,
-                  slips=WARM_DEFAULTS["slips"]) -> str:
-    """The solution, steps joined by "\\n\\n". With `error_at` = k, step k's result is off by a slip drawn
-    from `slips` with `rng` (the boxed step when k = number of operations); later steps follow the wrong value."""
-    if error_at is None:
+                  slips=WARM_DEFAULTS["slips"], style: int = 0) -> str:
+    """The solution, steps joined by "\\n\\n", every step in `style` (choice 10). With `error_at` = k, step
+    k's result is off by a slip drawn from `slips` with `rng` (the boxed step when k = number of operations);
+    later steps follow the wrong value."""
+    if error_at is None and style == 0:
         return STEP_SEP.join(problem["solution_steps"])
     start, ops = parse_question(problem["question"])
+    if error_at is None:
+        return STEP_SEP.join(_chain_steps(start, ops, style=style))
     if not 0 <= error_at <= len(ops):
         raise ValueError(f"error_at={error_at} outside 0..{len(ops)} for problem {problem.get('id')}")
     rng = rng or random.Random(0)
     right = correct_chain(problem["question"])[min(error_at + 1, len(ops))]
     slip = rng.choice([s for s in slips if right + s >= 0])
-    return STEP_SEP.join(_chain_steps(start, ops, error_at=error_at, slip=slip))
+    return STEP_SEP.join(_chain_steps(start, ops, error_at=error_at, slip=slip, style=style))
 
 
 # ---------------------------------------------------------------- tokenizer and model
@@ -244,12 +264,16 @@ def tiny_config(tokenizer, **kw):
 # ---------------------------------------------------------------- SFT warm start
 
 def _settings(seed: int, kw: dict) -> dict:
-    known = set(WARM_DEFAULTS) | set(MODEL_DEFAULTS) | set(SFT_TASK)
+    known = set(WARM_DEFAULTS) | set(MODEL_DEFAULTS) | set(SFT_TASK) | {"styles"}
     unknown = set(kw) - known
     if unknown:
         raise TypeError(f"warm_start: unknown setting(s) {sorted(unknown)}; known: {sorted(known)}")
     s = {**WARM_DEFAULTS, **MODEL_DEFAULTS, **SFT_TASK, **kw, "seed": seed, "version": VERSION}
     s["slips"] = list(s["slips"])
+    if s.get("styles", 1) == 1:   # one style: hashed as without the setting, so every cache path stays (choice 10)
+        s.pop("styles", None)
+    elif not (isinstance(s["styles"], int) and 1 <= s["styles"] <= len(STYLES)):
+        raise ValueError(f"warm_start: styles={s['styles']!r} must be an integer in 1..{len(STYLES)}")
     return s
 
 
@@ -287,7 +311,8 @@ def _sft(model, tokenizer, s: dict) -> list[float]:
             n_ops = len(p["solution_steps"]) - 1
             slipped = rng.random() < slip_probability(n_ops, s["step_error_rate"])
             err = draw_error_at(n_ops, rng, s["lateness"], s["slip_boxed"]) if slipped else None
-            rows.append(sft_example(tokenizer, p, solution_text(p, err, rng, s["slips"])))
+            style = rng.randrange(s["styles"]) if "styles" in s else 0   # one style per solution (choice 10)
+            rows.append(sft_example(tokenizer, p, solution_text(p, err, rng, s["slips"], style)))
         width = max(len(ids) for ids, _ in rows)
         pad = tokenizer.pad_token_id
         input_ids = torch.tensor([ids + [pad] * (width - len(ids)) for ids, _ in rows])  # (B, L)
@@ -312,7 +337,8 @@ def warm_start(cache_dir: str, seed: int = 0, **kw):
     """(model, tokenizer): the SFT-warm-started toy policy, trained once and cached under `cache_dir`.
 
     kw overrides WARM_DEFAULTS (sft_steps, batch_size, lr, warmup, step_error_rate, lateness, slip_boxed, slips),
-    MODEL_DEFAULTS (tiny_config fields) and SFT_TASK (the SFT problem distribution). Returned in eval mode."""
+    MODEL_DEFAULTS (tiny_config fields) and SFT_TASK (the SFT problem distribution); `styles` = K writes the
+    SFT solutions in K styles (choice 10; default 1). Returned in eval mode."""
     from transformers import PreTrainedTokenizerFast, Qwen2ForCausalLM
 
     s = _settings(seed, kw)
@@ -381,17 +407,54 @@ def refiner_model(cache_dir: str, seed: int = 0, **kw):
 
 # ---------------------------------------------------------------- PRM and refiner stand-ins
 
-def parse_items(step: str) -> list[tuple] | None:
-    """The items a step states, in order: ("op", a, sym, b, c) per "So a sym b = c." and ("boxed", v);
-    None when anything but whitespace is left over (a malformed step)."""
-    items, pos = [], 0
-    for m in ITEM_RE.finditer(step):
-        if step[pos:m.start()].strip():
+def _item(m: re.Match) -> tuple[tuple, int | None]:
+    """(item, style) of one ITEM_RE match: (("op", a, sym, b, c), k) in style k, or (("boxed", v), None)."""
+    if m["v"] is not None:
+        return ("boxed", int(m["v"])), None
+    k = next(k for k in range(len(STYLES)) if m[f"a{k}"] is not None)
+    sym = OPS.get(m[f"s{k}"], m[f"s{k}"])   # style 1 writes the question word
+    return ("op", int(m[f"a{k}"]), sym, int(m[f"b{k}"]), int(m[f"c{k}"])), k
+
+
+def _parse_styled(text: str) -> list[tuple[tuple, int | None]] | None:
+    """[(item, style), ...] stated in `text`, in order; None when anything but whitespace is left over."""
+    pairs, pos = [], 0
+    for m in ITEM_RE.finditer(text):
+        if text[pos:m.start()].strip():
             return None
-        a, sym, b, c, v = m.groups()
-        items.append(("boxed", int(v)) if v is not None else ("op", int(a), sym, int(b), int(c)))
+        pairs.append(_item(m))
         pos = m.end()
-    return items if items and not step[pos:].strip() else None
+    return pairs if pairs and not text[pos:].strip() else None
+
+
+def parse_items(step: str) -> list[tuple] | None:
+    """The items a step states, in order: ("op", a, sym, b, c) per operation step in any style ("So a sym b =
+    c.", "a word b is c.", "So c = a sym b.") and ("boxed", v); None when anything but whitespace is left over
+    (a malformed step)."""
+    pairs = _parse_styled(step)
+    return None if pairs is None else [item for item, _ in pairs]
+
+
+def style_of(text: str) -> int | None:
+    """The style (index into STYLES, choice 10) of a response: that of all its operation steps when they
+    agree; None when they mix styles, when it states no operation, or when anything in it is malformed."""
+    pairs = _parse_styled(text)
+    styles = {style for _, style in pairs or [] if style is not None}
+    return styles.pop() if len(styles) == 1 else None
+
+
+def style_stats(texts: list[str], styles: int = len(STYLES)) -> dict:
+    """Styles among `texts`: "share" = [p_0, ..., p_{K-1}], the share of each of the K = `styles` styles among
+    the texts that have one of them, "entropy" = H = -sum_k p_k ln p_k in nats (0 for one style, ln K when
+    uniform), "other" = the share of texts with none of them (mixed or unparseable, style_of None), "n" =
+    len(texts). share and entropy are None when no text has a style, other when there are no texts."""
+    found = [style_of(t) for t in texts]
+    counts = [found.count(k) for k in range(styles)]
+    styled = sum(counts)
+    share = [c / styled for c in counts] if styled else None
+    entropy = -sum(p * math.log(p) for p in share if p > 0) if share else None   # Shannon entropy, nats
+    return {"share": share, "entropy": entropy, "other": (len(texts) - styled) / len(texts) if texts else None,
+            "n": len(texts)}
 
 
 def score_steps(question: str, steps: list[str]) -> list[float]:
@@ -442,7 +505,8 @@ class ToyPRM:
 
 
 class OracleRefiner:
-    """Writes the remaining steps correctly from the prefix's last value (choice 3); deterministic.
+    """Writes the remaining steps correctly from the prefix's last value (choice 3), in the style of the
+    prefix's last operation step (style 0 without one, choice 10); deterministic.
     Same continue_from as refine.Refiner; suffixes are plain text in the toy tokenizer's vocabulary."""
 
     def continue_from(self, questions: list[str], prefixes: list[str], *, n: int, max_tokens, seed=None
@@ -454,11 +518,12 @@ class OracleRefiner:
         out = []
         for question, prefix, limit in zip(questions, prefixes, max_tokens):
             start, ops = parse_question(question)
-            done = [m.groups() for m in ITEM_RE.finditer(prefix) if m.group(5) is None]
-            value = int(done[-1][3]) if done else start      # the last value the prefix states
+            done = [_item(m) for m in ITEM_RE.finditer(prefix) if m["v"] is None]
+            value = done[-1][0][4] if done else start        # the last value the prefix states
+            style = done[-1][1] if done else 0               # ... and the style it was written in
             steps = []
             for sym, arg in ops[len(done):]:
-                steps.append(format_step(value, sym, arg, _apply(value, sym, arg)))
+                steps.append(format_step(value, sym, arg, _apply(value, sym, arg), style))
                 value = _apply(value, sym, arg)
             steps.append(f"\\boxed{{{value}}}")
             # join onto the prefix at a step boundary, adding whatever part of "\n\n" it lacks

@@ -63,9 +63,14 @@ def base_model_path(args) -> str:
     """Where the policy's starting weights live: the cached toy warm start, an alias's hub id, or the path given."""
     if args.toy and args.model == "toy":
         from harness import toy
-        toy.warm_start(CACHE_DIR, seed=0)   # SFT warm start, trained once and cached: the toy "pretrained model"
-        return toy.cache_path(CACHE_DIR, seed=0)
+        toy.warm_start(CACHE_DIR, seed=0, **toy_styles(args))   # SFT warm start, trained once and cached: the
+        return toy.cache_path(CACHE_DIR, seed=0, **toy_styles(args))   # toy "pretrained model"
     return MODEL_ALIASES.get(args.model, args.model)
+
+
+def toy_styles(args) -> dict:
+    """The toy warm start's (and model refiner's) style setting: {} for one style, so its cache path is the default's."""
+    return {"styles": args.toy_styles} if args.toy_styles > 1 else {}
 
 
 def load_policy(args, path: str, base_path: str, device: str):
@@ -131,7 +136,7 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
                        refiner_tokenizer, prompt_style=args.refine_prompt)
     if args.toy and args.refiner == "toy-model":   # a stronger toy model through the real Refiner + HF generate
         from harness import toy
-        refiner_model, refiner_tokenizer = toy.refiner_model(CACHE_DIR, seed=0)
+        refiner_model, refiner_tokenizer = toy.refiner_model(CACHE_DIR, seed=0, **toy_styles(args))
         return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.gen_batch_size),
                        refiner_tokenizer, prompt_style=args.refine_prompt)
     if args.toy:                   # toy-oracle (or its old name, toy): rule-based, never fails
