@@ -93,7 +93,8 @@ SCOPE_RUNS = ("tests/test_scope.py::test_each_mode_runs_two_toy_steps",
               "tests/test_runs.py::test_resuming_a_finished_run_is_one_line",
               "tests/test_runs.py::test_the_data_is_checked_before_the_run_folder",
               "tests/test_trackers.py::test_tensorboard_event_files_equal_metrics_jsonl",
-              "tests/test_trackers.py::test_wandb_logs_offline_without_network")
+              "tests/test_trackers.py::test_wandb_logs_offline_without_network",
+              "tests/test_toy_styles.py::test_two_steps_with_three_styles_log_the_style_metrics")
 # the torchrun gradient check runs build_batch, the log-probs, policy_loss and update, no other exercise
 DIST_GRADIENTS = ("tests/test_dist.py::test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient",)
 # scope.locate_first_errors on an empty failed response: split_steps, cut_point, keep_ratio, step_token_spans
@@ -122,6 +123,7 @@ SPLIT_BREAKS = ("tests/test_steps.py::test_spans_of_real_encodings_with_eos",
                 "tests/test_steps.py::test_tokenizers_that_rewrite_text_on_decode_use_the_slow_path",
                 "tests/test_steps.py::test_spans_are_linear_time",
                 "tests/test_toy.py::test_prm_split_steps_keeps_one_step_per_operation",
+                "tests/test_toy_styles.py::test_styles_fit_the_tokenizer_and_split_steps",
                 "tests/test_qwen_tokenizer.py::test_steps_and_token_spans_on_a_real_solution",
                 "tests/test_qwen_tokenizer.py::test_prm_input_is_the_model_card_format_and_cannot_be_forged")
 
