@@ -157,10 +157,12 @@ def test_default_settings_keep_every_shipped_cache_path():
         assert os.path.basename(toy.cache_path(cache, 0, **kw)) == "toy_warm_725d1cdb59cf"
         assert os.path.basename(toy.cache_path(cache, 0, lateness=1.5, **kw)) == "toy_warm_68f44f1849ef"
         assert os.path.basename(toy.refiner_path(cache, 0, **kw)) == "toy_refiner_3f9f426b1ba2"
-    # the shipped three-style start (--toy-styles 3) and its model refiner
+    # the shipped three-style start (--toy-styles 3), its model refiner, and the two-style start
     assert os.path.basename(toy.cache_path(cache, 0, styles=3)) == "toy_warm_44467f8a339f"
     assert os.path.basename(toy.refiner_path(cache, 0, styles=3)) == "toy_refiner_576c2739bf7f"
-    for path in (toy.cache_path(cache, 0, styles=3), toy.refiner_path(cache, 0, styles=3)):
+    assert os.path.basename(toy.cache_path(cache, 0, styles=2)) == "toy_warm_04edeeba0859"   # two styles: 0 and 1
+    for path in (toy.cache_path(cache, 0, styles=3), toy.refiner_path(cache, 0, styles=3),
+                 toy.cache_path(cache, 0, styles=2)):
         assert os.path.exists(os.path.join(path, "warm_start.json")), f"{path} is not shipped"
     with pytest.raises(ValueError, match="styles=4"):
         toy.cache_path(cache, 0, styles=4)
