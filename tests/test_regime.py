@@ -41,7 +41,8 @@ def test_plan_is_seed_major_with_every_start_and_row():
 
 
 def test_bad_regime_flags_fail_at_parsing():
-    for bad in (["--regime-starts", "strong,medium"], ["--regime-best", "grpo"], ["--regime-steps", "0"]):
+    for bad in (["--regime-starts", "strong,medium"], ["--regime-best", "grpo"], ["--regime-steps", "0"],
+                ["--styles", "1"], ["--styles", "4"]):
         with pytest.raises(SystemExit):
             ex.parse_args(["--stage", "regime", *bad])
 

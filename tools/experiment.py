@@ -142,6 +142,9 @@ def parse_args(argv=None):
             p.error(f"--{flag.replace('_', '-')}: not JSON ({e})")
     from tools.regime import STARTS
     bad = [x for x in args.regime_starts.split(",") if x.strip() not in STARTS]
+    if not 2 <= args.styles <= 3 or args.diversity_steps < 1:
+        p.error(f"--styles {args.styles} (2 or 3: harness/toy.py STYLES) or --diversity-steps {args.diversity_steps} "
+                "is not valid")
     if bad or args.regime_best not in SCOPE_CELLS or args.regime_steps < 1:
         p.error(f"--regime-starts {bad} (known: {list(STARTS)}) or --regime-best {args.regime_best!r} "
                 f"(one of {SCOPE_CELLS}) or --regime-steps {args.regime_steps} is not valid")
