@@ -107,6 +107,8 @@ def parse_args(argv=None):
     p.add_argument("--stage", default="study", choices=("study", "regime", "diversity"),
                    help="study: the grid and stage 2 above; regime: the regime map; diversity: GRPO vs SCOPE on "
                    "a warm start with several solution styles (both: tools/regime.py)")
+    p.add_argument("--records-only", action="store_true", help="regime / diversity: report from the runs' records "
+                   "only (train nothing; the runs not recorded yet are listed)")
     p.add_argument("--styles", type=int, default=3, help="diversity: solution styles of the warm start (toy.STYLES)")
     p.add_argument("--diversity-steps", type=int, default=100, help="diversity: training steps of every run")
     p.add_argument("--regime-starts", default="strong,middle,weak", help="regime: starting policies (tools/regime.py STARTS)")
@@ -368,15 +370,17 @@ def run_job(j: dict, args) -> dict:
             "wall_s": {"train": round(t1 - t0, 1), "eval": round(time.time() - t1, 1)}}
 
 
-def run_all(jobs: list[dict], args, t0: float) -> list[dict]:
+def run_all(jobs: list[dict], args, t0: float, worker=None) -> list[dict]:
+    """Every job through `worker` (default run_job), --jobs at a time, results in job order."""
     results = []
     with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        futures = [pool.submit(run_job, j, args) for j in jobs]
+        futures = [pool.submit(worker or run_job, j, args) for j in jobs]
         for future in futures:
             r = future.result()
             results.append(r)
-            print(f"[{time.time() - t0:5.0f}s] {r['name']}: acc@T1 {r['eval']['acc_t1']:.3f} acc@T0.6 "
-                  f"{r['eval']['acc_t06']:.3f} pass@16 {r['eval'].get('pass@16', float('nan')):.3f} "
+            cool = f" acc@T0.6 {r['eval']['acc_t06']:.3f}" if r["eval"].get("acc_t06") is not None else ""
+            print(f"[{time.time() - t0:5.0f}s] {r['name']}: acc@T1 {r['eval']['acc_t1']:.3f}{cool} "
+                  f"pass@16 {r['eval'].get('pass@16', float('nan')):.3f} "
                   f"(train {r['wall_s']['train']:.0f}s, eval {r['wall_s']['eval']:.0f}s)", flush=True)
     return results
 

@@ -40,10 +40,8 @@ Choices (numbered):
 """
 import json
 import math
-import multiprocessing
 import os
 import time
-from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 
@@ -131,11 +129,11 @@ def repairs_of(run_dir: str, steps: int) -> dict:
 def run_recorded(j: dict, args) -> dict:
     """The job's record if it holds this command and these eval settings, else train + evaluate + record it."""
     os.chdir(ex.ROOT)
+    done = recorded(j, args)
+    if done is not None:
+        return done
     command = ex.scope_command(j, args)[1:] if j["steps"] else []
     settings = {k: getattr(args, k) for k in ("eval_size", "eval_n", "eval_n_cool", "eval_seed", "max_new_tokens")}
-    old = ex.read_json(record_path(j, args))
-    if old is not None and old["command"] == command and old["eval_settings"] == settings:
-        return old["result"]
     r = ex.run_job(j, args)
     run_dir = os.path.join("runs", j["name"])
     if j["steps"]:
@@ -151,16 +149,22 @@ def run_recorded(j: dict, args) -> dict:
     return r
 
 
+def recorded(j: dict, args) -> dict | None:
+    """The job's record's result when it holds this command and these eval settings, else None."""
+    command = ex.scope_command(j, args)[1:] if j["steps"] else []
+    settings = {k: getattr(args, k) for k in ("eval_size", "eval_n", "eval_n_cool", "eval_seed", "max_new_tokens")}
+    old = ex.read_json(record_path(j, args))
+    return old["result"] if old is not None and old["command"] == command and old["eval_settings"] == settings else None
+
+
 def run_all(jobs: list[dict], args, t0: float) -> list[dict]:
-    results = []
-    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        for future in [pool.submit(run_recorded, j, args) for j in jobs]:
-            r = future.result()
-            results.append(r)
-            print(f"[{time.time() - t0:5.0f}s] {r['name']}: acc@T1 {r['eval']['acc_t1']:.3f} pass@16 "
-                  f"{r['eval'].get('pass@16', float('nan')):.3f} (train {r['wall_s']['train']:.0f}s, "
-                  f"eval {r['wall_s']['eval']:.0f}s)", flush=True)
-    return results
+    """Every job's result; with --records-only only the recorded ones (nothing trains), the others listed."""
+    if args.records_only:
+        results = [r for r in (recorded(j, args) for j in jobs) if r is not None]
+        missing = [j["name"] for j in jobs if recorded(j, args) is None]
+        print(f"{len(results)} of {len(jobs)} runs recorded; not run yet: {missing}", flush=True)
+        return results
+    return ex.run_all(jobs, args, t0, worker=run_recorded)
 
 
 # ---------------------------------------------------------------- statistics
@@ -304,12 +308,19 @@ def plot_curves(results: list[dict], summary: dict, out: str) -> None:
     plt.close(fig)
 
 
+def run_minutes(results: list[dict]) -> float:
+    """Sum of the runs' recorded wall times (training with its evals + final eval), minutes."""
+    return sum(r["wall_s"]["train"] + r["wall_s"]["eval"] for r in results) / 60
+
+
 def report(results: list[dict], summary: dict, args, wall_minutes: float, command: str) -> str:
     f3 = lambda x: "–" if x is None else f"{x:.3f}"   # noqa: E731
     md = [f"# Toy world: the regime map\n", f"Command: `{command}`  \nWall time: {wall_minutes:.1f} min "
           f"({args.jobs} jobs at once; finished runs are read from their records).  \nEach run: "
           f"{args.regime_steps} steps of `scope.py --toy` (8 prompts x 8 rollouts); final eval on {args.eval_size} "
-          f"held-out problems of its task, {args.eval_n} samples at T = 1.0. Seeds per cell: see the tables.\n",
+          f"held-out problems of its task, {args.eval_n} samples at T = 1.0. Seeds per cell: see the tables.  \n"
+          f"Runs in this report: {sum(1 for r in results if r['steps'])} of the {args.planned_runs} planned; their "
+          f"own wall time (training + final eval, as recorded): {run_minutes(results):.0f} min.\n",
           "## Δ to GRPO at the end (paired by seed, mean [95 % interval])\n",
           "| start | all-fail at start | row | seeds | Δ acc T=1.0 | Δ pass@16 | Δ train reward (last 5) | "
           "separates (eval step / reward block) |", "|---" * 8 + "|"]
@@ -370,6 +381,7 @@ def main(args) -> None:
         toy.warm_start(os.path.join(ex.ROOT, "cache"), seed=0, **settings)   # shipped; trained here once if not
         ex.problem_files(task, args, write=True)
     jobs = plan_regime(args, starts)
+    args.planned_runs = sum(1 for j in jobs if j["steps"])
     print(f"regime map: {len(jobs) - len(starts)} runs of {args.regime_steps} steps on {starts}; {args.jobs} at a time",
           flush=True)
     results = run_all(jobs, args, t0)
