@@ -21,27 +21,27 @@ def test_plan_is_seed_major_with_every_start_and_row():
     """Seed 0 of every (start, row) cell comes before any seed 1 (a stopped study still holds every cell);
     every run starts from its start's policy on its start's task, with the regime's steps and eval cadence."""
     args = ex.parse_args(["--stage", "regime", "--seeds", "0,1"])
-    jobs = regime.plan_regime(args, ["strong", "middle", "weak"])
+    jobs = regime.plan_regime(args, ["main-ladder", "weak-ladder", "weak-6ops"])
     trained = [j for j in jobs if j["steps"]]
     assert len(trained) == 2 * 3 * 4 and [j["seed"] for j in trained] == [0] * 12 + [1] * 12
     assert {j["row"] for j in trained} == {"grpo", "scope (paper): any/replace", "best: scope any/append",
                                            "replace (whole)"}
-    weak = next(j for j in trained if j["group"] == "regime-weak" and j["row"] == "grpo")
+    weak = next(j for j in trained if j["group"] == "regime-weak-6ops" and j["row"] == "grpo")
     cmd = ex.scope_command(weak, args)
     assert cmd[cmd.index("--steps") + 1] == "100" and cmd[cmd.index("--eval-every") + 1] == "25"
     assert "--dataset" in cmd and "--model" in cmd                       # 6-operation task, weaker SFT
-    strong = next(j for j in trained if j["group"] == "regime-strong")
+    strong = next(j for j in trained if j["group"] == "regime-main-ladder")
     assert "--dataset" not in ex.scope_command(strong, args) and "--model" not in ex.scope_command(strong, args)
-    middle = next(j for j in trained if j["group"] == "regime-middle")
+    middle = next(j for j in trained if j["group"] == "regime-weak-ladder")
     assert ex.start_path(middle, args) == ex.start_path(weak, args) != ex.start_path(strong, args)
     assert len({j["name"] for j in jobs}) == len(jobs)
     only = regime.plan_regime(ex.parse_args(["--stage", "regime", "--seeds", "3", "--regime-rows", "grpo,replace (whole)"]),
-                              ["weak"])
+                              ["weak-6ops"])
     assert [j["row"] for j in only if j["steps"]] == ["grpo", "replace (whole)"]
 
 
 def test_bad_regime_flags_fail_at_parsing():
-    for bad in (["--regime-starts", "strong,medium"], ["--regime-best", "grpo"], ["--regime-steps", "0"],
+    for bad in (["--regime-starts", "main-ladder,medium"], ["--regime-best", "grpo"], ["--regime-steps", "0"],
                 ["--styles", "1"], ["--styles", "4"]):
         with pytest.raises(SystemExit):
             ex.parse_args(["--stage", "regime", *bad])
@@ -79,26 +79,26 @@ def test_starting_all_fail_and_block_means_by_hand():
 
 def test_ablations_run_only_where_a_scope_row_separates_upward():
     args = ex.parse_args(["--stage", "regime", "--seeds", "0,1"])
-    up = [_run("regime-weak", "grpo", s, reward=[0.1], eval_acc=[0, 0], acc=0.1 + 0.01 * s) for s in (0, 1)] + \
-         [_run("regime-weak", "scope (paper): any/replace", s, reward=[0.1], eval_acc=[0, 0], acc=0.3 + 0.01 * s)
+    up = [_run("regime-weak-6ops", "grpo", s, reward=[0.1], eval_acc=[0, 0], acc=0.1 + 0.01 * s) for s in (0, 1)] + \
+         [_run("regime-weak-6ops", "scope (paper): any/replace", s, reward=[0.1], eval_acc=[0, 0], acc=0.3 + 0.01 * s)
           for s in (0, 1)]
-    flat = [_run("regime-strong", "grpo", s, reward=[0.1], eval_acc=[0, 0], acc=0.5 + 0.1 * s) for s in (0, 1)] + \
-           [_run("regime-strong", "scope (paper): any/replace", s, reward=[0.1], eval_acc=[0, 0], acc=0.6 - 0.1 * s)
+    flat = [_run("regime-main-ladder", "grpo", s, reward=[0.1], eval_acc=[0, 0], acc=0.5 + 0.1 * s) for s in (0, 1)] + \
+           [_run("regime-main-ladder", "scope (paper): any/replace", s, reward=[0.1], eval_acc=[0, 0], acc=0.6 - 0.1 * s)
             for s in (0, 1)]
-    jobs = regime.plan_ablations(args, up + flat, ["strong", "weak"])
-    assert {j["group"] for j in jobs} == {"regime-weak"} and len(jobs) == 2 * len(regime.ABLATIONS)
+    jobs = regime.plan_ablations(args, up + flat, ["main-ladder", "weak-6ops"])
+    assert {j["group"] for j in jobs} == {"regime-weak-6ops"} and len(jobs) == 2 * len(regime.ABLATIONS)
     unit = next(j for j in jobs if j["row"].endswith("unit credit"))
     cmd = ex.scope_command(unit, args)
     assert cmd[cmd.index("--offpolicy-credit") + 1] == "unit" and cmd[cmd.index("--merge") + 1] == "replace"
-    forced = ex.parse_args(["--stage", "regime", "--seeds", "0", "--regime-ablations", "strong"])
-    assert {j["group"] for j in regime.plan_ablations(forced, flat, ["strong"])} == {"regime-strong"}
+    forced = ex.parse_args(["--stage", "regime", "--seeds", "0", "--regime-ablations", "main-ladder"])
+    assert {j["group"] for j in regime.plan_ablations(forced, flat, ["main-ladder"])} == {"regime-main-ladder"}
 
 
 def test_a_record_with_the_same_command_is_read_not_retrained(tmp_path, monkeypatch):
     """A finished run's record stands in for the run when its command and eval settings match; a changed
     command retrains (here: calls run_job, which the test replaces)."""
     args = ex.parse_args(["--stage", "regime", "--seeds", "0", "--out", str(tmp_path)])
-    j = next(j for j in regime.plan_regime(args, ["strong"]) if j["steps"])
+    j = next(j for j in regime.plan_regime(args, ["main-ladder"]) if j["steps"])
     settings = {k: getattr(args, k) for k in ("eval_size", "eval_n", "eval_n_cool", "eval_seed", "max_new_tokens")}
     path = regime.record_path(j, args)
     os.makedirs(os.path.dirname(path))

@@ -111,7 +111,7 @@ def parse_args(argv=None):
                    "only (train nothing; the runs not recorded yet are listed)")
     p.add_argument("--styles", type=int, default=3, help="diversity: solution styles of the warm start (toy.STYLES)")
     p.add_argument("--diversity-steps", type=int, default=100, help="diversity: training steps of every run")
-    p.add_argument("--regime-starts", default="strong,middle,weak", help="regime: starting policies (tools/regime.py STARTS)")
+    p.add_argument("--regime-starts", default="main-ladder,weak-ladder,weak-6ops", help="regime: starting policies (tools/regime.py STARTS)")
     p.add_argument("--regime-rows", default="", help="regime: only these rows (comma-separated labels; default all)")
     p.add_argument("--regime-steps", type=int, default=100, help="regime: training steps of every run")
     p.add_argument("--regime-eval-every", type=int, default=25, help="regime: in-training eval every N steps")

@@ -4,7 +4,8 @@ Not part of the paper's code; its questions are the paper's. Two named stages of
 
   --stage regime     the REGIME MAP. Starting policies from strong to weak (`STARTS`: the shipped warm start on
       the ladder, the weaker SFT of the same recipe on the ladder, and that weaker SFT on 6-operation problems,
-      whose G = 8 groups are ~20 %, ~40 % and ~70 % all-fail at the start), each trained --regime-steps (100)
+      whose G = 8 groups are about 25 %, 70 % and 75 % all-fail at the start, as measured by choice 2; a start
+      near 45 % is what the map lacks), each trained --regime-steps (100)
       steps, --seeds (5) seeds per cell, with the rows of `rows()`: grpo; SCOPE as the paper runs it (any group,
       replace); the study's best SCOPE cell (--regime-best, the grid's winner on training reward in the shipped
       study.json); the whole-trajectory replacement. Where a SCOPE row's final Δ to GRPO has a 95 % interval
@@ -48,9 +49,9 @@ import numpy as np
 from tools import experiment as ex
 
 STARTS = {   # name: (toy.warm_start settings of the starting policy, toy.make_problems settings of the task)
-    "strong": ({}, ""),
-    "middle": ({"lateness": 1.5}, ""),
-    "weak": ({"lateness": 1.5}, '{"min_ops": 6, "max_ops": 6}'),
+    "main-ladder": ({}, ""),                                       # the shipped warm start on the ladder
+    "weak-ladder": ({"lateness": 1.5}, ""),                        # the weaker SFT of the same recipe
+    "weak-6ops": ({"lateness": 1.5}, '{"min_ops": 6, "max_ops": 6}'),   # the same on 6-operation problems
 }
 ABLATIONS = {"all-fail only": " --rectify-groups all-fail", "unit credit": " --offpolicy-credit unit",
              "model refiner": " --refiner toy-model", "PRM noise 0.2": " --toy-prm-noise 0.2"}
