@@ -4,8 +4,8 @@ Not part of the paper's code; its questions are the paper's. Two named stages of
 
   --stage regime     the REGIME MAP. Starting policies from strong to weak (`STARTS`: the shipped warm start on
       the ladder, the weaker SFT of the same recipe on the ladder, and that weaker SFT on 6-operation problems,
-      whose G = 8 groups are about 25 %, 70 % and 75 % all-fail at the start, as measured by choice 2; a start
-      near 45 % is what the map lacks), each trained --regime-steps (100)
+      whose G = 8 groups are about 21 %, 51 % and 65-70 % all-fail at the start, as measured by choice 2),
+      each trained --regime-steps (100)
       steps, --seeds (5) seeds per cell, with the rows of `rows()`: grpo; SCOPE as the paper runs it (any group,
       replace); the study's best SCOPE cell (--regime-best, the grid's winner on training reward in the shipped
       study.json); the whole-trajectory replacement. Where a SCOPE row's final Δ to GRPO has a 95 % interval
@@ -16,7 +16,7 @@ Not part of the paper's code; its questions are the paper's. Two named stages of
       (100) steps: the share and entropy of styles among the policy's correct rollouts over training
       (scope.py's style_* metrics) and among the final policy's correct samples, and the Table-4 metrics.
 
-Every finished run leaves a record, results/toy/<stage>/runs/<run name>.json (its scope.py command, its starting
+Every finished run leaves a record, results/toy/<stage>/records/<run name>.json (its scope.py command, its starting
 policy, its eval settings, its result), committed with the study: a rerun with the same settings reads the
 record instead of training (so the study resumes across clones and sessions), and `--compare` between two
 study JSON files checks that a retrained run reproduces its numbers. A record whose command differs is
@@ -109,7 +109,7 @@ def plan_ablations(args, results: list[dict], starts: list[str]) -> list[dict]:
 # ---------------------------------------------------------------- one run, recorded
 
 def record_path(j: dict, args) -> str:
-    return os.path.join(args.out, args.stage, "runs", j["name"] + ".json")
+    return os.path.join(args.out, args.stage, "records", j["name"] + ".json")
 
 
 def repairs_of(run_dir: str, steps: int) -> dict:
@@ -261,6 +261,10 @@ def plot_map(summary: dict, out: str) -> None:
             lo.append(c["mean"] - (c["lo"] if c["lo"] is not None else c["mean"]))
             hi.append((c["hi"] if c["hi"] is not None else c["mean"]) - c["mean"])
         ax.errorbar(xs, ys, yerr=[lo, hi], fmt="o-", capsize=3, lw=1, ms=4, label=row, color=f"C{i + 1}")
+    for s in summary.values():   # seeds behind each start's points
+        if s["starting_all_fail"] is not None and s["final"]:
+            ax.annotate(f"n = {len(s['seeds'])}", (s["starting_all_fail"], 0), textcoords="offset points",
+                        xytext=(0, -14), ha="center", fontsize=7, color="grey")
     ax.axhline(0, color="k", lw=0.8)
     ax.set_xlabel("all-fail share of GRPO's G = 8 groups at the start (first 3 steps)")
     ax.set_ylabel("Δ held-out acc at T = 1.0 vs GRPO")
