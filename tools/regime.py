@@ -25,8 +25,9 @@ all-fail share) and regime_curves.png, or diversity.png.
 
 Choices (numbered):
  1. Cost, measured on this 2-core machine: a toy step takes ~2.4 s of one core (rollout 1.3 s, update 1.0 s),
-    so a 100-step run is ~5 min with its evaluations and the map's 60 runs ~150 min with two jobs at once;
-    the diversity stage's 10 runs ~25 min. To stay in that budget the regime runs evaluate held-out accuracy
+    so a 100-step run is ~5 min with its evaluations (measured with two jobs at once and nothing else running:
+    250-280 s of training with its in-training evals, 27-33 s of final eval) and the map's 60 runs ~150 min;
+    the diversity stage's 10 runs ~30 min. Under other load a run took up to 2.5x as long. To stay in that budget the regime runs evaluate held-out accuracy
     during training every --regime-eval-every (25) steps on --regime-eval-size (200) problems x 1 sample at
     T = 0.6, and the final eval at T = 1.0 only (16 samples per problem, acc = avg@16, pass@k): the curves
     "along the way" lean on the training reward of the policy's own rollouts, which costs nothing (every
