@@ -134,8 +134,7 @@ def run_recorded(j: dict, args) -> dict:
     done = recorded(j, args)
     if done is not None:
         return done
-    command = ex.scope_command(j, args)[1:] if j["steps"] else []
-    settings = {k: getattr(args, k) for k in ("eval_size", "eval_n", "eval_n_cool", "eval_seed", "max_new_tokens")}
+    command, settings = record_key(j, args)
     r = ex.run_job(j, args)
     run_dir = os.path.join("runs", j["name"])
     if j["steps"]:
@@ -151,10 +150,15 @@ def run_recorded(j: dict, args) -> dict:
     return r
 
 
+def record_key(j: dict, args) -> tuple[list[str], dict]:
+    """What a record must hold to stand in for the job: its scope.py command and the final eval's settings."""
+    command = ex.scope_command(j, args)[1:] if j["steps"] else []
+    return command, {k: getattr(args, k) for k in ("eval_size", "eval_n", "eval_n_cool", "eval_seed", "max_new_tokens")}
+
+
 def recorded(j: dict, args) -> dict | None:
     """The job's record's result when it holds this command and these eval settings, else None."""
-    command = ex.scope_command(j, args)[1:] if j["steps"] else []
-    settings = {k: getattr(args, k) for k in ("eval_size", "eval_n", "eval_n_cool", "eval_seed", "max_new_tokens")}
+    command, settings = record_key(j, args)
     old = ex.read_json(record_path(j, args))
     return old["result"] if old is not None and old["command"] == command and old["eval_settings"] == settings else None
 
