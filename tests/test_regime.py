@@ -94,6 +94,21 @@ def test_ablations_run_only_where_a_scope_row_separates_upward():
     assert {j["group"] for j in regime.plan_ablations(forced, flat, ["main-ladder"])} == {"regime-main-ladder"}
 
 
+def test_ablations_of_the_weakest_start_come_first():
+    """Both starts separate; the one with the higher starting all-fail share gets its ablations planned first."""
+    args = ex.parse_args(["--stage", "regime", "--seeds", "0,1"])
+    results = []
+    for group, first3 in (("regime-main-ladder", 0.2), ("regime-weak-ladder", 0.5)):
+        results += [_run(group, "grpo", s, reward=[0.1], eval_acc=[0, 0], acc=0.1 + 0.01 * s, first3=first3)
+                    for s in (0, 1)]
+        results += [_run(group, "scope (paper): any/replace", s, reward=[0.1], eval_acc=[0, 0], acc=0.3 + 0.01 * s,
+                         first3=first3) for s in (0, 1)]
+    jobs = regime.plan_ablations(args, results, ["main-ladder", "weak-ladder"])
+    groups = [j["group"] for j in jobs]
+    n = 2 * len(regime.ABLATIONS)
+    assert groups == ["regime-weak-ladder"] * n + ["regime-main-ladder"] * n
+
+
 def test_a_record_with_the_same_command_is_read_not_retrained(tmp_path, monkeypatch):
     """A finished run's record stands in for the run when its command and eval settings match; a changed
     command retrains (here: calls run_job, which the test replaces)."""

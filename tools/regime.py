@@ -10,7 +10,8 @@ Not part of the paper's code; its questions are the paper's. Two named stages of
       replace); the study's best SCOPE cell (--regime-best, the grid's winner on training reward in the shipped
       study.json); the whole-trajectory replacement. Where a SCOPE row's final Δ to GRPO has a 95 % interval
       above 0, that start also runs the ablations of that row (all-fail only, unit credit, model refiner, PRM
-      noise 0.2): `--regime-ablations auto` (the default; a comma list of starts forces them, `none` skips).
+      noise 0.2), weakest start first: `--regime-ablations auto` (the default; a comma list of starts adds them,
+      `none` skips).
   --stage diversity  DIVERSE CORRECT SOLUTIONS: the warm start trained on --styles (3) phrasings of each step
       (harness/toy.py, `styles`), grpo vs SCOPE (paper) on the ladder, --seeds seeds, --diversity-steps
       (100) steps: the share and entropy of styles among the policy's correct rollouts over training
@@ -87,9 +88,10 @@ def plan_regime(args, starts: list[str]) -> list[dict]:
 
 def plan_ablations(args, results: list[dict], starts: list[str]) -> list[dict]:
     """The ablations of the first SCOPE row that separates upward on each start (or of the paper's row on a
-    start named in --regime-ablations)."""
+    start named in --regime-ablations), the weakest start first (highest starting all-fail share): the paper's
+    claim is about weak starts, and a study stopped early then holds those."""
     jobs = []
-    for name in starts:
+    for name in sorted(starts, key=lambda s: -(starting_all_fail(results, f"regime-{s}") or 0.0)):
         group = f"regime-{name}"
         diffs = ex.paired(results, group, ["acc_t1"])
         up = [row for row, d in diffs.items() if row.startswith(("scope", "best")) and d["acc_t1"]["lo"] is not None
