@@ -66,6 +66,8 @@ def test_paired_curves_and_separation_by_hand():
     assert blocks[0][1]["lo"] == pytest.approx(0.075 - half)
     assert regime.separates(ev) == 4 and regime.separates(blocks) is None
     assert regime.separates([(0, {"lo": 0.1, "hi": 0.2}), (5, {"lo": -0.3, "hi": -0.1})]) == 5
+    assert regime.separation_label([(0, {"lo": 0.1, "hi": 0.2}), (5, {"lo": -0.3, "hi": -0.1})]) == "5 (below)"
+    assert regime.separation_label(ev) == "4 (above)" and regime.separation_label(blocks) == "no"
 
 
 def test_starting_all_fail_and_block_means_by_hand():
@@ -107,6 +109,23 @@ def test_ablations_of_the_weakest_start_come_first():
     groups = [j["group"] for j in jobs]
     n = 2 * len(regime.ABLATIONS)
     assert groups == ["regime-weak-ladder"] * n + ["regime-main-ladder"] * n
+
+
+def test_ablation_deltas_pair_each_ablation_with_the_row_it_ablates():
+    g, base = "regime-weak-ladder", "scope (paper): any/replace"
+    results = [_run(g, "grpo", s, reward=[0.1], eval_acc=[0, 0], acc=0.1) for s in (0, 1)]
+    results += [_run(g, base, s, reward=[0.1], eval_acc=[0, 0], acc=a) for s, a in ((0, 0.30), (1, 0.40))]
+    results += [_run(g, f"{base} + unit credit", s, reward=[0.1], eval_acc=[0, 0], acc=a)
+                for s, a in ((0, 0.20), (1, 0.20))]
+    for r in results:
+        r["eval"]["pass@16"] = 0.5
+    d = regime.ablation_deltas(results, g)
+    assert list(d) == [f"{base} + unit credit"]                     # grpo and the base row are not ablations
+    acc = d[f"{base} + unit credit"]["acc_t1"]                      # (0.2 - 0.3, 0.2 - 0.4) = (-0.1, -0.2)
+    assert acc["n"] == 2 and acc["mean"] == pytest.approx(-0.15)
+    half = 12.706 * (0.1 / 2 ** 0.5) / 2 ** 0.5                     # t(1) * sd / sqrt(2), sd = 0.1 / sqrt(2)
+    assert acc["lo"] == pytest.approx(-0.15 - half)
+    assert d[f"{base} + unit credit"]["pass@16"]["mean"] == pytest.approx(0.0)
 
 
 def test_a_record_with_the_same_command_is_read_not_retrained(tmp_path, monkeypatch):

@@ -4,7 +4,7 @@ Not part of the paper's code; its questions are the paper's. Two named stages of
 
   --stage regime     the REGIME MAP. Starting policies from strong to weak (`STARTS`: the shipped warm start on
       the ladder, the weaker SFT of the same recipe on the ladder, and that weaker SFT on 6-operation problems,
-      whose G = 8 groups are about 21 %, 51 % and 65-70 % all-fail at the start, as measured by choice 2),
+      whose G = 8 groups are 20 %, 52 % and 59 % all-fail at the start, as measured by choice 2),
       each trained --regime-steps (100)
       steps, --seeds (5) seeds per cell, with the rows of `rows()`: grpo; SCOPE as the paper runs it (any group,
       replace); the study's best SCOPE cell (--regime-best, the grid's winner on training reward in the shipped
@@ -28,7 +28,11 @@ Choices (numbered):
  1. Cost, measured on this 2-core machine: a toy step takes ~2.4 s of one core (rollout 1.3 s, update 1.0 s),
     so a 100-step run is ~5 min with its evaluations (measured with two jobs at once and nothing else running:
     250-280 s of training with its in-training evals, 27-33 s of final eval) and the map's 60 runs ~150 min;
-    the diversity stage's 10 runs ~30 min. Under other load a run took up to 2.5x as long. To stay in that budget the regime runs evaluate held-out accuracy
+    the diversity stage's 10 runs ~30 min. Under other load a run took up to 2.5x as long. Measured on the full
+    map: 148 s of wall time per run with two at a time on an idle machine, so the map's 60 runs take ~150 min;
+    each start whose SCOPE row separates adds 20 ablation runs (~50 min), so the whole stage from scratch
+    (two such starts here) is ~250 min: it resumes from its records, and `--regime-ablations none` is the
+    150-minute map alone. To stay in that budget the regime runs evaluate held-out accuracy
     during training every --regime-eval-every (25) steps on --regime-eval-size (200) problems x 1 sample at
     T = 0.6, and the final eval at T = 1.0 only (16 samples per problem, acc = avg@16, pass@k): the curves
     "along the way" lean on the training reward of the policy's own rollouts, which costs nothing (every
@@ -37,7 +41,7 @@ Choices (numbered):
  2. The starting all-fail share of a start is measured, not assumed: GRPO's share of all-fail groups over
     its first 3 steps, mean over seeds (step 1's rollouts are the same in every row of a seed).
  3. "Separates": the first evaluation step (held-out) or 20-step block (training reward) at which the 95 %
-    interval of the paired difference excludes 0. One such point in several is what chance gives now and
+    interval of the paired difference excludes 0, with its side (above / below). One such point in several is what chance gives now and
     then (no correction for looking at several points); the final-eval interval is the headline.
  4. --regime-best is read, not searched: running the grid again on every start would cost 3x the map.
 """
@@ -208,6 +212,26 @@ def separates(points: list) -> int | None:
     return next((x for x, c in points if x and c["lo"] is not None and (c["lo"] > 0 or c["hi"] < 0)), None)
 
 
+def separation_label(points: list) -> str:
+    """The first separating x and its side ("50 (above)", "60 (below)"), or "no"."""
+    x = separates(points)
+    if x is None:
+        return "no"
+    return f"{x} ({'above' if dict((p[0], p[1]) for p in points)[x]['lo'] > 0 else 'below'})"
+
+
+def ablation_deltas(results: list[dict], group: str, keys=("acc_t1", "pass@16")) -> dict:
+    """{ablation row: {key: ci95 of (ablation - the row it ablates)}}, paired by seed: what removing or
+    changing one part costs. An ablation row is named "<row> + <ablation>" (plan_ablations)."""
+    by = {(r["row"], r["seed"]): r for r in results if r["group"] == group and r["steps"]}
+    out = {}
+    for row in dict.fromkeys(row for row, _ in by if " + " in row):
+        base = row.split(" + ")[0]
+        pairs = [(by[(row, seed)], by[(base, seed)]) for r, seed in by if r == row and (base, seed) in by]
+        out[row] = {k: ex.ci95([ex.value(a, k) - ex.value(b, k) for a, b in pairs]) for k in keys}
+    return out
+
+
 def block_means(results: list[dict], group: str, key: str) -> dict:
     """{row: [mean over seeds of the per-step curve averaged over each BLOCK of steps]}."""
     out = {}
@@ -243,7 +267,8 @@ def summarize(results: list[dict], groups: list[str]) -> dict:
                       "separates_eval": {row: separates(p) for row, p in evals.items()},
                       "separates_reward": {row: separates(p) for row, p in rewards.items()},
                       "all_fail_blocks": block_means(results, group, "all_fail"),
-                      "reward_block_means": block_means(results, group, "reward"), "repairs": reps}
+                      "reward_block_means": block_means(results, group, "reward"), "repairs": reps,
+                      "ablations": ablation_deltas(results, group)}
     return out
 
 
@@ -340,9 +365,16 @@ def report(results: list[dict], summary: dict, args, wall_minutes: float, comman
         for row, d in s["final"].items():
             md.append(f"| {group.removeprefix('regime-')} | {f3(s['starting_all_fail'])} | {row} | "
                       f"{d['acc_t1']['n']} | {ex.fmt_ci(d['acc_t1'])} | {ex.fmt_ci(d['pass@16'])} | "
-                      f"{ex.fmt_ci(d['reward_last5'])} | {s['separates_eval'].get(row) or 'no'} / "
-                      f"{s['separates_reward'].get(row) or 'no'} |")
+                      f"{ex.fmt_ci(d['reward_last5'])} | {separation_label(s['eval_curve'].get(row, []))} / "
+                      f"{separation_label(s['reward_blocks'].get(row, []))} |")
     md.append("")
+    abl = [(group, row, d) for group, s in summary.items() for row, d in s.get("ablations", {}).items()]
+    if abl:
+        md += ["## Ablations: Δ to the row they ablate (paired by seed, mean [95 % interval])\n",
+               "| start | ablation | seeds | Δ acc T=1.0 | Δ pass@16 |", "|---" * 5 + "|"]
+        md += [f"| {group.removeprefix('regime-')} | {row} | {d['acc_t1']['n']} | {ex.fmt_ci(d['acc_t1'])} | "
+               f"{ex.fmt_ci(d['pass@16'])} |" for group, row, d in abl]
+        md.append("")
     for group, s in summary.items():
         md += ex.tables(results, group, f"{group}: every row (mean ± sd over seeds)")
         md += [f"All-fail share of the policy's own groups, mean over seeds, per {BLOCK} steps:\n",
@@ -401,6 +433,7 @@ def main(args) -> None:
         extra = plan_ablations(args, results, starts)
         if extra:
             toy.refiner_model(os.path.join(ex.ROOT, "cache"), seed=0)
+            args.planned_runs += len(extra)
             print(f"ablations: {len(extra)} runs", flush=True)
             results += run_all(extra, args, t0)
     summary = summarize(results, [f"regime-{s}" for s in starts])
