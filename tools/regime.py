@@ -275,13 +275,14 @@ def summarize(results: list[dict], groups: list[str]) -> dict:
 # ---------------------------------------------------------------- figures and tables
 
 def plot_map(summary: dict, out: str) -> None:
-    """Δ(row − GRPO) of the final acc at T = 1.0 against the start's all-fail share, 95 % intervals."""
+    """Δ(row − GRPO) of the final acc at T = 1.0 against the start's all-fail share, 95 % intervals; the map's
+    rows only (the ablations, on some starts, are in the tables)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    labels = list(dict.fromkeys(row for s in summary.values() for row in s["final"]))
+    labels = list(dict.fromkeys(row for s in summary.values() for row in s["final"] if " + " not in row))
     for i, row in enumerate(labels):
         xs, ys, lo, hi = [], [], [], []
         for s in summary.values():
