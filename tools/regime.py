@@ -403,6 +403,7 @@ def write(results: list[dict], summary: dict, args, wall_minutes: float) -> str:
         f.write(text)
     with open(os.path.join(args.out, f"{args.stage}.json"), "w") as f:
         json.dump({"command": command, "wall_minutes": round(wall_minutes, 2),
+                   "run_minutes": round(run_minutes(results), 1),
                    "settings": {k: v for k, v in vars(args).items() if k not in ("seed_list", "long_seed_list", "grid_rows")},
                    "starts": {k: {"start": v[0], "task": v[1]} for k, v in STARTS.items()},
                    "summary": summary, "runs": results}, f, indent=1)
