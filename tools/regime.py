@@ -28,9 +28,8 @@ Choices (numbered):
  1. Cost, measured on this 2-core machine: a toy step takes ~2.4 s of one core (rollout 1.3 s, update 1.0 s),
     so a 100-step run is ~5 min with its evaluations (measured with two jobs at once and nothing else running:
     250-280 s of training with its in-training evals, 27-33 s of final eval) and the map's 60 runs ~150 min;
-    the diversity stage's 10 runs ~30 min. Under other load a run took up to 2.5x as long. Measured on the full
-    map: 148 s of wall time per run with two at a time on an idle machine, so the map's 60 runs take ~150 min;
-    each start whose SCOPE row separates adds 20 ablation runs (~50 min), so the whole stage from scratch
+    the diversity stage's 10 runs ~30 min (on the full map: 148 s of wall time per run, two at a time). Under
+    other load a run took up to 2.5x as long. Each start whose SCOPE row separates adds 20 ablation runs (~50 min), so the whole stage from scratch
     (two such starts here) is ~250 min: it resumes from its records, and `--regime-ablations none` is the
     150-minute map alone. To stay in that budget the regime runs evaluate held-out accuracy
     during training every --regime-eval-every (25) steps on --regime-eval-size (200) problems x 1 sample at
@@ -217,7 +216,7 @@ def separation_label(points: list) -> str:
     x = separates(points)
     if x is None:
         return "no"
-    return f"{x} ({'above' if dict((p[0], p[1]) for p in points)[x]['lo'] > 0 else 'below'})"
+    return f"{x} ({'above' if dict(points)[x]['lo'] > 0 else 'below'})"
 
 
 def ablation_deltas(results: list[dict], group: str, keys=("acc_t1", "pass@16")) -> dict:
