@@ -459,7 +459,8 @@ def join_terms(parts: list[dict]) -> dict:
 # ---------------------------------------------------------------------------------------------------
 def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_norm=1.0, clip_eps=0.2,
            shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
-           ref_model=None, offpolicy_credit="shaped", tis_cap=0.0, dist=None, chunk_tokens: int = 512) -> dict:
+           ref_model=None, offpolicy_credit="shaped", tis_cap=0.0, dist=None, chunk_tokens: int = 512,
+           amp=contextlib.nullcontext) -> dict:
     """One optimizer step on `batch`: `policy_loss` micro-batch by micro-batch, gradients accumulated.
 
     batch: input_ids, attention_mask, response_mask, offpolicy_mask (N, L), advantages (N,), optionally
@@ -477,11 +478,16 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     untouched). Returns Python-float metrics: loss, grad_norm, skipped, pad_share (padding share of this
     rank's computed positions) and `loss_metrics` of the whole batch.
 
+    `amp` (a context factory, e.g. bf16 autocast) is entered around each micro-batch's forward and loss only:
+    backward, clipping and AdamW.step run outside it, so autocast's cached bf16 weight copies are freed at
+    the end of every forward instead of living through the whole step (docs/memory.md).
+
     Under torchrun (`dist`, harness/dist.py; `model` wrapped in DDP or FSDP2) `batch` is this rank's rows: Z is
     summed over the ranks and divided by the world size (DDP and FSDP average the ranks' gradients), every rank
-    runs the same number of micro-batches (a rank with fewer adds a zero-weight one), gradients are exchanged
-    once, on the last micro-batch, and the loss and the metrics are those of the whole global batch, so the
-    skip decision is the same on every rank.
+    runs the same number of micro-batches (a rank with fewer adds a zero-weight one), and the loss and the
+    metrics are those of the whole global batch, so the skip decision is the same on every rank. DDP exchanges
+    gradients once, on the last micro-batch (`dist.no_sync` on the others); FSDP2 reduce-scatters every
+    micro-batch's gradients into its shards (skipping the exchange would keep a full-size fp32 gradient per rank).
     """
     if kl_coef > 0 and batch.get("ref_logp") is None and ref_model is None:
         raise ValueError("update: kl_coef > 0 needs batch['ref_logp'] or ref_model")
@@ -503,27 +509,29 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
         idx, padding = (micro_batches[i], False) if i < len(micro_batches) else ([0], True)  # padding: zero weight
         rows = torch.tensor(idx, device=batch["input_ids"].device)
         part = {k: v[rows].to(device) for k, v in batch.items() if isinstance(v, Tensor)}
-        sync = dist is None or i == n_micro - 1  # one gradient exchange per step, on the last micro-batch
+        sync = dist is None or i == n_micro - 1  # DDP: one gradient exchange per step (FSDP2: every micro-batch)
         with contextlib.nullcontext() if sync else dist.no_sync(model):
-            logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
-                                              entropy_grad=entropy_coef != 0, keep=max(extents[j] for j in idx),
-                                              chunk_tokens=chunk_tokens)
-            old_logp = part.get("old_logp")
-            if old_logp is None:
-                old_logp = logp.detach()  # one optimizer step per rollout batch: ρ = 1 exactly
-            ref_logp = part.get("ref_logp")
-            if ref_logp is None and kl_coef > 0:
-                ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"],
-                                             part["response_mask"], micro_batch_size=mb, chunk_tokens=chunk_tokens)
-            is_weight = is_mask = None
-            if tis_cap > 0 and "sampler_logp" in part:  # the sampler / trainer mismatch
-                is_mask = part["sampler_mask"].bool() & part["response_mask"].bool() & ~part["offpolicy_mask"].bool()
-                is_weight = truncated_is_weight(old_logp, part["sampler_logp"], is_mask, tis_cap)  # (n, L)
-            loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"],
-                                      part["offpolicy_mask"], clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=z,
-                                      ref_logp=ref_logp, kl_coef=kl_coef, entropy=entropy,
-                                      entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
-                                      is_weight=is_weight)
+            with amp():  # around the forward and the loss only
+                logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"],
+                                                  part["response_mask"], entropy_grad=entropy_coef != 0,
+                                                  keep=max(extents[j] for j in idx), chunk_tokens=chunk_tokens)
+                old_logp = part.get("old_logp")
+                if old_logp is None:
+                    old_logp = logp.detach()  # one optimizer step per rollout batch: ρ = 1 exactly
+                ref_logp = part.get("ref_logp")
+                if ref_logp is None and kl_coef > 0:
+                    ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"],
+                                                 part["response_mask"], micro_batch_size=mb, chunk_tokens=chunk_tokens)
+                is_weight = is_mask = None
+                if tis_cap > 0 and "sampler_logp" in part:  # the sampler / trainer mismatch
+                    is_mask = (part["sampler_mask"].bool() & part["response_mask"].bool()
+                               & ~part["offpolicy_mask"].bool())
+                    is_weight = truncated_is_weight(old_logp, part["sampler_logp"], is_mask, tis_cap)  # (n, L)
+                loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"],
+                                          part["offpolicy_mask"], clip_eps=clip_eps, shaping_gamma=shaping_gamma,
+                                          z=z, ref_logp=ref_logp, kl_coef=kl_coef, entropy=entropy,
+                                          entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
+                                          is_weight=is_weight)
             if is_weight is not None:
                 terms.update(is_mask=is_mask, is_cap=float(tis_cap))
             (loss * 0.0 if padding else loss).backward()  # ÷ the whole batch's Z: the full-batch gradient

@@ -344,6 +344,17 @@ def check_qwen2_prm_checkpoint(folder: str) -> dict[str, tuple[tuple[int, ...], 
     return found
 
 
+def indexed_device(device) -> str:
+    """`device` as a string with its index: a bare "cuda" becomes "cuda:N", N the current CUDA device (the
+    rank's GPU under torchrun: dist.init sets it). torch reads a bare "cuda" as the current device, but a library
+    that is not torch may not: safetensors' safe_open maps it to cuda:0, which would put every rank's PRM on
+    rank 0's GPU."""
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        d = torch.device("cuda", torch.cuda.current_device())
+    return str(d)
+
+
 def load_qwen2_prm(folder: str, device="cpu", dtype=None) -> tuple[Qwen2ProcessRewardModel, object]:
     """(module, config) of a Qwen2.5-Math-PRM checkpoint folder, without remote code: keys checked first
     (`check_qwen2_prm_checkpoint`), then each tensor read straight onto `device` and assigned in place of the
@@ -356,7 +367,7 @@ def load_qwen2_prm(folder: str, device="cpu", dtype=None) -> tuple[Qwen2ProcessR
 
     state = {}
     for shard in sorted({path for _, path in found.values()}):
-        with safe_open(shard, framework="pt", device=str(torch.device(device))) as f:
+        with safe_open(shard, framework="pt", device=indexed_device(device)) as f:   # "cuda" is cuda:0 there
             for key in f.keys():
                 if key in found:
                     state[key] = f.get_tensor(key).to(torch.float32 if key.startswith("score.") else dtype)

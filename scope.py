@@ -287,13 +287,14 @@ def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
         run.generator.sleep()   # frees its weights and KV cache for the update; sync_weights wakes it
     dist.reshard(run.policy)   # FSDP2: drop the full weights a generation left gathered (else clipping misses them)
     run.policy.train()
-    with run.amp():   # under torchrun: this rank's groups; Z, the gradient and the metrics are global
-        stats = update(run.model, run.optimizer, batch, micro_batch_size=a.micro_batch_size, max_grad_norm=1.0,
-                       chunk_tokens=a.logprob_chunk,
-                       clip_eps=a.clip_eps, shaping_gamma=a.shaping_gamma, loss_agg=a.loss_agg,
-                       offpolicy_credit=a.offpolicy_credit, max_new_tokens=a.max_new_tokens, kl_coef=a.kl_coef,
-                       entropy_coef=a.entropy_coef, ref_model=run.ref_model, tis_cap=a.tis_cap,
-                       dist=run.dist if run.dist.world > 1 else None)
+    # bf16 autocast around each micro-batch's forward only (run.update_amp); under torchrun: this rank's groups,
+    # with Z, the gradient and the metrics global
+    stats = update(run.model, run.optimizer, batch, micro_batch_size=a.micro_batch_size, max_grad_norm=1.0,
+                   chunk_tokens=a.logprob_chunk, amp=run.update_amp,
+                   clip_eps=a.clip_eps, shaping_gamma=a.shaping_gamma, loss_agg=a.loss_agg,
+                   offpolicy_credit=a.offpolicy_credit, max_new_tokens=a.max_new_tokens, kl_coef=a.kl_coef,
+                   entropy_coef=a.entropy_coef, ref_model=run.ref_model, tis_cap=a.tis_cap,
+                   dist=run.dist if run.dist.world > 1 else None)
     run.policy.eval()
     return stats
 

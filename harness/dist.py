@@ -6,8 +6,9 @@ of whole groups, so rewards, advantages, the PRM and the refiner need no communi
 
   - the loss normaliser Z, summed over ranks (a local Z is wrong as soon as groups are ragged, `--merge append`,
     or the loss is a token mean), divided by the world size because DDP and FSDP average the ranks' gradients;
-  - one gradient all-reduce per optimizer step (`no_sync` on every micro-batch but the last), and the same number
-    of micro-batches on every rank (`max`), which FSDP needs for its per-forward all-gathers;
+  - the gradients: DDP all-reduces once per optimizer step (`no_sync` on every micro-batch but the last), FSDP2
+    reduce-scatters every micro-batch into its shards (so no rank holds a full-size gradient); the same number
+    of micro-batches on every rank (`max`), which both need (FSDP2 also all-gathers in every forward);
   - the loss, whose finiteness decides the skip rule on every rank alike (the gradient norm is global already);
   - the step's rows (rollouts, trained batch, traces), gathered on rank 0, which logs them as one process would.
 
@@ -99,25 +100,17 @@ class Dist:
             tdist.barrier()
 
     def no_sync(self, model):
-        """A context in which backward accumulates gradients without communicating (DDP's no_sync, FSDP2's
-        set_requires_gradient_sync); a plain model: nothing."""
+        """DDP: a context in which backward accumulates gradients without communicating (DDP's no_sync; its
+        gradients are full-size anyway). FSDP2 and a plain model: nothing. FSDP2 reduce-scatters every
+        micro-batch, as torchtitan and verl do: its `set_requires_gradient_sync(False)` would keep each
+        parameter's unsharded fp32 gradient on every rank until the last micro-batch (4 bytes per parameter of
+        the whole model, where the sharded gradient is 4 / world)."""
         if hasattr(model, "no_sync"):
             return model.no_sync()
-        if hasattr(model, "set_requires_gradient_sync"):
-            return _fsdp_no_sync(model)
         return contextlib.nullcontext()
 
     def _device(self):
         return torch.device("cuda", torch.cuda.current_device()) if tdist.get_backend() == "nccl" else "cpu"
-
-
-@contextlib.contextmanager
-def _fsdp_no_sync(model):
-    model.set_requires_gradient_sync(False)
-    try:
-        yield
-    finally:
-        model.set_requires_gradient_sync(True)
 
 
 def init(timeout_s: float) -> Dist:
@@ -140,16 +133,30 @@ def close() -> None:
         tdist.destroy_process_group()
 
 
+def mixed_precision(cuda: bool):
+    """FSDP2's precision on a GPU: weights all-gathered and computed in bf16 from the fp32 shards, gradients
+    reduce-scattered in fp32 into the fp32 shards (torchtitan's and verl's setting). The update then runs
+    without autocast (`Run.update_amp`): autocast would cast every gathered fp32 layer and keep all the bf16
+    copies until its region ends. None on the CPU (the gloo tests compute in the model's own dtype)."""
+    if not cuda:
+        return None
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+    return MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+
+
 def wrap(model, d: Dist, fsdp: bool):
     """The module the update trains: the model itself (one process), DDP, or FSDP2 sharded per decoder layer
-    and at the root (`fully_shard` turns the model into an FSDPModule in place; build the optimizer after)."""
+    and at the root (`fully_shard` turns the model into an FSDPModule in place; build the optimizer after), in
+    bf16 on a GPU (`mixed_precision`)."""
     if d.world == 1 and not fsdp:
         return model
     if fsdp:
         from torch.distributed.fsdp import fully_shard
+        policy = mixed_precision(next(model.parameters()).is_cuda)
+        precision = {"mp_policy": policy} if policy is not None else {}
         for layer in model.model.layers:   # HF causal LMs: model.model.layers (Qwen2, Llama, Mistral)
-            fully_shard(layer)
-        fully_shard(model)
+            fully_shard(layer, **precision)
+        fully_shard(model, **precision)
         return model
     from torch.nn.parallel import DistributedDataParallel
     cuda = next(model.parameters()).is_cuda
@@ -167,20 +174,35 @@ def reshard(model) -> None:
             m.reshard()
 
 
-def full_state_dict(model) -> dict:
-    """Full (unsharded) tensors of the model's state dict on every rank; a collective under FSDP2."""
+def full_tensors(model):
+    """(name, full tensor) of the model's state dict, gathered one tensor at a time as the consumer asks for the
+    next: a collective under FSDP2 (every rank consumes all of them, in the same order). The generator keeps no
+    reference to what it handed out, so the consumer decides how many full tensors are alive (the weight push:
+    the one it converts, and the previous one until its loop moves on)."""
     from torch.distributed.tensor import DTensor
-    return {k: v.full_tensor() if isinstance(v, DTensor) else v for k, v in model.state_dict().items()}
+    for k, v in model.state_dict().items():
+        yield k, (v.full_tensor() if isinstance(v, DTensor) else v)
+
+
+class _FullTensors:
+    """A state dict read lazily: `items()` gathers one full tensor at a time (`full_tensors`)."""
+
+    def __init__(self, model):
+        self._model = model
+
+    def items(self):
+        return full_tensors(self._model)
 
 
 class FullView:
-    """Stands in for an FSDP2 model where a full state dict is needed (the vLLM weight push, save_pretrained)."""
+    """Stands in for an FSDP2 model where the weight push reads `state_dict().items()`: one full tensor at a
+    time, never the whole fp32 model at once (28 GiB for a 7B policy)."""
 
     def __init__(self, model):
         self.config, self._model = model.config, model
 
     def state_dict(self):
-        return full_state_dict(self._model)
+        return _FullTensors(self._model)
 
 
 class _Consolidated:

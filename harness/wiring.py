@@ -296,6 +296,11 @@ class Run:
             return torch.autocast("cuda", dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
+    def update_amp(self):
+        """The context grpo.update enters around each micro-batch's forward: amp(), except under --fsdp, whose
+        bf16 compute comes from FSDP2's MixedPrecisionPolicy (dist.mixed_precision)."""
+        return contextlib.nullcontext() if self.args.fsdp else self.amp()
+
     def amp_for(self, generator):
         """amp() around an HF generator of this process; nothing around vLLM or a served model (they run in
         their own dtype: autocast there does nothing but hide what precision the sampler used)."""

@@ -298,3 +298,34 @@ def test_select_candidate():
     assert select_candidate([0.0], [0.0], [7]) == 0  # nothing kept is still a candidate
     with pytest.raises(ValueError, match="lengths differ"):
         select_candidate([0.5], [0.5, 0.5], [1])
+
+
+# ---------------------------------------------------------------------------------------------------
+# Which GPU the PRM's weights land on
+# ---------------------------------------------------------------------------------------------------
+
+def test_prm_weights_are_read_onto_the_current_cuda_device_not_cuda_0(real_prm_dir, monkeypatch):
+    """Guards the torchrun start-up crash: safetensors' safe_open maps a bare "cuda" to cuda:0, so every rank
+    read its PRM onto GPU 0. With the current CUDA device faked to 3 (rank 3 after dist.init's set_device),
+    the device that reaches safe_open must be cuda:3."""
+    import safetensors
+
+    import prm
+
+    real_safe_open, seen = safetensors.safe_open, []
+
+    class Reached(Exception):
+        pass
+
+    def recording_safe_open(path, framework, device="cpu"):
+        seen.append(device)
+        if device != "cpu":   # the weights' read: stop here (this CPU has no CUDA to read onto)
+            raise Reached
+        return real_safe_open(path, framework=framework, device=device)
+
+    monkeypatch.setattr(safetensors, "safe_open", recording_safe_open)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
+    with pytest.raises(Reached):
+        prm.load_qwen2_prm(real_prm_dir, device="cuda", dtype=torch.bfloat16)
+    assert seen[-1] == "cuda:3"
+    assert prm.indexed_device("cuda:1") == "cuda:1" and prm.indexed_device("cpu") == "cpu"
