@@ -6,8 +6,11 @@ plain copy of the model); then it trains its slice of whole groups through DDP a
 (harness/dist.py wrap) with grpo.update(dist=...) and compares the gradient the optimizer sees with the
 one-process one. Cases: equal groups and ragged ones (one extra row in some groups, as `--merge append` makes),
 each with both loss aggregations; the ragged cases give the ranks different micro-batch counts. The FSDP2 cases
-first run a no-grad HF generation through the sharded model and call dist.reshard, as scope.py does. Rank 0
-writes {case: {"max_diff", "grad_norm", "grad_norm_ref", "loss", "loss_ref"}} to OUT.json.
+first run a no-grad HF generation through the sharded model and call dist.reshard, as scope.py does. After
+every micro-batch's backward the worker counts the FSDP2 parameters that hold an unsharded gradient (none may:
+FSDP2 reduce-scatters every micro-batch); the "probe" entry shows the count sees what set_requires_gradient_sync
+(False) leaves. Rank 0 writes {case: {"max_diff", "grad_norm", "grad_norm_ref", "loss", "loss_ref", "rows",
+"unsharded_after_backward"}, "probe": {...}} to OUT.json.
 """
 import copy
 import json
@@ -69,11 +72,55 @@ def as_batch(rows):
                        torch.tensor([r[4] for r in rows]), pad_id=0)
 
 
+def unsharded_grads(model) -> int:
+    """How many FSDP2 parameters hold an unsharded gradient (FSDPParam's unsharded_accumulated_grad, or the grad
+    of its unsharded parameter: what `set_requires_gradient_sync(False)` leaves after a backward)."""
+    from torch.distributed.fsdp import FSDPModule
+    held = 0
+    for m in model.modules():
+        group = m._get_fsdp_state()._fsdp_param_group if isinstance(m, FSDPModule) else None
+        for fp in group.fsdp_params if group is not None else []:
+            full = getattr(fp, "_unsharded_param", None)
+            held += fp.unsharded_accumulated_grad is not None or (full is not None and full.grad is not None)
+    return held
+
+
+class AfterBackward:
+    """Counts, after every backward inside the block, the parameters of `model` that hold an unsharded gradient."""
+
+    def __init__(self, model):
+        self.model, self.counts = model, []
+
+    def __enter__(self):
+        self.backward = torch.Tensor.backward
+
+        def backward(tensor, *args, **kwargs):
+            self.backward(tensor, *args, **kwargs)
+            self.counts.append(unsharded_grads(self.model))
+        torch.Tensor.backward = backward
+        return self
+
+    def __exit__(self, *exc):
+        torch.Tensor.backward = self.backward
+
+
 def grads_of(model, batch, loss_agg, d=None):
     opt = Capture(model)
-    stats = update(model, opt, batch, micro_batch_size=MB, max_grad_norm=1e9, loss_agg=loss_agg,
-                   max_new_tokens=MAX_NEW, dist=d)
-    return opt.grads, stats
+    with AfterBackward(model) as probe:
+        stats = update(model, opt, batch, micro_batch_size=MB, max_grad_norm=1e9, loss_agg=loss_agg,
+                       max_new_tokens=MAX_NEW, dist=d)
+    return opt.grads, {**stats, "unsharded_after_backward": probe.counts}
+
+
+def probe_sees_no_sync(base, d) -> list[int]:
+    """The probe's own check: an FSDP2 backward under set_requires_gradient_sync(False) (what the update must not
+    do) leaves unsharded gradients the probe counts."""
+    model = dist.wrap(copy.deepcopy(base), d, fsdp=True)
+    model.set_requires_gradient_sync(False)
+    with AfterBackward(model) as probe:
+        model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    model.set_requires_gradient_sync(True)
+    return probe.counts
 
 
 def main(out_path):
@@ -99,7 +146,9 @@ def main(out_path):
                 diff = max(float((a - b).abs().max()) for a, b in zip(grads, ref_grads))
                 results[f"{wrapper}-{'ragged' if ragged else 'equal'}-{loss_agg}"] = {
                     "max_diff": diff, "grad_norm": stats["grad_norm"], "grad_norm_ref": ref["grad_norm"],
-                    "loss": stats["loss"], "loss_ref": ref["loss"], "rows": d.all_gather(len(mine))}
+                    "loss": stats["loss"], "loss_ref": ref["loss"], "rows": d.all_gather(len(mine)),
+                    "unsharded_after_backward": stats["unsharded_after_backward"]}
+    results["probe"] = {"unsharded_after_backward": probe_sees_no_sync(base, d)}
     if d.main:
         with open(out_path, "w") as f:
             json.dump(results, f, indent=1)

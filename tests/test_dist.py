@@ -5,7 +5,10 @@
   aggregations; the ragged cases give the ranks different micro-batch counts (a deadlock without the equal count)
   and need the global normaliser; the FSDP2 cases generate through the sharded model first and need the reshard;
 - `scope.py --toy` under torchrun: one step, then a resume under torchrun for the second, give the metrics of a
-  one-process 2-step run (to float32 tolerance), written once by rank 0 in one run folder.
+  one-process 2-step run (to float32 tolerance), written once by rank 0 in one run folder;
+- the FSDP2 weight push (dist.FullView) in a one-process gloo group: one full tensor gathered at a time.
+
+The two torchrun launches are `slow` (tens of seconds each on 2 cores).
 """
 import json
 import os
@@ -35,13 +38,18 @@ def read_jsonl(path):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient(tmp_path):
     """Guards against a local normaliser (wrong gradients with ragged groups or token-mean), a rank-dependent
-    micro-batch count (a deadlock), and a root FSDP2 unit left unsharded after generation (the optimizer's
-    parameters get no gradient; the clipped norm is wrong)."""
+    micro-batch count (a deadlock), a root FSDP2 unit left unsharded after generation (the optimizer's
+    parameters get no gradient; the clipped norm is wrong), and FSDP2 micro-batches run without their
+    reduce-scatter (every rank then keeps a full-size fp32 gradient: the 8-GPU 7B run's first update ran out
+    of memory)."""
     out = tmp_path / "grads.json"
     launch([os.path.join(ROOT, "tests", "dist_worker.py"), str(out)], cwd=tmp_path)
     results = json.loads(out.read_text())
+    probe = results.pop("probe")["unsharded_after_backward"]
+    assert probe and probe[0] > 0                                     # the count sees a no_sync backward's gradients
     cases = [f"{w}-{g}-{agg}" for w in ("ddp", "fsdp") for g in ("equal", "ragged") for agg in ("constant", "token-mean")]
     assert sorted(results) == sorted(cases)
     for case, r in results.items():
@@ -51,8 +59,12 @@ def test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient(tmp_path):
         assert abs(r["loss"] - r["loss_ref"]) < 1e-12, (case, r)
         if "ragged" in case:
             assert r["rows"] == [6, 4], (case, r)                     # 3 vs 2 micro-batches of 2
+        if case.startswith("fsdp"):   # FSDP2 reduce-scatters every micro-batch: no full-size gradient is kept
+            assert len(r["unsharded_after_backward"]) >= 2, (case, r)
+            assert r["unsharded_after_backward"] == [0] * len(r["unsharded_after_backward"]), (case, r)
 
 
+@pytest.mark.slow
 def test_torchrun_toy_run_and_resume_match_one_process(tmp_path, toy_model_dir):
     common = ["--toy", "--model", toy_model_dir, "--prompts-per-step", "4", "--group-size", "4",
               "--max-new-tokens", "64", "--micro-batch-size", "4", "--eval-every", "2", "--eval-size", "8",
@@ -78,3 +90,46 @@ def test_torchrun_toy_run_and_resume_match_one_process(tmp_path, toy_model_dir):
     assert [(t["step"], t["group"], t["accepted"]) for t in traces_two] == \
            [(t["step"], t["group"], t["accepted"]) for t in traces_one]
     assert (tmp_path / "runs" / "two" / "checkpoint" / "optimizer.pt").is_file()
+
+
+def test_fsdp2_weight_push_gathers_one_full_tensor_at_a_time(tmp_path, monkeypatch):
+    """Guards the push that built the whole fp32 model at once (dist.FullView called full_tensor() on every
+    parameter before the first reached vLLM: 28 GiB per rank for 7B). An FSDP2 model in a one-process gloo
+    group is pushed through FullView the way generate.sync_weights reads it (a generator over
+    state_dict().items(), each tensor converted to the engine's dtype as vLLM asks for it); when each full
+    tensor is gathered, at most one earlier full tensor may still be alive (the consumer's loop variable)."""
+    import copy
+    import weakref
+
+    import torch
+    import torch.distributed as tdist
+    from torch.distributed.tensor import DTensor
+
+    sys.path.insert(0, os.path.join(ROOT, "tests"))
+    import dist_worker
+    from harness import dist
+
+    tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
+    try:
+        model = dist.wrap(copy.deepcopy(dist_worker.tiny_model()), dist.Dist(), fsdp=True)
+        alive, events = [], []
+        gather = DTensor.full_tensor
+
+        def full_tensor(self, *args, **kwargs):
+            events.append(("gather", sum(r() is not None for r in alive)))   # full tensors alive before this one
+            full = gather(self, *args, **kwargs).clone()    # one process: the local shard is the full tensor
+            alive.append(weakref.ref(full))
+            return full
+
+        monkeypatch.setattr(DTensor, "full_tensor", full_tensor)
+        view = dist.FullView(model)
+        weights = ((name, tensor.detach().to(torch.bfloat16)) for name, tensor in view.state_dict().items())
+        for name, tensor in weights:   # what vLLM's reload_weights does with the iterator: one weight at a time
+            events.append(("push", name))
+    finally:
+        tdist.destroy_process_group()
+    gathers = [n for kind, n in events if kind == "gather"]
+    pushes = [n for kind, n in events if kind == "push"]
+    assert len(gathers) == len(pushes) == len(list(model.parameters())) > 10
+    assert [kind for kind, _ in events] == ["gather", "push"] * len(pushes)   # interleaved, not all gathered first
+    assert max(gathers) <= 1, gathers
