@@ -386,9 +386,22 @@ def run_job(j: dict, args) -> dict:
 
 
 def _stop_on_sigterm() -> None:
-    """In the study's process and in each pool worker: SIGTERM raises SystemExit, so `finally` blocks and
-    subprocess.run's own cleanup (it kills its child on any exception) run, as on Ctrl-C."""
+    """The study's own process: SIGTERM raises SystemExit, so run_all stops its workers as on Ctrl-C."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def _worker_group() -> None:
+    """Each pool worker (its initializer): the leader of its own process group, which the scope.py runs it
+    starts join; SIGTERM ends the whole group (the worker, its run). A handler that raised instead would not
+    do: the pool catches any exception of a job and keeps the worker alive for the next one."""
+    os.setpgrp()
+
+    def end_group(*_):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, end_group)   # Ctrl-C at a terminal reaches the study's process (the
+    # foreground group) only; it then ends every worker's group through this handler
 
 
 def run_all(jobs: list[dict], args, t0: float, worker=None) -> list[dict]:
@@ -398,7 +411,7 @@ def run_all(jobs: list[dict], args, t0: float, worker=None) -> list[dict]:
     results = []
     if threading.current_thread() is threading.main_thread():
         _stop_on_sigterm()
-    pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_stop_on_sigterm)
+    pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_group)
     try:
         futures = [pool.submit(worker or run_job, j, args) for j in jobs]
         for future in futures:
