@@ -591,15 +591,21 @@ def mean_score(scores) -> float:
     return sum(vals) / len(vals) if vals else 0.0
 
 
-def select_candidate(keep_ratios: list[float], prefix_means: list[float], lengths: list[int]) -> int | None:
+def select_candidate(keep_ratios: list[float], prefix_means: list[float], lengths: list[int],
+                     tiebreak: str = "length") -> int | None:
     """Index of the most promising failure of a group: the largest keep ratio; ties -> the higher mean
     PRM score over the kept prefix; then the shorter rollout (in tokens); then the earlier index.
-    None for an empty group."""
+    None for an empty group. tiebreak="index" drops the length key (ties go to the earlier index: rollouts
+    of a group are exchangeable, so this favours no form of solution; "shorter" favours the terser phrasing)."""
     if not (len(keep_ratios) == len(prefix_means) == len(lengths)):
         raise ValueError(f"select_candidate: lengths differ ({len(keep_ratios)} keep ratios, "
                          f"{len(prefix_means)} prefix means, {len(lengths)} lengths)")
+    if tiebreak not in ("length", "index"):
+        raise ValueError(f"select_candidate: tiebreak={tiebreak!r} must be 'length' or 'index'")
     if not keep_ratios:
         return None
+    if tiebreak == "index":
+        lengths = [0] * len(lengths)   # every length equal: the key below falls through to the index
     # BEGIN SOLUTION first_error
     return min(range(len(keep_ratios)), key=lambda i: (-keep_ratios[i], -prefix_means[i], lengths[i], i))
     # END SOLUTION

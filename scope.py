@@ -130,6 +130,16 @@ class Args:
     toy_prm_noise: float = arg(0.0, "toy world: probability that the toy PRM flips a step score")
     toy_styles: int = arg(1, "toy world: the warm start writes its solutions in this many styles (1-3, "
                           "harness/toy.py choice 10); > 1 also logs the styles of the correct rollouts")
+    toy_refiner_style: str = arg("prefix", "toy world: the oracle refiner continues in the style of the kept "
+                                 "prefix, or always writes style k (a foreign voice for a one-style policy)",
+                                 ("prefix", "0", "1", "2"))
+    repair_advantage: str = arg("keep", "zero = an accepted repair counts in its group's mean, then its own "
+                                "advantage is set to 0 (the 'phantom success' control: the mean shift without "
+                                "the repair's content; N and the loss normaliser unchanged)", ("keep", "zero"))
+    select_tiebreak: str = arg("length", "how the pick among equally promising failures is broken: the shorter "
+                               "rollout, or the earlier index (favours no phrasing; in the toy world an empty "
+                               "prefix's oracle style is then drawn from the warm start's styles)",
+                               ("length", "index"))
     overwrite: bool = arg(False, "allow starting from step 1 in a folder holding a run (a new run under a used "
                           "--run-name, or --resume of a folder without checkpoint): its logs are replaced")
     memory_check: bool = arg(True, "stop before loading when the memory plan (an estimate) exceeds the GPU; "
@@ -220,7 +230,7 @@ def select_failures(trajs: list[Trajectory], groups: range, prefix_len: dict[int
             continue   # all-fail only: a group with a success keeps its on-policy signal untouched
         j = select_candidate([trajs[i].keep_ratio for i in idx],
                              [mean_score(trajs[i].step_scores[:trajs[i].cut]) for i in idx],
-                             [len(trajs[i].response_ids) for i in idx])
+                             [len(trajs[i].response_ids) for i in idx], tiebreak=args.select_tiebreak)
         if j is not None:
             picks.append((idx[j], 0 if args.mode == "replace" else prefix_len[id(trajs[idx[j]])]))
     return picks
@@ -272,6 +282,14 @@ def batch_advantages(trajs: list[Trajectory], groups: range, scale_std: bool) ->
         advantages[idx] = group_advantages(rewards[idx], group_size=len(idx), scale_std=scale_std)
     return advantages
     # END SOLUTION
+
+
+def zero_repair_advantages(trajs: list[Trajectory], advantages: torch.Tensor) -> torch.Tensor:
+    """--repair-advantage zero, the phantom-success control: the accepted repairs (source "rectified" or
+    "replaced") already counted in their groups' means (batch_advantages); here their own advantage becomes 0,
+    so no gradient flows through their tokens while the group's other rollouts keep the shifted baseline."""
+    keep = torch.tensor([t.source == "policy" for t in trajs], dtype=advantages.dtype)   # (N,)
+    return advantages * keep
 
 
 def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
@@ -332,6 +350,10 @@ def step_metrics(step: int, args: Args, rollouts: list[Trajectory], trained: lis
         styles = toy.style_stats([t.text for t in rollouts if t.correct], args.toy_styles)
         m.update(style_entropy_correct=styles["entropy"], style_share_correct=styles["share"],
                  style_other_correct=styles["other"])
+    if args.toy and (args.toy_refiner_style != "prefix" or args.select_tiebreak != "length"
+                     or args.repair_advantage != "keep"):   # every style, of all the policy's own rollouts
+        styles = toy.style_stats([t.text for t in rollouts], len(toy.STYLES))
+        m.update(style_share_all=styles["share"], style_other_all=styles["other"])
     rewards = {b: [t.reward for t in rollouts if t.group == b] for b in range(B)}
     traces = [{**tr, "group_rewards": rewards[tr["group"]], "group_all_fail": bool(not passed[tr["group"]].any())}
               for tr in traces]
@@ -386,6 +408,8 @@ def main(args: Args) -> dict:
 
         # ---------------------------------------------------------- 6. advantages over each merged group: A = r − mean(r)
         advantages = batch_advantages(batch, mine, args.adv_std)
+        if args.repair_advantage == "zero":
+            advantages = zero_repair_advantages(batch, advantages)
 
         # ---------------------------------------------------------- 7. update: one optimizer step (ρ = 1: no old-log-prob pass)
         with timed(times, "update"):

@@ -517,7 +517,21 @@ class ToyPRM:
 class OracleRefiner:
     """Writes the remaining steps correctly from the prefix's last value (choice 3), in the style of the
     prefix's last operation step (style 0 without one, choice 10); deterministic.
-    Same continue_from as refine.Refiner; suffixes are plain text in the toy tokenizer's vocabulary."""
+    Same continue_from as refine.Refiner; suffixes are plain text in the toy tokenizer's vocabulary.
+
+    `style` = k (scope.py --toy-refiner-style k) writes every suffix in style k whatever the prefix's style:
+    a foreign voice for a policy that never wrote style k (a prefix-keeping repair becomes a mixed text, a
+    whole replacement is all style k). `empty_styles` = K > 1 (with --select-tiebreak index) draws the style
+    of a suffix after an empty prefix uniformly from the first K styles, from random.Random(seed + i) for the
+    i-th prefix of the call, instead of style 0 (so an empty prefix favours no style); still deterministic
+    given the seed."""
+
+    def __init__(self, style: int | None = None, empty_styles: int = 1):
+        if style is not None and not 0 <= style < len(STYLES):
+            raise ValueError(f"OracleRefiner: style={style!r} must be in 0..{len(STYLES) - 1} or None (the prefix's)")
+        if not 1 <= empty_styles <= len(STYLES):
+            raise ValueError(f"OracleRefiner: empty_styles={empty_styles!r} must be in 1..{len(STYLES)}")
+        self.style, self.empty_styles = style, empty_styles
 
     def continue_from(self, questions: list[str], prefixes: list[str], *, n: int, max_tokens, seed=None
                       ) -> list[list[str]]:
@@ -526,11 +540,15 @@ class OracleRefiner:
         if isinstance(max_tokens, int):
             max_tokens = [max_tokens] * len(questions)
         out = []
-        for question, prefix, limit in zip(questions, prefixes, max_tokens):
+        for i, (question, prefix, limit) in enumerate(zip(questions, prefixes, max_tokens)):
             start, ops = parse_question(question)
             done = [_item(m) for m in ITEM_RE.finditer(prefix) if m["v"] is None]
             value = done[-1][0][4] if done else start        # the last value the prefix states
             style = done[-1][1] if done else 0               # ... and the style it was written in
+            if not done and self.empty_styles > 1:           # no style to continue: draw one, favour none
+                style = random.Random((seed or 0) + i).randrange(self.empty_styles)
+            if self.style is not None:                       # a refiner with its own voice
+                style = self.style
             steps = []
             for sym, arg in ops[len(done):]:
                 steps.append(format_step(value, sym, arg, _apply(value, sym, arg), style))

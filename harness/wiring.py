@@ -136,12 +136,16 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
                        refiner_tokenizer, prompt_style=args.refine_prompt)
     if args.toy and args.refiner == "toy-model":   # a stronger toy model through the real Refiner + HF generate
         from harness import toy
+        if args.toy_refiner_style != "prefix":
+            raise SystemExit(f"--toy-refiner-style {args.toy_refiner_style} needs --refiner toy-oracle: the toy "
+                             "model refiner writes the styles it was trained on, continuing the prefix's")
         refiner_model, refiner_tokenizer = toy.refiner_model(CACHE_DIR, seed=0, **toy_styles(args))
         return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.gen_batch_size),
                        refiner_tokenizer, prompt_style=args.refine_prompt)
     if args.toy:                   # toy-oracle (or its old name, toy): rule-based, never fails
         from harness import toy
-        return toy.OracleRefiner()
+        return toy.OracleRefiner(None if args.toy_refiner_style == "prefix" else int(args.toy_refiner_style),
+                                 args.toy_styles if args.select_tiebreak == "index" else 1)
     if vllm_importable() and args.backend != "hf":   # the refiner on vLLM: its own `vllm serve` (generate.py)
         from harness.generate import serve_with_vllm
         with loading(args.refiner):

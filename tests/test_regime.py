@@ -2,6 +2,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 
 from tools import experiment as ex
@@ -180,3 +181,79 @@ def test_diversity_plan_and_report_by_hand():
     d = summary["final"]["scope (paper): any/replace"]["style_entropy"]
     assert d["n"] == 2 and d["mean"] == pytest.approx(0.3)
     assert "0.50 / 0.25 / 0.25" in text
+
+
+# ---------------------------------------------------------------- the because stage (tools/because.py)
+
+def test_because_plan_is_seed_major_with_the_new_switches():
+    from tools import because
+
+    args = ex.parse_args(["--stage", "because", "--seeds", "0,1"])
+    args.eval_n_cool, args.train_eval_size = 0, args.regime_eval_size
+    jobs = because.plan(args)
+    assert len(jobs) == 10 and [j["seed"] for j in jobs] == [0] * 5 + [1] * 5
+    cmd = {j["row"]: ex.scope_command(j, args) for j in jobs if j["seed"] == 0}
+    assert cmd["keep-foreign"][-5:] == ["--merge", "replace", "--toy-refiner-style", "1", "--seed", "0"][-5:]
+    assert "--repair-advantage" in cmd["keep-in-style-phantom"] and "--toy-styles" not in cmd["keep-foreign"]
+    assert cmd["whole-foreign"][cmd["whole-foreign"].index("--mode") + 1] == "replace"
+    assert {"--select-tiebreak", "--toy-styles"} <= set(cmd["scope index tie-break"])
+    teacher = cmd["whole one-style teacher"]
+    assert teacher[teacher.index("--toy-refiner-style") + 1] == "1" and teacher[teacher.index("--mode") + 1] == "replace"
+    weak = next(j for j in jobs if j["row"] == "keep-foreign")
+    ref = next(j for j in regime.plan_regime(args, ["weak-ladder"]) if j["row"] == "grpo")
+    assert ex.start_path(weak, args) == ex.start_path(ref, args) and weak["group"] == ref["group"]
+    assert ex.eval_styles(weak, args) == 3 and ex.eval_styles(ref, args) == 1
+
+
+def test_contrast_by_seed_and_the_interaction_by_hand():
+    """(kF − wF) − (kI − wI) per seed: seed 0 (0.3 − 0.1) − (0.2 − 0.2) = 0.2; seed 1 (0.2 − 0.2) − (0.1 − 0.2) = 0.1;
+    seed 2 lacks a row and is left out. Mean 0.15, sd 0.1 / √2, t(1) interval."""
+    from tools import because
+
+    acc = {("kF", 0): 0.3, ("wF", 0): 0.1, ("kI", 0): 0.2, ("wI", 0): 0.2,
+           ("kF", 1): 0.2, ("wF", 1): 0.2, ("kI", 1): 0.1, ("wI", 1): 0.2, ("kF", 2): 0.5}
+    results = [{"group": "g", "row": row, "seed": s, "steps": 1, "eval": {"acc_t1": a}, "train": {}}
+               for (row, s), a in acc.items()]
+    by = because.contrast_by_seed(results, "g", {"kF": 1, "wF": -1, "kI": -1, "wI": 1})
+    assert list(by) == [0, 1] and by[0] == pytest.approx(0.2) and by[1] == pytest.approx(0.1)
+    c = ex.ci95(list(by.values()))
+    assert c["mean"] == pytest.approx(0.15) and c["lo"] == pytest.approx(0.15 - 12.706 * 0.05)
+    assert because.verdict(c, 0.02) == "cannot tell"
+    assert because.verdict({"lo": 0.01, "hi": 0.3}, 0.02) == "> 0"
+    assert because.verdict({"lo": -0.01, "hi": 0.015}, 0.02) == "≈ 0"
+    # per-problem matrix: kF has counts (16 samples), the others enter with their acc on every problem
+    results[0]["eval"]["per_problem_correct"] = [16, 0]          # seed 0's kF: 1.0 and 0.0, mean 0.5
+    D = because.per_problem_matrix(results, "g", {"kF": 1, "wF": -1}, [0, 1])
+    assert D.tolist() == [pytest.approx([0.9, -0.1]), pytest.approx([0.0, 0.0])]
+
+
+def test_seed_problem_bootstrap_by_hand():
+    """One seed, two problems with contrasts 0 and 1: a draw of 2 problems gives a mean of 0, 0.5 or 1 with
+    chances 1/4, 1/2, 1/4, so the 95 % percentile interval is [0, 1]. A constant matrix gives its constant."""
+    from tools import because
+
+    b = because.seed_problem_bootstrap(np.array([[0.0, 1.0]]), draws=4000, seed=1)
+    assert b["mean"] == 0.5 and b["lo"] == 0.0 and b["hi"] == 1.0
+    c = because.seed_problem_bootstrap(np.full((3, 4), 0.25), draws=200)
+    assert (c["lo"], c["hi"]) == (pytest.approx(0.25), pytest.approx(0.25))
+    # two seeds whose contrasts are 0 and 1 on every problem: the seed draw alone gives 0, 0.5, 1
+    d = because.seed_problem_bootstrap(np.array([[0.0] * 3, [1.0] * 3]), draws=4000, seed=2)
+    assert (d["lo"], d["hi"]) == (0.0, 1.0)
+
+
+def test_holm_by_hand():
+    """p = 0.01, 0.04, 0.03, 0.005 (m = 4): sorted 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04
+    → running max 0.06; in the input order 0.03, 0.06, 0.06, 0.02. Capped at 1."""
+    from tools import because
+
+    assert because.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert because.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
+    assert because.holm([]) == []
+
+
+def test_paired_p_by_hand():
+    """diffs 1, 2, 3: mean 2, sd 1, t = 2 / (1 / √3) = 3.464 with 2 df → two-sided p = 0.0742."""
+    from tools import because
+
+    assert because.paired_p([1.0, 2.0, 3.0]) == pytest.approx(0.0742, abs=2e-4)
+    assert because.paired_p([1.0]) is None and because.paired_p([0.0, 0.0]) == 1.0

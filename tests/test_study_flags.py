@@ -258,3 +258,145 @@ def test_compare_studies_finds_every_differing_number():
     b = {"runs": [run("grpo", 0, 0.30, 2.0), run("x", 0, 0.41, 1.0)]}
     matched, diffs = compare_studies(a, b)
     assert matched == 2 and diffs == ["main/x/s0: eval.acc_t1 0.4 != 0.41"]   # wall minutes may differ
+
+
+# ---------------------------------------------------------------- the because stage's switches
+
+def _traj(group, reward, source="policy"):
+    from refine import Trajectory
+
+    return Trajectory(question="q", answer="1", group=group, prompt_ids=[1], response_ids=[2, 3], text="t",
+                      reward=reward, correct=reward == 1.0, source=source)
+
+
+def test_a_phantom_repair_counts_in_its_group_mean_but_gets_advantage_zero():
+    """Group 0 all-fail (8 × 0), one failure replaced by an accepted repair (reward 1): the group mean is 1/8.
+    keep: A_repair = 7/8, A_fail = −1/8. zero: A_repair = 0, the 7 failures still −1/8 (the mean moved).
+    Group 1 (rewards 1, 0, 0, 0, 0, 0, 0, 0, no repair) is untouched: 7/8 and −1/8."""
+    import scope
+
+    batch = [_traj(0, 0.0) for _ in range(7)] + [_traj(0, 1.0, "rectified")]
+    batch += [_traj(1, 1.0)] + [_traj(1, 0.0) for _ in range(7)]
+    keep = scope.batch_advantages(batch, range(2), scale_std=False)
+    assert keep[7].item() == pytest.approx(7 / 8) and keep[:7].tolist() == pytest.approx([-1 / 8] * 7)
+    zero = scope.zero_repair_advantages(batch, keep)
+    assert zero[7].item() == 0.0 and zero[:7].tolist() == pytest.approx([-1 / 8] * 7)
+    assert zero[8:].tolist() == pytest.approx([7 / 8] + [-1 / 8] * 7)
+    assert len(zero) == len(batch) == 16          # N unchanged: the repair stays in the batch (and in Z)
+    replaced = [_traj(0, 1.0, "replaced")] + [_traj(0, 0.0)] * 3   # whole replacement, a group of 4
+    assert scope.zero_repair_advantages(replaced, scope.batch_advantages(replaced, range(1), False)).tolist() \
+        == pytest.approx([0.0, -0.25, -0.25, -0.25])
+
+
+def test_the_index_tie_break_picks_by_position():
+    """Three failures tied on κ = 0.5 and prefix mean 1.0, lengths 30, 10, 20 tokens: 'length' picks the
+    shortest (index 1), 'index' the first (index 0); a larger κ still wins under both."""
+    from prm import select_candidate
+
+    k, m, lengths = [0.5, 0.5, 0.5], [1.0, 1.0, 1.0], [30, 10, 20]
+    assert select_candidate(k, m, lengths) == 1 == select_candidate(k, m, lengths, tiebreak="length")
+    assert select_candidate(k, m, lengths, tiebreak="index") == 0
+    assert select_candidate([0.2, 0.5, 0.5], m, [5, 30, 10], tiebreak="index") == 1
+    assert select_candidate([0.5, 0.5], [0.5, 1.0], [5, 30], tiebreak="index") == 1   # the prefix mean before index
+    with pytest.raises(ValueError, match="tiebreak"):
+        select_candidate(k, m, lengths, tiebreak="random")
+
+
+def test_select_failures_passes_the_tie_break():
+    """scope.select_failures on one group of three failures, all cut after 1 of 2 steps, lengths 30 / 10 / 20."""
+    import scope
+    from refine import Trajectory
+
+    trajs = [Trajectory(question="q", answer="1", group=0, prompt_ids=[1], response_ids=[2] * n, text="t")
+             for n in (30, 10, 20)]
+    for t in trajs:
+        t.steps, t.step_scores, t.cut, t.keep_ratio = ["a", "b"], [1.0, 0.0], 1, 0.5
+    prefix = {id(t): 3 for t in trajs}
+    for tiebreak, pick in (("length", 1), ("index", 0)):
+        args = scope.parse_args(["--toy", "--select-tiebreak", tiebreak])
+        assert scope.select_failures(trajs, range(1), prefix, args) == [(pick, 3)]
+
+
+def test_new_switches_default_off_and_leave_the_commands_unchanged():
+    """Every new flag defaults to today's behaviour, and the regime records (committed) are still found by
+    their commands: a default command is byte-identical to the one recorded."""
+    import scope
+    from tools import because
+    from tools import experiment as ex
+
+    a = scope.parse_args(["--toy"])
+    assert (a.toy_refiner_style, a.repair_advantage, a.select_tiebreak) == ("prefix", "keep", "length")
+    args = ex.parse_args(["--stage", "because"])
+    args.eval_n_cool, args.train_eval_size = 0, args.regime_eval_size
+    assert len(because.read_references(args)) == 70        # the 60 map runs + the diversity stage's 10
+
+
+@pytest.mark.slow
+def test_phantom_foreign_and_index_runs_log_every_style(tmp_path):
+    """Two toy steps with each switch: the foreign refiner's repairs are mixed texts whose suffix is style 1,
+    every step logs the style shares of all the policy's own rollouts, and the phantom run trains."""
+    traces, metrics = run_toy(tmp_path / "f", "--toy-refiner-style", "1", steps=2)
+    accepted = [t for t in traces if t["accepted"]]
+    assert accepted and all(toy.style_of(t["suffixes"][t["attempt_correct"].index(True)]) == 1 for t in accepted)
+    assert all(len(m["style_share_all"]) == 3 and m["style_other_all"] is not None for m in metrics)
+    _, metrics = run_toy(tmp_path / "p", "--repair-advantage", "zero", steps=2)
+    assert all("style_share_all" in m and m["rectify_accepted"] > 0 for m in metrics)
+    _, metrics = run_toy(tmp_path / "i", "--select-tiebreak", "index", steps=1)
+    assert metrics[-1]["style_share_all"] == [1.0, 0.0, 0.0] or metrics[-1]["style_other_all"] > 0
+
+
+LEAK_JOB = '''
+import os, subprocess
+
+def work(j, args):
+    """One study job that never ends: a run (sleep) started the way experiment.train starts scope.py."""
+    with open(os.path.join(os.environ["LEAK_DIR"], f"worker{j['i']}"), "w") as f:
+        f.write(str(os.getpid()))
+    path = os.path.join(os.environ["LEAK_DIR"], f"run{j['i']}")
+    subprocess.run(["sh", "-c", f"echo $$ > {path}.tmp && mv {path}.tmp {path} && exec sleep 120"])
+'''
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"   # a zombie has ended
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_stopping_a_study_stops_its_workers_and_their_runs(tmp_path, sig):
+    """A study (tools.experiment.run_all, 2 workers, jobs that never end) stopped by SIGTERM or Ctrl-C's SIGINT
+    sent to its own process only (a study in the background): within seconds no worker and no run is left."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "leakjob.py").write_text(LEAK_JOB)
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (f"import sys, time, argparse; sys.path[:0] = [{root!r}, {str(tmp_path)!r}]\n"
+            "from tools import experiment as ex\nimport leakjob\n"
+            "ex.run_all([{'i': i} for i in range(4)], argparse.Namespace(jobs=2), time.time(), worker=leakjob.work)\n")
+    study = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "LEAK_DIR": str(tmp_path)},
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        while len(list(tmp_path.glob("run[0-9]"))) < 2 and time.time() < deadline:
+            time.sleep(0.2)
+        pids = [int(p.read_text()) for p in sorted(tmp_path.glob("worker*")) + sorted(tmp_path.glob("run[0-9]"))]
+        assert len(pids) == 4 and all(_alive(p) for p in pids)
+        study.send_signal(getattr(signal, sig))
+        study.wait(timeout=60)
+        deadline = time.time() + 30
+        while any(_alive(p) for p in pids) and time.time() < deadline:
+            time.sleep(0.2)
+        assert not [p for p in pids if _alive(p)], "a worker or its run outlived the study"
+        assert not list(tmp_path.glob("run[2-3]"))       # the queued jobs never started
+    finally:
+        if study.poll() is None:
+            study.kill()
+        for p in tmp_path.glob("run[0-9]"):             # never leave a sleep behind, even when the test fails
+            if _alive(int(p.read_text())):
+                os.kill(int(p.read_text()), signal.SIGKILL)

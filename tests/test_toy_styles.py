@@ -205,3 +205,40 @@ def test_two_steps_with_three_styles_log_the_style_metrics(tmp_path):
             assert len(r["style_share_correct"]) == 3 and sum(r["style_share_correct"]) == pytest.approx(1.0)
             assert 0.0 <= r["style_entropy_correct"] <= math.log(3) + 1e-9
     assert any(r["style_share_correct"] is not None for r in rows)   # the warm start solves some of 16 rollouts
+
+
+# ---------------------------------------------------------------- --toy-refiner-style and the neutral empty prefix
+
+def test_a_foreign_style_oracle_repair_grades_correct_and_parses_as_that_style():
+    """--toy-refiner-style 1 after a style-0 prefix of two steps: the suffix is BY_HAND's style-1 steps 2-3 and the
+    answer; the spliced text grades correct, scores 1.0 on every step, and is mixed (no one style); the
+    suffix alone, and a whole replacement (empty prefix), parse as style 1."""
+    from harness.grader import grade
+
+    prefix = "\n\n".join(BY_HAND[0][:2]) + "\n\n"
+    suffix = toy.OracleRefiner(style=1).continue_from([Q], [prefix], n=2, max_tokens=200)[0]
+    assert suffix == ["36 minus 4 is 32.\n\n32 add 9 is 41.\n\n\\boxed{41}"] * 2
+    text = prefix + suffix[0]
+    assert grade(text, "41") and toy.score_steps(Q, steps_of(text)) == [1.0] * 5
+    assert toy.style_of(suffix[0]) == 1 and toy.style_of(text) is None
+    whole = toy.OracleRefiner(style=1).continue_from([Q], [""], n=1, max_tokens=200)[0][0]
+    assert whole == by_hand(1) and toy.style_of(whole) == 1 and grade(whole, "41")
+    assert toy.OracleRefiner(style=None).continue_from([Q], [prefix], n=1, max_tokens=200)[0][0].startswith("So 36 - 4")
+
+
+def test_the_empty_prefix_style_is_drawn_from_the_refine_seed_only_when_asked():
+    """empty_styles = 3: after an empty prefix the i-th prefix of a call is written in style
+    random.Random(seed + i).randrange(3); a non-empty prefix keeps its own style; default: style 0."""
+    oracle = toy.OracleRefiner(empty_styles=3)
+    prefix = BY_HAND[2][0] + "\n\n"
+    for seed in (0, 1, 7):
+        out = oracle.continue_from([Q, Q, Q], ["", prefix, ""], n=1, max_tokens=200, seed=seed)
+        assert toy.style_of(out[0][0]) == random.Random(seed).randrange(3)
+        assert toy.style_of(out[1][0]) == 2
+        assert toy.style_of(out[2][0]) == random.Random(seed + 2).randrange(3)
+    drawn = {toy.style_of(oracle.continue_from([Q], [""], n=1, max_tokens=200, seed=s)[0][0]) for s in range(30)}
+    assert drawn == {0, 1, 2}
+    assert toy.style_of(toy.OracleRefiner().continue_from([Q], [""], n=1, max_tokens=200, seed=5)[0][0]) == 0
+    for bad in (dict(style=3), dict(style=-1), dict(empty_styles=0), dict(empty_styles=4)):
+        with pytest.raises(ValueError):
+            toy.OracleRefiner(**bad)

@@ -62,8 +62,10 @@ import math
 import multiprocessing
 import os
 import shlex
+import signal
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 
@@ -104,9 +106,10 @@ def parse_args(argv=None):
     p.add_argument("--compare", default="", help="only compare two study.json files 'A,B' run by run (the "
                    "reproducibility check) and exit 1 if any number differs")
     p.add_argument("--only", default="all", choices=("all", "grid"), help="'grid' stops after stage 1")
-    p.add_argument("--stage", default="study", choices=("study", "regime", "diversity"),
+    p.add_argument("--stage", default="study", choices=("study", "regime", "diversity", "because"),
                    help="study: the grid and stage 2 above; regime: the regime map; diversity: GRPO vs SCOPE on "
-                   "a warm start with several solution styles (both: tools/regime.py)")
+                   "a warm start with several solution styles (both: tools/regime.py); because: the controls "
+                   "of the paper's two causal claims (tools/because.py)")
     p.add_argument("--records-only", action="store_true", help="regime / diversity: report from the runs' records "
                    "only (train nothing; the runs not recorded yet are listed)")
     p.add_argument("--styles", type=int, default=3, help="diversity: solution styles of the warm start (toy.STYLES)")
@@ -310,15 +313,19 @@ def evaluate_policy(path: str, task: str, args, styles: int = 1) -> dict:
     if styles > 1:
         correct = [[text for text, ok in zip(row["samples"], row["sample_correct"]) if ok] for row in hot["per_problem"]]
         stats = toy.style_stats([text for texts in correct for text in texts], styles)
+        every = toy.style_stats([text for row in hot["per_problem"] for text in row["samples"]], styles)
         style = {"style_entropy": stats["entropy"], "style_share": stats["share"], "style_other": stats["other"],
                  "styles_per_problem": mean([len({toy.style_of(t) for t in texts} - {None})
-                                             for texts in correct if len(texts) >= 2])}
+                                             for texts in correct if len(texts) >= 2]),
+                 "style_share_all": every["share"], "style_other_all": every["other"]}   # all samples, wrong ones too
     return {**style, "acc_t1": hot["acc"], "acc_t06": cool["acc"], **{f"pass@{k}": v for k, v in hot["pass@k"].items()},
             **{key: div[key]["median"] for key in DIVERSITY},
             "near_miss@1": near_miss_at_k(misses, k=1) if misses else None,
             "discarded_valid": discarded_valid_share([keep_ratio(kept, n) for n, kept in misses]) if misses else None,
             "acc_by_ops": {str(k): float(np.mean(v)) for k, v in sorted(by_ops.items())},
             "all_fail_16": float(np.mean([row["correct"] == 0 for row in hot["per_problem"]])),
+            # correct samples of each problem at T = 1.0, in problem order (for a seed x problem bootstrap)
+            "per_problem_correct": [row["correct"] for row in hot["per_problem"]],
             "zero_reward_samples": len(misses), "truncated": hot["truncated"], "response_len": hot["response_len"]}
 
 
@@ -343,6 +350,15 @@ def training_stats(run_dir: str) -> dict:
             "minutes": sum(r["time_step"] for r in steps) / 60}
 
 
+def eval_styles(j: dict, args) -> int:
+    """How many styles the final eval reads (evaluate_policy's `styles`): the starting policy's, or all of
+    toy.STYLES when the run's refiner writes a style of its own (the policy may pick up a foreign one)."""
+    from harness import toy
+
+    own = start_settings(j, args).get("styles", 1)
+    return len(toy.STYLES) if "--toy-refiner-style" in j["flags"] else own
+
+
 def run_job(j: dict, args) -> dict:
     """Train (unless done), evaluate (unless cached); runs in a worker process."""
     os.chdir(ROOT)
@@ -361,8 +377,7 @@ def run_job(j: dict, args) -> dict:
     cache = os.path.join(run_dir, "final_eval.json")
     cached = read_json(cache)
     if cached is None or cached["settings"] != settings:
-        cached = {"settings": settings, "eval": evaluate_policy(path, j["task"], args,
-                                                                start_settings(j, args).get("styles", 1))}
+        cached = {"settings": settings, "eval": evaluate_policy(path, j["task"], args, eval_styles(j, args))}
         with open(cache, "w") as f:
             json.dump(cached, f, indent=1)
     train_info = training_stats(run_dir) if j["steps"] else {}
@@ -370,10 +385,34 @@ def run_job(j: dict, args) -> dict:
             "wall_s": {"train": round(t1 - t0, 1), "eval": round(time.time() - t1, 1)}}
 
 
+def _stop_on_sigterm() -> None:
+    """The study's own process: SIGTERM raises SystemExit, so run_all stops its workers as on Ctrl-C."""
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+
+
+def _worker_group() -> None:
+    """Each pool worker (its initializer): the leader of its own process group, which the scope.py runs it
+    starts join; SIGTERM ends the whole group (the worker, its run). A handler that raised instead would not
+    do: the pool catches any exception of a job and keeps the worker alive for the next one."""
+    os.setpgrp()
+
+    def end_group(*_):
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, end_group)   # Ctrl-C at a terminal reaches the study's process (the
+    # foreground group) only; it then ends every worker's group through this handler
+
+
 def run_all(jobs: list[dict], args, t0: float, worker=None) -> list[dict]:
-    """Every job through `worker` (default run_job), --jobs at a time, results in job order."""
+    """Every job through `worker` (default run_job), --jobs at a time, results in job order. Ctrl-C or SIGTERM
+    stops the workers and the scope.py runs they started (a stopped study leaves no process behind; rerun
+    it to resume from the finished runs)."""
     results = []
-    with ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+    if threading.current_thread() is threading.main_thread():
+        _stop_on_sigterm()
+    pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_group)
+    try:
         futures = [pool.submit(worker or run_job, j, args) for j in jobs]
         for future in futures:
             r = future.result()
@@ -382,6 +421,16 @@ def run_all(jobs: list[dict], args, t0: float, worker=None) -> list[dict]:
             print(f"[{time.time() - t0:5.0f}s] {r['name']}: acc@T1 {r['eval']['acc_t1']:.3f}{cool} "
                   f"pass@16 {r['eval'].get('pass@16', float('nan')):.3f} "
                   f"(train {r['wall_s']['train']:.0f}s, eval {r['wall_s']['eval']:.0f}s)", flush=True)
+    except BaseException:   # Ctrl-C, SIGTERM, a failed run: stop the workers, which stop their scope.py children
+        workers = list((getattr(pool, "_processes", None) or {}).values())   # the pool's own processes
+        pool.shutdown(wait=False, cancel_futures=True)
+        for proc in workers:
+            if proc.is_alive():
+                proc.terminate()
+        for proc in workers:
+            proc.join(timeout=30)
+        raise
+    pool.shutdown(wait=True)
     return results
 
 
@@ -600,7 +649,7 @@ def mechanism(results: list[dict], args) -> dict:
     for (group, row), rs in _by_group_row(results).items():
         traces = [(r, json.loads(line)) for r in rs for line in open(os.path.join("runs", r["name"], "traces.jsonl"))]
         acc = [(r, t) for r, t in traces if t["accepted"]]
-        if not acc or flag_value(rs[0]["flags"], "--mode", "scope") != "scope":
+        if not acc or flag_value(rs[0]["flags"], "--mode", "scope") not in ("scope", "replace"):
             continue
         if group not in models:
             models[group] = load_causal_lm(start_path(rs[0], args), "cpu")
@@ -620,8 +669,12 @@ def mechanism(results: list[dict], args) -> dict:
             pi = logp[0, start - 1:].exp().tolist()   # π of each refiner token
             failed = "".join(t["steps"])[len(t["prefix_text"]):]
             corrected = next((i for i, ch in enumerate(suffix) if i >= len(failed) or ch != failed[i]), None)
-            credits.append({**repair_credit(t, flag_value(r["flags"], "--merge", "replace"), pi, corrected,
-                                            credit=flag_value(r["flags"], "--offpolicy-credit", "shaped")),
+            credit = repair_credit(t, flag_value(r["flags"], "--merge", "replace"), pi, corrected,
+                                   credit=flag_value(r["flags"], "--offpolicy-credit", "shaped"))
+            if flag_value(r["flags"], "--repair-advantage", "keep") == "zero":   # the phantom: no gradient
+                credit.update(a_repair=0.0, refiner_coef=0.0 if pi else None,
+                              corrected_coef=0.0 if corrected is not None else None)
+            credits.append({**credit,
                             "kept": len(prefix),
                             "refiner_tokens": len(suffix_ids)})
         n_steps = [len(t["steps"]) for _, t in acc]
@@ -725,6 +778,9 @@ def main(argv=None) -> None:
     if args.stage in ("regime", "diversity"):
         from tools import regime
         return regime.main(args) if args.stage == "regime" else regime.diversity_main(args)
+    if args.stage == "because":
+        from tools import because
+        return because.main(args)
     from harness import toy
     toy.warm_start(os.path.join(ROOT, "cache"), seed=0)            # trained here once if not shipped
     toy.warm_start(os.path.join(ROOT, "cache"), seed=0, **json.loads(args.weak_start))

@@ -145,7 +145,7 @@ def run_recorded(j: dict, args) -> dict:
     if j["steps"]:
         metrics = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
         r["train"]["curve"]["reward"] = [m["reward_mean"] for m in metrics if m["step"] > 0]
-        for key in ("style_entropy_correct", "style_share_correct"):
+        for key in ("style_entropy_correct", "style_share_correct", "style_share_all", "style_other_all"):
             if any(key in m for m in metrics):
                 r["train"]["curve"][key] = [m.get(key) for m in metrics if m["step"] > 0]
         r["repairs"] = repairs_of(run_dir, j["steps"])
