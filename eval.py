@@ -405,19 +405,6 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    try:
-        if args.grader_bench:
-            print(json.dumps(grader_benchmark(), indent=2, default=str))
-        else:
-            run_evaluation(args)
-    except (OSError, ValueError, RuntimeError) as err:  # missing files, bad rows, unloadable models: one line
-        print(f"eval.py: {err}", file=sys.stderr)
-        return 2
-    return 0
-
-
 def report_path(model: str) -> str:
     """Where the results JSON goes without --out: next to the evaluated run (a local checkpoint folder
     runs/X/checkpoint gives runs/X/eval_checkpoint.json), so evaluating two runs never overwrites one file;
@@ -479,6 +466,19 @@ def run_evaluation(args: argparse.Namespace) -> dict:
         json.dump(report, f, indent=2)
     print(f"\nwrote {out}")
     return report
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.grader_bench:
+            print(json.dumps(grader_benchmark(), indent=2, default=str))
+        else:
+            run_evaluation(args)
+    except (OSError, ValueError, RuntimeError) as err:  # missing files, bad rows, unloadable models: one line
+        print(f"eval.py: {err}", file=sys.stderr)
+        return 2
+    return 0
 
 
 if __name__ == "__main__":

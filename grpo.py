@@ -62,11 +62,12 @@ import torch.nn.functional as F
 from torch import Tensor
 from torch.utils.checkpoint import checkpoint
 
+
 LOSS_AGGS = ("constant", "token-mean")
 
 
 # ---------------------------------------------------------------------------------------------------
-# Advantages
+# 6. Advantages
 # ---------------------------------------------------------------------------------------------------
 def group_advantages(rewards, group_size: int, scale_std: bool = False) -> Tensor:
     """Advantages for rewards laid out group by group: (B*G,) → (B*G,).
@@ -98,195 +99,7 @@ def group_advantages(rewards, group_size: int, scale_std: bool = False) -> Tenso
 
 
 # ---------------------------------------------------------------------------------------------------
-# Batch layout
-# ---------------------------------------------------------------------------------------------------
-def build_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], offpolicy_mask: list[list[int]],
-                advantages: Tensor, pad_id: int, sampler_logp: list[list[float] | None] | None = None,
-                ) -> dict[str, Tensor]:
-    """Right-padded (N, L) tensors for `token_logprobs` / `update`.
-
-    Row i is prompt_ids[i] + response_ids[i] + padding. `response_mask` is 1 on the response tokens and
-    `offpolicy_mask` is 1 where `offpolicy_mask[i]` marks a refiner token (None: none), both aligned with
-    input_ids positions. All masks are int64 0/1. `advantages` is returned as a float32 (N,) tensor.
-    `sampler_logp` (optional): per row, the sampler's log-probs of the FIRST len() response tokens (None: none
-    known); it adds "sampler_logp" (N, L) float32 and "sampler_mask" (N, L), 1 where a value is known.
-    """
-    n = len(prompt_ids)
-    if n == 0:
-        raise ValueError("build_batch: no sequences")
-    if not (len(response_ids) == len(offpolicy_mask) == n):
-        raise ValueError(f"build_batch: {n} prompts, {len(response_ids)} responses, "
-                         f"{len(offpolicy_mask)} offpolicy masks; they must match")
-    advantages = torch.as_tensor(advantages, dtype=torch.float32).reshape(-1)  # (N,)
-    if advantages.numel() != n:
-        raise ValueError(f"build_batch: {advantages.numel()} advantages for {n} sequences")
-    # a missing mask (Trajectory's default None) means an all on-policy response
-    offpolicy_mask = [[0] * len(r) if m is None else m for r, m in zip(response_ids, offpolicy_mask)]
-    for i, (p, r, m) in enumerate(zip(prompt_ids, response_ids, offpolicy_mask)):
-        if len(p) == 0:
-            raise ValueError(f"build_batch: prompt_ids[{i}] is empty (the first response token needs context)")
-        if len(m) != len(r):
-            raise ValueError(f"build_batch: offpolicy_mask[{i}] has {len(m)} entries for "
-                             f"{len(r)} response tokens")
-    # BEGIN SOLUTION build_batch
-    length = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids))
-    input_ids = torch.full((n, length), pad_id, dtype=torch.long)  # (N, L)
-    attention_mask = torch.zeros((n, length), dtype=torch.long)  # (N, L)
-    response_mask = torch.zeros((n, length), dtype=torch.long)  # (N, L)
-    off_mask = torch.zeros((n, length), dtype=torch.long)  # (N, L)
-    for i, (p, r, m) in enumerate(zip(prompt_ids, response_ids, offpolicy_mask)):
-        a, b = len(p), len(p) + len(r)
-        input_ids[i, :b] = torch.tensor(list(p) + list(r), dtype=torch.long)
-        attention_mask[i, :b] = 1
-        response_mask[i, a:b] = 1
-        if len(r):
-            off_mask[i, a:b] = torch.tensor([1 if x else 0 for x in m], dtype=torch.long)
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
-             "offpolicy_mask": off_mask, "advantages": advantages}
-    # END SOLUTION
-    if sampler_logp is not None:
-        if len(sampler_logp) != n:
-            raise ValueError(f"build_batch: {len(sampler_logp)} sampler_logp rows for {n} sequences")
-        logp = torch.zeros((n, length), dtype=torch.float32)  # (N, L)
-        known = torch.zeros((n, length), dtype=torch.long)  # (N, L)
-        for i, (p, r, lp) in enumerate(zip(prompt_ids, response_ids, sampler_logp)):
-            if lp is None or len(lp) == 0:
-                continue
-            if len(lp) > len(r):
-                raise ValueError(f"build_batch: sampler_logp[{i}] has {len(lp)} entries for {len(r)} response tokens")
-            logp[i, len(p):len(p) + len(lp)] = torch.tensor(lp, dtype=torch.float32)
-            known[i, len(p):len(p) + len(lp)] = 1
-        batch.update(sampler_logp=logp, sampler_mask=known)
-    return batch
-
-
-# ---------------------------------------------------------------------------------------------------
-# Token log-probs and entropy
-# ---------------------------------------------------------------------------------------------------
-def entropy_from_logprobs(logprobs_all: Tensor) -> Tensor:
-    """Entropy of each next-token distribution: (..., V) log-probs → (...).
-
-    H = −Σ_v π_v log π_v, from log-probs (e.g. a log_softmax output, finite everywhere).
-    """
-    # BEGIN SOLUTION logprob_entropy
-    return -(logprobs_all.exp() * logprobs_all).sum(dim=-1)  # (...) entropy H = −Σ p log p
-    # END SOLUTION
-
-
-def logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
-    """The per-token core: (n, T, V) logits and (n, T) target ids → (log π(target), entropy), both (n, T).
-
-    logits[:, t] is the distribution that produced targets[:, t] (the caller shifts by one). Computed in
-    float32 (bf16/fp16 logits are upcast; float64 stays float64). The entropy carries a graph only when
-    `entropy_grad` (an entropy bonus is on), so no extra (n, T, V) tensor is kept for the backward pass.
-    """
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()  # log_softmax over a large vocabulary needs float32
-    # BEGIN SOLUTION logprob_entropy
-    logprobs_all = F.log_softmax(logits, dim=-1)  # (n, T, V) log π(v | context)
-    taken = logprobs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n, T) log π(target)
-    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
-        entropy = entropy_from_logprobs(logprobs_all if entropy_grad else logprobs_all.detach())  # (n, T)
-    return taken, entropy
-    # END SOLUTION
-
-
-def chunked_logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: bool = False,
-                                 chunk_tokens: int = 512) -> tuple[Tensor, Tensor]:
-    """`logprobs_and_entropy` over (n, T, V) logits, about `chunk_tokens` positions (n × positions) at a time:
-    the same (n, T) log-probs and entropies, without a float32 (n, T, V) tensor. With gradients on, each
-    chunk runs under non-reentrant activation checkpointing: only the model's logits are kept for the
-    backward pass, and the chunk's float32 log-softmax is recomputed there. chunk_tokens <= 0: one chunk."""
-    n, T = targets.shape
-    if chunk_tokens <= 0:  # one chunk, no recomputation (small vocabularies: the toy world)
-        return logprobs_and_entropy(logits, targets, entropy_grad)
-    step = max(1, int(chunk_tokens) // max(1, n))  # positions per chunk
-    track = torch.is_grad_enabled() and logits.requires_grad
-    taken, entropy = [], []
-    for s in range(0, T, step):
-        lg, tg = logits[:, s:s + step], targets[:, s:s + step]  # (n, t, V), (n, t)
-        if track:
-            t, e = checkpoint(logprobs_and_entropy, lg, tg, entropy_grad, use_reentrant=False)
-        else:
-            t, e = logprobs_and_entropy(lg, tg, entropy_grad)
-        taken.append(t)
-        entropy.append(e)
-    return torch.cat(taken, dim=1), torch.cat(entropy, dim=1)  # (n, T), (n, T)
-
-
-def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_grad: bool, keep: int,
-                      chunk_tokens: int = 512):
-    """One forward pass over one micro-batch: (logp, entropy), both (n, L), float32 (float64 for a float64
-    model), 0 off the response.
-
-    Only the first `keep` columns (up to the last attended position of these rows) go through the model
-    (a causal model's output at t never depends on later positions); the rest is padded back with zeros.
-    """
-    n, length = input_ids.shape
-    ids, attn = input_ids[:, :keep], attention_mask[:, :keep]  # (n, K)
-    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (n, K, V)
-    taken, ent = chunked_logprobs_and_entropy(logits[:, :-1], ids[:, 1:], entropy_grad,
-                                              chunk_tokens)  # (n, K-1) predicts 1..K-1
-    del logits
-    resp = response_mask[:, :keep].to(taken.dtype)  # (n, K)
-    pad = (1, length - keep)  # position 0 and the trimmed tail are 0
-    logp = F.pad(taken, pad) * F.pad(resp[:, 1:], pad)  # (n, L)
-    entropy = F.pad(ent, pad) * F.pad(resp[:, 1:], pad)  # (n, L)
-    return logp, entropy
-
-
-def _row_extents(input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor, who: str) -> list[int]:
-    """Per row, the last attended position + 1 (1 for a row with no attended position), as Python ints."""
-    if input_ids.shape != attention_mask.shape or input_ids.shape != response_mask.shape:
-        raise ValueError(f"{who}: input_ids {tuple(input_ids.shape)}, attention_mask "
-                         f"{tuple(attention_mask.shape)}, response_mask {tuple(response_mask.shape)} differ")
-    if response_mask[:, 0].any():
-        raise ValueError(f"{who}: response_mask is 1 at position 0, which no token predicts; "
-                         "every row needs at least one prompt token")
-    positions = torch.arange(1, input_ids.shape[1] + 1, device=attention_mask.device)  # (L,)
-    return (attention_mask.bool() * positions).amax(dim=1).clamp(min=1).tolist()  # (N,)
-
-
-def length_sorted_micro_batches(lengths: list[int], micro_batch_size: int) -> list[list[int]]:
-    """Row indices in micro-batches of at most `micro_batch_size`, longest rows first, so that rows of similar
-    length share a forward pass (ties keep their order). Every index appears exactly once."""
-    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
-    mb = max(1, int(micro_batch_size))
-    return [order[s:s + mb] for s in range(0, len(order), mb)]
-
-
-def padding_share(lengths: list[int], micro_batches: list[list[int]]) -> float:
-    """Share of the computed positions that are padding: 1 − Σ lengths / Σ (rows × longest row) over the
-    micro-batches."""
-    computed = sum(len(idx) * max(lengths[i] for i in idx) for idx in micro_batches)
-    return 1.0 - sum(lengths[i] for idx in micro_batches for i in idx) / max(1, computed)
-
-
-@torch.no_grad()
-def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor,
-                   micro_batch_size: int, chunk_tokens: int = 512) -> tuple[Tensor, Tensor]:
-    """Per-token log-prob of the taken token and per-token entropy, both (N, L), 0 off the response.
-
-    logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t]); entropy[:, t] is the entropy of that same
-    distribution. Runs without gradients (old log-probs when several optimizer steps share one rollout
-    batch, reference log-probs); `update` computes its own with gradients. Computed `micro_batch_size`
-    rows at a time; returned on input_ids' device, float32 (float64 for a float64 model).
-    """
-    extents = _row_extents(input_ids, attention_mask, response_mask, "token_logprobs")
-    device = next(model.parameters()).device
-    logps, ents = [], []
-    for s in range(0, input_ids.shape[0], max(1, micro_batch_size)):
-        sl = slice(s, s + max(1, micro_batch_size))
-        logp, ent = _forward_logprobs(model, input_ids[sl].to(device), attention_mask[sl].to(device),
-                                      response_mask[sl].to(device), entropy_grad=False,
-                                      keep=max(extents[sl]), chunk_tokens=chunk_tokens)
-        logps.append(logp.to(input_ids.device))
-        ents.append(ent.to(input_ids.device))
-    return torch.cat(logps), torch.cat(ents)  # (N, L), (N, L)
-
-
-# ---------------------------------------------------------------------------------------------------
-# The loss, one term per function
+# 7. The loss, one term per function
 # ---------------------------------------------------------------------------------------------------
 def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
                       clip_eps: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -337,18 +150,6 @@ def unit_offpolicy_loss(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tenso
     return -torch.where(mask, logp, torch.zeros_like(logp)) * adv  # (N, L)
 
 
-def truncated_is_weight(train_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
-    """Truncated importance weight of each token for the sampler / trainer mismatch (docs/choices.md):
-    w = min(π_train / π_sampler, C) = min(exp(train_logp − sampler_logp), C), detached; 1 where `mask` is 0.
-
-    train_logp, sampler_logp, mask: (N, L); cap C >= 1. The log-ratio is zeroed off the mask before exp."""
-    if cap < 1:
-        raise ValueError(f"truncated_is_weight: cap must be >= 1 (a cap below 1 scales every token down), got {cap}")
-    mask = mask.bool()  # (N, L)
-    log_ratio = torch.where(mask, train_logp.detach() - sampler_logp.to(train_logp.dtype), torch.zeros_like(train_logp))
-    return torch.clamp(torch.exp(log_ratio), max=cap)  # (N, L) truncated IS weight
-
-
 def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     """k3 KL estimator per token: exp(r) − r − 1 with r = ref_logp − logp (≥ 0; Schulman). (N, L), 0 off
     the mask; ref_logp is a constant."""
@@ -370,6 +171,9 @@ def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> flo
     # END SOLUTION
 
 
+# ---------------------------------------------------------------------------------------------------
+# 7. The loss: the terms composed
+# ---------------------------------------------------------------------------------------------------
 def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, clip_eps=0.2,
                 shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, z=None, ref_logp=None, kl_coef=0.0,
                 entropy=None, entropy_coef=0.0, offpolicy_credit="shaped", is_weight=None) -> tuple[Tensor, dict]:
@@ -422,40 +226,8 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
     return loss, terms
 
 
-def loss_metrics(terms: dict) -> dict:
-    """Python-float metrics of `policy_loss`'s terms (one batch, or micro-batches joined by `join_terms`):
-    clip fraction and mean ratio over the policy's tokens, mean f(π) over the refiner's, the refiner's share
-    of response tokens, KL and entropy as means over response tokens, entropy_policy over the policy's
-    tokens only (0 where a set is empty); with importance weights, their mean and the share of policy tokens
-    at the cap, over the policy tokens that carry one (`is_mask`)."""
-    on, off = terms["on"], terms["off"]
-    resp = on | off
-
-    def mean_over(x, mask):
-        return float(x[mask].sum() / mask.sum()) if x is not None and mask.any() else 0.0
-
-    metrics = {"clip_frac": mean_over(terms["clipped"].double(), on), "ratio_mean": mean_over(terms["ratio"], on),
-               "shaped_mean": mean_over(terms["shaped"], off), "offpolicy_share": mean_over(off.double(), resp),
-               "kl": mean_over(terms["kl"], resp), "entropy": mean_over(terms["entropy"], resp),
-               "entropy_policy": mean_over(terms["entropy"], on)}
-    if terms.get("is_weight") is not None and terms.get("is_mask") is not None:
-        weighted, w = terms["is_mask"].bool() & on, terms["is_weight"]
-        metrics.update(tis_weight_mean=mean_over(w, weighted),
-                       tis_capped_frac=mean_over((w >= terms["is_cap"]).double(), weighted))
-    return metrics
-
-
-def join_terms(parts: list[dict]) -> dict:
-    """The terms of micro-batches (or of ranks), concatenated along the batch dimension; a shorter sequence
-    dimension is padded with zeros (False), which every mask leaves out. Non-tensor entries (the TIS cap)
-    are the same in every part."""
-    width = max(p["on"].shape[1] for p in parts)
-    return {k: torch.cat([F.pad(p[k].cpu(), (0, width - p[k].shape[1])) for p in parts])
-            if isinstance(parts[0][k], Tensor) else parts[0][k] for k in parts[0]}
-
-
 # ---------------------------------------------------------------------------------------------------
-# One optimizer step
+# 7. One optimizer step
 # ---------------------------------------------------------------------------------------------------
 def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_norm=1.0, clip_eps=0.2,
            shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
@@ -553,3 +325,235 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     optimizer.zero_grad(set_to_none=True)  # a skipped step leaves parameters and optimizer state untouched
     return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped),
             "pad_share": padding_share(extents, micro_batches), **loss_metrics(terms)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# The batch and its token log-probs
+# ---------------------------------------------------------------------------------------------------
+def build_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], offpolicy_mask: list[list[int]],
+                advantages: Tensor, pad_id: int, sampler_logp: list[list[float] | None] | None = None,
+                ) -> dict[str, Tensor]:
+    """Right-padded (N, L) tensors for `token_logprobs` / `update`.
+
+    Row i is prompt_ids[i] + response_ids[i] + padding. `response_mask` is 1 on the response tokens and
+    `offpolicy_mask` is 1 where `offpolicy_mask[i]` marks a refiner token (None: none), both aligned with
+    input_ids positions. All masks are int64 0/1. `advantages` is returned as a float32 (N,) tensor.
+    `sampler_logp` (optional): per row, the sampler's log-probs of the FIRST len() response tokens (None: none
+    known); it adds "sampler_logp" (N, L) float32 and "sampler_mask" (N, L), 1 where a value is known.
+    """
+    n = len(prompt_ids)
+    if n == 0:
+        raise ValueError("build_batch: no sequences")
+    if not (len(response_ids) == len(offpolicy_mask) == n):
+        raise ValueError(f"build_batch: {n} prompts, {len(response_ids)} responses, "
+                         f"{len(offpolicy_mask)} offpolicy masks; they must match")
+    advantages = torch.as_tensor(advantages, dtype=torch.float32).reshape(-1)  # (N,)
+    if advantages.numel() != n:
+        raise ValueError(f"build_batch: {advantages.numel()} advantages for {n} sequences")
+    # a missing mask (Trajectory's default None) means an all on-policy response
+    offpolicy_mask = [[0] * len(r) if m is None else m for r, m in zip(response_ids, offpolicy_mask)]
+    for i, (p, r, m) in enumerate(zip(prompt_ids, response_ids, offpolicy_mask)):
+        if len(p) == 0:
+            raise ValueError(f"build_batch: prompt_ids[{i}] is empty (the first response token needs context)")
+        if len(m) != len(r):
+            raise ValueError(f"build_batch: offpolicy_mask[{i}] has {len(m)} entries for "
+                             f"{len(r)} response tokens")
+    # BEGIN SOLUTION build_batch
+    length = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids))
+    input_ids = torch.full((n, length), pad_id, dtype=torch.long)  # (N, L)
+    attention_mask = torch.zeros((n, length), dtype=torch.long)  # (N, L)
+    response_mask = torch.zeros((n, length), dtype=torch.long)  # (N, L)
+    off_mask = torch.zeros((n, length), dtype=torch.long)  # (N, L)
+    for i, (p, r, m) in enumerate(zip(prompt_ids, response_ids, offpolicy_mask)):
+        a, b = len(p), len(p) + len(r)
+        input_ids[i, :b] = torch.tensor(list(p) + list(r), dtype=torch.long)
+        attention_mask[i, :b] = 1
+        response_mask[i, a:b] = 1
+        if len(r):
+            off_mask[i, a:b] = torch.tensor([1 if x else 0 for x in m], dtype=torch.long)
+    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
+             "offpolicy_mask": off_mask, "advantages": advantages}
+    # END SOLUTION
+    if sampler_logp is not None:
+        if len(sampler_logp) != n:
+            raise ValueError(f"build_batch: {len(sampler_logp)} sampler_logp rows for {n} sequences")
+        logp = torch.zeros((n, length), dtype=torch.float32)  # (N, L)
+        known = torch.zeros((n, length), dtype=torch.long)  # (N, L)
+        for i, (p, r, lp) in enumerate(zip(prompt_ids, response_ids, sampler_logp)):
+            if lp is None or len(lp) == 0:
+                continue
+            if len(lp) > len(r):
+                raise ValueError(f"build_batch: sampler_logp[{i}] has {len(lp)} entries for {len(r)} response tokens")
+            logp[i, len(p):len(p) + len(lp)] = torch.tensor(lp, dtype=torch.float32)
+            known[i, len(p):len(p) + len(lp)] = 1
+        batch.update(sampler_logp=logp, sampler_mask=known)
+    return batch
+
+
+def entropy_from_logprobs(logprobs_all: Tensor) -> Tensor:
+    """Entropy of each next-token distribution: (..., V) log-probs → (...).
+
+    H = −Σ_v π_v log π_v, from log-probs (e.g. a log_softmax output, finite everywhere).
+    """
+    # BEGIN SOLUTION logprob_entropy
+    return -(logprobs_all.exp() * logprobs_all).sum(dim=-1)  # (...) entropy H = −Σ p log p
+    # END SOLUTION
+
+
+def logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+    """The per-token core: (n, T, V) logits and (n, T) target ids → (log π(target), entropy), both (n, T).
+
+    logits[:, t] is the distribution that produced targets[:, t] (the caller shifts by one). Computed in
+    float32 (bf16/fp16 logits are upcast; float64 stays float64). The entropy carries a graph only when
+    `entropy_grad` (an entropy bonus is on), so no extra (n, T, V) tensor is kept for the backward pass.
+    """
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()  # log_softmax over a large vocabulary needs float32
+    # BEGIN SOLUTION logprob_entropy
+    logprobs_all = F.log_softmax(logits, dim=-1)  # (n, T, V) log π(v | context)
+    taken = logprobs_all.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n, T) log π(target)
+    with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+        entropy = entropy_from_logprobs(logprobs_all if entropy_grad else logprobs_all.detach())  # (n, T)
+    return taken, entropy
+    # END SOLUTION
+
+
+def chunked_logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: bool = False,
+                                 chunk_tokens: int = 512) -> tuple[Tensor, Tensor]:
+    """`logprobs_and_entropy` over (n, T, V) logits, about `chunk_tokens` positions (n × positions) at a time:
+    the same (n, T) log-probs and entropies, without a float32 (n, T, V) tensor. With gradients on, each
+    chunk runs under non-reentrant activation checkpointing: only the model's logits are kept for the
+    backward pass, and the chunk's float32 log-softmax is recomputed there. chunk_tokens <= 0: one chunk."""
+    n, T = targets.shape
+    if chunk_tokens <= 0:  # one chunk, no recomputation (small vocabularies: the toy world)
+        return logprobs_and_entropy(logits, targets, entropy_grad)
+    step = max(1, int(chunk_tokens) // max(1, n))  # positions per chunk
+    track = torch.is_grad_enabled() and logits.requires_grad
+    taken, entropy = [], []
+    for s in range(0, T, step):
+        lg, tg = logits[:, s:s + step], targets[:, s:s + step]  # (n, t, V), (n, t)
+        if track:
+            t, e = checkpoint(logprobs_and_entropy, lg, tg, entropy_grad, use_reentrant=False)
+        else:
+            t, e = logprobs_and_entropy(lg, tg, entropy_grad)
+        taken.append(t)
+        entropy.append(e)
+    return torch.cat(taken, dim=1), torch.cat(entropy, dim=1)  # (n, T), (n, T)
+
+
+@torch.no_grad()
+def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor,
+                   micro_batch_size: int, chunk_tokens: int = 512) -> tuple[Tensor, Tensor]:
+    """Per-token log-prob of the taken token and per-token entropy, both (N, L), 0 off the response.
+
+    logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t]); entropy[:, t] is the entropy of that same
+    distribution. Runs without gradients (old log-probs when several optimizer steps share one rollout
+    batch, reference log-probs); `update` computes its own with gradients. Computed `micro_batch_size`
+    rows at a time; returned on input_ids' device, float32 (float64 for a float64 model).
+    """
+    extents = _row_extents(input_ids, attention_mask, response_mask, "token_logprobs")
+    device = next(model.parameters()).device
+    logps, ents = [], []
+    for s in range(0, input_ids.shape[0], max(1, micro_batch_size)):
+        sl = slice(s, s + max(1, micro_batch_size))
+        logp, ent = _forward_logprobs(model, input_ids[sl].to(device), attention_mask[sl].to(device),
+                                      response_mask[sl].to(device), entropy_grad=False,
+                                      keep=max(extents[sl]), chunk_tokens=chunk_tokens)
+        logps.append(logp.to(input_ids.device))
+        ents.append(ent.to(input_ids.device))
+    return torch.cat(logps), torch.cat(ents)  # (N, L), (N, L)
+
+
+def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_grad: bool, keep: int,
+                      chunk_tokens: int = 512):
+    """One forward pass over one micro-batch: (logp, entropy), both (n, L), float32 (float64 for a float64
+    model), 0 off the response.
+
+    Only the first `keep` columns (up to the last attended position of these rows) go through the model
+    (a causal model's output at t never depends on later positions); the rest is padded back with zeros.
+    """
+    n, length = input_ids.shape
+    ids, attn = input_ids[:, :keep], attention_mask[:, :keep]  # (n, K)
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (n, K, V)
+    taken, ent = chunked_logprobs_and_entropy(logits[:, :-1], ids[:, 1:], entropy_grad,
+                                              chunk_tokens)  # (n, K-1) predicts 1..K-1
+    del logits
+    resp = response_mask[:, :keep].to(taken.dtype)  # (n, K)
+    pad = (1, length - keep)  # position 0 and the trimmed tail are 0
+    logp = F.pad(taken, pad) * F.pad(resp[:, 1:], pad)  # (n, L)
+    entropy = F.pad(ent, pad) * F.pad(resp[:, 1:], pad)  # (n, L)
+    return logp, entropy
+
+
+# ---------------------------------------------------------------------------------------------------
+# Plumbing: importance weights, metrics, micro-batches
+# ---------------------------------------------------------------------------------------------------
+def truncated_is_weight(train_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """Truncated importance weight of each token for the sampler / trainer mismatch (docs/choices.md):
+    w = min(π_train / π_sampler, C) = min(exp(train_logp − sampler_logp), C), detached; 1 where `mask` is 0.
+
+    train_logp, sampler_logp, mask: (N, L); cap C >= 1. The log-ratio is zeroed off the mask before exp."""
+    if cap < 1:
+        raise ValueError(f"truncated_is_weight: cap must be >= 1 (a cap below 1 scales every token down), got {cap}")
+    mask = mask.bool()  # (N, L)
+    log_ratio = torch.where(mask, train_logp.detach() - sampler_logp.to(train_logp.dtype), torch.zeros_like(train_logp))
+    return torch.clamp(torch.exp(log_ratio), max=cap)  # (N, L) truncated IS weight
+
+
+def loss_metrics(terms: dict) -> dict:
+    """Python-float metrics of `policy_loss`'s terms (one batch, or micro-batches joined by `join_terms`):
+    clip fraction and mean ratio over the policy's tokens, mean f(π) over the refiner's, the refiner's share
+    of response tokens, KL and entropy as means over response tokens, entropy_policy over the policy's
+    tokens only (0 where a set is empty); with importance weights, their mean and the share of policy tokens
+    at the cap, over the policy tokens that carry one (`is_mask`)."""
+    on, off = terms["on"], terms["off"]
+    resp = on | off
+
+    def mean_over(x, mask):
+        return float(x[mask].sum() / mask.sum()) if x is not None and mask.any() else 0.0
+
+    metrics = {"clip_frac": mean_over(terms["clipped"].double(), on), "ratio_mean": mean_over(terms["ratio"], on),
+               "shaped_mean": mean_over(terms["shaped"], off), "offpolicy_share": mean_over(off.double(), resp),
+               "kl": mean_over(terms["kl"], resp), "entropy": mean_over(terms["entropy"], resp),
+               "entropy_policy": mean_over(terms["entropy"], on)}
+    if terms.get("is_weight") is not None and terms.get("is_mask") is not None:
+        weighted, w = terms["is_mask"].bool() & on, terms["is_weight"]
+        metrics.update(tis_weight_mean=mean_over(w, weighted),
+                       tis_capped_frac=mean_over((w >= terms["is_cap"]).double(), weighted))
+    return metrics
+
+
+def join_terms(parts: list[dict]) -> dict:
+    """The terms of micro-batches (or of ranks), concatenated along the batch dimension; a shorter sequence
+    dimension is padded with zeros (False), which every mask leaves out. Non-tensor entries (the TIS cap)
+    are the same in every part."""
+    width = max(p["on"].shape[1] for p in parts)
+    return {k: torch.cat([F.pad(p[k].cpu(), (0, width - p[k].shape[1])) for p in parts])
+            if isinstance(parts[0][k], Tensor) else parts[0][k] for k in parts[0]}
+
+
+def _row_extents(input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor, who: str) -> list[int]:
+    """Per row, the last attended position + 1 (1 for a row with no attended position), as Python ints."""
+    if input_ids.shape != attention_mask.shape or input_ids.shape != response_mask.shape:
+        raise ValueError(f"{who}: input_ids {tuple(input_ids.shape)}, attention_mask "
+                         f"{tuple(attention_mask.shape)}, response_mask {tuple(response_mask.shape)} differ")
+    if response_mask[:, 0].any():
+        raise ValueError(f"{who}: response_mask is 1 at position 0, which no token predicts; "
+                         "every row needs at least one prompt token")
+    positions = torch.arange(1, input_ids.shape[1] + 1, device=attention_mask.device)  # (L,)
+    return (attention_mask.bool() * positions).amax(dim=1).clamp(min=1).tolist()  # (N,)
+
+
+def length_sorted_micro_batches(lengths: list[int], micro_batch_size: int) -> list[list[int]]:
+    """Row indices in micro-batches of at most `micro_batch_size`, longest rows first, so that rows of similar
+    length share a forward pass (ties keep their order). Every index appears exactly once."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    mb = max(1, int(micro_batch_size))
+    return [order[s:s + mb] for s in range(0, len(order), mb)]
+
+
+def padding_share(lengths: list[int], micro_batches: list[list[int]]) -> float:
+    """Share of the computed positions that are padding: 1 − Σ lengths / Σ (rows × longest row) over the
+    micro-batches."""
+    computed = sum(len(idx) * max(lengths[i] for i in idx) for idx in micro_batches)
+    return 1.0 - sum(lengths[i] for idx in micro_batches for i in idx) / max(1, computed)

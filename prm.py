@@ -8,12 +8,11 @@ This file holds everything between "a failed rollout" and "keep this many of its
 1. `split_steps(text)`           a lossless split of a response into steps (`"".join(steps) == text`);
 2. `step_token_spans(ids, steps, tokenizer)`  step k -> the half-open range of response token indices,
                                   so `ids[:spans[k][0]]` is exactly the token prefix before step k;
-3. `ProcessRewardModel`           P(step correct) per step, Qwen2.5-Math-PRM format (steps joined by and
-                                  followed by `<extra_0>`, softmax of the 2 logits at each separator);
-   `Qwen2ProcessRewardModel`, `load_qwen2_prm`  Qwen2.5-Math-PRM's checkpoint on transformers' Qwen2Model,
-                                  without remote code (`check_qwen2_prm_checkpoint`: its keys, from the headers);
-4. `first_error`, `cut_point`, `keep_ratio`, `mean_score`, `select_candidate`: pure functions that turn
-                                  step scores into "where to cut" and "which failure of the group to repair".
+3. `first_error`, `cut_point`, `keep_ratio`, `mean_score`, `select_candidate`: pure functions that turn
+                                  step scores into "where to cut" and "which failure of the group to repair";
+4. `ProcessRewardModel`           P(step correct) per step, Qwen2.5-Math-PRM format (steps joined by and
+                                  followed by `<extra_0>`, softmax of the 2 logits at each separator).
+The helpers these use sit under the last banner; loading a PRM checkpoint is harness/prm_checkpoint.py.
 
 How to run: it is a library (scope.py and refine.py call it). Tests: `python -m pytest tests/test_steps.py
 tests/test_prm.py -q`. A quick look at a real PRM (GPU, weights in the HF cache):
@@ -33,8 +32,6 @@ pass over a few failed rollouts per step. The head runs in float32, as vLLM's po
 default; tests/test_vllm.py checks our step probabilities against vLLM's own implementation.
 """
 import codecs
-import json
-import os
 
 import torch
 
@@ -45,40 +42,6 @@ PRM_SYSTEM = "Please reason step by step, and put your final answer within \\box
 # ---------------------------------------------------------------------------------------------------
 # 1. Lossless step splitting
 # ---------------------------------------------------------------------------------------------------
-
-def _cut_after(text: str, seps: list[int]) -> list[str]:
-    """Pieces of `text` cut after each position in `seps` (sorted ends of separators); lossless."""
-    pieces, start = [], 0
-    for end in seps:
-        pieces.append(text[start:end])
-        start = end
-    if start < len(text):
-        pieces.append(text[start:])
-    return pieces
-
-
-def _blank_line_ends(text: str) -> list[int]:
-    """End offsets of blank-line separators: a run of >= 2 newlines with only spaces/tabs/\\r between."""
-    ends, i, n = [], 0, len(text)
-    while i < n:
-        if text[i] != "\n":
-            i += 1
-            continue
-        # text[i] is a newline; extend over (horizontal whitespace)* newline, as often as possible
-        end, newlines, j = i + 1, 1, i + 1
-        while j < n:
-            while j < n and text[j] in " \t\r\f\v":
-                j += 1
-            if j < n and text[j] == "\n":
-                newlines += 1
-                j += 1
-                end = j
-            else:
-                break
-        if newlines >= 2:
-            ends.append(end)
-        i = end
-    return ends
 
 
 def split_steps(text: str, *, min_chars: int = 8, max_steps: int = 40) -> list[str]:
@@ -130,84 +93,6 @@ def split_steps(text: str, *, min_chars: int = 8, max_steps: int = 40) -> list[s
 # 2. Step -> token spans
 # ---------------------------------------------------------------------------------------------------
 
-def _byte_level_inverse() -> dict[str, int]:
-    """GPT-2 / Qwen byte-level alphabet, char -> byte: printable bytes stand for themselves, the other
-    bytes are mapped in order onto chr(256), chr(257), ..."""
-    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
-    inverse, extra = {}, 0
-    for b in range(256):
-        if b in printable:
-            inverse[chr(b)] = b
-        else:
-            inverse[chr(256 + extra)] = b
-            extra += 1
-    return inverse
-
-
-_BYTE_OF = _byte_level_inverse()
-
-
-def _token_bytes(tokenizer, ids: list[int]) -> list[bytes] | None:
-    """The bytes each token contributes to `decode(ids, skip_special_tokens=True)`, or None when this
-    tokenizer's pieces cannot be read directly (the caller then verifies or falls back)."""
-    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
-    special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    try:
-        byte_level = type(tokenizer.backend_tokenizer.decoder).__name__ == "ByteLevel"
-    except AttributeError:
-        byte_level = False
-    pieces = tokenizer.convert_ids_to_tokens(list(ids))
-    out = []
-    for tid, piece in zip(ids, pieces):
-        if tid in special or (tid in added and added[tid].special) or piece is None:
-            out.append(b"")  # skipped by decode(skip_special_tokens=True); unknown ids decode to nothing
-        elif tid in added:
-            out.append(added[tid].content.encode("utf-8"))
-        elif byte_level:
-            try:
-                out.append(bytes(_BYTE_OF[ch] for ch in piece))
-            except KeyError:
-                return None
-        else:
-            out.append(piece.encode("utf-8"))
-    return out
-
-
-def _char_reach(tokenizer, ids: list[int], text: str) -> tuple[list[int], list[bool]]:
-    """For each token i: the index of the last character of `text` it holds (a byte of), -1 for leading
-    tokens that hold nothing (non-decreasing), and whether it ends inside a multi-byte character.
-
-    Fast path (O(total bytes)): read each token's bytes and feed them through an incremental UTF-8
-    decoder. Slow path, only when the fast path does not reproduce the decoded text exactly (tokenizers
-    that rewrite spaces on decode): decode growing prefixes, O(n^2)."""
-    # BEGIN SOLUTION step_token_spans
-    pieces = _token_bytes(tokenizer, ids)
-    if pieces is not None:
-        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        emitted, last, pending, chunks = 0, [], [], []
-        for b in pieces:
-            chunk = dec.decode(b)
-            chunks.append(chunk)
-            emitted += len(chunk)
-            pending.append(bool(dec.getstate()[0]))  # bytes of an unfinished character are buffered
-            last.append(emitted if pending[-1] else emitted - 1)
-        chunks.append(dec.decode(b"", final=True))
-        if "".join(chunks) == text:
-            return last, pending
-    last, pending, hi = [], [], -1
-    for i in range(len(ids)):
-        d = tokenizer.decode(ids[:i + 1], skip_special_tokens=True)
-        common = 0
-        for a, b in zip(d, text):
-            if a != b:
-                break
-            common += 1
-        pending.append(len(d) > common)  # a tail that is not the text: an unfinished character
-        hi = max(hi, common if pending[-1] else common - 1)
-        last.append(hi)
-    return last, pending
-    # END SOLUTION
-
 
 def step_token_spans(response_ids, steps: list[str], tokenizer) -> list[tuple[int, int]]:
     """Half-open token ranges `(start, end)` of each step in `response_ids`.
@@ -254,145 +139,112 @@ def step_token_spans(response_ids, steps: list[str], tokenizer) -> list[tuple[in
     # END SOLUTION
 
 
+def _char_reach(tokenizer, ids: list[int], text: str) -> tuple[list[int], list[bool]]:
+    """For each token i: the index of the last character of `text` it holds (a byte of), -1 for leading
+    tokens that hold nothing (non-decreasing), and whether it ends inside a multi-byte character.
+
+    Fast path (O(total bytes)): read each token's bytes and feed them through an incremental UTF-8
+    decoder. Slow path, only when the fast path does not reproduce the decoded text exactly (tokenizers
+    that rewrite spaces on decode): decode growing prefixes, O(n^2)."""
+    # BEGIN SOLUTION step_token_spans
+    pieces = _token_bytes(tokenizer, ids)
+    if pieces is not None:
+        dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        emitted, last, pending, chunks = 0, [], [], []
+        for b in pieces:
+            chunk = dec.decode(b)
+            chunks.append(chunk)
+            emitted += len(chunk)
+            pending.append(bool(dec.getstate()[0]))  # bytes of an unfinished character are buffered
+            last.append(emitted if pending[-1] else emitted - 1)
+        chunks.append(dec.decode(b"", final=True))
+        if "".join(chunks) == text:
+            return last, pending
+    last, pending, hi = [], [], -1
+    for i in range(len(ids)):
+        d = tokenizer.decode(ids[:i + 1], skip_special_tokens=True)
+        common = 0
+        for a, b in zip(d, text):
+            if a != b:
+                break
+            common += 1
+        pending.append(len(d) > common)  # a tail that is not the text: an unfinished character
+        hi = max(hi, common if pending[-1] else common - 1)
+        last.append(hi)
+    return last, pending
+    # END SOLUTION
+
+
 # ---------------------------------------------------------------------------------------------------
-# 3. The process reward model
+# 3. First error, cut point, keep ratio, candidate selection (pure)
 # ---------------------------------------------------------------------------------------------------
 
-PRM_ARCHITECTURE = "Qwen2ForProcessRewardModel"  # config.json `architectures` of Qwen2.5-Math-PRM-7B / -72B
+
+def first_error(scores, tau: float = 0.5) -> int | None:
+    """0-based index of the first step with score < tau (ProcessBench's "earliest error"); None when no
+    scored step is below tau. Scanning stops at the first unscored step (None): scores after it are
+    ignored, since the steps before them are not verified."""
+    # BEGIN SOLUTION first_error
+    for k, s in enumerate(scores):
+        if s is None:
+            return None
+        if s < tau:
+            return k
+    return None
+    # END SOLUTION
 
 
-class Qwen2ProcessRewardModel(torch.nn.Module):
-    """Qwen2.5-Math-PRM as plain modules: transformers' `Qwen2Model` (the `model.*` weights) and the score head
-    `score` = Linear(hidden, hidden) -> ReLU -> Linear(hidden, 2), both linears with a bias (the layout of
-    vLLM 0.32's `Qwen2ForProcessRewardModel`, vllm/model_executor/models/qwen2_rm.py). The head runs in float32
-    on float32 hidden states, as vLLM's pooling runner does by default (`head_dtype`); the decoder runs in the
-    dtype it was loaded in. forward -> logits (B, T, 2); no KV cache (one forward pass per input)."""
-
-    def __init__(self, config):
-        from transformers import Qwen2Model
-
-        super().__init__()
-        self.model = Qwen2Model(config)
-        h = config.hidden_size
-        self.score = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, 2))
-
-    def forward(self, input_ids, attention_mask=None):
-        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask,
-                            use_cache=False).last_hidden_state  # (B, T, H)
-        return self.score(hidden.to(self.score[0].weight.dtype))  # (B, T, 2)
+def cut_point(scores, tau: float = 0.5) -> int:
+    """Index of the first step NOT kept for a failed rollout: the first error; else the first unscored
+    step; else the last step (the answer is wrong, so the last step is presumed wrong); 0 for no steps."""
+    # BEGIN SOLUTION first_error
+    if not scores:
+        return 0
+    err = first_error(scores, tau)
+    if err is not None:
+        return err
+    unscored = next((k for k, s in enumerate(scores) if s is None), None)
+    return unscored if unscored is not None else len(scores) - 1
+    # END SOLUTION
 
 
-def _checkpoint_shapes(folder: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    """Weight name -> (shape, shard file) from the safetensors headers of `folder` (no tensor is read):
-    `model.safetensors.index.json` and its shards, or a single `model.safetensors`."""
-    from safetensors import safe_open
-
-    index = os.path.join(folder, "model.safetensors.index.json")
-    if os.path.isfile(index):
-        with open(index, encoding="utf-8") as f:
-            shards = sorted(set(json.load(f)["weight_map"].values()))
-    elif os.path.isfile(os.path.join(folder, "model.safetensors")):
-        shards = ["model.safetensors"]
-    else:
-        raise ValueError(f"PRM {folder!r}: no model.safetensors or model.safetensors.index.json in the folder")
-    out = {}
-    for shard in shards:
-        path = os.path.join(folder, shard)
-        if not os.path.isfile(path):
-            raise ValueError(f"PRM {folder!r}: the shard {shard!r} named by model.safetensors.index.json is missing")
-        with safe_open(path, framework="pt") as f:
-            for key in f.keys():
-                out[key] = (tuple(f.get_slice(key).get_shape()), path)
-    return out
+def keep_ratio(cut: int, n_steps: int) -> float:
+    """Step keep ratio κ = cut / n_steps (the share of steps kept); 0.0 when there are no steps."""
+    # BEGIN SOLUTION first_error
+    return cut / n_steps if n_steps > 0 else 0.0
+    # END SOLUTION
 
 
-def _empty_qwen2_prm(folder: str) -> tuple[Qwen2ProcessRewardModel, object]:
-    """(the module on the meta device, its Qwen2Config) for a checkpoint folder: no memory, no random init.
-    The config is read as a plain Qwen2Config: its `auto_map` (remote code) is never followed."""
-    from transformers import Qwen2Config
-
-    config = Qwen2Config.from_pretrained(folder)  # a config without pad_token_id reads as pad_token_id=None
-    if config.model_type != "qwen2":
-        raise ValueError(f"PRM {folder!r}: {PRM_ARCHITECTURE} needs model_type 'qwen2', config.json has "
-                         f"{config.model_type!r}")
-    with torch.device("meta"):
-        module = Qwen2ProcessRewardModel(config)
-    return module, config
+def mean_score(scores) -> float:
+    """Mean PRM score over the scored steps (None skipped); 0.0 when nothing is scored. Used for the
+    kept-prefix tie-break (`mean_score(scores[:cut])`) and by the prm-reward ablation."""
+    vals = [s for s in scores if s is not None]
+    return sum(vals) / len(vals) if vals else 0.0
 
 
-def check_qwen2_prm_checkpoint(folder: str) -> dict[str, tuple[tuple[int, ...], str]]:
-    """The weight names and shapes of a Qwen2.5-Math-PRM checkpoint against `Qwen2ProcessRewardModel`, from
-    the file headers only. `lm_head.*` (saved by some exports, unused by a PRM) is ignored. Returns the
-    checkpoint's name -> (shape, shard) map; raises ValueError, one line naming the keys, on a missing,
-    unexpected or misshapen weight (a missing score head would otherwise be left at random initialisation)."""
-    module, _ = _empty_qwen2_prm(folder)
-    expected = {k: tuple(v.shape) for k, v in module.state_dict().items()}
-    found = {k: v for k, v in _checkpoint_shapes(folder).items() if not k.startswith("lm_head.")}
-    missing = sorted(set(expected) - set(found))
-    unexpected = sorted(set(found) - set(expected))
-    misshapen = sorted(k for k in set(expected) & set(found) if expected[k] != found[k][0])
-
-    def some(keys):
-        return ", ".join(keys[:6]) + (f" (+{len(keys) - 6} more)" if len(keys) > 6 else "")
-
-    problems = [f"missing {some(missing)}" if missing else "", f"unexpected {some(unexpected)}" if unexpected else "",
-                "wrong shape " + some([f"{k} {found[k][0]} (expected {expected[k]})" for k in misshapen])
-                if misshapen else ""]
-    if any(problems):
-        raise ValueError(f"PRM {folder!r} is not a {PRM_ARCHITECTURE} checkpoint (model.* + score.0 + score.2): "
-                         + "; ".join(p for p in problems if p))
-    return found
+def select_candidate(keep_ratios: list[float], prefix_means: list[float], lengths: list[int],
+                     tiebreak: str = "length") -> int | None:
+    """Index of the most promising failure of a group: the largest keep ratio; ties -> the higher mean
+    PRM score over the kept prefix; then the shorter rollout (in tokens); then the earlier index.
+    None for an empty group. tiebreak="index" drops the length key (ties go to the earlier index: rollouts
+    of a group are exchangeable, so this favours no form of solution; "shorter" favours the terser phrasing)."""
+    if not (len(keep_ratios) == len(prefix_means) == len(lengths)):
+        raise ValueError(f"select_candidate: lengths differ ({len(keep_ratios)} keep ratios, "
+                         f"{len(prefix_means)} prefix means, {len(lengths)} lengths)")
+    if tiebreak not in ("length", "index"):
+        raise ValueError(f"select_candidate: tiebreak={tiebreak!r} must be 'length' or 'index'")
+    if not keep_ratios:
+        return None
+    if tiebreak == "index":
+        lengths = [0] * len(lengths)   # every length equal: the key below falls through to the index
+    # BEGIN SOLUTION first_error
+    return min(range(len(keep_ratios)), key=lambda i: (-keep_ratios[i], -prefix_means[i], lengths[i], i))
+    # END SOLUTION
 
 
-def indexed_device(device) -> str:
-    """`device` as a string with its index: a bare "cuda" becomes "cuda:N", N the current CUDA device (the
-    rank's GPU under torchrun: dist.init sets it). torch reads a bare "cuda" as the current device, but a library
-    that is not torch may not: safetensors' safe_open maps it to cuda:0, which would put every rank's PRM on
-    rank 0's GPU."""
-    d = torch.device(device)
-    if d.type == "cuda" and d.index is None:
-        d = torch.device("cuda", torch.cuda.current_device())
-    return str(d)
-
-
-def load_qwen2_prm(folder: str, device="cpu", dtype=None) -> tuple[Qwen2ProcessRewardModel, object]:
-    """(module, config) of a Qwen2.5-Math-PRM checkpoint folder, without remote code: keys checked first
-    (`check_qwen2_prm_checkpoint`), then each tensor read straight onto `device` and assigned in place of the
-    meta parameters (peak memory = one copy of the weights). The decoder gets `dtype` (default float32), the
-    score head float32."""
-    dtype = dtype or torch.float32
-    found = check_qwen2_prm_checkpoint(folder)
-    module, config = _empty_qwen2_prm(folder)
-    from safetensors import safe_open
-
-    state = {}
-    for shard in sorted({path for _, path in found.values()}):
-        with safe_open(shard, framework="pt", device=indexed_device(device)) as f:   # "cuda" is cuda:0 there
-            for key in f.keys():
-                if key in found:
-                    state[key] = f.get_tensor(key).to(torch.float32 if key.startswith("score.") else dtype)
-    module.load_state_dict(state, strict=True, assign=True)
-    # the rotary inverse frequencies are a computed buffer, not a weight: build them on the device
-    module.model.rotary_emb = type(module.model.rotary_emb)(config).to(device)
-    left = [n for n, t in [*module.named_parameters(), *module.named_buffers()] if t.is_meta]
-    if left:
-        raise ValueError(f"PRM {folder!r}: no weights for {', '.join(left[:6])}")
-    return module.eval().requires_grad_(False), config
-
-
-def _config_json(name: str) -> dict:
-    """config.json of a local folder or of a hub id (downloaded, or from the cache when offline)."""
-    path = os.path.join(name, "config.json")
-    if not os.path.isdir(name):
-        from huggingface_hub import hf_hub_download
-        from huggingface_hub.errors import HFValidationError
-
-        try:
-            path = hf_hub_download(name, "config.json")
-        except HFValidationError as e:  # not a folder, and not a hub id either
-            raise OSError(str(e)) from e
-    with open(path, encoding="utf-8") as f:
-        return json.load(f)
+# ---------------------------------------------------------------------------------------------------
+# 4. The process reward model: P(step correct) per step
+# ---------------------------------------------------------------------------------------------------
 
 
 class ProcessRewardModel:
@@ -405,54 +257,16 @@ class ProcessRewardModel:
     exactly. A tokenizer without a chat template gets the plain layout
     `f"{PRM_SYSTEM}\\n\\nQuestion: {question}\\n\\nAnswer:\\n"` followed by the steps and separators.
 
-    Loading, chosen by the `architectures` of config.json; nothing runs remote code:
-    - `Qwen2ForProcessRewardModel` (Qwen2.5-Math-PRM-7B/-72B): `load_qwen2_prm`, our own module on
-      transformers' Qwen2Model, from the safetensors files (a hub id is fetched, or read from the cache);
-      why in process: the module docstring, choice 8.
-    - `*ForTokenClassification` with 2 labels (a tiny `Qwen2ForTokenClassification` in the tests, an HF PRM
-      trained with TRL): `AutoModelForTokenClassification`, refused when a weight is missing from the files.
+    Loading (harness/prm_checkpoint.py, chosen by the `architectures` of config.json, no remote code):
+    Qwen2.5-Math-PRM through our own module on transformers' Qwen2Model, or any 2-label token classifier.
     `max_length` is capped at the model's `max_position_embeddings`.
     """
 
     def __init__(self, name_or_path, device="cpu", dtype=None, max_length=4096, micro_batch_size=4):
-        from transformers import AutoConfig, AutoModelForTokenClassification
+        from harness.prm_checkpoint import load_prm
 
-        from harness.generate import load_tokenizer
-
-        if isinstance(dtype, str):
-            dtype = getattr(torch, dtype)
         self.name = str(name_or_path)
-        try:
-            archs = _config_json(self.name).get("architectures") or []
-            self.tokenizer = load_tokenizer(self.name)
-            if PRM_ARCHITECTURE in archs:
-                folder = self.name
-                if not os.path.isdir(folder):
-                    from huggingface_hub import snapshot_download
-
-                    folder = snapshot_download(self.name, allow_patterns=["*.json", "*.safetensors"])
-                model, config = load_qwen2_prm(folder, device, dtype)
-            elif any(a.endswith("ForTokenClassification") for a in archs):
-                config = AutoConfig.from_pretrained(self.name)
-                if config.num_labels != 2:
-                    raise ValueError(f"PRM {self.name!r}: a token classifier with {config.num_labels} labels; "
-                                     "a PRM has 2 (incorrect, correct)")
-                model, info = AutoModelForTokenClassification.from_pretrained(self.name, dtype=dtype,
-                                                                              output_loading_info=True)
-                model.config.use_cache = False  # one forward pass per input: no KV cache
-                if info["missing_keys"]:
-                    raise ValueError(f"PRM {self.name!r}: weights missing from the checkpoint (they would be "
-                                     f"random): {', '.join(sorted(info['missing_keys'])[:6])}")
-            else:
-                raise ValueError(f"PRM {self.name!r}: config.json names architectures {archs}; supported are "
-                                 f"{PRM_ARCHITECTURE} (Qwen2.5-Math-PRM) and *ForTokenClassification with 2 labels")
-        except (OSError, ImportError) as e:
-            where = ("local folder" if os.path.isdir(self.name)
-                     else "no such folder; tried as a Hugging Face id")
-            raise RuntimeError(
-                f"could not load the PRM {self.name!r} ({where}): {type(e).__name__}: {e}. Without network "
-                "the weights must already be in the Hugging Face cache or a local folder.") from e
-        self.model = model.to(device).eval()
+        self.model, self.tokenizer, config = load_prm(self.name, device, dtype)   # no remote code
         self.device = device
         self.micro_batch_size = int(micro_batch_size)
         if self.micro_batch_size < 1:
@@ -546,66 +360,83 @@ class ProcessRewardModel:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 4. First error, cut point, keep ratio, candidate selection (pure)
+# Plumbing: cutting text, reading token bytes
 # ---------------------------------------------------------------------------------------------------
 
-def first_error(scores, tau: float = 0.5) -> int | None:
-    """0-based index of the first step with score < tau (ProcessBench's "earliest error"); None when no
-    scored step is below tau. Scanning stops at the first unscored step (None): scores after it are
-    ignored, since the steps before them are not verified."""
-    # BEGIN SOLUTION first_error
-    for k, s in enumerate(scores):
-        if s is None:
-            return None
-        if s < tau:
-            return k
-    return None
-    # END SOLUTION
+
+def _cut_after(text: str, seps: list[int]) -> list[str]:
+    """Pieces of `text` cut after each position in `seps` (sorted ends of separators); lossless."""
+    pieces, start = [], 0
+    for end in seps:
+        pieces.append(text[start:end])
+        start = end
+    if start < len(text):
+        pieces.append(text[start:])
+    return pieces
 
 
-def cut_point(scores, tau: float = 0.5) -> int:
-    """Index of the first step NOT kept for a failed rollout: the first error; else the first unscored
-    step; else the last step (the answer is wrong, so the last step is presumed wrong); 0 for no steps."""
-    # BEGIN SOLUTION first_error
-    if not scores:
-        return 0
-    err = first_error(scores, tau)
-    if err is not None:
-        return err
-    unscored = next((k for k, s in enumerate(scores) if s is None), None)
-    return unscored if unscored is not None else len(scores) - 1
-    # END SOLUTION
+def _blank_line_ends(text: str) -> list[int]:
+    """End offsets of blank-line separators: a run of >= 2 newlines with only spaces/tabs/\\r between."""
+    ends, i, n = [], 0, len(text)
+    while i < n:
+        if text[i] != "\n":
+            i += 1
+            continue
+        # text[i] is a newline; extend over (horizontal whitespace)* newline, as often as possible
+        end, newlines, j = i + 1, 1, i + 1
+        while j < n:
+            while j < n and text[j] in " \t\r\f\v":
+                j += 1
+            if j < n and text[j] == "\n":
+                newlines += 1
+                j += 1
+                end = j
+            else:
+                break
+        if newlines >= 2:
+            ends.append(end)
+        i = end
+    return ends
 
 
-def keep_ratio(cut: int, n_steps: int) -> float:
-    """Step keep ratio κ = cut / n_steps (the share of steps kept); 0.0 when there are no steps."""
-    # BEGIN SOLUTION first_error
-    return cut / n_steps if n_steps > 0 else 0.0
-    # END SOLUTION
+def _byte_level_inverse() -> dict[str, int]:
+    """GPT-2 / Qwen byte-level alphabet, char -> byte: printable bytes stand for themselves, the other
+    bytes are mapped in order onto chr(256), chr(257), ..."""
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
+    inverse, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            inverse[chr(b)] = b
+        else:
+            inverse[chr(256 + extra)] = b
+            extra += 1
+    return inverse
 
 
-def mean_score(scores) -> float:
-    """Mean PRM score over the scored steps (None skipped); 0.0 when nothing is scored. Used for the
-    kept-prefix tie-break (`mean_score(scores[:cut])`) and by the prm-reward ablation."""
-    vals = [s for s in scores if s is not None]
-    return sum(vals) / len(vals) if vals else 0.0
+_BYTE_OF = _byte_level_inverse()
 
 
-def select_candidate(keep_ratios: list[float], prefix_means: list[float], lengths: list[int],
-                     tiebreak: str = "length") -> int | None:
-    """Index of the most promising failure of a group: the largest keep ratio; ties -> the higher mean
-    PRM score over the kept prefix; then the shorter rollout (in tokens); then the earlier index.
-    None for an empty group. tiebreak="index" drops the length key (ties go to the earlier index: rollouts
-    of a group are exchangeable, so this favours no form of solution; "shorter" favours the terser phrasing)."""
-    if not (len(keep_ratios) == len(prefix_means) == len(lengths)):
-        raise ValueError(f"select_candidate: lengths differ ({len(keep_ratios)} keep ratios, "
-                         f"{len(prefix_means)} prefix means, {len(lengths)} lengths)")
-    if tiebreak not in ("length", "index"):
-        raise ValueError(f"select_candidate: tiebreak={tiebreak!r} must be 'length' or 'index'")
-    if not keep_ratios:
-        return None
-    if tiebreak == "index":
-        lengths = [0] * len(lengths)   # every length equal: the key below falls through to the index
-    # BEGIN SOLUTION first_error
-    return min(range(len(keep_ratios)), key=lambda i: (-keep_ratios[i], -prefix_means[i], lengths[i], i))
-    # END SOLUTION
+def _token_bytes(tokenizer, ids: list[int]) -> list[bytes] | None:
+    """The bytes each token contributes to `decode(ids, skip_special_tokens=True)`, or None when this
+    tokenizer's pieces cannot be read directly (the caller then verifies or falls back)."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = set(getattr(tokenizer, "all_special_ids", []) or [])
+    try:
+        byte_level = type(tokenizer.backend_tokenizer.decoder).__name__ == "ByteLevel"
+    except AttributeError:
+        byte_level = False
+    pieces = tokenizer.convert_ids_to_tokens(list(ids))
+    out = []
+    for tid, piece in zip(ids, pieces):
+        if tid in special or (tid in added and added[tid].special) or piece is None:
+            out.append(b"")  # skipped by decode(skip_special_tokens=True); unknown ids decode to nothing
+        elif tid in added:
+            out.append(added[tid].content.encode("utf-8"))
+        elif byte_level:
+            try:
+                out.append(bytes(_BYTE_OF[ch] for ch in piece))
+            except KeyError:
+                return None
+        else:
+            out.append(piece.encode("utf-8"))
+    return out

@@ -48,9 +48,11 @@ from refine import Trajectory, rectify
 MODES = ("scope", "grpo", "replace", "prm-reward")
 
 
+
 def arg(default, help, choices=None):
     """A dataclass field whose help text (and choices) become its --flag."""
     return field(default=default, metadata={"help": help, "choices": choices})
+
 
 
 @dataclass
@@ -152,38 +154,32 @@ class Args:
                               "stops with an error")
 
 
+
 # Applied with --toy unless the flag is typed. 30 steps take ~0.5 s each on 2 CPU cores once the warm start is cached.
 TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy", eval_dataset="toy", eval_size=200,
                     backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
                     lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, eval_max_new_tokens=128,
                     gradient_checkpointing=False, logprob_chunk=0)
 
-def parse_args(argv=None) -> Args:
-    """Args from the command line. Precedence: flags typed > the resumed run's settings (config.json with the
-    accepted changes of changes.jsonl) > --toy defaults > the dataclass defaults. On a resume, a typed flag that
-    changes training is refused by the pre-flight unless --change-config confirms it."""
-    toy_line = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TOY_DEFAULTS.items())
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                     epilog=f"--toy also sets, unless typed: {toy_line}")
-    for f in fields(Args):
-        kind = dict(action=argparse.BooleanOptionalAction) if isinstance(f.default, bool) else dict(type=type(f.default))
-        parser.add_argument("--" + f.name.replace("_", "-"), help=f"{f.metadata['help']} (default: {f.default!r})",
-                            choices=f.metadata["choices"], default=argparse.SUPPRESS, **kind)
-    typed = vars(parser.parse_args(argv))   # only the flags on the command line (the rest are SUPPRESSed)
-    values = asdict(Args())
-    if typed.get("resume"):   # a checked config: missing folder/file, bad JSON or foreign keys stop in one line
-        config = preflight.read_run_config(typed["resume"], set(values))
-        values.update(run_settings(config, read_changes(typed["resume"])))
-        values.update(overwrite=False, dry_run=False, change_config=False)   # never inherited from the resumed run
-    elif typed.get("toy"):
-        values.update(TOY_DEFAULTS)
-    values.update(typed)
-    return Args(**values)
+
+# ============================================================ the steps of main, in its order
 
 
-def seed_for(seed: int, step: int, phase: str) -> int:
-    """A seed for one random phase of one step, derived from (seed, step, phase) only: resume is exact."""
-    return int(np.random.SeedSequence([seed, step, zlib.crc32(phase.encode())]).generate_state(1)[0] % 2**31)
+def rollout(run, problems: list[dict], groups: range, seed: int) -> list[Trajectory]:
+    """Step 1: G samples per prompt of `groups` (this rank's; all B in one process) at the rollout temperature,
+    one batched call, kept as token ids. vLLM seeds prompt i with seed + i, so a rank samples its slice alone;
+    HF generate draws one stream for the whole call, so each rank samples all B prompts and keeps its groups."""
+    a = run.args
+    todo = groups if run.use_vllm else range(len(problems))
+    prompts = [format_prompt(run.tokenizer, problems[b]["question"]) for b in todo]
+    run.policy.eval()
+    with run.amp_for(run.generator):   # autocast for HF generate only, never around vLLM
+        completions = run.generator.generate(prompts, n=a.group_size, temperature=a.temperature,
+                                             max_tokens=a.max_new_tokens, seed=seed + todo.start)
+    return [Trajectory(question=problems[b]["question"], answer=problems[b]["answer"], group=b, prompt_ids=prompt,
+                       response_ids=list(c.ids), text=c.text, finished=c.finished, sampler_logp=c.logprobs)
+            for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
+
 
 
 def kept_tokens(spans: list[tuple[int, int]], cut: int, n_tokens: int) -> int:
@@ -193,6 +189,7 @@ def kept_tokens(spans: list[tuple[int, int]], cut: int, n_tokens: int) -> int:
     if not spans:
         return 0
     return spans[cut][0] if cut < len(spans) else n_tokens
+
 
 
 def locate_first_errors(trajs: list[Trajectory], prm, args: Args, tokenizer) -> dict[int, int]:
@@ -217,6 +214,7 @@ def locate_first_errors(trajs: list[Trajectory], prm, args: Args, tokenizer) -> 
     # END SOLUTION
 
 
+
 def select_failures(trajs: list[Trajectory], groups: range, prefix_len: dict[int, int], args: Args) -> list[tuple]:
     """Step 4: (index, tokens to keep) of the most promising failure per eligible group (`--rectify-groups any`:
     every group with a failure; `all-fail`: only groups in which every rollout failed): largest keep ratio, then higher prefix PRM mean, then shorter. Mode replace keeps nothing of the same pick."""
@@ -236,21 +234,6 @@ def select_failures(trajs: list[Trajectory], groups: range, prefix_len: dict[int
     return picks
     # END SOLUTION
 
-
-def rollout(run, problems: list[dict], groups: range, seed: int) -> list[Trajectory]:
-    """Step 1: G samples per prompt of `groups` (this rank's; all B in one process) at the rollout temperature,
-    one batched call, kept as token ids. vLLM seeds prompt i with seed + i, so a rank samples its slice alone;
-    HF generate draws one stream for the whole call, so each rank samples all B prompts and keeps its groups."""
-    a = run.args
-    todo = groups if run.use_vllm else range(len(problems))
-    prompts = [format_prompt(run.tokenizer, problems[b]["question"]) for b in todo]
-    run.policy.eval()
-    with run.amp_for(run.generator):   # autocast for HF generate only, never around vLLM
-        completions = run.generator.generate(prompts, n=a.group_size, temperature=a.temperature,
-                                             max_tokens=a.max_new_tokens, seed=seed + todo.start)
-    return [Trajectory(question=problems[b]["question"], answer=problems[b]["answer"], group=b, prompt_ids=prompt,
-                       response_ids=list(c.ids), text=c.text, finished=c.finished, sampler_logp=c.logprobs)
-            for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
 
 
 def repair(run, trajs: list[Trajectory], picks: list[tuple], seed: int) -> tuple[list[Trajectory], list[dict], bool]:
@@ -272,6 +255,7 @@ def repair(run, trajs: list[Trajectory], picks: list[tuple], seed: int) -> tuple
     # END SOLUTION
 
 
+
 def batch_advantages(trajs: list[Trajectory], groups: range, scale_std: bool) -> torch.Tensor:
     """Step 6: A = r − mean(r) over each merged group (ragged with --merge append)."""
     # BEGIN SOLUTION scope_step
@@ -284,12 +268,14 @@ def batch_advantages(trajs: list[Trajectory], groups: range, scale_std: bool) ->
     # END SOLUTION
 
 
+
 def zero_repair_advantages(trajs: list[Trajectory], advantages: torch.Tensor) -> torch.Tensor:
     """--repair-advantage zero, the phantom-success control: the accepted repairs (source "rectified" or
     "replaced") already counted in their groups' means (batch_advantages); here their own advantage becomes 0,
     so no gradient flows through their tokens while the group's other rollouts keep the shifted baseline."""
     keep = torch.tensor([t.source == "policy" for t in trajs], dtype=advantages.dtype)   # (N,)
     return advantages * keep
+
 
 
 def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
@@ -315,6 +301,7 @@ def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
                    dist=run.dist if run.dist.world > 1 else None)
     run.policy.eval()
     return stats
+
 
 
 def step_metrics(step: int, args: Args, rollouts: list[Trajectory], trained: list[Trajectory], traces: list[dict],
@@ -359,12 +346,6 @@ def step_metrics(step: int, args: Args, rollouts: list[Trajectory], trained: lis
               for tr in traces]
     return m, traces
 
-
-@contextmanager
-def timed(times: dict, phase: str):
-    t0 = time.time()
-    yield
-    times[phase] = time.time() - t0
 
 
 def main(args: Args) -> dict:
@@ -428,6 +409,47 @@ def main(args: Args) -> dict:
         m["time_step"] = time.time() - t0
         run.log(m, traces)
     return run.finish()
+
+
+# ============================================================ plumbing: the command line, seeds, timers
+
+
+def parse_args(argv=None) -> Args:
+    """Args from the command line. Precedence: flags typed > the resumed run's settings (config.json with the
+    accepted changes of changes.jsonl) > --toy defaults > the dataclass defaults. On a resume, a typed flag that
+    changes training is refused by the pre-flight unless --change-config confirms it."""
+    toy_line = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TOY_DEFAULTS.items())
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                                     epilog=f"--toy also sets, unless typed: {toy_line}")
+    for f in fields(Args):
+        kind = dict(action=argparse.BooleanOptionalAction) if isinstance(f.default, bool) else dict(type=type(f.default))
+        parser.add_argument("--" + f.name.replace("_", "-"), help=f"{f.metadata['help']} (default: {f.default!r})",
+                            choices=f.metadata["choices"], default=argparse.SUPPRESS, **kind)
+    typed = vars(parser.parse_args(argv))   # only the flags on the command line (the rest are SUPPRESSed)
+    values = asdict(Args())
+    if typed.get("resume"):   # a checked config: missing folder/file, bad JSON or foreign keys stop in one line
+        config = preflight.read_run_config(typed["resume"], set(values))
+        values.update(run_settings(config, read_changes(typed["resume"])))
+        values.update(overwrite=False, dry_run=False, change_config=False)   # never inherited from the resumed run
+    elif typed.get("toy"):
+        values.update(TOY_DEFAULTS)
+    values.update(typed)
+    return Args(**values)
+
+
+
+def seed_for(seed: int, step: int, phase: str) -> int:
+    """A seed for one random phase of one step, derived from (seed, step, phase) only: resume is exact."""
+    return int(np.random.SeedSequence([seed, step, zlib.crc32(phase.encode())]).generate_state(1)[0] % 2**31)
+
+
+
+@contextmanager
+def timed(times: dict, phase: str):
+    t0 = time.time()
+    yield
+    times[phase] = time.time() - t0
+
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ Not part of the paper. A real run costs hours of GPU time; a typo should cost se
     hub is unreachable the hub libraries are put in offline mode (no screens of retries) and a model that
     is in neither a local folder nor the local cache stops the run with one line saying what to do.
     Then `check_prm_weights`: a Qwen2.5-Math-PRM checkpoint on disk has the weight names and shapes that
-    prm.py loads (read from the file headers).
+    harness/prm_checkpoint.py loads (read from the file headers).
  5. `load_data`: training and evaluation problems loaded and checked non-empty (toy questions with --toy).
  6. `check_run_dir`: a new run's folder holds no other run (else `--overwrite`); a resumed folder has a
     complete checkpoint (else `--overwrite` restarts it) at a step not above `--steps`; no live process
@@ -314,7 +314,7 @@ def check_hub(args, resume_step: int | None) -> tuple[bool, list[str]]:
 
 def check_prm_weights(args) -> None:
     """A Qwen2.5-Math-PRM checkpoint that is a local folder, or whose weights are in the hub cache: its weight
-    names and shapes against the module prm.py builds, from the safetensors headers (no tensor is read), so a
+    names and shapes against the module harness/prm_checkpoint.py builds, from the safetensors headers (no tensor is read), so a
     damaged checkpoint stops the run in one line before any model loads. Other PRMs are checked as they load."""
     if args.toy or args.prm == "none":
         return
@@ -336,11 +336,11 @@ def check_prm_weights(args) -> None:
             archs = json.load(f).get("architectures") or []
     except (OSError, ValueError):
         return   # the loader names an unreadable config
-    import prm
+    from harness import prm_checkpoint
 
-    if prm.PRM_ARCHITECTURE in archs:
+    if prm_checkpoint.PRM_ARCHITECTURE in archs:
         try:
-            prm.check_qwen2_prm_checkpoint(folder)
+            prm_checkpoint.check_qwen2_prm_checkpoint(folder)
         except (OSError, ValueError) as e:
             stop(f"--prm {args.prm}: {e}")
 
@@ -449,7 +449,7 @@ UPDATE_FIT = {   # checkpointing: (a_h, a_i, a_v, a_c, a_p)
     False: (38.773, 8.32, 7.181, 6.007, 1.773),
     True: (11.377, -0.187, 4.482, 12.396, 0.609),
 }
-# The PRM's bf16 no-grad scoring forward beyond its weights, per micro-batch of n tokens (prm.py's
+# The PRM's bf16 no-grad scoring forward beyond its weights, per micro-batch of n tokens (prm_checkpoint's
 # Qwen2ProcessRewardModel: decoder in bf16, score head in float32): bytes = n · (p_h · h + p_i · I). Fitted by
 # least squares to `python -m tools.bench_memory --fit --only prm` (the six small shapes above; the vocabulary
 # and the depth do not change the peak, which is one layer's working set: p_i ≈ 6 is three bf16 (n × I) tensors

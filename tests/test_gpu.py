@@ -136,7 +136,8 @@ def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: 
     """Parts 1-5 of the module docstring; returns the figures (asserting what must hold)."""
     from harness.generate import ServedModel, free_port
 
-    from prm import ProcessRewardModel, Qwen2ProcessRewardModel
+    from harness.prm_checkpoint import Qwen2ProcessRewardModel
+    from prm import ProcessRewardModel
 
     paths, which = save_models(str(tmp_path), device, shape, prm_shape)
     assert isinstance(ProcessRewardModel(paths["prm"]).model, Qwen2ProcessRewardModel)  # the path scope.py takes
@@ -171,7 +172,7 @@ def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: 
     assert compared > 0 and changed >= 0.5 * compared and largest > 0, (changed, compared, largest)
     memory = json.loads(proc.stdout.split("MEMORY", 1)[1].splitlines()[0])
     figures = dict(part="run", device=memory.get("device_name", "cpu"), tokenizer=which,
-                   prm="Qwen2ForProcessRewardModel layout through prm.Qwen2ProcessRewardModel",
+                   prm="Qwen2ForProcessRewardModel layout through harness.prm_checkpoint.Qwen2ProcessRewardModel",
                    rectify_accepted=accepted, rectify_tried=tried, offpolicy_share=offpolicy,
                    tensors_changed=changed, tensors_compared=compared, max_abs_change=largest,
                    step_seconds=[round(r["time_step"], 1) for r in rows],

@@ -223,7 +223,7 @@ def test_memory_plan_within_ten_percent_of_a_trace():
 
 def test_prm_plan_within_ten_percent_of_the_full_size_trace():
     """The plan's PRM rows (bf16 weights + scoring activations, PRM_FIT from small shapes) against a
-    FakeTensorMode + MemTracker trace of prm.py's own Qwen2ProcessRewardModel at the real run's size:
+    FakeTensorMode + MemTracker trace of our own Qwen2ProcessRewardModel (harness/prm_checkpoint.py) at the real run's size:
     Qwen2.5-Math-PRM-7B scoring one micro-batch of 4 x 1,280 tokens (about 10 s of CPU: a forward without
     gradients), and the activations alone within 25 % (they are 5 % of the total)."""
     from tools.bench_memory import trace_prm

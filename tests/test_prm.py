@@ -1,5 +1,5 @@
 """Tests for the PRM wrapper (prm.ProcessRewardModel), the Qwen2.5-Math-PRM loader without remote code
-(prm.load_qwen2_prm, on a tiny checkpoint in the real file layout: tests/real_layout_prm.py) and the pure
+(harness/prm_checkpoint.py's load_qwen2_prm, on a tiny checkpoint in the real file layout: tests/real_layout_prm.py) and the pure
 first-error / selection functions."""
 import json
 import math
@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import conftest
+from harness import prm_checkpoint
 import prm
 import real_layout_prm
 from prm import (ProcessRewardModel, cut_point, first_error, keep_ratio, mean_score, select_candidate)
@@ -160,7 +161,7 @@ def test_real_layout_loads_without_remote_code_and_scores_as_a_plain_torch_forwa
         config = json.load(f)
     assert "pad_token_id" not in config and config["architectures"] == ["Qwen2ForProcessRewardModel"]
     m = ProcessRewardModel(real_prm_dir, micro_batch_size=2)
-    assert isinstance(m.model, prm.Qwen2ProcessRewardModel)
+    assert isinstance(m.model, prm_checkpoint.Qwen2ProcessRewardModel)
     assert m.model.model.config.pad_token_id is None
     for question, steps in SOLUTIONS:
         ids, positions = m.build_input(question, steps)
@@ -310,8 +311,6 @@ def test_prm_weights_are_read_onto_the_current_cuda_device_not_cuda_0(real_prm_d
     the device that reaches safe_open must be cuda:3."""
     import safetensors
 
-    import prm
-
     real_safe_open, seen = safetensors.safe_open, []
 
     class Reached(Exception):
@@ -326,6 +325,6 @@ def test_prm_weights_are_read_onto_the_current_cuda_device_not_cuda_0(real_prm_d
     monkeypatch.setattr(safetensors, "safe_open", recording_safe_open)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 3)
     with pytest.raises(Reached):
-        prm.load_qwen2_prm(real_prm_dir, device="cuda", dtype=torch.bfloat16)
+        prm_checkpoint.load_qwen2_prm(real_prm_dir, device="cuda", dtype=torch.bfloat16)
     assert seen[-1] == "cuda:3"
-    assert prm.indexed_device("cuda:1") == "cuda:1" and prm.indexed_device("cpu") == "cpu"
+    assert prm_checkpoint.indexed_device("cuda:1") == "cuda:1" and prm_checkpoint.indexed_device("cpu") == "cpu"

@@ -337,7 +337,7 @@ print("ROWS", json.dumps([o.outputs.data.tolist() for o in out]))
 
 
 def test_real_layout_prm_equals_vllm_native_step_pooling(tmp_path):
-    """(8) An independent reference for prm.Qwen2ProcessRewardModel: vLLM's native Qwen2ForProcessRewardModel
+    """(8) An independent reference for harness/prm_checkpoint.py's Qwen2ProcessRewardModel: vLLM's native Qwen2ForProcessRewardModel
     loads the same files (no remote code, no pad_token_id) and pools at every `<extra_0>` id (STEP pooling,
     step_tag_id = the tokenizer's separator id; vLLM's default 151651 is the real PRM tokenizer's), softmax over
     the 2 classes; P(correct) = class 1. Run in a child process: one vLLM engine per process, and this module's

@@ -36,7 +36,7 @@ GIB = 2 ** 30
 
 
 def fake_model(cfg: dict, dtype=torch.float32, prm: bool = False):
-    """A Qwen2 causal LM, or with `prm` prm.py's Qwen2ProcessRewardModel (the decoder without LM head and a
+    """A Qwen2 causal LM, or with `prm` harness/prm_checkpoint.py's Qwen2ProcessRewardModel (the decoder without LM head and a
     float32 hidden→hidden→2 head), built from `cfg` (on fake tensors inside FakeTensorMode)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -51,14 +51,14 @@ def fake_model(cfg: dict, dtype=torch.float32, prm: bool = False):
             return Qwen2ForCausalLM(config)
         finally:
             torch.set_default_dtype(torch.float32)
-    import prm as prm_module
+    from harness import prm_checkpoint
 
-    torch.set_default_dtype(dtype)   # prm.py's own module: the decoder in the run's dtype ...
+    torch.set_default_dtype(dtype)   # our own PRM module: the decoder in the run's dtype ...
     try:
-        model = prm_module.Qwen2ProcessRewardModel(config)
+        model = prm_checkpoint.Qwen2ProcessRewardModel(config)
     finally:
         torch.set_default_dtype(torch.float32)
-    h = config.hidden_size           # ... and the score head in float32, as prm.load_qwen2_prm loads it
+    h = config.hidden_size           # ... and the score head in float32, as prm_checkpoint.load_qwen2_prm loads it
     model.score = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, 2))
     return model
 

@@ -159,7 +159,7 @@ EXERCISES = [
               "tests/test_steps.py::test_max_steps_merges_the_tail_into_the_last_step"), 2, 8,
              'cut after blank lines, merge short pieces; "".join(steps) == text',
              breaks=SPLIT_BREAKS + SCOPE_RUNS + FIRST_ERRORS,
-             hints=("`_blank_line_ends(text)` and `_cut_after(text, seps)` above the function do the cutting.",
+             hints=("`_blank_line_ends(text)` and `_cut_after(text, seps)`, under the last banner of prm.py, do the cutting.",
                     "The separator stays at the end of the step before it, so no character is lost.")),
     Exercise("step_token_spans", ("prm.py:step_token_spans", "prm.py:_char_reach"),
              "steps → token ranges, so the kept prefix is the policy's own token ids (straddling tokens go later)",
