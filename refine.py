@@ -45,7 +45,8 @@ class Trajectory:
     step_scores: list | None = None  # PRM P(correct) per step, None where unscored
     cut: int | None = None  # index of the first step NOT kept (the first error / cut point)
     keep_ratio: float | None = None  # cut / len(steps)
-    keep_ratio_tokens: float | None = None  # prefix tokens / response tokens
+    prefix_len: int | None = None  # response tokens before the first error (the kept prefix), set in step 3
+    keep_ratio_tokens: float | None = None  # prefix_len / len(response_ids)
     finished: bool = True  # the sampler stopped by itself (False: it hit max_new_tokens, a truncated response)
     sampler_logp: list[float] | None = None  # the sampler's log-prob of the first len() response ids (vLLM only)
 
@@ -135,6 +136,48 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
     picks: (index into trajs, prefix_len in tokens) per selected failure. `tokenizer` is the POLICY's.
     Returns (new list, one trace dict per pick; "step" is left for the caller to fill).
     """
+    _check_picks(trajs, picks, attempts, merge, max_new_tokens)   # a public entry point: one-line errors
+    if not picks:
+        return list(trajs), []
+    originals = [trajs[index] for index, _ in picks]
+    prefixes = [t.response_ids[:prefix_len] for t, (_, prefix_len) in zip(originals, picks)]
+    prefix_texts = [tokenizer.decode(p, skip_special_tokens=True) for p in prefixes]   # the refiner reads text
+    suffixes = refiner.continue_from([t.question for t in originals], prefix_texts, n=attempts,
+                                     max_tokens=[max_new_tokens - len(p) for p in prefixes], seed=seed)
+    end_id = turn_end_id(tokenizer)  # what ends the assistant turn of the policy's prompt (choice 3)
+    accepted: dict[int, Trajectory] = {}  # index of the original -> its repaired trajectory
+    traces = []
+    for t, (index, _), prefix, prefix_text, tries in zip(originals, picks, prefixes, prefix_texts, suffixes):
+        tries = [s if isinstance(s, Suffix) else Suffix(s, True) for s in tries]   # a stand-in refiner's str
+        spliced = [splice(prefix, s.text, tokenizer, max_new_tokens=max_new_tokens, eos_id=end_id,
+                          finished=s.finished) for s in tries]   # (response_ids, offpolicy_mask) per attempt
+        texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in spliced]
+        verdicts = [bool(grade_fn(text, t.answer)) for text in texts]   # reward recomputation with the grader
+        if any(verdicts):
+            k = verdicts.index(True)   # the first correct attempt
+            accepted[index] = _repaired(t, *spliced[k], texts[k], len(prefix), end_id)
+        traces.append(_trace(t, len(prefix), prefix_text, tries, verdicts, accepted.get(index)))
+    return merge_into(trajs, accepted, merge), traces
+
+
+def merge_into(trajs: list[Trajectory], accepted: dict[int, Trajectory], merge: str) -> list[Trajectory]:
+    """A new list: each accepted trajectory replaces its original ("replace") or follows the last member of
+    its group ("append"); every other entry is the very same object as before."""
+    last_of_group = {t.group: i for i, t in enumerate(trajs)}
+    out = []
+    for i, t in enumerate(trajs):
+        out.append(accepted[i] if merge == "replace" and i in accepted else t)
+        if merge == "append" and last_of_group[t.group] == i:
+            out.extend(accepted[j] for j in sorted(accepted) if trajs[j].group == t.group)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Plumbing: rectify's input checks, the repaired record, the trace
+# ---------------------------------------------------------------------------------------------------
+def _check_picks(trajs: list[Trajectory], picks: list[tuple[int, int]], attempts: int, merge: str,
+                 max_new_tokens: int) -> None:
+    """One-line ValueErrors for `rectify`'s arguments: the merge, the attempts, each pick's index and prefix."""
     if merge not in ("replace", "append"):
         raise ValueError(f"merge must be 'replace' or 'append', got {merge!r}")
     if attempts < 1:
@@ -149,58 +192,33 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
         if index in seen:
             raise ValueError(f"rectify: trajectory {index} is picked twice")
         seen.add(index)
-    if not picks:
-        return list(trajs), []
 
-    originals = [trajs[index] for index, _ in picks]
-    prefixes = [t.response_ids[:prefix_len] for t, (_, prefix_len) in zip(originals, picks)]
-    prefix_texts = [tokenizer.decode(p, skip_special_tokens=True) for p in prefixes]
-    suffixes = refiner.continue_from([t.question for t in originals], prefix_texts, n=attempts,
-                                     max_tokens=[max_new_tokens - len(p) for p in prefixes], seed=seed)
 
-    end_id = turn_end_id(tokenizer)  # what ends the assistant turn of the policy's prompt (choice 3)
-    accepted: dict[int, Trajectory] = {}  # index of the original -> its repaired trajectory
-    traces = []
-    for t, (index, _), prefix, prefix_text, texts in zip(originals, picks, prefixes, prefix_texts, suffixes):
-        candidates, verdicts = [], []
-        texts = [s if isinstance(s, Suffix) else Suffix(s, True) for s in texts]
-        for suffix in texts:
-            response_ids, mask = splice(prefix, suffix.text, tokenizer, max_new_tokens=max_new_tokens,
-                                        eos_id=end_id, finished=suffix.finished)
-            text = tokenizer.decode(response_ids, skip_special_tokens=True)
-            candidates.append((response_ids, mask, text))
-            verdicts.append(bool(grade_fn(text, t.answer)))  # reward recomputation with the grader
-        if any(verdicts):
-            response_ids, mask, text = candidates[verdicts.index(True)]  # the first correct attempt
-            accepted[index] = Trajectory(
-                question=t.question, answer=t.answer, group=t.group, prompt_ids=list(t.prompt_ids),
-                response_ids=response_ids, text=text, reward=1.0, correct=True, offpolicy_mask=mask,
-                source="rectified" if prefix else "replaced", steps=_copy(t.steps), step_scores=_copy(t.step_scores),
-                cut=t.cut, keep_ratio=t.keep_ratio, keep_ratio_tokens=t.keep_ratio_tokens,
-                finished=bool(response_ids) and response_ids[-1] == end_id,
-                sampler_logp=None if t.sampler_logp is None else list(t.sampler_logp[:len(prefix)]))
-        traces.append({
-            "group": t.group, "question": t.question, "answer": t.answer,
-            "mode": "scope" if prefix else "replace", "steps": t.steps, "scores": t.step_scores, "cut": t.cut,
+def _repaired(t: Trajectory, response_ids: list[int], mask: list[int], text: str, prefix_len: int,
+              end_id: int | None) -> Trajectory:
+    """The accepted repair of failure `t`: reward 1.0, the refiner's tokens marked, the PRM facts copied from the
+    original so the logs show what was salvaged, the sampler's log-probs of the kept prefix only."""
+    return Trajectory(
+        question=t.question, answer=t.answer, group=t.group, prompt_ids=list(t.prompt_ids),
+        response_ids=response_ids, text=text, reward=1.0, correct=True, offpolicy_mask=mask,
+        source="rectified" if prefix_len else "replaced", steps=_copy(t.steps), step_scores=_copy(t.step_scores),
+        cut=t.cut, keep_ratio=t.keep_ratio, prefix_len=prefix_len, keep_ratio_tokens=t.keep_ratio_tokens,
+        finished=bool(response_ids) and response_ids[-1] == end_id,
+        sampler_logp=None if t.sampler_logp is None else list(t.sampler_logp[:prefix_len]))
+
+
+def _trace(t: Trajectory, prefix_len: int, prefix_text: str, tries: list[Suffix], verdicts: list[bool],
+           repaired: Trajectory | None) -> dict:
+    """One pick's trace (traces.jsonl; the viewer of tools/report.py): the PRM facts, the kept text, every
+    attempt with its verdict, and the reward before and after."""
+    return {"group": t.group, "question": t.question, "answer": t.answer,
+            "mode": "scope" if prefix_len else "replace",
+            "steps": t.steps, "scores": t.step_scores, "cut": t.cut,
             "keep_ratio": t.keep_ratio, "keep_ratio_tokens": t.keep_ratio_tokens, "prefix_text": prefix_text,
-            "suffixes": [s.text for s in texts], "suffix_finished": [s.finished for s in texts],
-            "attempt_correct": verdicts, "accepted": index in accepted,
-            "reward_before": t.reward, "reward_after": accepted[index].reward if index in accepted else t.reward,
-        })
-    return merge_into(trajs, accepted, merge), traces
+            "suffixes": [s.text for s in tries], "suffix_finished": [s.finished for s in tries],
+            "attempt_correct": verdicts, "accepted": repaired is not None,
+            "reward_before": t.reward, "reward_after": repaired.reward if repaired is not None else t.reward}
 
 
 def _copy(values: list | None) -> list | None:
     return None if values is None else list(values)
-
-
-def merge_into(trajs: list[Trajectory], accepted: dict[int, Trajectory], merge: str) -> list[Trajectory]:
-    """A new list: each accepted trajectory replaces its original ("replace") or follows the last member of
-    its group ("append"); every other entry is the very same object as before."""
-    last_of_group = {t.group: i for i, t in enumerate(trajs)}
-    out = []
-    for i, t in enumerate(trajs):
-        out.append(accepted[i] if merge == "replace" and i in accepted else t)
-        if merge == "append" and last_of_group[t.group] == i:
-            out.extend(accepted[j] for j in sorted(accepted) if trajs[j].group == t.group)
-    return out

@@ -43,16 +43,15 @@ from harness.generate import GeneratorUnavailable, format_prompt
 from harness.grader import grade
 from harness.runs import read_changes, run_settings
 from prm import cut_point, keep_ratio, mean_score, select_candidate, split_steps, step_token_spans
-from refine import Trajectory, rectify
+import refine
+from refine import Trajectory
 
 MODES = ("scope", "grpo", "replace", "prm-reward")
-
 
 
 def arg(default, help, choices=None):
     """A dataclass field whose help text (and choices) become its --flag."""
     return field(default=default, metadata={"help": help, "choices": choices})
-
 
 
 @dataclass
@@ -154,7 +153,6 @@ class Args:
                               "stops with an error")
 
 
-
 # Applied with --toy unless the flag is typed. 30 steps take ~0.5 s each on 2 CPU cores once the warm start is cached.
 TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy", eval_dataset="toy", eval_size=200,
                     backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
@@ -181,7 +179,6 @@ def rollout(run, problems: list[dict], groups: range, seed: int) -> list[Traject
             for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
 
 
-
 def kept_tokens(spans: list[tuple[int, int]], cut: int, n_tokens: int) -> int:
     """Tokens of a failed response kept before its first error: where step `cut` starts, all n_tokens when the
     cut lies past the last step, and none for a response without steps (an empty or bare-EOS response keeps
@@ -191,33 +188,29 @@ def kept_tokens(spans: list[tuple[int, int]], cut: int, n_tokens: int) -> int:
     return spans[cut][0] if cut < len(spans) else n_tokens
 
 
-
-def locate_first_errors(trajs: list[Trajectory], prm, args: Args, tokenizer) -> dict[int, int]:
+def locate_first_errors(trajs: list[Trajectory], prm, args: Args, tokenizer) -> None:
     """Step 3, first-error localisation: the PRM scores the steps of every failed rollout (of every rollout in
     prm-reward mode); the first step below τ is the cut (prm.cut_point). Sets steps, step_scores, cut,
-    keep_ratio, keep_ratio_tokens on each. Returns {id(trajectory): tokens before its first error}."""
+    keep_ratio, prefix_len (the tokens before the first error) and keep_ratio_tokens on each."""
     # BEGIN SOLUTION scope_step
     scored = [t for t in trajs if args.mode == "prm-reward" or not t.correct] if prm else []
-    prefix_len = {}
     if not scored:
-        return prefix_len
+        return
     for t in scored:
         t.steps = split_steps(t.text)
     for t, scores in zip(scored, prm.score_batch([t.question for t in scored], [t.steps for t in scored])):
         t.step_scores = scores
         t.cut = cut_point(scores, args.tau)
         t.keep_ratio = keep_ratio(t.cut, len(t.steps))
-        prefix_len[id(t)] = kept_tokens(step_token_spans(t.response_ids, t.steps, tokenizer), t.cut,
-                                        len(t.response_ids))
-        t.keep_ratio_tokens = prefix_len[id(t)] / max(1, len(t.response_ids))
-    return prefix_len
+        t.prefix_len = kept_tokens(step_token_spans(t.response_ids, t.steps, tokenizer), t.cut, len(t.response_ids))
+        t.keep_ratio_tokens = t.prefix_len / max(1, len(t.response_ids))
     # END SOLUTION
 
 
-
-def select_failures(trajs: list[Trajectory], groups: range, prefix_len: dict[int, int], args: Args) -> list[tuple]:
+def select_failures(trajs: list[Trajectory], groups: range, args: Args) -> list[tuple[int, int]]:
     """Step 4: (index, tokens to keep) of the most promising failure per eligible group (`--rectify-groups any`:
-    every group with a failure; `all-fail`: only groups in which every rollout failed): largest keep ratio, then higher prefix PRM mean, then shorter. Mode replace keeps nothing of the same pick."""
+    every group with a failure; `all-fail`: only groups in which every rollout failed): largest keep ratio, then
+    higher prefix PRM mean, then shorter (prm.select_candidate). Mode replace keeps nothing of the same pick."""
     # BEGIN SOLUTION scope_step
     if args.mode not in ("scope", "replace"):
         return []
@@ -230,30 +223,29 @@ def select_failures(trajs: list[Trajectory], groups: range, prefix_len: dict[int
                              [mean_score(trajs[i].step_scores[:trajs[i].cut]) for i in idx],
                              [len(trajs[i].response_ids) for i in idx], tiebreak=args.select_tiebreak)
         if j is not None:
-            picks.append((idx[j], 0 if args.mode == "replace" else prefix_len[id(trajs[idx[j]])]))
+            picks.append((idx[j], 0 if args.mode == "replace" else trajs[idx[j]].prefix_len))
     return picks
     # END SOLUTION
 
 
-
-def repair(run, trajs: list[Trajectory], picks: list[tuple], seed: int) -> tuple[list[Trajectory], list[dict], bool]:
+def rectify_failures(run, trajs: list[Trajectory], picks: list[tuple[int, int]], seed: int,
+                     ) -> tuple[list[Trajectory], list[dict], bool]:
     """Step 5: rectify the picks (refine.rectify: the prefix ids kept, the refiner writes the rest, regraded,
     merged). A served refiner that stopped answering leaves this step with the rollouts alone.
-    Returns (the batch to train on, traces, whether the refiner was unavailable)."""
+    Returns (the merged trajectories to train on, traces, whether the refiner was unavailable)."""
     # BEGIN SOLUTION scope_step
     a = run.args
     if not picks:
         return trajs, [], False
     try:
         with run.amp_for(getattr(run.refiner, "generator", None)):
-            merged, traces = rectify(trajs, picks, run.refiner, run.tokenizer, attempts=a.refine_attempts,
-                                     merge=a.merge, max_new_tokens=a.max_new_tokens, grade_fn=grade, seed=seed)
+            merged, traces = refine.rectify(trajs, picks, run.refiner, run.tokenizer, attempts=a.refine_attempts,
+                                            merge=a.merge, max_new_tokens=a.max_new_tokens, grade_fn=grade, seed=seed)
         return merged, traces, False
     except GeneratorUnavailable as err:
         tqdm.write(f"warning: the refiner did not answer, no rectification this step: {err}")
         return trajs, [], True
     # END SOLUTION
-
 
 
 def batch_advantages(trajs: list[Trajectory], groups: range, scale_std: bool) -> torch.Tensor:
@@ -268,14 +260,12 @@ def batch_advantages(trajs: list[Trajectory], groups: range, scale_std: bool) ->
     # END SOLUTION
 
 
-
 def zero_repair_advantages(trajs: list[Trajectory], advantages: torch.Tensor) -> torch.Tensor:
     """--repair-advantage zero, the phantom-success control: the accepted repairs (source "rectified" or
     "replaced") already counted in their groups' means (batch_advantages); here their own advantage becomes 0,
     so no gradient flows through their tokens while the group's other rollouts keep the shifted baseline."""
     keep = torch.tensor([t.source == "policy" for t in trajs], dtype=advantages.dtype)   # (N,)
     return advantages * keep
-
 
 
 def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
@@ -301,7 +291,6 @@ def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
                    dist=run.dist if run.dist.world > 1 else None)
     run.policy.eval()
     return stats
-
 
 
 def step_metrics(step: int, args: Args, rollouts: list[Trajectory], trained: list[Trajectory], traces: list[dict],
@@ -347,13 +336,14 @@ def step_metrics(step: int, args: Args, rollouts: list[Trajectory], trained: lis
     return m, traces
 
 
-
 def main(args: Args) -> dict:
     run = wiring.start(args)   # pre-flight (a refusal is one line, exit 2), run folder, models, logs
     if run is None:
         return {"run_dir": preflight.run_dir_of(args), "dry_run": True}
     B, G = args.prompts_per_step, args.group_size
     mine = run.dist.groups(B)   # this rank's whole groups of the same B problems (all of them in one process)
+    if run.start_step == 1 and args.eval_every:
+        run.eval_before_training()   # step 0 of metrics.jsonl: the "before" of the closing summary
     for step in run.steps():
         times, t0 = {}, time.time()
         torch.manual_seed(seed_for(args.seed, step, "torch"))
@@ -374,27 +364,27 @@ def main(args: Args) -> dict:
         with timed(times, "prm"), run.prm_on_device():   # back from CPU memory with --prm-offload
             if args.toy and run.prm:
                 run.prm.reseed(seed_for(args.seed, step, "prm"))   # the toy PRM's noise: exact on resume
-            prefix_len = locate_first_errors(trajs, run.prm, args, run.tokenizer)   # id(traj) -> tokens kept
+            locate_first_errors(trajs, run.prm, args, run.tokenizer)   # sets t.cut, t.prefix_len, ...
             if args.mode == "prm-reward":   # naive dense PRM reward (Table 3 row "RL with PRM reward")
                 for t in trajs:
                     t.reward = float(t.correct) + args.prm_reward_coef * mean_score(t.step_scores or [])
 
         # ---------------------------------------------------------- 4. select the most promising failure of each group
-        picks = select_failures(trajs, mine, prefix_len, args)
+        picks = select_failures(trajs, mine, args)   # (index, t.prefix_len)
 
         # ---------------------------------------------------------- 5. rectify: keep the prefix ids, refiner writes the rest
         with timed(times, "refine"):
             seed = seed_for(args.seed, step, "refine") + run.dist.offset(len(picks))   # the picks' global index
-            batch, traces, unavailable = repair(run, trajs, picks, seed=seed)
+            merged, traces, unavailable = rectify_failures(run, trajs, picks, seed=seed)
 
         # ---------------------------------------------------------- 6. advantages over each merged group: A = r − mean(r)
-        advantages = batch_advantages(batch, mine, args.adv_std)
+        advantages = batch_advantages(merged, mine, args.adv_std)
         if args.repair_advantage == "zero":
-            advantages = zero_repair_advantages(batch, advantages)
+            advantages = zero_repair_advantages(merged, advantages)
 
         # ---------------------------------------------------------- 7. update: one optimizer step (ρ = 1: no old-log-prob pass)
         with timed(times, "update"):
-            stats = train_on(run, batch, advantages)
+            stats = train_on(run, merged, advantages)
 
         # ---------------------------------------------------------- 8. sync: push the new weights into the rollout engine
         with timed(times, "sync"):
@@ -402,12 +392,14 @@ def main(args: Args) -> dict:
                 run.generator.sync_weights(dist.FullView(run.policy) if args.fsdp else run.policy)
 
         # ---------------------------------------------------------- 9. log, periodic eval, checkpoint
-        trajs, batch, traces, unavailable = run.dist.gather(trajs, batch, traces, [unavailable])   # all ranks' rows
-        m, traces = step_metrics(step, args, trajs, batch, traces, stats, times, any(unavailable))
+        trajs, merged, traces, unavailable = run.dist.gather(trajs, merged, traces, [unavailable])   # all ranks' rows
+        m, traces = step_metrics(step, args, trajs, merged, traces, stats, times, any(unavailable))
         if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
             m["eval_acc"] = run.evaluate()
         m["time_step"] = time.time() - t0
-        run.log(m, traces)
+        run.log(m, traces)   # metrics.jsonl, traces.jsonl, the step's line
+        if step % args.save_every == 0 or step == args.steps:
+            run.checkpoint(step)
     return run.finish()
 
 
@@ -437,11 +429,9 @@ def parse_args(argv=None) -> Args:
     return Args(**values)
 
 
-
 def seed_for(seed: int, step: int, phase: str) -> int:
     """A seed for one random phase of one step, derived from (seed, step, phase) only: resume is exact."""
     return int(np.random.SeedSequence([seed, step, zlib.crc32(phase.encode())]).generate_state(1)[0] % 2**31)
-
 
 
 @contextmanager
@@ -449,7 +439,6 @@ def timed(times: dict, phase: str):
     t0 = time.time()
     yield
     times[phase] = time.time() - t0
-
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ read as the method.
 
 `start(args)` runs the pre-flight (every refusal one line, exit 2, before anything loads), opens the run folder
 (lock, resume, config.json) and loads the policy, its rollout engine, the PRM and the refiner, returning a `Run`
-the loop calls back into: `run.evaluate()`, `run.log(metrics, traces)`, `run.checkpoint(step)`, `run.finish()`.
+the loop calls back into: `run.eval_before_training()`, `run.evaluate()`, `run.log(metrics, traces)`,
+`run.checkpoint(step)`, `run.finish()`.
 Under torchrun (harness/dist.py) every rank runs `start` and the loop; rank 0 alone takes the lock, writes the
 folder and prints, and `run.dist` says which groups of each step are this rank's. `calm_interrupt(args)` turns
 Ctrl-C or a SIGTERM into one line naming the last complete checkpoint and the command that resumes it.
@@ -350,18 +351,23 @@ class Run:
         if self.tracker is not None:
             self.tracker.log(m)
 
+    def eval_before_training(self) -> None:
+        """Step 0: the accuracy before any update, recorded (the closing summary's "before") and printed."""
+        acc = self.evaluate()
+        if self.dist.main:
+            self.record({"step": 0, "mode": self.args.mode, "eval_acc": acc})
+            print(f"eval before training: acc {acc:.3f}")
+
     def log(self, m: dict, traces: list[dict]) -> None:
-        """Append one step's metrics and traces, print its line, checkpoint when due. Under torchrun every rank
-        holds the same gathered metrics and rank 0 writes them."""
-        a, step = self.args, m["step"]
+        """Append one step's metrics and traces and print its line. Under torchrun every rank holds the same
+        gathered metrics and rank 0 writes them."""
+        step = m["step"]
         if self.dist.main:
             for tr in traces:
                 self.traces_file.write(json.dumps({"step": step, **tr}) + "\n")
             self.traces_file.flush()
             self.record(m)
             tqdm.write(summary_line(m))
-        if step % a.save_every == 0 or step == a.steps:
-            self.checkpoint(step)
 
     def checkpoint(self, step: int) -> None:
         """runs/<name>/checkpoint in one format for one process, DDP and FSDP2 (rank 0 writes; under FSDP2
@@ -440,12 +446,6 @@ def start(args) -> Run | None:
     n_params = sum(p.numel() for p in policy.parameters())
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")
-    if start_step == 1 and args.eval_every:
-        acc = run.evaluate()
-        if not d.main:
-            return run
-        run.record({"step": 0, "mode": args.mode, "eval_acc": acc})
-        print(f"eval before training: acc {acc:.3f}")
     return run
 
 

@@ -358,8 +358,8 @@ def test_empty_failed_response_keeps_nothing():
     eos = 3
     trajs = [Trajectory(question="q", answer="1", group=0, prompt_ids=[1], response_ids=[eos], text="")]
     trajs[0].correct = False
-    prefix = scope.locate_first_errors(trajs, PRM(), scope.Args(toy=True), Tok())
-    assert prefix[id(trajs[0])] == 0 and trajs[0].keep_ratio_tokens == 0.0
+    scope.locate_first_errors(trajs, PRM(), scope.Args(toy=True), Tok())
+    assert trajs[0].prefix_len == 0 and trajs[0].keep_ratio_tokens == 0.0
     assert scope.kept_tokens([], 0, 1) == 0
     assert scope.kept_tokens([(0, 4), (4, 9)], 1, 12) == 4 and scope.kept_tokens([(0, 4)], 1, 12) == 12
 

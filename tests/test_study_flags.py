@@ -310,11 +310,10 @@ def test_select_failures_passes_the_tie_break():
     trajs = [Trajectory(question="q", answer="1", group=0, prompt_ids=[1], response_ids=[2] * n, text="t")
              for n in (30, 10, 20)]
     for t in trajs:
-        t.steps, t.step_scores, t.cut, t.keep_ratio = ["a", "b"], [1.0, 0.0], 1, 0.5
-    prefix = {id(t): 3 for t in trajs}
+        t.steps, t.step_scores, t.cut, t.keep_ratio, t.prefix_len = ["a", "b"], [1.0, 0.0], 1, 0.5, 3
     for tiebreak, pick in (("length", 1), ("index", 0)):
         args = scope.parse_args(["--toy", "--select-tiebreak", tiebreak])
-        assert scope.select_failures(trajs, range(1), prefix, args) == [(pick, 3)]
+        assert scope.select_failures(trajs, range(1), args) == [(pick, 3)]
 
 
 def test_new_switches_default_off_and_leave_the_commands_unchanged():

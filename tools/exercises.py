@@ -218,7 +218,7 @@ EXERCISES = [
               "tests/test_grpo.py::test_group_advantages_ragged_and_edges"), 1, 4,
              "A = r - mean of its group (optionally / (std + 1e-6)); `r` is the (B, G) view",
              breaks=SCOPE_RUNS, hints=("A group of one has no std: its advantage is 0 (no NaN).",)),
-    Exercise("scope_step", ("scope.py:locate_first_errors", "scope.py:select_failures", "scope.py:repair",
+    Exercise("scope_step", ("scope.py:locate_first_errors", "scope.py:select_failures", "scope.py:rectify_failures",
                             "scope.py:batch_advantages"),
              "the SCOPE step, steps 3–6 of the loop: localise, select, rectify and merge, re-advantage",
              "failed rollouts → split_steps → PRM scores → cut_point, κ, kept tokens (step_token_spans) → per "
@@ -765,16 +765,16 @@ def run_scope_step(m, ctx, c):
                         prompts_per_step=c["n_groups"], adv_std=c["adv_std"])
     trajs = [m.refine.Trajectory(**{k: (list(v) if isinstance(v, list) else v) for k, v in t.items()}) for t in c["trajs"]]
     prm = FakePRM(c["scores"])
-    prefix_len = m.scope.locate_first_errors(trajs, prm, args, tok)
+    m.scope.locate_first_errors(trajs, prm, args, tok)
     located = [(t.steps, t.step_scores, t.cut, _graded_float(t.keep_ratio) if t.keep_ratio is not None else None,
-                _graded_float(t.keep_ratio_tokens) if t.keep_ratio_tokens is not None else None, prefix_len.get(id(t)))
+                _graded_float(t.keep_ratio_tokens) if t.keep_ratio_tokens is not None else None, t.prefix_len)
                for t in trajs]
-    picks = [tuple(p) for p in m.scope.select_failures(trajs, range(c["n_groups"]), prefix_len, args)]
+    picks = [tuple(p) for p in m.scope.select_failures(trajs, range(c["n_groups"]), args)]
     run = types.SimpleNamespace(args=args, refiner=FakeRefiner(c["suffixes"]), tokenizer=tok,
                                 amp=contextlib.nullcontext, amp_for=lambda generator: contextlib.nullcontext())
-    batch, traces, unavailable = m.scope.repair(run, trajs, picks, seed=0)
-    merged = [(t.group, t.response_ids, t.offpolicy_mask, t.reward, t.source) for t in batch]
-    adv = m.scope.batch_advantages(batch, range(c["n_groups"]), c["adv_std"])
+    merged, traces, unavailable = m.scope.rectify_failures(run, trajs, picks, seed=0)
+    adv = m.scope.batch_advantages(merged, range(c["n_groups"]), c["adv_std"])
+    merged = [(t.group, t.response_ids, t.offpolicy_mask, t.reward, t.source) for t in merged]
     return {"located": located, "picks": picks, "merged": merged,
             "traces": [(tr["group"], tr["accepted"], tr["mode"]) for tr in traces], "unavailable": unavailable,
             "advantages": adv}
