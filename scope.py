@@ -58,7 +58,8 @@ class Args:
     # --- models
     model: str = arg("Qwen2.5-1.5B", "policy: HF id, local path or alias (Qwen2.5-1.5B, Qwen2.5-Math-1.5B, "
                      "Qwen2.5-Math-7B, ...-Instruct); with --toy: 'toy' (cached warm start) or a saved toy model")
-    prm: str = arg("Qwen/Qwen2.5-Math-PRM-7B", "process reward model (HF id or path); 'none' = no PRM (grpo only)")
+    prm: str = arg("Qwen/Qwen2.5-Math-PRM-7B", "process reward model (HF id or path); 'none' = no PRM (grpo "
+                   "only, and --mode grpo's default off the toy world: there a PRM only feeds the near-miss metrics)")
     refiner: str = arg("Qwen/Qwen2.5-Math-7B-Instruct", "refiner: HF id or path, or 'policy' (self-refinement); "
                        "with --toy: 'toy-oracle' (rule-based, never fails) or 'toy-model' (a stronger toy model "
                        "through Refiner + HF generate; can fail)")
@@ -160,8 +161,9 @@ TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy",
 
 def parse_args(argv=None) -> Args:
     """Args from the command line. Precedence: flags typed > the resumed run's settings (config.json with the
-    accepted changes of changes.jsonl) > --toy defaults > the dataclass defaults. On a resume, a typed flag that
-    changes training is refused by the pre-flight unless --change-config confirms it."""
+    accepted changes of changes.jsonl) > --toy defaults > the dataclass defaults; a new --mode grpo run off the
+    toy world gets --prm none unless --prm is typed. On a resume, a typed flag that changes training is refused by
+    the pre-flight unless --change-config confirms it."""
     toy_line = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TOY_DEFAULTS.items())
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                      epilog=f"--toy also sets, unless typed: {toy_line}")
@@ -178,6 +180,8 @@ def parse_args(argv=None) -> Args:
     elif typed.get("toy"):
         values.update(TOY_DEFAULTS)
     values.update(typed)
+    if values["mode"] == "grpo" and "prm" not in typed and not typed.get("resume") and not values["toy"]:
+        values["prm"] = "none"   # GRPO uses no PRM: the 7B one for the near-miss metrics alone is asked for by name
     return Args(**values)
 
 

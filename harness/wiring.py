@@ -168,15 +168,15 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
                    refiner_tokenizer, prompt_style=args.refine_prompt)
 
 
-def restore_checkpoint(ckpt: str, optimizer, device: str, model=None) -> None:
+def restore_checkpoint(ckpt: str, optimizer, device: str, model=None, rank: int = 0) -> None:
     """Optimizer and RNG states from the checkpoint (the model loaded from it already); with `model`, an FSDP2
-    policy whose optimizer holds shards (dist.load_optimizer)."""
+    policy whose optimizer holds shards (dist.load_optimizer); `rank`: whose CUDA RNG state to take."""
     state = torch.load(os.path.join(ckpt, "optimizer.pt"), map_location=device)
     if model is not None:
         dist.load_optimizer(model, optimizer, state)
     else:
         optimizer.load_state_dict(state)
-    restore_rng(torch.load(os.path.join(ckpt, "state.pt"), weights_only=False))
+    restore_rng(torch.load(os.path.join(ckpt, "state.pt"), weights_only=False), rank)
 
 
 def pad_token_id(tokenizer) -> int:
@@ -369,8 +369,10 @@ class Run:
         model, optimizer = self.policy, self.optimizer
         if self.args.fsdp:
             model, optimizer = dist.full_checkpoint(self.policy, self.optimizer)
-        if self.dist.main:
-            save_checkpoint(self.run_dir, step, model, self.tokenizer, optimizer)
+        cuda_rng = self.dist.all_gather(torch.cuda.get_rng_state() if torch.cuda.is_available() else None)
+        if self.dist.main:   # each rank's CUDA RNG state, of its own GPU: a resume gives each rank its own back
+            save_checkpoint(self.run_dir, step, model, self.tokenizer, optimizer,
+                            cuda_rng if torch.cuda.is_available() else None)
         self.dist.barrier()   # a resume after a crash finds the checkpoint every rank trained past
 
     def finish(self) -> dict:
@@ -428,7 +430,7 @@ def start(args) -> Run | None:
     if prm_offload:
         prm.model.to("cpu")   # between its uses; Run.prm_on_device brings it back for step 3
     if ckpt:
-        restore_checkpoint(ckpt, optimizer, device, policy if args.fsdp else None)
+        restore_checkpoint(ckpt, optimizer, device, policy if args.fsdp else None, d.rank)
         print(f"resumed {run_dir} at step {start_step}")
     mode = "a" if ckpt else "w"
     logs = [open(os.path.join(run_dir, name), mode, encoding="utf-8") if d.main else None
