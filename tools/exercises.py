@@ -118,6 +118,15 @@ UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch"
                 "tests/test_grpo.py::test_update_weights_policy_tokens_by_the_truncated_ratio",
                 "tests/test_grpo.py::test_fused_adamw_equals_unfused",
                 "tests/test_grpo.py::test_update_gradient_with_memory_savers_equals_one_plain_pass")
+CHECKS = "tests/test_course_checks.py::"   # checks that teach: each catches a classic mistake of its problem
+# problem 6's four functions one by one (seconds): locate, select and the two repairs run split_steps,
+# step_token_spans and first_error; the repairs run splice; batch_advantages runs group_advantages
+SCOPE_UNITS = tuple(CHECKS + t for t in ("test_locate_first_errors_sets_the_cut_and_the_kept_tokens",
+                                         "test_select_failures_one_pick_per_eligible_group",
+                                         "test_repair_keeps_the_prefix_ids_and_survives_a_stopped_refiner",
+                                         "test_repair_append_grows_the_group",
+                                         "test_batch_advantages_per_ragged_group"))
+POLICY_LOSS_JUNK = CHECKS + "test_policy_loss_junk_outside_the_response_gives_a_finite_gradient"
 SPLIT_BREAKS = ("tests/test_steps.py::test_spans_of_real_encodings_with_eos",
                 "tests/test_steps.py::test_char_tokenizer_and_special_tokens_in_the_middle",
                 "tests/test_steps.py::test_tokenizers_that_rewrite_text_on_decode_use_the_slow_path",
@@ -138,10 +147,15 @@ class Exercise:
     difficulty: int    # 1 easy … 4 challenge
     points: int        # held-out grading points
     task: str          # one line for the NotImplementedError message
-    depends: tuple = ()  # exercises its tests call: do those first
     breaks: tuple = ()   # every other test that fails while it is a stub (they run through it)
     expects: str = ""  # names the code after a mid-function region reads
     hints: tuple = ()
+    slow: tuple = ()     # its end-to-end check: slow tests, run once its own checks pass (`pytest -m slow`)
+
+    @property
+    def depends(self) -> tuple:
+        """The other exercises its own checks reach (computed: `reached_exercises`), in pipeline order."""
+        return depends_of(self.name)
 
 
 # in the order of the training step: PRM side (steps, spans, first error), rectification, advantages, the
@@ -158,7 +172,7 @@ EXERCISES = [
               "tests/test_steps.py::test_short_pieces_merge_forward_and_a_short_tail_merges_back",
               "tests/test_steps.py::test_max_steps_merges_the_tail_into_the_last_step"), 2, 8,
              'cut after blank lines, merge short pieces; "".join(steps) == text',
-             breaks=SPLIT_BREAKS + SCOPE_RUNS + FIRST_ERRORS,
+             breaks=SPLIT_BREAKS + SCOPE_RUNS + FIRST_ERRORS + SCOPE_UNITS[:4],
              hints=("`_blank_line_ends(text)` and `_cut_after(text, seps)` above the function do the cutting.",
                     "The separator stays at the end of the step before it, so no character is lost.")),
     Exercise("step_token_spans", ("prm.py:step_token_spans", "prm.py:_char_reach"),
@@ -175,7 +189,7 @@ EXERCISES = [
               "tests/test_qwen_tokenizer.py::test_steps_and_token_spans_on_a_real_solution",
               "tests/test_qwen_tokenizer.py::test_a_step_boundary_inside_a_merged_token"), 4, 14,
              "map token bytes to characters; a token straddling a step boundary belongs to the later step",
-             depends=("split_steps",), breaks=SCOPE_RUNS + FIRST_ERRORS,
+             breaks=SCOPE_RUNS + FIRST_ERRORS + SCOPE_UNITS[:4],
              hints=("`_char_reach` returns, per token, the last character it holds a byte of and whether it ends "
                     "inside a multi-byte character; `_token_bytes(tokenizer, ids)` gives each token's bytes.",
                     "Decoding growing prefixes is correct but O(n²): the linear-time test needs the byte path, "
@@ -188,7 +202,7 @@ EXERCISES = [
               "tests/test_prm.py::test_keep_ratio", "tests/test_prm.py::test_select_candidate"), 1, 6,
              "first step scored below tau, the cut point, kappa = cut / n_steps, the pick by (kappa, prefix mean, "
              "length, index)",
-             breaks=SCOPE_RUNS + FIRST_ERRORS + ("tests/test_metrics.py::test_near_miss_with_prm_cut_point",),
+             breaks=SCOPE_RUNS + FIRST_ERRORS + SCOPE_UNITS[:4] + ("tests/test_metrics.py::test_near_miss_with_prm_cut_point",),
              hints=("A score of None means unscored (the PRM's input was too long): nothing after it is verified.",
                     "The rollout failed, so when every step passes the last step is presumed wrong.")),
     Exercise("splice", ("refine.py:splice",),
@@ -208,25 +222,25 @@ EXERCISES = [
                      "tests/test_scope.py::test_each_mode_runs_two_toy_steps[scope-extra0]",   # not grpo,
                      "tests/test_scope.py::test_each_mode_runs_two_toy_steps[replace-extra2]",  # prm-reward
                      "tests/test_scope.py::test_resume_reproduces_the_next_step",
-                     "tests/test_scope.py::test_real_path_on_cpu_with_self_refinement") + SCOPE_RUNS[3:],
+                     "tests/test_scope.py::test_real_path_on_cpu_with_self_refinement") + SCOPE_RUNS[3:] + SCOPE_UNITS[2:4],
              hints=("Never decode and re-encode the prefix: the ids are what the policy sampled.",
                     "The EOS token's text written out in the suffix ends it there; `split_special_tokens=True` "
                     "keeps other special-token text plain.")),
     Exercise("group_advantages", ("grpo.py:group_advantages",), "GRPO group-relative advantage",
              "A_i = r_i − mean_{j in group(i)} r_j   (÷ (unbiased std + 1e-6) with scale_std)",
              ("tests/test_grpo.py::test_group_advantages_hand_computed",
-              "tests/test_grpo.py::test_group_advantages_ragged_and_edges"), 1, 4,
+              "tests/test_grpo.py::test_group_advantages_ragged_and_edges",
+              CHECKS + "test_groups_of_one_with_scale_std_get_zero_not_nan"), 1, 4,
              "A = r - mean of its group (optionally / (std + 1e-6)); `r` is the (B, G) view",
-             breaks=SCOPE_RUNS, hints=("A group of one has no std: its advantage is 0 (no NaN).",)),
+             breaks=SCOPE_RUNS + SCOPE_UNITS[4:], hints=("A group of one has no std: its advantage is 0 (no NaN).",)),
     Exercise("scope_step", ("scope.py:locate_first_errors", "scope.py:select_failures", "scope.py:repair",
                             "scope.py:batch_advantages"),
              "the SCOPE step, steps 3–6 of the loop: localise, select, rectify and merge, re-advantage",
              "failed rollouts → split_steps → PRM scores → cut_point, κ, kept tokens (step_token_spans) → per "
              "eligible group select_candidate → refine.rectify (splice, regrade, merge) → group_advantages per "
              "merged group",
-             SCOPE_RUNS + FIRST_ERRORS, 3, 16,
-             "steps 3-6 of scope.main, each function as its docstring says",
-             depends=("split_steps", "step_token_spans", "first_error", "splice", "group_advantages"),
+             SCOPE_UNITS + FIRST_ERRORS, 3, 16,
+             "steps 3-6 of scope.main, each function as its docstring says", breaks=SCOPE_RUNS, slow=SCOPE_RUNS,
              hints=("`kept_tokens(spans, cut, n_tokens)` turns a cut step into a token count.",
                     "Mode `grpo` still scores failures (for the logs) but selects nothing; `replace` keeps 0 "
                     "tokens of the same pick; `--rectify-groups all-fail` skips a group with any success.",
@@ -250,30 +264,31 @@ EXERCISES = [
              ("tests/test_grpo.py::test_logprobs_and_entropy_hand_computed",
               "tests/test_grpo.py::test_token_logprobs_matches_plain_forward"), 2, 6,
              "log_softmax, gather, -sum p log p (the entropy keeps a graph only with entropy_grad)",
-             depends=("build_batch",), breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (
+             breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (
                  "tests/test_grpo.py::test_chunked_logprobs_equal_the_whole_log_softmax",
                  "tests/test_preflight.py::test_memory_plan_within_ten_percent_of_a_trace"),
              hints=("`torch.gather` along the vocabulary picks the targets' log-probs.",)),
     Exercise("clipped_surrogate", ("grpo.py:clipped_surrogate",),
              "PPO clipped surrogate on the policy's own tokens (the kept prefix and every other rollout)",
              "ρ = exp(logp − old_logp);   ℓ = −min(ρ A, clip(ρ, 1 − ε, 1 + ε) A)   on the mask",
-             ("tests/test_grpo.py::test_clipped_surrogate_hand_computed",), 2, 6,
+             ("tests/test_grpo.py::test_clipped_surrogate_hand_computed",
+              CHECKS + "test_clipped_surrogate_keeps_the_pessimistic_branch",
+              CHECKS + "test_clipped_surrogate_junk_off_the_mask_stays_out"), 2, 6,
              "-min(rho*A, clip(rho, 1-eps, 1+eps)*A) on the mask; return (loss, ratio, clipped)",
-             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
+             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (POLICY_LOSS_JUNK,),
              hints=("Zero the log-ratio off the mask before exp: junk there must not become a NaN gradient.",)),
     Exercise("shaped_offpolicy", ("grpo.py:shaped_offpolicy_loss",),
              "LUFFY policy shaping on the refiner's off-policy tokens",
              "ℓ = −f(π) A,  f(π) = π / (π + γ)   on the mask (behaviour probability 1, no clip)",
              ("tests/test_grpo.py::test_shaped_offpolicy_loss_hand_computed",), 2, 6,
              "-f(pi)*A with f(pi) = pi / (pi + gamma) on the mask; return (loss, f(pi))",
-             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS),
+             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (POLICY_LOSS_JUNK,)),
     Exercise("policy_loss", ("grpo.py:loss_normaliser", "grpo.py:policy_loss"),
              "the mixed on/off-policy objective with the Dr. GRPO constant normaliser",
              "L = (1/Z) Σ_i Σ_{t in response_i} [ℓ_it + kl_coef·k3_it − entropy_coef·H_it];  Z = N × max_new_tokens "
              "(constant) or the number of response tokens (token-mean)",
-             ("tests/test_grpo.py::test_loss_normaliser_hand_computed",) + POLICY_LOSS_TESTS, 2, 10,
+             ("tests/test_grpo.py::test_loss_normaliser_hand_computed", POLICY_LOSS_JUNK) + POLICY_LOSS_TESTS, 2, 10,
              "Z, then compose the clipped surrogate, the shaped (or unit) term, KL and entropy, sum / Z",
-             depends=("clipped_surrogate", "shaped_offpolicy"),
              breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
              expects="after the region the code reads loss (scalar), ratio, clipped, shaped ((N, L) from the two "
                      "terms), kl (k3 per token, or None without ref_logp) and entropy (masked to the response, or "
@@ -286,7 +301,7 @@ EXERCISES = [
              "loss_mb.backward()  ⇒  Σ_mb ∇loss_mb = ∇L",
              UPDATE_TESTS, 3, 12,
              "per micro-batch: forward, policy_loss with the whole batch's z, backward; keep each terms dict",
-             depends=("build_batch", "logprob_entropy", "policy_loss"), breaks=DIST_GRADIENTS + SCOPE_RUNS,
+             breaks=DIST_GRADIENTS + SCOPE_RUNS,
              expects="after the region the code reads loss_total (the float sum of the micro-batch losses) and "
                      "parts (the list of each micro-batch's terms dict from policy_loss)",
              hints=("`_forward_logprobs(model, ids, attention, response_mask, entropy_grad)` is given.",
@@ -297,6 +312,95 @@ EXERCISES = [
                     "but the last.")),
 ]
 BY_NAME = {e.name: e for e in EXERCISES}
+
+
+# ---------------------------------------------------------------------------------------------------
+# "Depends on", computed: the exercises a problem's checks reach through what they import and call
+# ---------------------------------------------------------------------------------------------------
+def _module_functions(rel: str, root: str = ROOT) -> dict:
+    """{function name: set of (file, name) it refers to} for the top-level functions (fixtures included) of
+    `rel`: a bare name resolves to this file's function or to what `from M import name` brought in,
+    `mod.name` through `import mod`, an argument name to a fixture of this file or of conftest.py."""
+    with open(os.path.join(root, rel), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    imported, modules = {}, {}
+
+    def file_of(module):
+        path = module.replace(".", "/") + ".py"
+        for cand in (path, os.path.join(os.path.dirname(rel), path)):
+            if os.path.isfile(os.path.join(root, cand)):
+                return os.path.normpath(cand)
+        return None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                if file_of(node.module):
+                    imported[a.asname or a.name] = (file_of(node.module), a.name)
+                elif file_of(f"{node.module}.{a.name}"):
+                    modules[a.asname or a.name] = file_of(f"{node.module}.{a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if file_of(a.name):
+                    modules[a.asname or a.name.split(".")[0]] = file_of(a.name)
+    defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    table = {}
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        refs = set()
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name):
+                if sub.id in defs:
+                    refs.add((rel, sub.id))
+                elif sub.id in imported:
+                    refs.add(imported[sub.id])
+            elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in modules:
+                refs.add((modules[sub.value.id], sub.attr))
+            elif isinstance(sub, ast.arg) and sub.arg in defs:
+                refs.add((rel, sub.arg))
+            elif isinstance(sub, ast.arg):
+                refs.add(("tests/conftest.py", sub.arg))
+        table[node.name] = refs
+    return table
+
+
+def reached_exercises(tests, root: str = ROOT) -> set:
+    """The exercises whose functions the tests `tests` (node ids) call, directly or through any function of
+    the repository they call (static: names and `module.name` references, fixtures included)."""
+    tables, owner = {}, {}
+    for e in EXERCISES:
+        for fn in e.functions:
+            owner[tuple(fn.split(":"))] = e.name
+
+    def refs(item):
+        rel, name = item
+        if rel not in tables:
+            tables[rel] = _module_functions(rel, root) if os.path.isfile(os.path.join(root, rel)) else {}
+        return tables[rel].get(name, set())
+
+    todo = [(t.split("::")[0], t.split("::")[1].split("[")[0]) for t in tests]
+    seen, found = set(todo), set()
+    while todo:
+        item = todo.pop()
+        if item in owner:
+            found.add(owner[item])
+        for nxt in refs(item):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return found
+
+
+_DEPENDS = {}
+
+
+def depends_of(name: str) -> tuple:
+    """The exercises problem `name`'s own checks reach, in pipeline order: do those first."""
+    if name not in _DEPENDS:
+        reached = reached_exercises(BY_NAME[name].tests) - {name}
+        _DEPENDS[name] = tuple(e.name for e in EXERCISES if e.name in reached)
+    return _DEPENDS[name]
 
 TOY = "python scope.py --toy"
 QUESTIONS = [
