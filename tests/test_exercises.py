@@ -38,14 +38,15 @@ def run_pytest(copy, args, junit):
 
 
 def outcomes(junit):
-    """{node id: (failed, NotImplementedError seen in its failure text or captured output)}"""
+    """{node id: (failed, NotImplementedError seen in its failure text or captured output, skipped)}"""
     out = {}
     for tc in ET.parse(junit).getroot().iter("testcase"):
         node = tc.get("classname").replace(".", "/") + ".py::" + tc.get("name")
         node = node if node.startswith("tests/") else "tests/" + node    # ids relative to tests/ (pytest.ini's folder)
         failed = any(c.tag in ("failure", "error") for c in tc)
         text = " ".join((c.get("message") or "") + (c.text or "") for c in tc)
-        out[node] = (failed, "NotImplementedError" in text)
+        skipped = any(c.tag == "skipped" for c in tc)
+        out[node] = (failed, "NotImplementedError" in text, skipped)
     return out
 
 
@@ -57,7 +58,7 @@ def contract_problems(results, expected, files=None):
 
     if files is not None:
         expected = {t for t in expected if t.split("::")[0] in files}
-    failed = {n for n, (f, _) in results.items() if f}
+    failed = {n for n, (f, _, _) in results.items() if f}
     problems = [f"unexpected failure (not in exercises.EXERCISES): {n}" for n in sorted(failed) if not listed(n)]
     problems += [f"failed without NotImplementedError: {n}" for n in sorted(failed)
                  if listed(n) and not results[n][1]]
@@ -65,7 +66,10 @@ def contract_problems(results, expected, files=None):
         matching = [n for n in results if n == t or n.startswith(t + "[")]
         if not matching:
             problems.append(f"mapped test not collected (renamed or removed?): {t}")
-        problems += [f"expected to fail but passed: {n}" for n in matching if not results[n][0]]
+        # a skip is never a pass: a mapped test that skips (a missing package, a missing file) checked nothing
+        problems += [f"skipped, so it checked nothing (install what it needs): {n}" for n in matching
+                     if results[n][2]]
+        problems += [f"expected to fail but passed: {n}" for n in matching if not results[n][0] and not results[n][2]]
     return problems
 
 
@@ -82,7 +86,7 @@ def test_stubbed_copy_fails_exactly_the_mapped_tests(tmp_path):
     assert len(results) > 100, proc.stdout[-3000:]
     problems = contract_problems(results, exercises.expected_failures([e.name for e in exercises.EXERCISES]))
     assert not problems, "the generated assignment breaks the contract:\n" + "\n".join(problems)
-    n_failed = sum(f for f, _ in results.values())
+    n_failed = sum(f for f, _, _ in results.values())
     assert n_failed >= 9 and proc.returncode == 1
 
 
@@ -108,7 +112,7 @@ def test_only_one_exercise_changes_only_its_region(tmp_path):
     results = outcomes(junit)
     problems = contract_problems(results, exercises.expected_failures(["first_error"]), files={"tests/test_prm.py"})
     assert not problems, "--only first_error breaks the contract:\n" + "\n".join(problems)
-    assert {n for n, (f, _) in results.items() if f} == {f"tests/test_prm.py::test_{x}" for x in
+    assert {n for n, (f, _, _) in results.items() if f} == {f"tests/test_prm.py::test_{x}" for x in
                                                           ("first_error", "cut_point", "keep_ratio", "select_candidate")}
 
 
@@ -302,3 +306,182 @@ def test_fixtures_depend_on_the_seed_and_bad_paths_are_one_line(held_out, tmp_pa
     (tmp_path / "sub").mkdir()
     with pytest.raises(ValueError, match="missing grpo.py"):
         exercises.grade(str(tmp_path / "sub"), str(held_out))
+
+
+# ---------------------------------------------------------------------------------------------------
+# a grader that cannot be fooled; wrong solutions that passed before
+# ---------------------------------------------------------------------------------------------------
+CHEAT = '''
+def clipped_surrogate(logp, old_logp, advantages, mask, clip_eps):
+    """A student's cheat: find the reference's clipped_surrogate at run time and call it."""
+    import atexit, gc, glob, importlib.util, inspect, json, os, sys
+    atexit.register(lambda: print(json.dumps({"clipped_surrogate": {"passed": 8, "cases": 8, "error": ""}})))
+    me = clipped_surrogate.__code__
+    frame = inspect.currentframe().f_back
+    while frame is not None:                                   # 1. the call stack
+        found = frame.f_globals.get("clipped_surrogate")
+        if callable(found) and getattr(found, "__code__", me) is not me:
+            return found(logp, old_logp, advantages, mask, clip_eps)
+        frame = frame.f_back
+    for mod in list(sys.modules.values()):                     # 2. every imported module
+        found = getattr(mod, "clipped_surrogate", None)
+        if callable(found) and getattr(found, "__code__", me) is not me:
+            return found(logp, old_logp, advantages, mask, clip_eps)
+    for obj in gc.get_objects():                               # 3. every function alive
+        if inspect.isfunction(obj) and obj.__name__ == "clipped_surrogate" and obj.__code__ is not me:
+            return obj(logp, old_logp, advantages, mask, clip_eps)
+    roots = set(HINTS) | {os.getcwd(), os.environ.get("PWD", ""), os.environ.get("OLDPWD", "")} | set(sys.path)
+    roots |= {os.path.dirname(getattr(m, "__file__", None) or "") for m in list(sys.modules.values())}
+    for r in list(roots):
+        while r and r != os.path.dirname(r):
+            roots.add(r)
+            r = os.path.dirname(r)
+    for r in sorted(roots):                                    # 4. the reference's file, wherever it is
+        for path in glob.glob(os.path.join(r, "grpo.py")) + glob.glob(os.path.join(r, "*", "grpo.py")):
+            try:
+                text = open(path, encoding="utf-8").read()
+            except OSError:
+                continue
+            if "BEGIN SOLUTION clipped_surrogate" in text:
+                spec = importlib.util.spec_from_file_location("the_reference", path)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                return mod.clipped_surrogate(logp, old_logp, advantages, mask, clip_eps)
+    raise RuntimeError("no reference found")
+'''
+# wrong solutions that scored full marks before (issue 33): (problem, text in grpo.py, replacement, own check)
+WRONG = {
+    "forgotten_min": ("clipped_surrogate",
+                      "    loss = torch.where(mask, -torch.min(surr, surr_clipped), torch.zeros_like(logp))",
+                      "    loss = torch.where(mask, -surr_clipped, torch.zeros_like(logp))",
+                      "test_clipped_surrogate_keeps_the_pessimistic_branch"),
+    "mask_after_exp": ("clipped_surrogate",
+                       "    log_ratio = torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))  # (N, L)\n"
+                       "    ratio = torch.exp(log_ratio)",
+                       "    ratio = torch.where(mask, torch.exp(logp - old_logp.detach()), torch.ones_like(logp))",
+                       "test_clipped_surrogate_junk_off_the_mask_stays_out"),
+    "std_of_a_group_of_one": ("group_advantages", "        if group_size > 1:", "        if True:",
+                              "test_groups_of_one_with_scale_std_get_zero_not_nan"),
+}
+
+
+def with_cheat(grpo_text: str, hints) -> str:
+    spans = exercises.function_spans(grpo_text)
+    a, b = spans["clipped_surrogate"]
+    lines = grpo_text.splitlines(keepends=True)
+    return "".join(lines[:a - 1]) + f"HINTS = {list(hints)!r}\n" + CHEAT.lstrip("\n") + "".join(lines[b:])
+
+
+@pytest.fixture(scope="module")
+def solved_copy(tmp_path_factory):
+    """A copy with no stubs (every problem the reference's), to break one function at a time."""
+    out = tmp_path_factory.mktemp("solved") / "copy"
+    exercises.generate(str(out), only=[])
+    return out
+
+
+def test_the_cheat_finds_the_reference_when_it_shares_the_process(monkeypatch):
+    """The cheat below is real: in a process that holds the reference (the old grader), it answers right."""
+    import atexit
+    import importlib.util
+    import torch
+
+    import grpo
+    path = os.path.join(ROOT, "tests", "__cheat_probe.py")
+    text = with_cheat("import torch\n\n\ndef clipped_surrogate():\n    pass\n", [])
+    spec = importlib.util.spec_from_loader("cheat_probe", loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    exec(compile(text, path, "exec"), mod.__dict__)   # our own test text, not model output
+    monkeypatch.setattr(atexit, "register", lambda f: None)   # its forged result line: not in this run
+    logp, old = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    got = mod.clipped_surrogate(logp, old, torch.tensor([1.0]), torch.ones(1, 2), 0.2)
+    want = grpo.clipped_surrogate(logp, old, torch.tensor([1.0]), torch.ones(1, 2), 0.2)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.slow
+def test_a_reference_lookup_at_run_time_scores_0_and_the_reference_still_100(held_out, solved_copy, tmp_path):
+    """Stack frames, sys.modules, gc and the reference's file (its path given to the cheat outright): the
+    grading process holds none of them, so the cheat raises and scores 0; its atexit print of a forged
+    result line changes nothing (the grader never reads stdout). The reference scores full marks."""
+    sub = tmp_path / "cheat"
+    sub.mkdir()
+    for f in exercises.SUBMITTED:
+        (sub / f).write_text((solved_copy / f).read_text())
+    (sub / "grpo.py").write_text(with_cheat((solved_copy / "grpo.py").read_text(), [ROOT, str(held_out)]))
+    results = exercises.grade(str(sub), str(held_out), verbose=True, only=["clipped_surrogate", "group_advantages"])
+    assert results["clipped_surrogate"]["points"] == 0 and results["clipped_surrogate"]["passed"] == 0
+    assert "RuntimeError: no reference found" in results["clipped_surrogate"]["error"]
+    assert results["group_advantages"]["points"] == 4   # the rest of the file is graded as usual
+    assert all(r["sandboxed"] for r in results.values()), "this kernel has Landlock; the grader must use it"
+    proc, points = grade_cli(ROOT, held_out)
+    assert proc.returncode == 0 and sum(p for p, _ in points.values()) == 100, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrong", sorted(WRONG) + ["stack_walk"])
+def test_wrong_solutions_that_passed_lose_points_held_out_and_in_their_own_check(wrong, held_out, solved_copy,
+                                                                                 tmp_path):
+    """Each of issue 33's wrong solutions scores 0 held out (with --verbose naming the function, the case and
+    the first differing value) and fails one of its own problem's checks in the student's copy."""
+    grpo_path = solved_copy / "grpo.py"
+    original = grpo_path.read_text()
+    if wrong == "stack_walk":   # in the student's own copy there is no reference to find
+        problem, check, text = "clipped_surrogate", "test_clipped_surrogate_hand_computed", with_cheat(original, [])
+        own = ["tests/test_grpo.py::" + check]
+    else:
+        problem, old, new, check = WRONG[wrong]
+        assert original.count(old) == 1, f"{wrong}: the reference changed; update WRONG"
+        text = original.replace(old, new)
+        own = [exercises.CHECKS + check]
+    assert all(t in exercises.BY_NAME[problem].tests for t in own)
+    try:
+        grpo_path.write_text(text)
+        results = exercises.grade(str(solved_copy), str(held_out), verbose=True, only=[problem])
+        junit = tmp_path / "junit.xml"
+        run_pytest(solved_copy, own, junit)
+        checked = outcomes(junit)
+    finally:
+        grpo_path.write_text(original)
+    r = results[problem]
+    assert r["points"] == 0 and r["passed"] < r["cases"], r
+    fn = exercises.BY_NAME[problem].functions[0].split(":")[1]
+    if wrong != "stack_walk":
+        assert re.match(rf"case \d+: {fn}.*got .*, expected ", r["error"]), r["error"]
+    assert [n for n, (failed, _, skipped) in checked.items() if failed and not skipped] == own, checked
+
+
+def test_depends_on_is_computed_from_what_the_checks_call():
+    """Problem 11's checks reach problem 8 (issue 33: it was missing by hand); problem 6's checks reach 1–5
+    and nothing of the update side; a check file's plain helpers count, its unrelated tests do not."""
+    deps = {e.name: e.depends for e in exercises.EXERCISES}
+    assert "logprob_entropy" in deps["policy_loss"]
+    assert deps["scope_step"] == ("split_steps", "step_token_spans", "first_error", "splice", "group_advantages")
+    assert deps["clipped_surrogate"] == () and deps["group_advantages"] == ()
+    assert exercises.reached_exercises([exercises.CHECKS + "test_batch_advantages_per_ragged_group"]) == \
+        {"scope_step", "group_advantages"}
+    assert "| 11 | `policy_loss` |" in exercises.table() and \
+        exercises.table().split("| 11 | `policy_loss` |")[1].split("\n")[0].rstrip(" |").endswith(
+            ", ".join(deps["policy_loss"]))
+
+
+def test_verbose_difference_names_the_function_the_case_and_the_value():
+    import torch
+
+    want = (torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[False, True]]), torch.zeros(1, 2))
+    got = (torch.tensor([[1.0, 2.5]]),) + want[1:]
+    assert exercises.describe_difference("clipped_surrogate", got, want) == \
+        "clipped_surrogate: per-token loss[0, 1]: got 2.5, expected 2.0"
+    assert exercises.describe_difference("first_error", (1, 2, 0.5, 0), (1, 3, 0.5, 0)) == \
+        "cut_point: got 2, expected 3"
+    assert exercises.first_difference([1, 2], [1, 2]) is None
+
+
+def test_mixed_source_swaps_only_the_other_problems_functions():
+    ref = "import x\n\n\ndef a():\n    return 'ref a'\n\n\ndef b():\n    return 'ref b'\n"
+    mine = "import x\n\n\ndef helper():\n    return 1\n\n\ndef a():\n    return 'my a'\n\n\n@dec\ndef b():\n    return 'my b'\n"
+    out = exercises.mixed_source(mine, ref, {"b"}, "m.py")
+    assert "my a" in out and "ref b" in out and "my b" not in out and "@dec" not in out and "def helper" in out
+    assert "ref a" in exercises.mixed_source("def b():\n    pass\n", ref, {"a"}, "m.py")   # removed: appended
+    with pytest.raises(ValueError, match=r"m.py:1: the submitted file is not valid Python"):
+        exercises.mixed_source("def (:\n", ref, {"a"}, "m.py")
