@@ -38,14 +38,16 @@ def run_pytest(copy, args, junit):
 
 
 def outcomes(junit):
-    """{node id: (failed, NotImplementedError seen in its failure text or captured output)}"""
+    """{node id: (outcome, NotImplementedError seen in its failure text or captured output)}; outcome is "failed"
+    (a failure or an error), "skipped" or "passed": a skip is never counted as a pass."""
     out = {}
     for tc in ET.parse(junit).getroot().iter("testcase"):
         node = tc.get("classname").replace(".", "/") + ".py::" + tc.get("name")
         node = node if node.startswith("tests/") else "tests/" + node    # ids relative to tests/ (pytest.ini's folder)
         failed = any(c.tag in ("failure", "error") for c in tc)
+        outcome = "failed" if failed else "skipped" if any(c.tag == "skipped" for c in tc) else "passed"
         text = " ".join((c.get("message") or "") + (c.text or "") for c in tc)
-        out[node] = (failed, "NotImplementedError" in text)
+        out[node] = (outcome, "NotImplementedError" in text)
     return out
 
 
@@ -57,7 +59,7 @@ def contract_problems(results, expected, files=None):
 
     if files is not None:
         expected = {t for t in expected if t.split("::")[0] in files}
-    failed = {n for n, (f, _) in results.items() if f}
+    failed = {n for n, (o, _) in results.items() if o == "failed"}
     problems = [f"unexpected failure (not in exercises.EXERCISES): {n}" for n in sorted(failed) if not listed(n)]
     problems += [f"failed without NotImplementedError: {n}" for n in sorted(failed)
                  if listed(n) and not results[n][1]]
@@ -65,8 +67,14 @@ def contract_problems(results, expected, files=None):
         matching = [n for n in results if n == t or n.startswith(t + "[")]
         if not matching:
             problems.append(f"mapped test not collected (renamed or removed?): {t}")
-        problems += [f"expected to fail but passed: {n}" for n in matching if not results[n][0]]
+        problems += [f"expected to fail but passed: {n}" for n in matching if results[n][0] == "passed"]
     return problems
+
+
+def skipped_mapped(results, expected):
+    """The mapped tests the run skipped (an optional package missing): their failure is not shown."""
+    return sorted(n for n, (o, _) in results.items() if o == "skipped" and any(n == t or n.startswith(t + "[")
+                                                                              for t in expected))
 
 
 def test_stubbed_copy_fails_exactly_the_mapped_tests(tmp_path):
@@ -77,13 +85,17 @@ def test_stubbed_copy_fails_exactly_the_mapped_tests(tmp_path):
         lines = (out / name).read_text().splitlines()
         assert not any(exercises.BEGIN.match(ln) or exercises.END.match(ln) for ln in lines), name
     junit = tmp_path / "junit.xml"
-    proc = run_pytest(out, ["tests"], junit)
+    proc = run_pytest(out, ["tests", "-m", "slow or not slow"], junit)   # both tiers
     results = outcomes(junit)
     assert len(results) > 100, proc.stdout[-3000:]
-    problems = contract_problems(results, exercises.expected_failures([e.name for e in exercises.EXERCISES]))
+    expected = exercises.expected_failures([e.name for e in exercises.EXERCISES])
+    problems = contract_problems(results, expected)
     assert not problems, "the generated assignment breaks the contract:\n" + "\n".join(problems)
-    n_failed = sum(f for f, _ in results.values())
+    n_failed = sum(o == "failed" for o, _ in results.values())
     assert n_failed >= 9 and proc.returncode == 1
+    if skipped_mapped(results, expected):   # the contract holds for the rest; these cannot show that they fail
+        pytest.skip("mapped tests skipped in the copy, so their failure is unchecked: "
+                    + ", ".join(skipped_mapped(results, expected)))
 
 
 def test_only_one_exercise_changes_only_its_region(tmp_path):
@@ -108,8 +120,8 @@ def test_only_one_exercise_changes_only_its_region(tmp_path):
     results = outcomes(junit)
     problems = contract_problems(results, exercises.expected_failures(["first_error"]), files={"tests/test_prm.py"})
     assert not problems, "--only first_error breaks the contract:\n" + "\n".join(problems)
-    assert {n for n, (f, _) in results.items() if f} == {f"tests/test_prm.py::test_{x}" for x in
-                                                          ("first_error", "cut_point", "keep_ratio", "select_candidate")}
+    assert {n for n, (o, _) in results.items() if o == "failed"} == {
+        f"tests/test_prm.py::test_{x}" for x in ("first_error", "cut_point", "keep_ratio", "select_candidate")}
 
 
 def test_copy_holds_the_handout_and_no_answers_or_results(tmp_path):
