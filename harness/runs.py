@@ -27,6 +27,7 @@ tests/test_runs.py:
 import json
 import os
 import random
+import shlex
 import shutil
 import socket
 import sys
@@ -278,13 +279,24 @@ def format_changes(changes: list[dict]) -> list[str]:
                                                     for k, (old, new) in r["changes"].items()) for r in changes]
 
 
-def resume_hint(run_dir: str) -> str:
-    """Where a stopped run stands and the command that continues it (for an interrupt)."""
+def launch_command(argv: list[str]) -> str:
+    """The command line of this run as a person types it: `python scope.py ARGS`, or torchrun's launch."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    launcher = f"torchrun --nproc_per_node {world} scope.py" if world > 1 else "python scope.py"
+    return " ".join([launcher, *map(shlex.quote, argv)])
+
+
+def resume_hint(run_dir: str, argv: list[str], first_save: int) -> str:
+    """Where a stopped run stands and the command that goes on from there (for an interrupt). After a checkpoint:
+    its step and the --resume command. Before the first one (`first_save`: the step that writes it): that nothing
+    was saved, and the typed command that starts the run again from step 1 (with --overwrite when the folder
+    already holds this run's logs, said in words: that restart replaces them)."""
     found = find_checkpoint(run_dir)
     if found is not None:
         return (f"the last complete checkpoint is step {found[1]} ({found[0]}); continue with: "
-                f"python scope.py --resume {run_dir}")
-    if holds_run(run_dir):
-        return (f"no checkpoint yet in {run_dir}; start it again with: python scope.py --resume {run_dir} "
-                f"--overwrite")
-    return "nothing was written; run the same command again"
+                f"{launch_command(['--resume', run_dir])}")
+    if not holds_run(run_dir):
+        return f"nothing was written; start the run again with: {launch_command(argv)}"
+    again = launch_command(argv if "--overwrite" in argv else [*argv, "--overwrite"])
+    return (f"nothing was saved yet (the first checkpoint comes after step {first_save}); start the run again "
+            f"from step 1, replacing the logs in {run_dir}, with: {again}")
