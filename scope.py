@@ -27,6 +27,7 @@ row of docs/choices.md, with its reason. The run folder, the pre-flight, checkpo
 described in docs/running.md; the logged metrics in docs/metrics.md.
 """
 import argparse
+import difflib
 import time
 import zlib
 from contextlib import contextmanager
@@ -59,7 +60,8 @@ class Args:
     # --- models
     model: str = arg("Qwen2.5-1.5B", "policy: HF id, local path or alias (Qwen2.5-1.5B, Qwen2.5-Math-1.5B, "
                      "Qwen2.5-Math-7B, ...-Instruct); with --toy: 'toy' (cached warm start) or a saved toy model")
-    prm: str = arg("Qwen/Qwen2.5-Math-PRM-7B", "process reward model (HF id or path); 'none' = no PRM (grpo only)")
+    prm: str = arg("Qwen/Qwen2.5-Math-PRM-7B", "process reward model (HF id or path); 'none' = no PRM (grpo "
+                   "only, and --mode grpo's default off the toy world: there a PRM only feeds the near-miss metrics)")
     refiner: str = arg("Qwen/Qwen2.5-Math-7B-Instruct", "refiner: HF id or path, or 'policy' (self-refinement); "
                        "with --toy: 'toy-oracle' (rule-based, never fails) or 'toy-model' (a stronger toy model "
                        "through Refiner + HF generate; can fail)")
@@ -406,18 +408,41 @@ def main(args: Args) -> dict:
 # ============================================================ plumbing: the command line, seeds, timers
 
 
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse whose refusals are one line naming the culprit and the --help hint, not the 40-line usage."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (python scope.py --help lists every flag)\n")
+
+
+def unknown_argument(word: str, flags: list[str]) -> str:
+    """The refusal of a word argparse did not take: the closest flag when one is near ("--step" → "--steps")."""
+    if not word.startswith("-"):
+        near = difflib.get_close_matches("--" + word.replace("_", "-"), flags, n=1, cutoff=0.75)
+        return f"unexpected argument '{word}'" + (f": did you mean {near[0]}?" if near else " (flags start with --)")
+    flag = word.split("=", 1)[0]
+    near = difflib.get_close_matches(flag.replace("_", "-"), flags, n=1, cutoff=0.6)
+    return f"unknown flag {flag}" + (f": did you mean {near[0]}?" if near else "")
+
+
 def parse_args(argv=None) -> Args:
     """Args from the command line. Precedence: flags typed > the resumed run's settings (config.json with the
-    accepted changes of changes.jsonl) > --toy defaults > the dataclass defaults. On a resume, a typed flag that
-    changes training is refused by the pre-flight unless --change-config confirms it."""
+    accepted changes of changes.jsonl) > --toy defaults > the dataclass defaults; a new --mode grpo run off the
+    toy world gets --prm none unless --prm is typed. On a resume, a typed flag that changes training is refused by
+    the pre-flight unless --change-config confirms it. A mistyped flag is one line naming the closest flag."""
     toy_line = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TOY_DEFAULTS.items())
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
-                                     epilog=f"--toy also sets, unless typed: {toy_line}")
+    parser = OneLineErrors(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+                           epilog=f"--toy also sets, unless typed: {toy_line}")
+    flags = ["--help"]
     for f in fields(Args):
         kind = dict(action=argparse.BooleanOptionalAction) if isinstance(f.default, bool) else dict(type=type(f.default))
-        parser.add_argument("--" + f.name.replace("_", "-"), help=f"{f.metadata['help']} (default: {f.default!r})",
-                            choices=f.metadata["choices"], default=argparse.SUPPRESS, **kind)
-    typed = vars(parser.parse_args(argv))   # only the flags on the command line (the rest are SUPPRESSed)
+        flags += parser.add_argument("--" + f.name.replace("_", "-"), help=f"{f.metadata['help']} (default: "
+                                     f"{f.default!r})", choices=f.metadata["choices"], default=argparse.SUPPRESS,
+                                     **kind).option_strings
+    known, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(unknown_argument(unknown[0], flags))
+    typed = vars(known)   # only the flags on the command line (the rest are SUPPRESSed)
     values = asdict(Args())
     if typed.get("resume"):   # a checked config: missing folder/file, bad JSON or foreign keys stop in one line
         config = preflight.read_run_config(typed["resume"], set(values))
@@ -426,6 +451,8 @@ def parse_args(argv=None) -> Args:
     elif typed.get("toy"):
         values.update(TOY_DEFAULTS)
     values.update(typed)
+    if values["mode"] == "grpo" and "prm" not in typed and not typed.get("resume") and not values["toy"]:
+        values["prm"] = "none"   # GRPO uses no PRM: the 7B one for the near-miss metrics alone is asked for by name
     return Args(**values)
 
 

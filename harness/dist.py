@@ -151,16 +151,21 @@ def wrap(model, d: Dist, fsdp: bool):
     if d.world == 1 and not fsdp:
         return model
     if fsdp:
-        from torch.distributed.fsdp import fully_shard
-        policy = mixed_precision(next(model.parameters()).is_cuda)
-        precision = {"mp_policy": policy} if policy is not None else {}
-        for layer in model.model.layers:   # HF causal LMs: model.model.layers (Qwen2, Llama, Mistral)
-            fully_shard(layer, **precision)
-        fully_shard(model, **precision)
-        return model
+        return shard(model, mp_policy=mixed_precision(next(model.parameters()).is_cuda))
     from torch.nn.parallel import DistributedDataParallel
     cuda = next(model.parameters()).is_cuda
     return DistributedDataParallel(model, device_ids=[torch.cuda.current_device()] if cuda else None)
+
+
+def shard(model, mesh=None, mp_policy=None):
+    """FSDP2 units: each decoder layer, then the root (embeddings, final norm, lm_head); `mesh` None: the world.
+    tools/bench_memory.py traces the same layout on a fake process group."""
+    from torch.distributed.fsdp import fully_shard
+    options = {k: v for k, v in (("mesh", mesh), ("mp_policy", mp_policy)) if v is not None}
+    for layer in model.model.layers:   # HF causal LMs: model.model.layers (Qwen2, Llama, Mistral)
+        fully_shard(layer, **options)
+    fully_shard(model, **options)
+    return model
 
 
 def reshard(model) -> None:

@@ -27,6 +27,7 @@ tests/test_runs.py:
 import json
 import os
 import random
+import shlex
 import shutil
 import socket
 import sys
@@ -169,9 +170,10 @@ def recover_checkpoint(run_dir: str) -> tuple[str, int] | None:
     return final, step
 
 
-def save_checkpoint(run_dir: str, step: int, model, tokenizer, optimizer) -> None:
+def save_checkpoint(run_dir: str, step: int, model, tokenizer, optimizer, cuda_rng: list | None = None) -> None:
     """runs/<name>/checkpoint: model + tokenizer (save_pretrained), optimizer, RNG states, step; swapped in
-    without a moment in which no complete checkpoint exists (rule 3 above)."""
+    without a moment in which no complete checkpoint exists (rule 3 above). cuda_rng: each torchrun rank's CUDA
+    RNG state of its own GPU, in rank order (None: this process's, when CUDA is there)."""
     from transformers.utils import logging as hf_logging
 
     final, tmp, old = (os.path.join(run_dir, n) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
@@ -181,9 +183,10 @@ def save_checkpoint(run_dir: str, step: int, model, tokenizer, optimizer) -> Non
     hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(tmp)
     torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
+    if cuda_rng is None and torch.cuda.is_available():
+        cuda_rng = [torch.cuda.get_rng_state()]   # the current device's: one process, one GPU
     torch.save({"step": step, "python": random.getstate(), "numpy": np.random.get_state(),
-                "torch": torch.get_rng_state(),
-                "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None},
+                "torch": torch.get_rng_state(), "cuda_by_rank": cuda_rng},
                os.path.join(tmp, "state.pt.part"))
     os.replace(os.path.join(tmp, "state.pt.part"), os.path.join(tmp, "state.pt"))   # now tmp is complete
     swap_in(run_dir)
@@ -199,11 +202,19 @@ def swap_in(run_dir: str) -> None:
     shutil.rmtree(old, ignore_errors=True)
 
 
-def restore_rng(state: dict) -> None:
+def restore_rng(state: dict, rank: int = 0) -> None:
+    """The RNG states of a checkpoint's state.pt; the CUDA one is this rank's own (saved by that rank's GPU), so
+    no rank takes over rank 0's stream. A rank the checkpoint has no state for (a larger world) keeps its seed.
+    A state.pt holding `cuda` (every device's state, as one process saw them) restores them all."""
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
+    if not torch.cuda.is_available():
+        return
+    if state.get("cuda_by_rank") is not None:
+        if rank < len(state["cuda_by_rank"]):
+            torch.cuda.set_rng_state(state["cuda_by_rank"][rank])
+    elif state.get("cuda") is not None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
@@ -268,13 +279,24 @@ def format_changes(changes: list[dict]) -> list[str]:
                                                     for k, (old, new) in r["changes"].items()) for r in changes]
 
 
-def resume_hint(run_dir: str) -> str:
-    """Where a stopped run stands and the command that continues it (for an interrupt)."""
+def launch_command(argv: list[str]) -> str:
+    """The command line of this run as a person types it: `python scope.py ARGS`, or torchrun's launch."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    launcher = f"torchrun --nproc_per_node {world} scope.py" if world > 1 else "python scope.py"
+    return " ".join([launcher, *map(shlex.quote, argv)])
+
+
+def resume_hint(run_dir: str, argv: list[str], first_save: int) -> str:
+    """Where a stopped run stands and the command that goes on from there (for an interrupt). After a checkpoint:
+    its step and the --resume command. Before the first one (`first_save`: the step that writes it): that nothing
+    was saved, and the typed command that starts the run again from step 1 (with --overwrite when the folder
+    already holds this run's logs, said in words: that restart replaces them)."""
     found = find_checkpoint(run_dir)
     if found is not None:
         return (f"the last complete checkpoint is step {found[1]} ({found[0]}); continue with: "
-                f"python scope.py --resume {run_dir}")
-    if holds_run(run_dir):
-        return (f"no checkpoint yet in {run_dir}; start it again with: python scope.py --resume {run_dir} "
-                f"--overwrite")
-    return "nothing was written; run the same command again"
+                f"{launch_command(['--resume', run_dir])}")
+    if not holds_run(run_dir):
+        return f"nothing was written; start the run again with: {launch_command(argv)}"
+    again = launch_command(argv if "--overwrite" in argv else [*argv, "--overwrite"])
+    return (f"nothing was saved yet (the first checkpoint comes after step {first_save}); start the run again "
+            f"from step 1, replacing the logs in {run_dir}, with: {again}")

@@ -8,7 +8,8 @@ the loop calls back into: `run.eval_before_training()`, `run.evaluate()`, `run.l
 `run.checkpoint(step)`, `run.finish()`.
 Under torchrun (harness/dist.py) every rank runs `start` and the loop; rank 0 alone takes the lock, writes the
 folder and prints, and `run.dist` says which groups of each step are this rank's. `calm_interrupt(args)` turns
-Ctrl-C or a SIGTERM into one line naming the last complete checkpoint and the command that resumes it.
+Ctrl-C or a SIGTERM into one line naming the last complete checkpoint and the command that resumes it (before the
+first checkpoint: that nothing was saved yet, and the command that starts the run again).
 """
 import atexit
 import contextlib
@@ -169,15 +170,15 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
                    refiner_tokenizer, prompt_style=args.refine_prompt)
 
 
-def restore_checkpoint(ckpt: str, optimizer, device: str, model=None) -> None:
+def restore_checkpoint(ckpt: str, optimizer, device: str, model=None, rank: int = 0) -> None:
     """Optimizer and RNG states from the checkpoint (the model loaded from it already); with `model`, an FSDP2
-    policy whose optimizer holds shards (dist.load_optimizer)."""
+    policy whose optimizer holds shards (dist.load_optimizer); `rank`: whose CUDA RNG state to take."""
     state = torch.load(os.path.join(ckpt, "optimizer.pt"), map_location=device)
     if model is not None:
         dist.load_optimizer(model, optimizer, state)
     else:
         optimizer.load_state_dict(state)
-    restore_rng(torch.load(os.path.join(ckpt, "state.pt"), weights_only=False))
+    restore_rng(torch.load(os.path.join(ckpt, "state.pt"), weights_only=False), rank)
 
 
 def pad_token_id(tokenizer) -> int:
@@ -212,11 +213,37 @@ def open_run(args, run_dir: str, resume_step: int | None) -> tuple[str | None, i
     return None, 1
 
 
-def finish(summary: dict, run_dir: str, t_start: float, start_step: int, refiner, main: bool = True) -> dict:
-    """The closing lines, from the whole run's logs (also the steps before a resume): eval accuracy before →
-    after, train reward first → last steps, the steps on which a served refiner did not answer, the accepted
-    config changes, where the logs are; our own refiner server is shut down here (also at exit and on error;
-    on every torchrun rank, which alone reads and prints nothing)."""
+EVAL_TEMPERATURE = 0.6   # the periodic evaluation's sampling temperature (Run.evaluate; the LUFFY harness)
+README_TOY_EVAL = "64 held-out problems × 16 samples at T = 1.0"   # the setting of the README's toy tables
+
+
+def samples(n: int, what: str = "sample") -> str:
+    return f"{n} {what}{'' if n == 1 else 's'}"
+
+
+def describe_refiner(args, refiner) -> str:
+    """What rewrites the failures in this run, in words (the closing summary)."""
+    server = getattr(getattr(refiner, "generator", None), "server", None)
+    if args.refiner == "policy":
+        return "the policy itself (self-refinement)"
+    if args.refiner_url:
+        return f"the model {args.refiner}, served at {args.refiner_url}"
+    if args.toy and args.refiner == "toy-model":
+        return "a stronger toy model through Refiner and HF generate (it can fail)"
+    if args.toy:
+        return "the toy oracle (rule-based: it writes the correct remaining steps, so it never fails)"
+    return f"the model {args.refiner}" + (", on its own vllm serve" if server is not None else ", through HF generate")
+
+
+def finish(summary: dict, run_dir: str, t_start: float, start_step: int, refiner, args, n_eval: int,
+           main: bool = True) -> dict:
+    """The closing lines, from the whole run's logs (also the steps before a resume), each figure with the
+    setting it was measured in and no abbreviation: eval accuracy before → after (problems, samples,
+    temperature), the reward of the policy's own rollouts first → last steps, the repairs and what the refiner
+    is, the steps on which a served refiner did not answer, the accepted config changes, where the logs are;
+    our own refiner server is shut down here (also at exit and on error; on every torchrun rank, which alone
+    reads and prints nothing)."""
+    said_refiner = describe_refiner(args, refiner) if refiner is not None else None
     if refiner is not None and getattr(getattr(refiner, "generator", None), "server", None) is not None:
         refiner.generator.server.close()   # our own vllm serve (also closed at exit and on error)
     if not main:
@@ -227,12 +254,24 @@ def finish(summary: dict, run_dir: str, t_start: float, start_step: int, refiner
     after = next((r["eval_acc"] for r in reversed(history) if r.get("eval_acc") is not None), None)
     summary.update(minutes=(time.time() - t_start) / 60, eval_acc_before=before, eval_acc_after=after)
     resumed = f" (resumed at step {start_step}; the lines below cover the whole run)" if start_step > 1 else ""
-    print(f"\ndone in {summary['minutes']:.1f} min{resumed}. eval accuracy: before {_fmt(before)} → after {_fmt(after)}")
+    evaluated = (f"eval accuracy on {n_eval} held-out problems × {samples(args.eval_n)} at T = {EVAL_TEMPERATURE}: "
+                 f"before {_fmt(before)} → after {_fmt(after)}" if args.eval_every else "no evaluation (--eval-every 0)")
+    print(f"\ndone in {summary['minutes']:.1f} min{resumed}. {evaluated}")
+    if args.toy and args.eval_every:
+        print(f"  (the README's toy tables evaluate {README_TOY_EVAL}: another setting, other numbers)")
     if history:
         k = max(1, len(history) // 5)
-        print(f"train reward of the policy's rollouts: first {k} steps {mean(h['reward_mean'] for h in history[:k]):.3f}"
-              f" → last {k} steps {mean(h['reward_mean'] for h in history[-k:]):.3f}; rectifications accepted "
-              f"{sum(h['rectify_accepted'] for h in history)}/{sum(h['rectify_tried'] for h in history)}")
+        print(f"training reward (share of correct answers among the policy's own {samples(args.prompts_per_step, 'problem')}"
+              f" × {samples(args.group_size)} per step at T = {args.temperature}): first {samples(k, 'step')} "
+              f"{mean(h['reward_mean'] for h in history[:k]):.3f} → last {samples(k, 'step')} "
+              f"{mean(h['reward_mean'] for h in history[-k:]):.3f}")
+        tried, repaired = sum(h["rectify_tried"] for h in history), sum(h["rectify_accepted"] for h in history)
+        if said_refiner is None:
+            print(f"repairs: none (--mode {args.mode} rewrites no failure)")
+        else:
+            picked = "one per group with a failure" if args.rectify_groups == "any" else "one per all-failed group"
+            print(f"repairs: {repaired} of {tried} picked failures ({picked}) came back correct and were trained "
+                  f"on; the refiner is {said_refiner}")
     unavailable = [h["step"] for h in history if h.get("refiner_unavailable")]
     if unavailable:
         summary["refiner_unavailable_steps"] = unavailable
@@ -244,13 +283,14 @@ def finish(summary: dict, run_dir: str, t_start: float, start_step: int, refiner
     has_traces = bool(read_log(os.path.join(run_dir, "traces.jsonl")))
     print(f"logs: {run_dir}/metrics.jsonl" + (f", {run_dir}/traces.jsonl" if has_traces else "")
           + f"; checkpoint: {run_dir}/checkpoint\nplot: python -m tools.report --plot {run_dir}"
-          + (f"    rectifications: python -m tools.report --trace {run_dir}" if has_traces else ""))
+          + (f"    repairs: python -m tools.report --trace {run_dir}" if has_traces else ""))
     return summary
 
 
 @contextlib.contextmanager
 def calm_interrupt(args):
-    """Ctrl-C or SIGTERM: one line naming the last complete checkpoint and the exact --resume command, exit 130,
+    """Ctrl-C or SIGTERM: one line naming the last complete checkpoint and the exact --resume command (before the
+    first checkpoint: that nothing was saved yet, and the command that starts the run again), exit 130,
     no traceback. The lock is released by the exit handler open_run registered; a save cut short is
     recovered by the resume (runs.py rule 4)."""
     def on_term(signum, frame):
@@ -263,7 +303,8 @@ def calm_interrupt(args):
         signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut this message short
         signal.signal(signal.SIGTERM, signal.SIG_IGN)
         if os.environ.get("RANK", "0") == "0":   # under torchrun every rank gets the signal; rank 0 speaks
-            tqdm.write(f"\ninterrupted: {resume_hint(preflight.run_dir_of(args))}", file=sys.stderr)
+            hint = resume_hint(preflight.run_dir_of(args), sys.argv[1:], min(args.save_every, args.steps))
+            tqdm.write(f"\ninterrupted: {hint}", file=sys.stderr)
         raise SystemExit(130) from None
     finally:
         signal.signal(signal.SIGTERM, previous)
@@ -338,7 +379,7 @@ class Run:
         share = self.dist.block(len(problems)) if self.use_vllm and self.dist.world > 1 else range(len(problems))
         with self.amp_for(self.generator):
             result = evaluate(self.generator, self.tokenizer, problems[share.start:share.stop], n=a.eval_n,
-                              temperature=0.6, max_new_tokens=a.eval_max_new_tokens, seed=a.seed + share.start,
+                              temperature=EVAL_TEMPERATURE, max_new_tokens=a.eval_max_new_tokens, seed=a.seed + share.start,
                               batch_size=64)
         if len(share) == len(problems):
             return result["acc"]
@@ -375,8 +416,10 @@ class Run:
         model, optimizer = self.policy, self.optimizer
         if self.args.fsdp:
             model, optimizer = dist.full_checkpoint(self.policy, self.optimizer)
-        if self.dist.main:
-            save_checkpoint(self.run_dir, step, model, self.tokenizer, optimizer)
+        cuda_rng = self.dist.all_gather(torch.cuda.get_rng_state() if torch.cuda.is_available() else None)
+        if self.dist.main:   # each rank's CUDA RNG state, of its own GPU: a resume gives each rank its own back
+            save_checkpoint(self.run_dir, step, model, self.tokenizer, optimizer,
+                            cuda_rng if torch.cuda.is_available() else None)
         self.dist.barrier()   # a resume after a crash finds the checkpoint every rank trained past
 
     def finish(self) -> dict:
@@ -385,7 +428,8 @@ class Run:
                 log.close()
         if self.tracker is not None:
             self.tracker.close()
-        summary = finish(self.summary, self.run_dir, self.t_start, self.start_step, self.refiner, self.dist.main)
+        summary = finish(self.summary, self.run_dir, self.t_start, self.start_step, self.refiner, self.args,
+                         len(self.eval_problems), self.dist.main)
         dist.close()
         return summary
 
@@ -434,7 +478,7 @@ def start(args) -> Run | None:
     if prm_offload:
         prm.model.to("cpu")   # between its uses; Run.prm_on_device brings it back for step 3
     if ckpt:
-        restore_checkpoint(ckpt, optimizer, device, policy if args.fsdp else None)
+        restore_checkpoint(ckpt, optimizer, device, policy if args.fsdp else None, d.rank)
         print(f"resumed {run_dir} at step {start_step}")
     mode = "a" if ckpt else "w"
     logs = [open(os.path.join(run_dir, name), mode, encoding="utf-8") if d.main else None
@@ -450,16 +494,18 @@ def start(args) -> Run | None:
 
 
 def summary_line(m: dict) -> str:
-    """One line per step with the numbers a person acts on."""
-    kr = m["keep_ratio_steps"]
-    text = (f"step {m['step']:4d} | reward {m['reward_mean']:.3f} (trained {m['reward_merged']:.3f}) | "
-            f"all-fail {m['frac_all_fail']:.2f} all-pass {m['frac_all_pass']:.2f} | "
-            f"rectified {m['rectify_accepted']}/{m['rectify_tried']} ({m['rectify_all_fail']} all-fail) κ {_fmt(kr)} | "
-            f"len {m['response_len']:.0f} H {m['entropy']:.3f} | loss {m['loss']:+.4f} gn {m['grad_norm']:.3f}"
-            f"{' SKIPPED' if m['skipped'] else ''} | {m['time_step']:.1f}s (roll {m['time_rollout']:.1f} "
-            f"prm {m['time_prm']:.1f} ref {m['time_refine']:.1f} upd {m['time_update']:.1f})")
+    """One line per step with the numbers a person acts on, each named in words (docs/metrics.md: the fields)."""
+    kept = m["keep_ratio_steps"]
+    text = (f"step {m['step']:4d} | reward {m['reward_mean']:.3f}, after repairs {m['reward_merged']:.3f} | "
+            f"groups all failed {m['frac_all_fail']:.2f}, all passed {m['frac_all_pass']:.2f} | "
+            f"repaired {m['rectify_accepted']} of {m['rectify_tried']} tried ({m['rectify_all_fail']} in all-failed "
+            f"groups{'' if kept is None else f', keeping {kept:.0%} of their steps'}) | "
+            f"length {m['response_len']:.0f} tokens, entropy {m['entropy']:.3f} | loss {m['loss']:+.4f}, "
+            f"gradient norm {m['grad_norm']:.3f}{' SKIPPED' if m['skipped'] else ''} | {m['time_step']:.1f} s: "
+            f"rollout {m['time_rollout']:.1f}, PRM {m['time_prm']:.1f}, refiner {m['time_refine']:.1f}, "
+            f"update {m['time_update']:.1f}")
     text += " | REFINER UNAVAILABLE: no rectification" if m.get("refiner_unavailable") else ""
-    return text + (f" | eval {m['eval_acc']:.3f}" if "eval_acc" in m else "")
+    return text + (f" | eval accuracy {m['eval_acc']:.3f}" if "eval_acc" in m else "")
 
 
 def _fmt(x) -> str:

@@ -1,4 +1,9 @@
-"""Shared test fixtures: tokenizers and tiny Qwen2 models built in code (nothing is downloaded).
+"""Shared test fixtures: tokenizers and tiny Qwen2 models built in code (nothing is downloaded); the two tiers.
+
+- The tiers (README, "Tests"): `python -m pytest tests` runs the default tier, every test but those marked
+  `slow` (the end-to-end runs: scope.py as a subprocess, torchrun, the served-refiner faults, the generated
+  assignment); `python -m pytest tests -m slow` runs the slow tier. A run that selects its tests itself (`-m`,
+  `-k` or a node id such as `tests/test_runs.py::test_x`) gets exactly those, whatever their tier.
 
 - `bpe_tokenizer`: a byte-level BPE (the Qwen2.5 scheme) trained in code on a small maths corpus,
   with `<|endoftext|>` as EOS/pad, `<extra_0>` (the Qwen PRM step separator) and a small chat template.
@@ -37,6 +42,31 @@ CORPUS = [
     "We have \\frac{1}{2} + \\frac{1}{3} = \\frac{5}{6}. Therefore \\boxed{\\frac{5}{6}}.",
     "Step 1: the area is \\pi r^2 = 9\\pi.\n\nStep 2: so \\boxed{9\\pi}. Naïve café — ünïcode ∑ √2",
 ] * 20
+
+SLOW_LEFT_OUT = pytest.StashKey[int]()
+
+
+def selects_itself(config) -> bool:
+    """True when the command line picks its tests (-m, -k, or a node id): then no tier is applied."""
+    return bool(config.option.markexpr or config.option.keyword or any("::" in a for a in config.args))
+
+
+def pytest_collection_modifyitems(config, items):
+    """The default tier: a run over folders or files leaves out the tests marked `slow` (said at the end)."""
+    if selects_itself(config):
+        return
+    slow = [item for item in items if item.get_closest_marker("slow")]
+    if slow:
+        config.hook.pytest_deselected(items=slow)
+        items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    config.stash[SLOW_LEFT_OUT] = len(slow)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    left_out = config.stash.get(SLOW_LEFT_OUT, 0)
+    if left_out:
+        tests = f"{left_out} end-to-end test" + ("s" if left_out > 1 else "")
+        terminalreporter.write_line(f"the slow tier ({tests}) was left out: python -m pytest tests -m slow runs it")
 
 
 def _wrap(tok_obj):

@@ -133,3 +133,44 @@ def test_fsdp2_weight_push_gathers_one_full_tensor_at_a_time(tmp_path, monkeypat
     assert len(gathers) == len(pushes) == len(list(model.parameters())) > 10
     assert [kind for kind, _ in events] == ["gather", "push"] * len(pushes)   # interleaved, not all gathered first
     assert max(gathers) <= 1, gathers
+
+
+def test_each_rank_resumes_its_own_cuda_rng_state(tmp_path, monkeypatch):
+    """Guards the resume in which every rank restored rank 0's CUDA RNG states. Two ranks on faked GPUs: rank 0
+    checkpoints (Run.checkpoint, which gathers each rank's state of its own GPU), then each rank restores the
+    checkpoint (wiring.restore_checkpoint) and must get back the state its own GPU had."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from harness import wiring
+
+    own = {0: torch.tensor([10, 11], dtype=torch.uint8), 1: torch.tensor([20, 21], dtype=torch.uint8)}
+    current, restored = {"rank": 0}, {}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_rng_state", lambda device="cuda": own[current["rank"]].clone())
+    monkeypatch.setattr(torch.cuda, "get_rng_state_all", lambda: [own[0].clone(), own[0].clone()])
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda s, device="cuda": restored.__setitem__(current["rank"], s))
+    monkeypatch.setattr(torch.cuda, "set_rng_state_all",
+                        lambda states: restored.__setitem__(current["rank"], states[current["rank"]]))
+
+    class TwoRanks(wiring.dist.Dist):   # rank 0 of 2; the all-gather brings rank 1's own state
+        def all_gather(self, obj):
+            return [obj, own[1].clone()]
+
+        def barrier(self):
+            pass
+
+    class Saved:
+        def save_pretrained(self, path):
+            os.makedirs(path, exist_ok=True)
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.AdamW(model.parameters())
+    run = SimpleNamespace(policy=Saved(), optimizer=optimizer, tokenizer=Saved(), args=SimpleNamespace(fsdp=False),
+                          dist=TwoRanks(rank=0, world=2), run_dir=str(tmp_path))
+    wiring.Run.checkpoint(run, 1)
+    for rank in (0, 1):
+        current["rank"] = rank
+        wiring.restore_checkpoint(str(tmp_path / "checkpoint"), optimizer, "cpu", rank=rank)
+    assert restored[0].tolist() == [10, 11] and restored[1].tolist() == [20, 21]

