@@ -1,4 +1,4 @@
-"""GRPO maths for SCOPE: group advantages, token log-probs, the mixed on/off-policy loss, one update step.
+"""GRPO maths for SCOPE: group advantages, the mixed on/off-policy loss, the update, token log-probs.
 
 SCOPE (Ren et al., "Recycling Failures: Salvaging Exploration in RLVR via Fine-Grained Off-Policy
 Guidance", arXiv 2602.24110) repairs a failed rollout by keeping the policy's own correct prefix and
@@ -6,11 +6,14 @@ letting a refiner rewrite the rest. In the update the kept prefix is *on-policy*
 policy) and the refiner's suffix is *off-policy* text. This file credits each token accordingly. Pure
 tensor code: no text, no PRM, no vLLM; the only model calls are the forward passes for log-probs.
 
-Run the tests: `python -m pytest tests/test_grpo.py -q`. scope.py calls, once per training step,
-`group_advantages` → `build_batch` → `update`. Each term of the loss is its own public function
-(`logprobs_and_entropy`, `entropy_from_logprobs`, `clipped_surrogate`, `shaped_offpolicy_loss`,
-`k3_kl`, `loss_normaliser`), composed by `policy_loss`, which `update` calls per micro-batch; the
-`# BEGIN SOLUTION` / `# END SOLUTION` comments mark what `tools/exercises.py` turns into student exercises.
+Run the tests: `python -m pytest tests/test_grpo.py -q`. The file reads in the order of the step: the
+equations below; `group_advantages` (step 6); the loss terms, one public function each (`clipped_surrogate`,
+`shaped_offpolicy_loss`, `unit_offpolicy_loss`, `k3_kl`, `loss_normaliser`); `policy_loss`, which composes
+them; `update`, one optimizer step that calls it per micro-batch; `update_epoch`, the --updates-per-batch
+steps on one rollout batch (step 7); then the batch layout and the log-probs (`build_batch`,
+`logprobs_and_entropy`, `token_logprobs`, `old_logprobs`) and, under the last banner, the plumbing (importance
+weights, metrics, micro-batches, mini-batches). The `# BEGIN SOLUTION` / `# END SOLUTION` comments mark what
+`tools/exercises.py` turns into student exercises.
 
 Conventions. Every per-token tensor is (N, L) over the whole right-padded prompt + response sequence.
 `logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t])`; position 0 (nothing predicts it) and every
@@ -20,7 +23,7 @@ the refiner's tokens (a subset of the response).
 Equations (token t of sequence i, A_i its advantage, π = exp(logp), ε = clip_eps, γ = shaping_gamma):
 
     group advantage        A_i = r_i − mean_{j in group(i)} r_j             (÷ (std + 1e-6) with scale_std)
-    on-policy tokens       ρ = exp(logp − old_logp)
+    on-policy tokens       ρ = exp(logp − old_logp)                         π_old: before the batch's first step
                            ℓ_it = −min(ρ A_i, clip(ρ, 1 − ε, 1 + ε) A_i)       PPO clipped surrogate
     off-policy tokens      ℓ_it = −f(π) A_i,   f(π) = π / (π + γ)              LUFFY policy shaping,
                                                                                behaviour prob = 1, no clip
@@ -36,7 +39,8 @@ Equations (token t of sequence i, A_i its advantage, π = exp(logp), ε = clip_e
 Gradients worth knowing (the tests check them in closed form): an off-policy token gives
 dL/dlogp = −A·γπ/(π+γ)² / Z, largest at π = γ, so low-probability refiner tokens are not ignored the
 way a plain π-weighted term would ignore them; an on-policy token inside the clip range gives −A·ρ / Z,
-and a clipped one gives 0.
+and a clipped one gives 0. With one optimizer step per rollout batch ρ = 1 and nothing is clipped; with k
+steps (one per mini-batch of whole groups, `update_epoch`) the mini-batches after the first train at ρ ≠ 1.
 
 References:
   SCOPE  arXiv 2602.24110 (only its abstract, captions and tables are public);
@@ -47,7 +51,8 @@ References:
 
 Choices (each is a keyword argument, so a flag in scope.py): no std in the advantage, the Dr. GRPO
 constant normaliser over the whole batch, γ = 0.1, ε = 0.2, behaviour probability 1 on refiner tokens, no
-KL or entropy bonus, a non-finite step skipped, no separate old-log-prob pass, a truncated importance weight
+KL or entropy bonus, a non-finite step skipped, k optimizer steps per rollout batch with π_old from one
+no-grad pass (none for k = 1), a truncated importance weight
 min(π_old/π_vLLM, C) on the policy's own tokens when vLLM sampled them (`truncated_is_weight`), float32
 log-probs one micro-batch at a time and, within it, `chunk_tokens` positions at a time, recomputed in the
 backward pass (`chunked_logprobs_and_entropy`), micro-batches of length-sorted rows
@@ -185,18 +190,11 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
     z: the normaliser; None = `loss_normaliser` of this batch (`update` passes the whole batch's Z to every
     micro-batch). is_weight: (N, L) per-token weights of the policy's tokens' surrogate (`truncated_is_weight`;
     None = 1), treated as constants. Returns (scalar loss with gradient through logp and entropy, terms):
-    `terms` holds the detached per-token tensors the metrics are made of, for `loss_metrics`.
+    `terms` holds the detached per-token tensors the metrics are made of, for `loss_metrics` (f(π) only
+    under shaped credit).
     """
-    shape = tuple(logp.shape)
-    named = {"old_logp": old_logp, "response_mask": response_mask, "offpolicy_mask": offpolicy_mask,
-             "ref_logp": ref_logp, "entropy": entropy, "is_weight": is_weight}
-    for name, t in named.items():
-        if t is not None and tuple(t.shape) != shape:
-            raise ValueError(f"policy_loss: {name} has shape {tuple(t.shape)}, logp has {shape}")
-    if tuple(advantages.shape) != shape[:1]:
-        raise ValueError(f"policy_loss: advantages must be ({shape[0]},), got {tuple(advantages.shape)}")
-    if offpolicy_credit not in ("shaped", "unit"):
-        raise ValueError(f"policy_loss: offpolicy_credit must be 'shaped' or 'unit', got {offpolicy_credit!r}")
+    _check_loss_inputs(logp, advantages, offpolicy_credit, old_logp=old_logp, response_mask=response_mask,
+                       offpolicy_mask=offpolicy_mask, ref_logp=ref_logp, entropy=entropy, is_weight=is_weight)
     if z is None:
         z = loss_normaliser(response_mask, loss_agg, max_new_tokens)
     resp = response_mask.bool()  # (N, L)
@@ -207,9 +205,10 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
     on_loss, ratio, clipped = clipped_surrogate(logp, old_logp, advantages, on, clip_eps)  # (N, L) each
     if is_weight is not None:  # truncated importance sampling against the sampler (policy tokens only)
         on_loss = on_loss * torch.where(on, is_weight.detach(), torch.ones_like(on_loss))  # (N, L)
-    off_loss, shaped = shaped_offpolicy_loss(logp, advantages, off, shaping_gamma)  # (N, L) each
-    if offpolicy_credit == "unit":  # the refiner's tokens as if the policy had sampled them
-        off_loss = unit_offpolicy_loss(logp, advantages, off)  # (N, L)
+    if offpolicy_credit == "shaped":  # LUFFY: −f(π)·A
+        off_loss, shaped = shaped_offpolicy_loss(logp, advantages, off, shaping_gamma)  # (N, L) each
+    else:  # unit: the refiner's tokens as if the policy had sampled them, −A·log π
+        off_loss, shaped = unit_offpolicy_loss(logp, advantages, off), None  # (N, L)
     per_token = torch.where(off, off_loss, on_loss)  # (N, L)
     if ref_logp is not None:
         kl = k3_kl(logp, ref_logp, resp)  # (N, L)
@@ -220,14 +219,15 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
     per_token = torch.where(resp, per_token, torch.zeros_like(per_token))  # (N, L) response tokens only
     loss = per_token.sum() / z  # L = (1/Z) Σ_i Σ_t ℓ_it
     # END SOLUTION
-    terms = {"on": on, "off": off, "ratio": ratio.detach(), "clipped": clipped, "shaped": shaped.detach(),
+    terms = {"on": on, "off": off, "ratio": ratio.detach(), "clipped": clipped,
+             "shaped": None if shaped is None else shaped.detach(),
              "kl": None if kl is None else kl.detach(), "entropy": None if entropy is None else entropy.detach(),
              "is_weight": None if is_weight is None else is_weight.detach()}
     return loss, terms
 
 
 # ---------------------------------------------------------------------------------------------------
-# 7. One optimizer step
+# 7. The update: one optimizer step, and several per rollout batch
 # ---------------------------------------------------------------------------------------------------
 def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_norm=1.0, clip_eps=0.2,
            shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
@@ -236,9 +236,9 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     """One optimizer step on `batch`: `policy_loss` micro-batch by micro-batch, gradients accumulated.
 
     batch: input_ids, attention_mask, response_mask, offpolicy_mask (N, L), advantages (N,), optionally
-    old_logp and ref_logp (N, L). Without old_logp (one optimizer step per rollout batch, scope.py's
-    case) the old log-probs are this forward's own log-probs, detached: ρ = 1 exactly and the gradient is
-    the one a separate no-grad pass would give, without that pass. Pass old_logp (from `token_logprobs`
+    old_logp and ref_logp (N, L). Without old_logp (one optimizer step per rollout batch) the old
+    log-probs are this forward's own log-probs, detached: ρ = 1 exactly and the gradient is the one a
+    separate no-grad pass would give, without that pass. `update_epoch` passes old_logp (`old_logprobs`,
     before the first of several steps) when one rollout batch gets several optimizer steps. With
     kl_coef > 0 and no ref_logp, ref_logp is computed from `ref_model` per micro-batch. Each micro-batch's
     loss is divided by the WHOLE batch's Z, so the accumulated gradient equals the single-batch gradient.
@@ -263,7 +263,6 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     """
     if kl_coef > 0 and batch.get("ref_logp") is None and ref_model is None:
         raise ValueError("update: kl_coef > 0 needs batch['ref_logp'] or ref_model")
-    n = batch["input_ids"].shape[0]
     extents = _row_extents(batch["input_ids"], batch["attention_mask"], batch["response_mask"], "update")
     z = loss_normaliser(batch["response_mask"], loss_agg, max_new_tokens)  # over the whole batch
     device = next(model.parameters()).device
@@ -278,38 +277,26 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     loss_total, parts = 0.0, []
     # BEGIN SOLUTION update
     for i in range(n_micro):
-        idx, padding = (micro_batches[i], False) if i < len(micro_batches) else ([0], True)  # padding: zero weight
-        rows = torch.tensor(idx, device=batch["input_ids"].device)
-        part = {k: v[rows].to(device) for k, v in batch.items() if isinstance(v, Tensor)}
-        sync = dist is None or i == n_micro - 1  # DDP: one gradient exchange per step (FSDP2: every micro-batch)
-        with contextlib.nullcontext() if sync else dist.no_sync(model):
+        part, keep, padding = _micro_batch(batch, micro_batches, i, extents, device)  # padding: zero weight
+        with _gradient_exchange(model, dist, last=i == n_micro - 1):  # DDP: once per step, on the last
             with amp():  # around the forward and the loss only
                 logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"],
                                                   part["response_mask"], entropy_grad=entropy_coef != 0,
-                                                  keep=max(extents[j] for j in idx), chunk_tokens=chunk_tokens)
+                                                  keep=keep, chunk_tokens=chunk_tokens)  # (n, L) each
                 old_logp = part.get("old_logp")
                 if old_logp is None:
                     old_logp = logp.detach()  # one optimizer step per rollout batch: ρ = 1 exactly
-                ref_logp = part.get("ref_logp")
-                if ref_logp is None and kl_coef > 0:
-                    ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"],
-                                                 part["response_mask"], micro_batch_size=mb, chunk_tokens=chunk_tokens)
-                is_weight = is_mask = None
-                if tis_cap > 0 and "sampler_logp" in part:  # the sampler / trainer mismatch
-                    is_mask = (part["sampler_mask"].bool() & part["response_mask"].bool()
-                               & ~part["offpolicy_mask"].bool())
-                    is_weight = truncated_is_weight(old_logp, part["sampler_logp"], is_mask, tis_cap)  # (n, L)
+                ref_logp = _reference_logprobs(part, ref_model, kl_coef, mb, chunk_tokens)  # None without KL
+                is_weight, is_mask = _sampler_weights(part, old_logp, tis_cap)  # None without vLLM log-probs
                 loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"],
                                           part["offpolicy_mask"], clip_eps=clip_eps, shaping_gamma=shaping_gamma,
                                           z=z, ref_logp=ref_logp, kl_coef=kl_coef, entropy=entropy,
                                           entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
                                           is_weight=is_weight)
-            if is_weight is not None:
-                terms.update(is_mask=is_mask, is_cap=float(tis_cap))
             (loss * 0.0 if padding else loss).backward()  # ÷ the whole batch's Z: the full-batch gradient
         if not padding:
             loss_total += float(loss.detach())
-            parts.append(terms)
+            parts.append(terms if is_weight is None else {**terms, "is_mask": is_mask, "is_cap": float(tis_cap)})
     # END SOLUTION
 
     clip_to = float("inf") if max_grad_norm is None else float(max_grad_norm)
@@ -325,6 +312,32 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     optimizer.zero_grad(set_to_none=True)  # a skipped step leaves parameters and optimizer state untouched
     return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped),
             "pad_share": padding_share(extents, micro_batches), **loss_metrics(terms)}
+
+
+def update_epoch(model, optimizer, batch: dict, groups: list[int], *, updates_per_batch: int = 1,
+                 micro_batch_size: int, chunk_tokens: int = 512, amp=contextlib.nullcontext, dist=None,
+                 **update_kwargs) -> dict:
+    """One pass over a rollout batch: `updates_per_batch` optimizer steps (`update`), one per mini-batch of
+    whole groups, in order (LUFFY: 128 prompts in mini-batches of 64, two steps per rollout batch).
+
+    With one step, `update` takes π_old from its own forward: ρ = 1 and the PPO clip never binds. With k > 1,
+    π_old comes from one no-grad pass over the whole batch before the first step (`old_logprobs`): the first
+    mini-batch trains at ρ = 1, every later one at ρ = π_θ/π_old with θ moved by the steps before it, so the
+    clip acts. vLLM's own log-probs are not used as π_old: they come from bf16 weights and other kernels, a
+    mismatch that `truncated_is_weight` corrects separately, against this π_old.
+
+    groups: the group of each row of `batch` (N,); update_kwargs: `update`'s loss settings. Under torchrun each
+    rank splits its own groups (it needs at least k). Returns `update`'s metrics, each the mean over the k steps;
+    `skipped` counts the skipped steps.
+    """
+    if updates_per_batch > 1 and batch.get("old_logp") is None:
+        old = old_logprobs(model, batch, micro_batch_size=micro_batch_size, chunk_tokens=chunk_tokens, amp=amp,
+                           dist=dist)  # (N, L) π_old, before the first step
+        batch = {**batch, "old_logp": old}
+    steps = [update(model, optimizer, mini, micro_batch_size=micro_batch_size, chunk_tokens=chunk_tokens, amp=amp,
+                    dist=dist, **update_kwargs)
+             for mini in group_mini_batches(batch, groups, updates_per_batch)]
+    return _mean_metrics(steps)
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -464,6 +477,30 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_ma
     return torch.cat(logps), torch.cat(ents)  # (N, L), (N, L)
 
 
+@torch.no_grad()
+def old_logprobs(model, batch: dict, *, micro_batch_size: int, chunk_tokens: int = 512,
+                 amp=contextlib.nullcontext, dist=None) -> Tensor:
+    """π_old of several optimizer steps on one rollout batch: log π(token) of every row (N, L), 0 off the
+    response, in the micro-batches and under the `amp` context the update uses, so that the first step's ρ is 1
+    up to float noise. Under torchrun every rank runs as many forwards as the busiest one (FSDP2 all-gathers in
+    each), like `update`."""
+    extents = _row_extents(batch["input_ids"], batch["attention_mask"], batch["response_mask"], "old_logprobs")
+    device = next(model.parameters()).device
+    micro_batches = length_sorted_micro_batches(extents, micro_batch_size)
+    n_micro = len(micro_batches) if dist is None else int(dist.max(len(micro_batches)))
+    old = None
+    for i in range(n_micro):
+        part, keep, padding = _micro_batch(batch, micro_batches, i, extents, device)
+        with amp():
+            logp, _ = _forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
+                                        entropy_grad=False, keep=keep, chunk_tokens=chunk_tokens)  # (n, L)
+        if old is None:
+            old = torch.zeros(batch["input_ids"].shape, dtype=logp.dtype, device=batch["input_ids"].device)
+        if not padding:
+            old[torch.tensor(micro_batches[i], device=old.device)] = logp.to(old.device)
+    return old  # (N, L)
+
+
 def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_grad: bool, keep: int,
                       chunk_tokens: int = 512):
     """One forward pass over one micro-batch: (logp, entropy), both (n, L), float32 (float64 for a float64
@@ -486,7 +523,7 @@ def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_g
 
 
 # ---------------------------------------------------------------------------------------------------
-# Plumbing: importance weights, metrics, micro-batches
+# Plumbing: importance weights, metrics, micro- and mini-batches, shape checks
 # ---------------------------------------------------------------------------------------------------
 def truncated_is_weight(train_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
     """Truncated importance weight of each token for the sampler / trainer mismatch (docs/choices.md):
@@ -557,3 +594,74 @@ def padding_share(lengths: list[int], micro_batches: list[list[int]]) -> float:
     micro-batches."""
     computed = sum(len(idx) * max(lengths[i] for i in idx) for idx in micro_batches)
     return 1.0 - sum(lengths[i] for idx in micro_batches for i in idx) / max(1, computed)
+
+
+def _check_loss_inputs(logp: Tensor, advantages: Tensor, offpolicy_credit: str, **per_token) -> None:
+    """`policy_loss`'s one-line errors: every per-token tensor given (not None) has logp's (N, L) shape, the
+    advantages are (N,), the credit is known."""
+    shape = tuple(logp.shape)
+    for name, t in per_token.items():
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"policy_loss: {name} has shape {tuple(t.shape)}, logp has {shape}")
+    if tuple(advantages.shape) != shape[:1]:
+        raise ValueError(f"policy_loss: advantages must be ({shape[0]},), got {tuple(advantages.shape)}")
+    if offpolicy_credit not in ("shaped", "unit"):
+        raise ValueError(f"policy_loss: offpolicy_credit must be 'shaped' or 'unit', got {offpolicy_credit!r}")
+
+
+def _micro_batch(batch: dict, micro_batches: list[list[int]], i: int, extents: list[int], device,
+                 ) -> tuple[dict, int, bool]:
+    """(the tensors of micro-batch i on `device`, its columns to compute, padding). Under torchrun a rank with
+    fewer micro-batches than the others runs row 0 again as a zero-weight padding micro-batch (padding=True),
+    so that every rank runs the same forwards (FSDP2 all-gathers in each)."""
+    idx, padding = (micro_batches[i], False) if i < len(micro_batches) else ([0], True)
+    rows = torch.tensor(idx, device=batch["input_ids"].device)
+    part = {k: v[rows].to(device) for k, v in batch.items() if isinstance(v, Tensor)}
+    return part, max(extents[j] for j in idx), padding
+
+
+def _gradient_exchange(model, dist, last: bool):
+    """The context of one micro-batch's backward under torchrun: DDP exchanges gradients once per step, on the
+    last micro-batch (`dist.no_sync` on the others); FSDP2 and one process: nothing to hold back."""
+    return contextlib.nullcontext() if dist is None or last else dist.no_sync(model)
+
+
+def _reference_logprobs(part: dict, ref_model, kl_coef: float, micro_batch_size: int, chunk_tokens: int):
+    """ref_logp (n, L) for the KL term: the batch's own, else computed from `ref_model`; None without KL."""
+    if part.get("ref_logp") is not None or kl_coef <= 0:
+        return part.get("ref_logp")
+    ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"], part["response_mask"],
+                                 micro_batch_size=micro_batch_size, chunk_tokens=chunk_tokens)
+    return ref_logp
+
+
+def _sampler_weights(part: dict, old_logp: Tensor, tis_cap: float) -> tuple[Tensor | None, Tensor | None]:
+    """(truncated IS weight, the tokens that carry one), both (n, L), for the policy's own tokens whose sampler
+    log-prob is known (vLLM rollouts; `truncated_is_weight`); (None, None) with tis_cap 0 or no sampler log-probs."""
+    if tis_cap <= 0 or "sampler_logp" not in part:
+        return None, None
+    is_mask = part["sampler_mask"].bool() & part["response_mask"].bool() & ~part["offpolicy_mask"].bool()  # (n, L)
+    return truncated_is_weight(old_logp, part["sampler_logp"], is_mask, tis_cap), is_mask
+
+
+def group_mini_batches(batch: dict, groups: list[int], k: int) -> list[dict]:
+    """The rows of `batch` as k mini-batches of whole groups: the distinct groups, in order of first appearance,
+    cut into k runs of near-equal length (the first ones one group longer). Every row appears exactly once."""
+    order = list(dict.fromkeys(groups))
+    if not 1 <= k <= len(order):
+        raise ValueError(f"group_mini_batches: {k} mini-batches of whole groups need 1..{len(order)} (the groups)")
+    sizes = [len(order) // k + (j < len(order) % k) for j in range(k)]
+    out, start = [], 0
+    for size in sizes:
+        chunk = set(order[start:start + size])
+        start += size
+        rows = torch.tensor([i for i, g in enumerate(groups) if g in chunk], device=batch["input_ids"].device)
+        out.append({key: v[rows] if isinstance(v, Tensor) else v for key, v in batch.items()})
+    return out
+
+
+def _mean_metrics(steps: list[dict]) -> dict:
+    """The metrics of several `update` steps: each the mean over the steps, `skipped` their count."""
+    out = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
+    out["skipped"] = float(sum(s["skipped"] for s in steps))
+    return out

@@ -38,7 +38,7 @@ import torch
 from tqdm import tqdm
 
 from eval import discarded_valid_share, near_miss_at_k
-from grpo import build_batch, group_advantages, update
+from grpo import build_batch, group_advantages, update_epoch
 from harness import dist, preflight, toy, wiring
 from harness.generate import GeneratorUnavailable, format_prompt
 from harness.grader import grade
@@ -79,7 +79,7 @@ class Args:
     eval_n: int = arg(1, "samples per evaluation problem (accuracy = avg@n at temperature 0.6)")
     # --- the algorithm
     mode: str = arg("scope", "scope | grpo (no rectification) | replace (whole solution) | prm-reward", MODES)
-    steps: int = arg(500, "training steps (one rollout batch and one optimizer step each)")
+    steps: int = arg(500, "training steps (one rollout batch each, --updates-per-batch optimizer steps on it)")
     prompts_per_step: int = arg(16, "prompts per step (B)")
     group_size: int = arg(8, "rollouts per prompt (G)")
     max_new_tokens: int = arg(1024, "response budget in tokens (clamped to the model context)")
@@ -98,7 +98,11 @@ class Args:
     lr: float = arg(1e-6, "AdamW learning rate")
     loss_agg: str = arg("constant", "constant = Σ tokens / (N · max_new_tokens) (Dr. GRPO); token-mean",
                         ("constant", "token-mean"))
-    clip_eps: float = arg(0.2, "PPO clip ε on policy tokens")
+    updates_per_batch: int = arg(2, "optimizer steps per rollout batch, one per mini-batch of whole groups (LUFFY: "
+                                 "2); above 1, one no-grad pass gives π_old first, so the PPO ratio and clip act "
+                                 "from the second mini-batch on; 1 = ρ ≡ 1, the clip never binds")
+    clip_eps: float = arg(0.2, "PPO clip ε on the policy's tokens: ρ clipped to [1 − ε, 1 + ε]; it binds only "
+                          "with --updates-per-batch > 1; inf = no clip (LUFFY's script)")
     shaping_gamma: float = arg(0.1, "LUFFY policy shaping γ on refiner tokens: f(π) = π / (π + γ)")
     offpolicy_credit: str = arg("shaped", "objective on refiner tokens: shaped = −f(π)·A (LUFFY); unit = −A·log π "
                                 "(as if the policy had sampled them)", ("shaped", "unit"))
@@ -159,7 +163,7 @@ class Args:
 TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy", eval_dataset="toy", eval_size=200,
                     backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
                     lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, eval_max_new_tokens=128,
-                    gradient_checkpointing=False, logprob_chunk=0)
+                    gradient_checkpointing=False, logprob_chunk=0, updates_per_batch=1)
 
 
 # ============================================================ the steps of main, in its order
@@ -271,26 +275,29 @@ def zero_repair_advantages(trajs: list[Trajectory], advantages: torch.Tensor) ->
 
 
 def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
-    """Step 7: one optimizer step (grpo.update: PPO ratio on the policy's tokens, truncated importance weight
-    against vLLM's log-probs where the rollout engine returned them, shaping on the refiner's)."""
+    """Step 7: --updates-per-batch optimizer steps on the merged trajectories, one per mini-batch of whole groups
+    (grpo.update_epoch: PPO ratio and clip on the policy's tokens, acting from the second mini-batch on; shaping
+    on the refiner's; a truncated importance weight against vLLM's log-probs where the rollout engine returned
+    them)."""
     a = run.args
     batch = build_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
                         [t.offpolicy_mask for t in trajs], advantages, wiring.pad_token_id(run.tokenizer),
                         sampler_logp=[t.sampler_logp for t in trajs]   # vLLM rollouts only (HF: none)
                         if a.tis_cap > 0 and any(t.sampler_logp for t in trajs) else None)
-    batch = {k: v.to(run.device) for k, v in batch.items()}   # no old_logp: one step per batch, ρ = 1
+    batch = {k: v.to(run.device) for k, v in batch.items()}   # tensors (N, L); old_logp: grpo.update_epoch
     if run.use_vllm and a.rollout_sleep:
         run.generator.sleep()   # frees its weights and KV cache for the update; sync_weights wakes it
     dist.reshard(run.policy)   # FSDP2: drop the full weights a generation left gathered (else clipping misses them)
     run.policy.train()
     # bf16 autocast around each micro-batch's forward only (run.update_amp); under torchrun: this rank's groups,
     # with Z, the gradient and the metrics global
-    stats = update(run.model, run.optimizer, batch, micro_batch_size=a.micro_batch_size, max_grad_norm=1.0,
-                   chunk_tokens=a.logprob_chunk, amp=run.update_amp,
-                   clip_eps=a.clip_eps, shaping_gamma=a.shaping_gamma, loss_agg=a.loss_agg,
-                   offpolicy_credit=a.offpolicy_credit, max_new_tokens=a.max_new_tokens, kl_coef=a.kl_coef,
-                   entropy_coef=a.entropy_coef, ref_model=run.ref_model, tis_cap=a.tis_cap,
-                   dist=run.dist if run.dist.world > 1 else None)
+    stats = update_epoch(run.model, run.optimizer, batch, [t.group for t in trajs],
+                         updates_per_batch=a.updates_per_batch, micro_batch_size=a.micro_batch_size,
+                         max_grad_norm=1.0, chunk_tokens=a.logprob_chunk, amp=run.update_amp,
+                         clip_eps=a.clip_eps, shaping_gamma=a.shaping_gamma, loss_agg=a.loss_agg,
+                         offpolicy_credit=a.offpolicy_credit, max_new_tokens=a.max_new_tokens, kl_coef=a.kl_coef,
+                         entropy_coef=a.entropy_coef, ref_model=run.ref_model, tis_cap=a.tis_cap,
+                         dist=run.dist if run.dist.world > 1 else None)
     run.policy.eval()
     return stats
 
@@ -384,7 +391,7 @@ def main(args: Args) -> dict:
         if args.repair_advantage == "zero":
             advantages = zero_repair_advantages(merged, advantages)
 
-        # ---------------------------------------------------------- 7. update: one optimizer step (ρ = 1: no old-log-prob pass)
+        # ---------------------------------------------------------- 7. update: --updates-per-batch optimizer steps
         with timed(times, "update"):
             stats = train_on(run, merged, advantages)
 

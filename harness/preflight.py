@@ -93,7 +93,9 @@ def check_args(args) -> None:
     need(1 <= args.toy_styles <= len(STYLES), "toy-styles", f"an integer in 1..{len(STYLES)} "
          f"(the toy world's step styles, harness/toy.py choice 10)")
     need(args.temperature > 0, "temperature", "> 0")
-    need(0 < args.clip_eps < 1, "clip-eps", "in (0, 1)")
+    need(args.clip_eps > 0, "clip-eps", "> 0 (inf: no clip)")
+    need(1 <= args.updates_per_batch <= args.prompts_per_step, "updates-per-batch",
+         f"an integer in 1..{args.prompts_per_step} (--prompts-per-step: each optimizer step takes whole groups)")
     need(args.shaping_gamma > 0, "shaping-gamma", "> 0")
     need(args.kl_coef >= 0, "kl-coef", ">= 0")
     need(args.entropy_coef >= 0, "entropy-coef", ">= 0")

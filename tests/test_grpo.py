@@ -656,3 +656,78 @@ def test_fused_adamw_equals_unfused():
         out[fused] = param_vector(m)
     assert (out[False] - param_vector(model)).abs().max() > 1e-3
     assert_close(out[True], out[False], rtol=1e-9, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Several optimizer steps per rollout batch: a real ratio, a clip that binds
+# ---------------------------------------------------------------------------------------------------
+class BiasLM(torch.nn.Module):
+    """A two-token 'language model' whose logits are the same parameter w at every position:
+    π(token 1) = σ(w1 − w0), whatever the context."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+
+    def forward(self, input_ids, attention_mask=None, use_cache=False):
+        return type("Out", (), {"logits": self.w.expand(*input_ids.shape, 2)})()
+
+
+def one_token_rows(n):
+    """n groups of one row each: prompt [0], response [1] (policy-written), A = +1."""
+    return build_batch([[0]] * n, [[1]] * n, [None] * n, torch.ones(n), pad_id=0)
+
+
+def test_the_clip_binds_on_the_second_mini_batch_by_hand():
+    """Two groups of one row each, --updates-per-batch 2, SGD lr 1, ε = 0.2, Z = 1 per mini-batch (constant,
+    N = 1, max_new_tokens = 1). The no-grad pass gives π_old(1) = 0.5 for both rows (w = 0).
+    Step 1 (row 0): ρ = 1, L = −ρA, ∂L/∂w = −A (onehot(1) − π) = (0.5, −0.5) → w = (−0.5, 0.5),
+    π(1) = σ(1) = 0.731059. Step 2 (row 1): ρ = 0.731059 / 0.5 = 1.462117 > 1 + ε with A > 0: the clipped
+    branch, L = −1.2, no gradient, w stays at (−0.5, 0.5). Means over the two steps: clip_frac (0 + 1) / 2,
+    ratio_mean (1 + 1.462117) / 2, loss (−1 − 1.2) / 2."""
+    from grpo import update_epoch
+
+    model = BiasLM()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    stats = update_epoch(model, opt, one_token_rows(2), [0, 1], updates_per_batch=2, micro_batch_size=4,
+                         chunk_tokens=0, clip_eps=0.2, max_new_tokens=1)
+    assert_close(model.w.detach(), torch.tensor([-0.5, 0.5], dtype=torch.float64))
+    assert stats["clip_frac"] == pytest.approx(0.5)
+    assert stats["ratio_mean"] == pytest.approx((1 + 1.4621171572600098) / 2)
+    assert stats["loss"] == pytest.approx(-1.1)
+    assert stats["skipped"] == 0.0
+
+    # the same two steps with ρ ≡ 1 (each step its own π_old, as one step per batch would have it): no clip,
+    # and step 2 moves w again by (onehot(1) − (σ(−1), σ(1))) = (−0.268941, 0.268941)
+    model = BiasLM()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    for row in range(2):
+        stats = update(model, opt, {k: v[row:row + 1] for k, v in one_token_rows(2).items()}, micro_batch_size=4,
+                       chunk_tokens=0, clip_eps=0.2, max_new_tokens=1)
+        assert stats["clip_frac"] == 0.0 and stats["ratio_mean"] == pytest.approx(1.0)
+    assert_close(model.w.detach(), torch.tensor([-0.768941421, 0.768941421], dtype=torch.float64))
+
+
+def test_one_update_per_batch_is_update_on_the_whole_batch():
+    """--updates-per-batch 1: update_epoch is exactly one `update` on the whole batch (no extra pass, ρ = 1)."""
+    from grpo import update_epoch
+
+    a, b = BiasLM(), BiasLM()
+    sa, sb = (update_epoch(a, torch.optim.SGD(a.parameters(), lr=1.0), one_token_rows(3), [0, 1, 2],
+                           micro_batch_size=2, chunk_tokens=0, max_new_tokens=1),
+              update(b, torch.optim.SGD(b.parameters(), lr=1.0), one_token_rows(3), micro_batch_size=2,
+                     chunk_tokens=0, max_new_tokens=1))
+    assert_close(a.w.detach(), b.w.detach())
+    assert sa == sb
+
+
+def test_group_mini_batches_keep_groups_whole():
+    """5 groups (ragged: group 3 has 3 rows) in 2 mini-batches: groups {0, 1, 2} then {3, 4}; every row once."""
+    from grpo import group_mini_batches
+
+    groups = [0, 0, 1, 1, 2, 2, 3, 3, 3, 4, 4]
+    batch = build_batch([[0]] * 11, [[1]] * 11, [None] * 11, torch.arange(11.0), pad_id=0)
+    first, second = group_mini_batches(batch, groups, 2)
+    assert first["advantages"].tolist() == [0, 1, 2, 3, 4, 5] and second["advantages"].tolist() == [6, 7, 8, 9, 10]
+    with pytest.raises(ValueError, match="1..5"):
+        group_mini_batches(batch, groups, 6)

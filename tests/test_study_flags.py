@@ -106,7 +106,7 @@ def test_model_refiner_goes_through_refiner_and_splice(tmp_path, monkeypatch):
     import scope
 
     calls = {"continue_from": 0, "splice": 0, "credit": []}
-    real_continue, real_splice, real_update = refine.Refiner.continue_from, refine.splice, scope.update
+    real_continue, real_splice, real_update = refine.Refiner.continue_from, refine.splice, scope.update_epoch
 
     def continue_from(self, *a, **k):
         calls["continue_from"] += 1
@@ -122,7 +122,7 @@ def test_model_refiner_goes_through_refiner_and_splice(tmp_path, monkeypatch):
 
     monkeypatch.setattr(refine.Refiner, "continue_from", continue_from)
     monkeypatch.setattr(refine, "splice", splice)
-    monkeypatch.setattr(scope, "update", update)
+    monkeypatch.setattr(scope, "update_epoch", update)
     traces, metrics = run_toy(tmp_path, "--refiner", "toy-model", "--offpolicy-credit", "unit", steps=2)
     assert calls["continue_from"] == sum(1 for m in metrics if m["rectify_tried"]) > 0
     assert calls["splice"] == 2 * len(traces)                       # --refine-attempts 2 candidates each

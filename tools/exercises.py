@@ -291,8 +291,8 @@ EXERCISES = [
              ("tests/test_grpo.py::test_loss_normaliser_hand_computed", POLICY_LOSS_JUNK) + POLICY_LOSS_TESTS, 2, 10,
              "Z, then compose the clipped surrogate, the shaped (or unit) term, KL and entropy, sum / Z",
              breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
-             expects="after the region the code reads loss (scalar), ratio, clipped, shaped ((N, L) from the two "
-                     "terms), kl (k3 per token, or None without ref_logp) and entropy (masked to the response, or "
+             expects="after the region the code reads loss (scalar), ratio, clipped, shaped ((N, L) f(π) from "
+                     "shaped_offpolicy_loss; None under unit credit), kl (k3 per token, or None without ref_logp) and entropy (masked to the response, or "
                      "None)",
              hints=("`on`, `off` and `resp` (boolean (N, L)) are computed for you above the region.",
                     "`unit_offpolicy_loss` and `k3_kl` are given.")),
@@ -304,17 +304,18 @@ EXERCISES = [
              "per micro-batch (the loop is given): the forward's log-probs, old_logp, ref_logp, the loss with the "
              "whole batch's z",
              breaks=DIST_GRADIENTS + SCOPE_RUNS,
-             expects="inside the given loop, write: logp and entropy of `part`, old_logp, ref_logp, "
-                     "`is_weight, is_mask = tis_weight(part, old_logp)` and `loss, terms = policy_loss(…, "
-                     "is_weight=is_weight)`; the given code after it reads loss, terms, is_weight and is_mask, "
-                     "does the backward pass and adds up loss_total and parts",
-             given="the loop over micro-batches, torchrun's zero-weight padding micro-batch and single gradient "
-                   "exchange (`dist`, `dist.no_sync`), the truncated importance weight against vLLM's sampler "
-                   "(`tis_weight`, `tis_cap`) and the backward pass. Optional extension: read harness/dist.py and "
+             expects="inside the given loop, write: logp and entropy of `part` (its first `keep` columns), "
+                     "old_logp, ref_logp, `is_weight, is_mask = _sampler_weights(part, old_logp, tis_cap)` and "
+                     "`loss, terms = policy_loss(…, is_weight=is_weight)`; the given code after it reads loss, "
+                     "terms, is_weight and is_mask, does the backward pass and adds up loss_total and parts",
+             given="the loop over micro-batches (`_micro_batch`: torchrun's zero-weight padding micro-batch), the "
+                   "single gradient exchange (`_gradient_exchange`), the truncated importance weight against "
+                   "vLLM's sampler (`_sampler_weights`) and the backward pass. Optional extension: read harness/dist.py and "
                    "explain why every rank must run the same number of micro-batches under FSDP",
              hints=("`_forward_logprobs(model, ids, attention, response_mask, entropy_grad)` is given.",
                     "Without batch['old_logp'] use this forward's own log-probs, detached.",
-                    "With kl_coef > 0 and no batch['ref_logp'], `token_logprobs(ref_model, …)` gives them.",
+                    "With kl_coef > 0 and no batch['ref_logp'], `_reference_logprobs(part, ref_model, kl_coef, "
+                    "mb, chunk_tokens)` gives them.",
                     "Each micro-batch's loss is divided by the WHOLE batch's z (computed above the loop), so the "
                     "accumulated gradient is the full batch's.")),
 ]
@@ -491,26 +492,14 @@ def stub_message(e: Exercise) -> str:
 # padding micro-batch and single gradient exchange, the truncated importance weight against vLLM's sampler)
 # are not the concept it teaches. "<STUB>" is where the raise goes (the student's code).
 SCAFFOLDS = {"update": """\
-def tis_weight(part, old_logp):   # given (vLLM rollouts): truncated importance weight on the sampled policy tokens
-    if tis_cap > 0 and "sampler_logp" in part:
-        mask = part["sampler_mask"].bool() & part["response_mask"].bool() & ~part["offpolicy_mask"].bool()
-        return truncated_is_weight(old_logp, part["sampler_logp"], mask, tis_cap), mask
-    return None, None
-
 for i in range(n_micro):
-    # given (torchrun): a rank with fewer micro-batches runs a zero-weight padding one
-    idx, padding = (micro_batches[i], False) if i < len(micro_batches) else ([0], True)
-    rows = torch.tensor(idx, device=batch["input_ids"].device)
-    part = {k: v[rows].to(device) for k, v in batch.items() if isinstance(v, Tensor)}   # this micro-batch
-    sync = dist is None or i == n_micro - 1   # given (torchrun): one gradient exchange, on the last micro-batch
-    with contextlib.nullcontext() if sync else dist.no_sync(model):
+    part, keep, padding = _micro_batch(batch, micro_batches, i, extents, device)   # given (torchrun: padding)
+    with _gradient_exchange(model, dist, last=i == n_micro - 1):   # given (torchrun): one gradient exchange
         <STUB>
-        if is_weight is not None:   # given: the importance weight's metrics
-            terms.update(is_mask=is_mask, is_cap=float(tis_cap))
         (loss * 0.0 if padding else loss).backward()   # given (torchrun): the padding micro-batch weighs 0
     if not padding:
         loss_total += float(loss.detach())
-        parts.append(terms)
+        parts.append(terms if is_weight is None else {**terms, "is_mask": is_mask, "is_cap": float(tis_cap)})
 """}
 
 
@@ -662,7 +651,8 @@ response i is A_i = r_i − mean_j r_j (GRPO also divides by the group's std; th
 **PPO clip.** The responses were sampled by π_old, the policy before this update. Per token, the ratio ρ =
 π_θ(y_t) / π_old(y_t) reweights the sample, and the clipped surrogate −min(ρA, clip(ρ, 1−ε, 1+ε)A) stops
 the update from moving a token's probability far from π_old in the direction that A rewards. With one
-optimizer step per batch, ρ = 1 at the point where the gradient is taken.
+optimizer step per batch (the toy world's `--updates-per-batch 1`), ρ = 1 where the gradient is taken and the
+clip never binds; from the second of several steps on one batch (`--updates-per-batch 2`) it can.
 
 **LUFFY's policy shaping.** Tokens the policy did not sample (here: the refiner's) are off-policy. LUFFY takes
 their behaviour probability as 1 and replaces ρ by f(π) = π / (π + γ), without a clip: ℓ = −f(π)·A. How this
