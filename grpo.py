@@ -10,8 +10,8 @@ Run the tests: `python -m pytest tests/test_grpo.py -q`. The file reads in the o
 equations below; `group_advantages` (step 6); the loss terms, one public function each (`clipped_surrogate`,
 `shaped_offpolicy_loss`, `unit_offpolicy_loss`, `k3_kl`, `loss_normaliser`); `policy_loss`, which composes
 them; `update`, one optimizer step that calls it per micro-batch; `update_epoch`, the --updates-per-batch
-steps on one rollout batch (step 7); then the batch layout and the log-probs (`build_batch`,
-`logprobs_and_entropy`, `token_logprobs`, `old_logprobs`) and, under the last banner, the plumbing (importance
+steps on one rollout batch, with π_old from `old_logprobs` (step 7); then the batch layout and the log-probs
+(`build_batch`, `logprobs_and_entropy`, `token_logprobs`) and, under the last banner, the plumbing (importance
 weights, metrics, micro-batches, mini-batches). The `# BEGIN SOLUTION` / `# END SOLUTION` comments mark what
 `tools/exercises.py` turns into student exercises.
 
@@ -340,6 +340,30 @@ def update_epoch(model, optimizer, batch: dict, groups: list[int], *, updates_pe
     return _mean_metrics(steps)
 
 
+@torch.no_grad()
+def old_logprobs(model, batch: dict, *, micro_batch_size: int, chunk_tokens: int = 512,
+                 amp=contextlib.nullcontext, dist=None) -> Tensor:
+    """π_old of several optimizer steps on one rollout batch: log π(token) of every row (N, L), 0 off the
+    response, in the micro-batches and under the `amp` context the update uses, so that the first step's ρ is 1
+    up to float noise. Under torchrun every rank runs as many forwards as the busiest one (FSDP2 all-gathers in
+    each), like `update`."""
+    extents = _row_extents(batch["input_ids"], batch["attention_mask"], batch["response_mask"], "old_logprobs")
+    device = next(model.parameters()).device
+    micro_batches = length_sorted_micro_batches(extents, micro_batch_size)
+    n_micro = len(micro_batches) if dist is None else int(dist.max(len(micro_batches)))
+    old = None
+    for i in range(n_micro):
+        part, keep, padding = _micro_batch(batch, micro_batches, i, extents, device)
+        with amp():
+            logp, _ = _forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
+                                        entropy_grad=False, keep=keep, chunk_tokens=chunk_tokens)  # (n, L)
+        if old is None:
+            old = torch.zeros(batch["input_ids"].shape, dtype=logp.dtype, device=batch["input_ids"].device)
+        if not padding:
+            old[torch.tensor(micro_batches[i], device=old.device)] = logp.to(old.device)
+    return old  # (N, L)
+
+
 # ---------------------------------------------------------------------------------------------------
 # The batch and its token log-probs
 # ---------------------------------------------------------------------------------------------------
@@ -475,30 +499,6 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_ma
         logps.append(logp.to(input_ids.device))
         ents.append(ent.to(input_ids.device))
     return torch.cat(logps), torch.cat(ents)  # (N, L), (N, L)
-
-
-@torch.no_grad()
-def old_logprobs(model, batch: dict, *, micro_batch_size: int, chunk_tokens: int = 512,
-                 amp=contextlib.nullcontext, dist=None) -> Tensor:
-    """π_old of several optimizer steps on one rollout batch: log π(token) of every row (N, L), 0 off the
-    response, in the micro-batches and under the `amp` context the update uses, so that the first step's ρ is 1
-    up to float noise. Under torchrun every rank runs as many forwards as the busiest one (FSDP2 all-gathers in
-    each), like `update`."""
-    extents = _row_extents(batch["input_ids"], batch["attention_mask"], batch["response_mask"], "old_logprobs")
-    device = next(model.parameters()).device
-    micro_batches = length_sorted_micro_batches(extents, micro_batch_size)
-    n_micro = len(micro_batches) if dist is None else int(dist.max(len(micro_batches)))
-    old = None
-    for i in range(n_micro):
-        part, keep, padding = _micro_batch(batch, micro_batches, i, extents, device)
-        with amp():
-            logp, _ = _forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
-                                        entropy_grad=False, keep=keep, chunk_tokens=chunk_tokens)  # (n, L)
-        if old is None:
-            old = torch.zeros(batch["input_ids"].shape, dtype=logp.dtype, device=batch["input_ids"].device)
-        if not padding:
-            old[torch.tensor(micro_batches[i], device=old.device)] = logp.to(old.device)
-    return old  # (N, L)
 
 
 def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_grad: bool, keep: int,

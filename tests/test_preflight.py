@@ -61,11 +61,19 @@ def refused(argv, tmp_path, monkeypatch, capsys) -> str:
     (["--eval-max-new-tokens", "0"], "--eval-max-new-tokens 0"),
     (["--tis-cap", "0.5"], "--tis-cap 0.5"),           # a cap below 1 scales every policy token down
     (["--tis-cap", "-1"], "--tis-cap -1"),
+    (["--clip-eps", "0"], "--clip-eps 0"),
+    (["--updates-per-batch", "0"], "--updates-per-batch 0"),
+    (["--updates-per-batch", "9"], "--updates-per-batch 9"),   # the toy's 8 groups cannot make 9 mini-batches
 ])
 def test_bad_flag_values_are_refused_before_anything_loads(flags, culprit, tmp_path, monkeypatch, capsys):
     """Regression: bad values were rejected only deep inside the run, or silently accepted."""
     line = refused(["--toy", *flags], tmp_path, monkeypatch, capsys)
     assert culprit in line, line
+
+
+def test_no_clip_is_a_valid_setting():
+    """docs/choices.md's way to run LUFFY's unclipped ratio, --clip-eps inf, passes the flag checks."""
+    preflight.check_args(scope.parse_args(["--toy", "--clip-eps", "inf", "--updates-per-batch", "2"]))
 
 
 def test_toy_only_flags_need_toy(tmp_path, monkeypatch, capsys):
