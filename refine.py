@@ -61,7 +61,7 @@ class Trajectory:
 @dataclass(frozen=True)
 class Suffix:
     """One refiner continuation: its text and whether the refiner stopped by itself (EOS) rather than at its
-    token budget. A plain str from a stand-in refiner (toy.OracleRefiner) counts as finished."""
+    token budget."""
 
     text: str
     finished: bool
@@ -148,7 +148,6 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
     accepted: dict[int, Trajectory] = {}  # index of the original -> its repaired trajectory
     traces = []
     for t, (index, _), prefix, prefix_text, tries in zip(originals, picks, prefixes, prefix_texts, suffixes):
-        tries = [s if isinstance(s, Suffix) else Suffix(s, True) for s in tries]   # a stand-in refiner's str
         spliced = [splice(prefix, s.text, tokenizer, max_new_tokens=max_new_tokens, eos_id=end_id,
                           finished=s.finished) for s in tries]   # (response_ids, offpolicy_mask) per attempt
         texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in spliced]

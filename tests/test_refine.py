@@ -5,7 +5,7 @@ import pytest
 from conftest import make_char_tokenizer
 
 from harness.generate import DEFAULT_SYSTEM, Completion, HFGenerator, format_prompt
-from refine import HINT, Refiner, Trajectory, rectify, splice
+from refine import HINT, Refiner, Suffix, Trajectory, rectify, splice
 
 TRACE_KEYS = {"group", "question", "answer", "mode", "steps", "scores", "cut", "keep_ratio", "keep_ratio_tokens",
               "prefix_text", "suffixes", "suffix_finished", "attempt_correct", "accepted", "reward_before", "reward_after"}
@@ -143,7 +143,7 @@ class FakeRefiner:
 
     def continue_from(self, questions, prefixes, *, n, max_tokens, seed=None):
         self.calls.append(dict(questions=questions, prefixes=prefixes, n=n, max_tokens=max_tokens, seed=seed))
-        return [self.by_question[q][:n] for q in questions]
+        return [[Suffix(text, True) for text in self.by_question[q][:n]] for q in questions]
 
 
 def handmade_group(tok):

@@ -8,6 +8,11 @@ import pytest
 from harness import toy
 
 
+def oracle_texts(refiner, *args, **kwargs) -> list[list[str]]:
+    """The texts of an oracle refiner's continuations (refine.Suffix)."""
+    return [[s.text for s in row] for row in refiner.continue_from(*args, **kwargs)]
+
+
 def boxed(text):
     found = re.findall(r"\\boxed\{(-?\d+)\}", text)
     return found[-1] if found else None
@@ -110,7 +115,7 @@ def test_oracle_continuation_from_every_correct_prefix(problems):
     for p in problems[:50]:
         steps = steps_of(toy.solution_text(p))
         prefixes = ["".join(steps[:k]) for k in range(len(steps))]
-        outs = ref.continue_from([p["question"]] * len(prefixes), prefixes, n=2,
+        outs = oracle_texts(ref, [p["question"]] * len(prefixes), prefixes, n=2,
                                  max_tokens=[200] * len(prefixes))
         for prefix, (a, b) in zip(prefixes, outs):
             assert a == b                                            # deterministic attempts
@@ -123,12 +128,14 @@ def test_oracle_continuation_from_every_correct_prefix(problems):
 def test_oracle_follows_a_wrong_prefix_and_truncates():
     q = "Start at 7, add 5, times 3, minus 4, add 9."
     ref = toy.OracleRefiner()
-    [[suffix]] = ref.continue_from([q], ["So 7 + 5 = 13.\n\n"], n=1, max_tokens=200)
+    [[suffix]] = oracle_texts(ref, [q], ["So 7 + 5 = 13.\n\n"], n=1, max_tokens=200)
     assert suffix == "So 13 * 3 = 39.\n\nSo 39 - 4 = 35.\n\nSo 35 + 9 = 44.\n\n\\boxed{44}"
-    [[suffix]] = ref.continue_from([q], ["So 7 + 5 = 12."], n=1, max_tokens=[200])   # no boundary yet
+    [[suffix]] = oracle_texts(ref, [q], ["So 7 + 5 = 12."], n=1, max_tokens=[200])   # no boundary yet
     assert suffix.startswith("\n\nSo 12 * 3 = 36.")
-    [[suffix]] = ref.continue_from([q], [""], n=1, max_tokens=[10])
+    [[suffix]] = oracle_texts(ref, [q], [""], n=1, max_tokens=[10])
     assert suffix == "So 7 + 5 ="
+    assert ref.continue_from([q], [""], n=1, max_tokens=[200])[0][0].finished      # it stopped by itself
+    assert not ref.continue_from([q], [""], n=1, max_tokens=[10])[0][0].finished   # cut at its budget
 
 
 def test_tokenizer_round_trip(problems):

@@ -21,6 +21,11 @@ BY_HAND = {0: ["So 7 + 5 = 12.", "So 12 * 3 = 36.", "So 36 - 4 = 32.", "So 32 + 
            2: ["So 12 = 7 + 5.", "So 36 = 12 * 3.", "So 32 = 36 - 4.", "So 41 = 32 + 9."]}
 
 
+def oracle_texts(refiner, *args, **kwargs) -> list[list[str]]:
+    """The texts of an oracle refiner's continuations (refine.Suffix)."""
+    return [[s.text for s in row] for row in refiner.continue_from(*args, **kwargs)]
+
+
 def steps_of(text):
     """Lossless split on the blank line, each step keeping its trailing "\\n\\n" (as prm.split_steps does)."""
     parts = text.split("\n\n")
@@ -91,19 +96,19 @@ def test_the_oracle_continues_in_the_style_of_the_prefix(style):
     ref = toy.OracleRefiner()
     for k in range(1, len(steps)):
         prefix = "".join(steps[:k])
-        [[suffix]] = ref.continue_from([Q], [prefix], n=1, max_tokens=200)
+        [[suffix]] = oracle_texts(ref, [Q], [prefix], n=1, max_tokens=200)
         assert prefix + suffix == by_hand(style)                     # same style, graded correct
         assert toy.ToyPRM().score(Q, steps_of(prefix + suffix)) == [1.0] * 5
     # a wrong prefix in style 1: the continuation follows it in style 1
-    [[suffix]] = ref.continue_from([Q], ["7 add 5 is 13.\n\n"], n=1, max_tokens=200)
+    [[suffix]] = oracle_texts(ref, [Q], ["7 add 5 is 13.\n\n"], n=1, max_tokens=200)
     assert suffix == "13 times 3 is 39.\n\n39 minus 4 is 35.\n\n35 add 9 is 44.\n\n\\boxed{44}"
 
 
 def test_the_oracle_writes_style_0_after_an_empty_prefix_and_the_last_style_after_a_mixed_one():
     ref = toy.OracleRefiner()
-    [[suffix]] = ref.continue_from([Q], [""], n=1, max_tokens=200)
+    [[suffix]] = oracle_texts(ref, [Q], [""], n=1, max_tokens=200)
     assert suffix == by_hand(0)
-    [[suffix]] = ref.continue_from([Q], ["So 7 + 5 = 12.\n\nSo 36 = 12 * 3.\n\n"], n=1, max_tokens=200)
+    [[suffix]] = oracle_texts(ref, [Q], ["So 7 + 5 = 12.\n\nSo 36 = 12 * 3.\n\n"], n=1, max_tokens=200)
     assert suffix == "So 32 = 36 - 4.\n\nSo 41 = 32 + 9.\n\n\\boxed{41}"
 
 
@@ -216,14 +221,14 @@ def test_a_foreign_style_oracle_repair_grades_correct_and_parses_as_that_style()
     from harness.grader import grade
 
     prefix = "\n\n".join(BY_HAND[0][:2]) + "\n\n"
-    suffix = toy.OracleRefiner(style=1).continue_from([Q], [prefix], n=2, max_tokens=200)[0]
+    suffix = oracle_texts(toy.OracleRefiner(style=1), [Q], [prefix], n=2, max_tokens=200)[0]
     assert suffix == ["36 minus 4 is 32.\n\n32 add 9 is 41.\n\n\\boxed{41}"] * 2
     text = prefix + suffix[0]
     assert grade(text, "41") and toy.score_steps(Q, steps_of(text)) == [1.0] * 5
     assert toy.style_of(suffix[0]) == 1 and toy.style_of(text) is None
-    whole = toy.OracleRefiner(style=1).continue_from([Q], [""], n=1, max_tokens=200)[0][0]
+    whole = oracle_texts(toy.OracleRefiner(style=1), [Q], [""], n=1, max_tokens=200)[0][0]
     assert whole == by_hand(1) and toy.style_of(whole) == 1 and grade(whole, "41")
-    assert toy.OracleRefiner(style=None).continue_from([Q], [prefix], n=1, max_tokens=200)[0][0].startswith("So 36 - 4")
+    assert oracle_texts(toy.OracleRefiner(style=None), [Q], [prefix], n=1, max_tokens=200)[0][0].startswith("So 36 - 4")
 
 
 def test_the_empty_prefix_style_is_drawn_from_the_refine_seed_only_when_asked():
@@ -232,13 +237,13 @@ def test_the_empty_prefix_style_is_drawn_from_the_refine_seed_only_when_asked():
     oracle = toy.OracleRefiner(empty_styles=3)
     prefix = BY_HAND[2][0] + "\n\n"
     for seed in (0, 1, 7):
-        out = oracle.continue_from([Q, Q, Q], ["", prefix, ""], n=1, max_tokens=200, seed=seed)
+        out = oracle_texts(oracle, [Q, Q, Q], ["", prefix, ""], n=1, max_tokens=200, seed=seed)
         assert toy.style_of(out[0][0]) == random.Random(seed).randrange(3)
         assert toy.style_of(out[1][0]) == 2
         assert toy.style_of(out[2][0]) == random.Random(seed + 2).randrange(3)
-    drawn = {toy.style_of(oracle.continue_from([Q], [""], n=1, max_tokens=200, seed=s)[0][0]) for s in range(30)}
+    drawn = {toy.style_of(oracle_texts(oracle, [Q], [""], n=1, max_tokens=200, seed=s)[0][0]) for s in range(30)}
     assert drawn == {0, 1, 2}
-    assert toy.style_of(toy.OracleRefiner().continue_from([Q], [""], n=1, max_tokens=200, seed=5)[0][0]) == 0
+    assert toy.style_of(oracle_texts(toy.OracleRefiner(), [Q], [""], n=1, max_tokens=200, seed=5)[0][0]) == 0
     for bad in (dict(style=3), dict(style=-1), dict(empty_styles=0), dict(empty_styles=4)):
         with pytest.raises(ValueError):
             toy.OracleRefiner(**bad)
