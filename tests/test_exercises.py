@@ -603,21 +603,18 @@ def test_mixed_source_swaps_only_the_other_problems_functions():
 
 # what a student writes into problem 12's scaffold: the reference's own lines
 UPDATE_FILL = '''\
-logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
-                                  entropy_grad=entropy_coef != 0, keep=max(extents[j] for j in idx),
-                                  chunk_tokens=chunk_tokens)
-old_logp = part.get("old_logp")
-if old_logp is None:
-    old_logp = logp.detach()
-ref_logp = part.get("ref_logp")
-if ref_logp is None and kl_coef > 0:
-    ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"], part["response_mask"],
-                                 micro_batch_size=mb, chunk_tokens=chunk_tokens)
-is_weight, is_mask = tis_weight(part, old_logp)
-loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"], part["offpolicy_mask"],
-                          clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=z, ref_logp=ref_logp, kl_coef=kl_coef,
-                          entropy=entropy, entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
-                          is_weight=is_weight)
+with amp():
+    logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
+                                      entropy_grad=entropy_coef != 0, keep=keep, chunk_tokens=chunk_tokens)
+    old_logp = part.get("old_logp")
+    if old_logp is None:
+        old_logp = logp.detach()
+    ref_logp = _reference_logprobs(part, ref_model, kl_coef, mb, chunk_tokens)
+    is_weight, is_mask = _sampler_weights(part, old_logp, tis_cap)
+    loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"], part["offpolicy_mask"],
+                              clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=z, ref_logp=ref_logp,
+                              kl_coef=kl_coef, entropy=entropy, entropy_coef=entropy_coef,
+                              offpolicy_credit=offpolicy_credit, is_weight=is_weight)
 '''
 
 
@@ -631,7 +628,7 @@ def test_problem_12_scaffold_filled_with_the_reference_lines_passes_every_update
     text = (out / "grpo.py").read_text()
     stub = next(ln for ln in text.splitlines() if "raise NotImplementedError('exercise 12 (update)" in ln)
     indent = stub[:len(stub) - len(stub.lstrip())]
-    assert "def tis_weight(part, old_logp):" in text and "dist.no_sync(model)" in text
+    assert "_micro_batch(batch, micro_batches, i, extents, device)" in text and "_gradient_exchange(model" in text
     filled = "".join(indent + ln + "\n" if ln else "\n" for ln in UPDATE_FILL.splitlines())
     (out / "grpo.py").write_text(text.replace(stub + "\n", filled))
     junit = tmp_path / "junit.xml"
