@@ -420,3 +420,44 @@ def test_grpo_mode_loads_no_prm_unless_one_is_named(monkeypatch):
     for mode in ("scope", "replace", "prm-reward"):
         assert scope.parse_args(["--mode", mode]).prm == "Qwen/Qwen2.5-Math-PRM-7B"
     assert scope.parse_args(["--toy", "--mode", "grpo"]).prm == "toy"   # the toy PRM costs nothing
+
+
+def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
+    """Guards the plan fitted to another layout than the run's: scope.train_on wrapped the whole update (every
+    micro-batch, backward, clipping, AdamW.step) in one autocast region, so autocast's bf16 copies of the fp32
+    weights lived through the step, while tools/bench_memory.py traces autocast around each micro-batch's
+    forward and loss. train_on through a Run whose amp() is a real (CPU) bf16 autocast: the model's forwards
+    run under autocast, backward and AdamW.step outside it."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from harness import wiring
+    from refine import Trajectory
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
+    seen = {"forward": [], "backward": [], "step": []}
+    model.register_forward_hook(lambda *_: seen["forward"].append(torch.is_autocast_enabled("cpu")))
+    model.lm_head.weight.register_hook(lambda g: seen["backward"].append(torch.is_autocast_enabled("cpu")))
+
+    class Recording(torch.optim.AdamW):
+        def step(self, closure=None):
+            seen["step"].append(torch.is_autocast_enabled("cpu"))
+            return super().step(closure)
+
+    class AutocastRun(wiring.Run):
+        def amp(self):
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    args = scope.Args(micro_batch_size=2, max_new_tokens=4, rollout_sleep=False)
+    run = AutocastRun(args, "", "cpu", False, model, SimpleNamespace(pad_token_id=0, eos_token_id=0), None, None,
+                      None, None, Recording(model.parameters(), lr=1e-3), [], [], 1, None, None, 0.0, model=model)
+    trajs = [Trajectory("q", "1", g, [1, 2, 3], [4 + g, 5, 6], "", reward=float(g % 2)) for g in range(4)]
+    stats = scope.train_on(run, trajs, torch.tensor([0.5, -0.5, 0.5, -0.5]))
+    assert stats["skipped"] == 0.0 and stats["grad_norm"] > 0
+    assert seen["forward"] == [True, True]                 # two micro-batches of 2, each forward under autocast
+    assert seen["backward"] and not any(seen["backward"])  # backward outside the region
+    assert seen["step"] == [False]                         # AdamW.step outside it: the bf16 copies are gone

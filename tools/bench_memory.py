@@ -114,11 +114,12 @@ def trace_update(cfg: dict, rows: int, tokens: int, *, checkpointing: bool, chun
 
 
 def trace_fsdp_update(cfg: dict, world: int, rows: int, tokens: int, *, checkpointing: bool,
-                      chunk_tokens: int = 512) -> dict:
+                      chunk_tokens: int = 512, fused: bool = True) -> dict:
     """Peak bytes by category of one rank of a `world`-process FSDP2 run, as `--fsdp` runs it on GPUs: the policy
     sharded by dist.shard with dist.mixed_precision (bf16 compute, fp32 reduce-scatter), no autocast, two
     micro-batches of `rows` × `tokens` through grpo's micro-batch step, each reduce-scattered, then
-    clip_grad_norm_ and AdamW.step (state already allocated). PyTorch's FSDPMemTracker on a fake process group
+    clip_grad_norm_ and AdamW.step (state already allocated; `fused`: the run's --fused-adamw on a GPU, whose
+    step has no parameter-sized temporaries). PyTorch's FSDPMemTracker on a fake process group
     (torch.testing's FakeStore: collectives return at once, without data) and FakeTensorMode; this process
     joins that group as rank 0 (it cannot be undone in the process: run it in its own, as the CLI does)."""
     import torch.distributed as tdist
@@ -139,7 +140,7 @@ def trace_fsdp_update(cfg: dict, world: int, rows: int, tokens: int, *, checkpoi
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         dist.shard(model, mesh=mesh, mp_policy=dist.mixed_precision(True))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=fused)
         for p in model.parameters():   # AdamW's state exists from the second step on
             p.grad = torch.zeros_like(p)
         opt.step()
@@ -161,7 +162,10 @@ def trace_fsdp_update(cfg: dict, world: int, rows: int, tokens: int, *, checkpoi
                 loss.backward()
                 del logp, entropy, loss
                 tracker.reset_mod_stats()
-            torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
+            # the same norm one tensor at a time: fake tensors run _foreach_norm on DTensor shards with
+            # temporaries of all of them at once (traced: the size of the whole gradient), where CUDA's kernel
+            # returns one float per tensor
+            torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0, foreach=False)
             opt.step()
             opt.zero_grad(set_to_none=True)
         return peak_of(tracker)
