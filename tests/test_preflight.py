@@ -180,10 +180,12 @@ def test_memory_plan_targets_at_the_default_flags():
 
 def test_memory_plan_per_process_under_torchrun(monkeypatch):
     """Under torchrun the plan is one process's: with --fsdp the policy's weights, AdamW state and gradients
-    are divided by the world size and FSDP2's gathered root unit and two layers are added; DDP adds its
-    gradient buckets; the rollout engine's KV cache holds the rank's own groups. Guards the pre-flight
-    refusing docs/scaling.md's `torchrun --nproc_per_node 8 scope.py --model Qwen2.5-Math-7B --fsdp` on 80 GB
-    cards (the one-process plan, 169.5 GiB, was applied to every rank)."""
+    are divided by the world size, and the update adds FSDP2's traced terms (the root unit gathered in bf16 and
+    reduce-scattered from fp32, bf16 activations: preflight.FSDP_FIT); DDP adds its gradient buckets; the
+    rollout engine's KV cache holds the rank's own groups. Guards the pre-flight refusing docs/scaling.md's
+    `torchrun --nproc_per_node 8 scope.py --model Qwen2.5-Math-7B --fsdp` on 80 GB cards (the one-process plan,
+    169.5 GiB, was applied to every rank), and the arithmetic FSDP2 rows the trace replaced (39.1 GiB for
+    the update where FSDPMemTracker traces 23.11)."""
     p7 = 7_615_616_512
     fsdp = scope.Args(model="Qwen2.5-Math-7B", fsdp=True, prompts_per_step=64)
     rows, _ = preflight.memory_plan(fsdp, 79.2, True, world=8)
@@ -191,9 +193,12 @@ def test_memory_plan_per_process_under_torchrun(monkeypatch):
     assert next(v for k, v in plan.items() if k.startswith("policy 7.62")) == (pytest.approx(12 * p7 / 8 / 2**30), "all")
     assert next(v for k, v in plan.items() if k.startswith("policy gradients")) == (pytest.approx(4 * p7 / 8 / 2**30), "update")
     root = 152064 * 3584 * 2 + 3584                  # untied embeddings and lm_head, final norm
-    layer = (p7 - root) / 28
-    gathered = next(v for k, v in plan.items() if k.startswith("FSDP2 gathered"))
-    assert gathered == (pytest.approx(8 * (root + 2 * layer) / 2**30), "update")   # ≈ 11.6 GiB
+    gathered = next(v for k, v in plan.items() if k.startswith("FSDP2 root unit"))
+    assert gathered == (pytest.approx(6 * root / 2**30), "update")   # bf16 gathered + fp32 reduce-scatter: 6.09 GiB
+    activations = next(v for k, v in plan.items() if k.startswith("update activations"))
+    assert activations == (pytest.approx(4 * 1280 * (2 * 3584 * 28 + 2.6 * 152064) / 2**30), "update")   # 2.84 GiB
+    update = sum(v for k, (v, ph) in plan.items() if k.startswith(("policy", "FSDP2", "update")))
+    assert update == pytest.approx(24_818_029_396 / 2**30, rel=0.01)   # FSDPMemTracker's peak of this rank: 23.11 GiB
     engine = next(v for k, v in plan.items() if k.startswith("rollout engine: vLLM bf16 weights + KV of 8x8"))
     assert engine[0] == pytest.approx((2 * p7 + 8 * 8 * 1280 * 57_344) / 2**30)   # 64 prompts / 8 ranks
     assert preflight.plan_total(rows) <= 0.9 * 79.2
