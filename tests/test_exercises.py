@@ -30,8 +30,9 @@ from tools import exercises  # noqa: E402
 
 
 def run_pytest(copy, args, junit):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PWD": str(copy)}
     env.pop("PYTEST_ADDOPTS", None)
+    env.pop("OLDPWD", None)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
                            "-o", "junit_logging=all", *args], cwd=copy, env=env, capture_output=True, text=True,
                           timeout=1800)
