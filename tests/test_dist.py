@@ -35,6 +35,7 @@ def read_jsonl(path):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 def test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient(tmp_path):
     """Guards against a local normaliser (wrong gradients with ragged groups or token-mean), a rank-dependent
     micro-batch count (a deadlock), and a root FSDP2 unit left unsharded after generation (the optimizer's
@@ -53,6 +54,7 @@ def test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient(tmp_path):
             assert r["rows"] == [6, 4], (case, r)                     # 3 vs 2 micro-batches of 2
 
 
+@pytest.mark.slow
 def test_torchrun_toy_run_and_resume_match_one_process(tmp_path, toy_model_dir):
     common = ["--toy", "--model", toy_model_dir, "--prompts-per-step", "4", "--group-size", "4",
               "--max-new-tokens", "64", "--micro-batch-size", "4", "--eval-every", "2", "--eval-size", "8",

@@ -77,6 +77,7 @@ def skipped_mapped(results, expected):
                                                                               for t in expected))
 
 
+@pytest.mark.slow
 def test_stubbed_copy_fails_exactly_the_mapped_tests(tmp_path):
     out = tmp_path / "assignment"
     changed = exercises.generate(str(out))
@@ -98,6 +99,7 @@ def test_stubbed_copy_fails_exactly_the_mapped_tests(tmp_path):
                     + ", ".join(skipped_mapped(results, expected)))
 
 
+@pytest.mark.slow
 def test_only_one_exercise_changes_only_its_region(tmp_path):
     out = tmp_path / "hw"
     proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--out", str(out),
@@ -258,6 +260,7 @@ def grade_cli(target, fixtures):
     return proc, points
 
 
+@pytest.mark.slow
 def test_reference_scores_full_marks_and_the_stubbed_copy_zero(held_out, tmp_path):
     proc, points = grade_cli(ROOT, held_out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -270,6 +273,7 @@ def test_reference_scores_full_marks_and_the_stubbed_copy_zero(held_out, tmp_pat
     assert proc.returncode == 1 and points == {e.name: (0, e.points) for e in exercises.EXERCISES}, proc.stdout
 
 
+@pytest.mark.slow
 def test_one_wrong_exercise_loses_exactly_its_points(held_out, tmp_path):
     """A stub (policy_loss, which update calls) and a wrong answer (group advantages with the std always on,
     which scope_step calls) cost their own problems only: the others run the reference's versions."""
