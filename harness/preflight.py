@@ -461,6 +461,27 @@ UPDATE_FIT = {   # checkpointing: (a_h, a_i, a_v, a_c, a_p)
 PRM_FIT = (9.442, 6.36)
 
 
+# One rank of an FSDP2 update (--fsdp on GPUs: dist.shard with dist.mixed_precision, bf16 compute, no autocast,
+# fp32 reduce-scatter every micro-batch, fused AdamW), beyond its fp32 shards (16 bytes per parameter / world),
+# with gradient checkpointing, per micro-batch of n tokens: bytes = r · R + n · (f_h · h · L + f_v · V), R the
+# root unit's parameters (embeddings, untied lm_head, final norm). At the traced peak the root is gathered in
+# bf16 (2 R) beside 4 R of fp32 temporaries for its gradient, and every layer's checkpointed bf16 input is held
+# (f_h = 2); f_v is the logits' share (their bf16 gradient, the chunked log-softmax).
+# Fitted to two FSDPMemTracker traces on a fake process group (tools/bench_memory.py trace_fsdp_update;
+# `python -m tools.bench_memory --model Qwen2.5-Math-7B --fsdp --world 8 --only update`): Qwen2.5-Math-7B at
+# world 8, 4 x 1,280 tokens, 28 layers (traced 23.11 GiB, planned 23.12) and with 4 layers (traced 11.88,
+# planned 11.88). Without checkpointing there is no FSDP2 trace: the one-GPU constants (UPDATE_FIT) stand in.
+FSDP_FIT = (6.0, 2.0, 2.6)   # (r, f_h, f_v)
+
+
+def fsdp_update_bytes(cfg: dict, tokens: int) -> tuple[float, float]:
+    """(gathered root unit, activations) of one FSDP2 rank's update with checkpointing (FSDP_FIT), in bytes."""
+    r, f_h, f_v = FSDP_FIT
+    h, layers, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
+    root = v * h * (1 if cfg.get("tie_word_embeddings") else 2) + h
+    return r * root, tokens * (f_h * h * layers + f_v * v)
+
+
 def update_extra_bytes(cfg: dict, tokens: int, checkpointing: bool, chunk_tokens: int = 512) -> float:
     """Traced-constant estimate of the update's activations and temporaries (UPDATE_FIT)."""
     a_h, a_i, a_v, a_c, a_p = UPDATE_FIT[bool(checkpointing)]
@@ -494,8 +515,9 @@ def rollout_kv_need(args, world: int | None = None) -> tuple[int | None, int]:
     return max(tokens, max_len) * kv_bytes_per_token(cfg), max_len   # vLLM needs room for one full-length request
 
 
-def prm_offloaded(args, device: str, use_vllm: bool, gpu_gib: float | None = None) -> bool:
-    """--prm-offload on/off, or auto: offload when the plan with the PRM resident does not fit the GPU."""
+def prm_offloaded(args, device: str, use_vllm: bool, gpu_gib: float | None = None, world: int | None = None) -> bool:
+    """--prm-offload on/off, or auto: offload when the plan with the PRM resident does not fit the GPU (the plan
+    of one process of `world`, None: world_size())."""
     if args.prm == "none" or args.toy or args.prm_offload == "off":
         return False
     if args.prm_offload == "on":
@@ -506,7 +528,7 @@ def prm_offloaded(args, device: str, use_vllm: bool, gpu_gib: float | None = Non
         gpu_gib = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
     if gpu_gib is None:
         return False
-    return plan_total(memory_plan(args, gpu_gib, use_vllm, prm_offload=False)[0]) > FIT_SHARE * gpu_gib
+    return plan_total(memory_plan(args, gpu_gib, use_vllm, prm_offload=False, world=world)[0]) > FIT_SHARE * gpu_gib
 
 
 def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_offload: bool | None = None,
@@ -523,10 +545,11 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
     `vllm serve`: --refiner-mem of the card (its weights and KV cache when no card is known); CUDA context.
     Under torchrun (world: the processes, None = world_size(); each process owns one GPU) the rollout engine
     holds the KV cache of the rank's own groups; with --fsdp the policy's weights, AdamW state and gradients are
-    sharded (÷ world) and the update gathers FSDP2's root unit (embeddings, final norm, lm_head) and two decoder
-    layers (the one computing and the one prefetched) with their fp32 gradients; DDP holds its gradient buckets
-    (fp32, one more copy of the gradients) all step. The rest is per process as on one GPU; the sharding rows
-    are arithmetic, not traced."""
+    sharded (÷ world), and with checkpointing the update's other terms are FSDP2's own, traced (FSDP_FIT: the
+    root unit gathered in bf16 and reduce-scattered from fp32, bf16 activations); without checkpointing the
+    root unit and two decoder layers gathered and one GPU's activations stand in (not traced). DDP holds its
+    gradient buckets (fp32, one more copy of the gradients) all step (arithmetic, not traced). The rest is per
+    process as on one GPU."""
     world = world_size() if world is None else world
     if args.toy:
         return [("toy world (CPU)", 0.1, "all")], []
@@ -536,24 +559,32 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
         return [], [f"no config for '{args.model}' (not local, not cached, not an alias): no memory plan"]
     p, T = n_params(cfg), PROMPT_TOKENS + args.max_new_tokens
     if prm_offload is None:
-        prm_offload = prm_offloaded(args, "cpu", use_vllm, gpu_gib)
+        prm_offload = prm_offloaded(args, "cpu", use_vllm, gpu_gib, world)
     ckpt = bool(getattr(args, "gradient_checkpointing", False))
     shards = world if getattr(args, "fsdp", False) and world > 1 else 1
     sharded = f", sharded over {shards} processes (FSDP2)" if shards > 1 else ""
     rows.append((f"policy {p / 1e9:.2f} B params: fp32 weights + AdamW m, v (12 B/param){sharded}",
                  12 * p / shards / GIB, "all"))
     rows.append((f"policy gradients (fp32){sharded}", 4 * p / shards / GIB, "update"))
-    if shards > 1:
-        root = cfg["vocab_size"] * cfg["hidden_size"] * (1 if cfg.get("tie_word_embeddings") else 2) + cfg["hidden_size"]
-        layer = (p - root) / cfg["num_hidden_layers"]
-        rows.append(("FSDP2 gathered in the update: root unit + 2 decoder layers, fp32 weights and gradients "
-                     "(not traced)", 8 * (root + 2 * layer) / GIB, "update"))
-    elif world > 1:
-        rows.append(("DDP gradient buckets (fp32, not traced)", 4 * p / GIB, "all"))
     tokens = args.micro_batch_size * T
-    rows.append((f"update activations + temporaries ({args.micro_batch_size} x {T} tokens, checkpointing "
-                 f"{'on' if ckpt else 'off'}; traced)",
-                 update_extra_bytes(cfg, tokens, ckpt, getattr(args, "logprob_chunk", 512)) / GIB, "update"))
+    if shards > 1 and ckpt:   # traced with FSDPMemTracker (FSDP_FIT)
+        gathered, activations = fsdp_update_bytes(cfg, tokens)
+        rows.append(("FSDP2 root unit in the update: bf16 gathered + fp32 reduce-scatter input (traced)",
+                     gathered / GIB, "update"))
+        rows.append((f"update activations ({args.micro_batch_size} x {T} tokens, bf16, checkpointing on; "
+                     f"FSDP2 traced)", activations / GIB, "update"))
+    else:
+        if shards > 1:   # no FSDP2 trace without checkpointing: the root + 2 layers gathered, and one GPU's terms
+            root = (cfg["vocab_size"] * cfg["hidden_size"] * (1 if cfg.get("tie_word_embeddings") else 2)
+                    + cfg["hidden_size"])
+            layer = (p - root) / cfg["num_hidden_layers"]
+            rows.append(("FSDP2 gathered in the update: root unit + 2 decoder layers, bf16 weights and fp32 "
+                         "gradients (not traced)", 6 * (root + 2 * layer) / GIB, "update"))
+        elif world > 1:
+            rows.append(("DDP gradient buckets (fp32, not traced)", 4 * p / GIB, "all"))
+        rows.append((f"update activations + temporaries ({args.micro_batch_size} x {T} tokens, checkpointing "
+                     f"{'on' if ckpt else 'off'}; traced)",
+                     update_extra_bytes(cfg, tokens, ckpt, getattr(args, "logprob_chunk", 512)) / GIB, "update"))
     if args.kl_coef > 0:
         rows.append(("KL reference (fp32)", 4 * p / GIB, "all"))
     if use_vllm:

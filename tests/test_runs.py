@@ -170,6 +170,7 @@ def run_copy(finished_run, tmp_path):
     return tmp_path, flags
 
 
+@pytest.mark.slow
 def test_second_run_under_the_same_name_is_refused(run_copy):
     """Regression: `python scope.py --toy --toy-prm-noise 0.2` after `python scope.py --toy` reopened
     runs/scope-toy-s0 with "w": metrics, traces and checkpoint replaced without a word."""
@@ -186,6 +187,7 @@ def test_second_run_under_the_same_name_is_refused(run_copy):
     assert not (cwd / "runs" / "r" / "lock").exists(), "the lock is released at exit"
 
 
+@pytest.mark.slow
 def test_resume_after_a_kill_mid_save_and_a_torn_log_line(run_copy):
     """Regression: the checkpoint kill window (only checkpoint.tmp left) and a torn last JSONL line both lost work
     or crashed the resume; now the resume continues from step 2 and keeps steps 1-2 of the logs."""
@@ -205,6 +207,7 @@ def test_resume_after_a_kill_mid_save_and_a_torn_log_line(run_copy):
     assert runs.checkpoint_step(str(run / "checkpoint")) == 3
 
 
+@pytest.mark.slow
 def test_resume_below_the_checkpoint_step_is_refused(run_copy):
     """Regression: `--resume RUN --steps 5` on a run at step 30 said "done" and rewrote config.json to steps 5."""
     cwd, _ = run_copy
@@ -214,6 +217,7 @@ def test_resume_below_the_checkpoint_step_is_refused(run_copy):
     assert (cwd / "runs" / "r" / "config.json").read_text() == config
 
 
+@pytest.mark.slow
 def test_folder_without_checkpoint_is_resumed_only_on_purpose(run_copy):
     """Regression: a run folder with a config but no checkpoint (a crash before the first save) was silently
     restarted from step 1, wiping its logs."""
@@ -228,6 +232,7 @@ def test_folder_without_checkpoint_is_resumed_only_on_purpose(run_copy):
     assert read_steps(run / "metrics.jsonl") == [1]
 
 
+@pytest.mark.slow
 def test_second_process_on_a_live_run_stops_at_once(run_copy):
     """Regression: two runs on one folder at once interleaved their logs and overwrote each other's checkpoint."""
     cwd, _ = run_copy
@@ -248,6 +253,7 @@ def md5(path):
     return hashlib.md5(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.slow
 def test_resume_with_a_changed_training_flag_is_refused_or_recorded(run_copy):
     """`--resume RUN --lr 0.1` overwrote config.json with "lr": 0.1 without a word: the record of how the run
     was trained was gone. Now: one line, exit 2, config.json unchanged; with --change-config the change is
@@ -270,6 +276,7 @@ def test_resume_with_a_changed_training_flag_is_refused_or_recorded(run_copy):
     assert len(runs.read_changes(str(run))) == 1, "a dry run records nothing"
 
 
+@pytest.mark.slow
 def test_resuming_a_finished_run_is_one_line(run_copy):
     """`--resume` of a finished run said `resumed ... at step 3`, then `before n/a -> after n/a`."""
     cwd, _ = run_copy
@@ -282,6 +289,7 @@ def test_resuming_a_finished_run_is_one_line(run_copy):
     assert not (run / "lock").exists() and not (run / "changes.jsonl").exists()
 
 
+@pytest.mark.slow
 def test_the_data_is_checked_before_the_run_folder(run_copy):
     """A missing --dataset file was reported only after the run folder's name clash."""
     cwd, flags = run_copy
@@ -311,6 +319,7 @@ def comparable(path):
     return [{k: v for k, v in r.items() if not k.startswith("time_")} for r in map(json.loads, open(path))]
 
 
+@pytest.mark.slow
 def test_interrupt_says_how_to_resume_and_the_resume_is_exact(toy_model_dir, tmp_path):
     """Ctrl-C printed a 76-line KeyboardInterrupt traceback and no line saying where the last checkpoint was.
     Now SIGINT and SIGTERM end the run with one line naming the checkpoint's step and the --resume command, the

@@ -32,6 +32,7 @@ def read_jsonl(path):
         return [json.loads(line) for line in f]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode, extra", [("scope", []), ("grpo", []), ("replace", ["--merge", "append"]),
                                          ("prm-reward", [])])
 def test_each_mode_runs_two_toy_steps(tmp_path, toy_model_dir, mode, extra):
@@ -60,6 +61,7 @@ def test_each_mode_runs_two_toy_steps(tmp_path, toy_model_dir, mode, extra):
     assert (run / "checkpoint" / "optimizer.pt").exists() and (run / "checkpoint" / "state.pt").exists()
 
 
+@pytest.mark.slow
 def test_resume_reproduces_the_next_step(tmp_path, toy_model_dir):
     """Guards against resume drift: a resumed run must not redraw prompts or samples differently (every
     random draw derives from (seed, step)) nor lose optimizer state."""
@@ -94,6 +96,7 @@ def test_missing_model_gives_one_clear_error(tmp_path):
     assert "no-such-model" in proc.stderr and "Traceback" not in proc.stderr, proc.stderr
 
 
+@pytest.mark.slow
 def test_real_path_on_cpu_with_self_refinement(tmp_path, tiny_prm_dir):
     from conftest import make_bpe_tokenizer, make_tiny_causal_lm
 

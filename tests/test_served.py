@@ -73,6 +73,7 @@ def test_server_that_dies_during_start_up_is_one_clear_error(tmp_path):
     assert time.time() - t0 < 15 and gone(slow.proc.pid)
 
 
+@pytest.mark.slow
 def test_a_killed_trainer_takes_its_server_with_it(tmp_path):
     """SIGKILL runs no Python cleanup: the kernel's parent-death signal must stop the server."""
     script = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from harness.generate import ServedModel, free_port\n"
@@ -106,6 +107,7 @@ def test_client_gives_up_after_bounded_timeouts_and_retries(tmp_path, char_token
         nobody.generate([[1, 2]], n=1, max_tokens=8)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("then", ["exit", "hang"])
 def test_run_goes_on_without_rectification_when_the_refiner_server_stops(tmp_path, toy_model_dir, then):
     """Regression: a served refiner that stopped answering hung the run (600 s per request, no limit on

