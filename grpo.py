@@ -236,30 +236,23 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     """One optimizer step on `batch`: `policy_loss` micro-batch by micro-batch, gradients accumulated.
 
     batch: input_ids, attention_mask, response_mask, offpolicy_mask (N, L), advantages (N,), optionally
-    old_logp and ref_logp (N, L). Without old_logp (one optimizer step per rollout batch) the old
-    log-probs are this forward's own log-probs, detached: ρ = 1 exactly and the gradient is the one a
-    separate no-grad pass would give, without that pass. `update_epoch` passes old_logp (`old_logprobs`,
-    before the first of several steps) when one rollout batch gets several optimizer steps. With
-    kl_coef > 0 and no ref_logp, ref_logp is computed from `ref_model` per micro-batch. Each micro-batch's
-    loss is divided by the WHOLE batch's Z, so the accumulated gradient equals the single-batch gradient.
-    With tis_cap > 0 and batch["sampler_logp"] / ["sampler_mask"] (build_batch), the policy's tokens whose
-    sampler log-prob is known get `truncated_is_weight(old_logp, sampler_logp, ..., tis_cap)` (docs/choices.md).
-    Micro-batches hold length-sorted rows (`length_sorted_micro_batches`); `chunk_tokens` bounds the
-    float32 log-softmax (`chunked_logprobs_and_entropy`). Gradients are clipped to `max_grad_norm` (None:
-    no clipping). A non-finite loss or gradient norm skips the step (gradients zeroed, parameters
-    untouched). Returns Python-float metrics: loss, grad_norm, skipped, pad_share (padding share of this
-    rank's computed positions) and `loss_metrics` of the whole batch.
+    old_logp and ref_logp (N, L). Without old_logp (one optimizer step per rollout batch) the old log-probs
+    are this forward's own, detached: ρ = 1 exactly, the gradient of a separate no-grad pass without the pass
+    (`update_epoch` passes old_logp when a rollout batch gets several steps). Each micro-batch's loss is
+    divided by the WHOLE batch's Z, so the accumulated gradient is the batch's. Gradients are clipped to
+    `max_grad_norm` (None: no clipping); a non-finite loss or gradient norm skips the step (gradients zeroed,
+    parameters untouched). Returns Python-float metrics: loss, grad_norm, skipped, pad_share (padding share of
+    this rank's computed positions) and `loss_metrics` of the whole batch.
 
-    `amp` (a context factory, e.g. bf16 autocast) is entered around each micro-batch's forward and loss only:
-    backward, clipping and AdamW.step run outside it, so autocast's cached bf16 weight copies are freed at
-    the end of every forward instead of living through the whole step (docs/memory.md).
-
-    Under torchrun (`dist`, harness/dist.py; `model` wrapped in DDP or FSDP2) `batch` is this rank's rows: Z is
-    summed over the ranks and divided by the world size (DDP and FSDP average the ranks' gradients), every rank
-    runs the same number of micro-batches (a rank with fewer adds a zero-weight one), and the loss and the
-    metrics are those of the whole global batch, so the skip decision is the same on every rank. DDP exchanges
-    gradients once, on the last micro-batch (`dist.no_sync` on the others); FSDP2 reduce-scatters every
-    micro-batch's gradients into its shards (skipping the exchange would keep a full-size fp32 gradient per rank).
+    Around the method, each in its helper below: KL reference log-probs from `ref_model` when kl_coef > 0 and
+    no ref_logp (`_reference_logprobs`); the truncated importance weight against vLLM's log-probs with
+    tis_cap > 0 (`_sampler_weights`); length-sorted micro-batches and, under torchrun, a zero-weight padding
+    micro-batch (`_micro_batch`) and one gradient exchange (`_gradient_exchange`); `chunk_tokens` bounds the
+    float32 log-softmax (`chunked_logprobs_and_entropy`). `amp` (e.g. bf16 autocast) is entered around each
+    micro-batch's forward and loss only, so autocast's bf16 weight copies are freed after every forward
+    (docs/memory.md). Under torchrun (`dist`, harness/dist.py) `batch` is this rank's rows; Z, the loss and the
+    metrics are the global batch's (Z summed over the ranks ÷ the world size, as DDP and FSDP2 average the
+    gradients), so the skip decision is the same on every rank.
     """
     if kl_coef > 0 and batch.get("ref_logp") is None and ref_model is None:
         raise ValueError("update: kl_coef > 0 needs batch['ref_logp'] or ref_model")
@@ -622,7 +615,8 @@ def _micro_batch(batch: dict, micro_batches: list[list[int]], i: int, extents: l
 
 def _gradient_exchange(model, dist, last: bool):
     """The context of one micro-batch's backward under torchrun: DDP exchanges gradients once per step, on the
-    last micro-batch (`dist.no_sync` on the others); FSDP2 and one process: nothing to hold back."""
+    last micro-batch (`dist.no_sync` on the others); FSDP2 reduce-scatters every micro-batch's gradients into its
+    shards (holding them back would keep a full-size fp32 gradient per rank); one process: nothing to hold."""
     return contextlib.nullcontext() if dist is None or last else dist.no_sync(model)
 
 

@@ -279,49 +279,6 @@ class ProcessRewardModel:
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
 
-    # -- input assembly ----------------------------------------------------------------------------
-
-    def _encode(self, text: str) -> list[int]:
-        """Plain text -> ids with special-token parsing off (so "<|im_end|>" in a step stays text)."""
-        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-
-    def _head_tail(self, question: str) -> tuple[list[int], list[int]]:
-        """Token ids before the first step and after the last separator."""
-        question = question.replace(SEPARATOR, "")
-        if getattr(self.tokenizer, "chat_template", None):
-            messages = [{"role": "system", "content": PRM_SYSTEM}, {"role": "user", "content": question},
-                        {"role": "assistant", "content": SEPARATOR}]
-            rendered = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                          add_generation_prompt=False)
-            if SEPARATOR not in rendered:
-                raise ValueError(f"the chat template of PRM {self.name!r} drops the assistant turn; "
-                                 "cannot place the steps")
-            head, tail = rendered.rsplit(SEPARATOR, 1)  # the question holds no separator any more
-        else:
-            head, tail = f"{PRM_SYSTEM}\n\nQuestion: {question}\n\nAnswer:\n", ""
-        # the template's own special tokens (<|im_start|> ...) must be parsed as such here
-        enc = lambda s: self.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-        return enc(head), enc(tail)
-
-    def build_input(self, question: str, steps: list[str]) -> tuple[list[int], list[int]]:
-        """(input ids, separator positions of the steps that fit in max_length).
-
-        Steps are stripped and cleaned of "<extra_0>" text (docs/choices.md, row "PRM input"). When everything
-        fits, the template tail is appended too (it cannot change the scores: the model is causal)."""
-        head, tail = self._head_tail(question)
-        ids, positions = list(head), []
-        for step in steps:
-            step_ids = self._encode(step.replace(SEPARATOR, "").strip())
-            if self.sep_id in step_ids:  # cannot happen with split_special_tokens; keep the guard cheap
-                step_ids = [t for t in step_ids if t != self.sep_id]
-            if len(ids) + len(step_ids) + 1 > self.max_length:
-                break  # this step and every later one stay unscored
-            ids += step_ids + [self.sep_id]
-            positions.append(len(ids) - 1)
-        if len(positions) == len(steps) and len(ids) + len(tail) <= self.max_length:
-            ids += tail
-        return ids, positions
-
     # -- scoring -----------------------------------------------------------------------------------
 
     def score(self, question: str, steps: list[str]) -> list[float | None]:
@@ -357,6 +314,49 @@ class ProcessRewardModel:
                 for k, p in enumerate(built[i][1]):
                     results[i][k] = float(probs[row, p])
         return results
+
+    # -- input assembly ----------------------------------------------------------------------------
+
+    def build_input(self, question: str, steps: list[str]) -> tuple[list[int], list[int]]:
+        """(input ids, separator positions of the steps that fit in max_length).
+
+        Steps are stripped and cleaned of "<extra_0>" text (docs/choices.md, row "PRM input"). When everything
+        fits, the template tail is appended too (it cannot change the scores: the model is causal)."""
+        head, tail = self._head_tail(question)
+        ids, positions = list(head), []
+        for step in steps:
+            step_ids = self._encode(step.replace(SEPARATOR, "").strip())
+            if self.sep_id in step_ids:  # cannot happen with split_special_tokens; keep the guard cheap
+                step_ids = [t for t in step_ids if t != self.sep_id]
+            if len(ids) + len(step_ids) + 1 > self.max_length:
+                break  # this step and every later one stay unscored
+            ids += step_ids + [self.sep_id]
+            positions.append(len(ids) - 1)
+        if len(positions) == len(steps) and len(ids) + len(tail) <= self.max_length:
+            ids += tail
+        return ids, positions
+
+    def _encode(self, text: str) -> list[int]:
+        """Plain text -> ids with special-token parsing off (so "<|im_end|>" in a step stays text)."""
+        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+
+    def _head_tail(self, question: str) -> tuple[list[int], list[int]]:
+        """Token ids before the first step and after the last separator."""
+        question = question.replace(SEPARATOR, "")
+        if getattr(self.tokenizer, "chat_template", None):
+            messages = [{"role": "system", "content": PRM_SYSTEM}, {"role": "user", "content": question},
+                        {"role": "assistant", "content": SEPARATOR}]
+            rendered = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                          add_generation_prompt=False)
+            if SEPARATOR not in rendered:
+                raise ValueError(f"the chat template of PRM {self.name!r} drops the assistant turn; "
+                                 "cannot place the steps")
+            head, tail = rendered.rsplit(SEPARATOR, 1)  # the question holds no separator any more
+        else:
+            head, tail = f"{PRM_SYSTEM}\n\nQuestion: {question}\n\nAnswer:\n", ""
+        # the template's own special tokens (<|im_start|> ...) must be parsed as such here
+        enc = lambda s: self.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+        return enc(head), enc(tail)
 
 
 # ---------------------------------------------------------------------------------------------------
