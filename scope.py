@@ -160,6 +160,7 @@ TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy",
                     lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, eval_max_new_tokens=128,
                     gradient_checkpointing=False, logprob_chunk=0)
 
+
 class OneLineErrors(argparse.ArgumentParser):
     """argparse whose refusals are one line naming the culprit and the --help hint, not the 40-line usage."""
 
