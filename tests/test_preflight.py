@@ -474,3 +474,24 @@ def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
     assert seen["forward"] == [True, True]                 # two micro-batches of 2, each forward under autocast
     assert seen["backward"] and not any(seen["backward"])  # backward outside the region
     assert seen["step"] == [False]                         # AdamW.step outside it: the bf16 copies are gone
+
+
+@pytest.mark.slow
+def test_fsdp_plan_within_ten_percent_of_an_fsdp_mem_tracker_trace():
+    """The plan's FSDP2 update terms (preflight.FSDP_FIT) against a fresh FSDPMemTracker trace of one rank of 8
+    on a fake process group (tools/bench_memory.py trace_fsdp_update, in its own process: the fake group cannot
+    be left), at a shape outside the fit: Qwen2.5-Math-7B's width with 4 layers, 2 x 640 tokens (traced 9.86
+    GiB, planned 10.36 when written)."""
+    code = (f"import sys; sys.path.insert(0, {ROOT!r})\n"
+            "from tools.bench_memory import trace_fsdp_update\n"
+            "from harness import preflight\n"
+            "cfg = dict(preflight.model_config('Qwen2.5-Math-7B'), num_hidden_layers=4)\n"
+            "peak = trace_fsdp_update(cfg, 8, 2, 640, checkpointing=True)['total']\n"
+            "root, activations = preflight.fsdp_update_bytes(cfg, 2 * 640)\n"
+            "print('FIGURES', peak, 16 * preflight.n_params(cfg) / 8 + root + activations)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    traced, planned = (float(x) for x in proc.stdout.split("FIGURES")[1].split())
+    assert traced > 8 * 2**30                                  # the shards and the gathered root are there
+    assert abs(planned / traced - 1) <= 0.10, (traced / 2**30, planned / 2**30)

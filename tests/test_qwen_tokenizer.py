@@ -207,7 +207,7 @@ def test_a_base_model_stops_at_the_chatml_turn_end(base_tokenizer):
     tok = base_tokenizer
     assert turn_end_id(tok) == 151645 and stop_ids(tok) == {151643, 151645}
     assert OpenAIGenerator("http://127.0.0.1:9", "m", tok).stop == {151643, 151645}   # sent as stop_token_ids
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+    cfg = Qwen2Config(vocab_size=conftest.embedding_rows(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
                       num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=512,
                       bos_token_id=None, eos_token_id=151643, pad_token_id=151643)   # the base config: EOS only
     model = Qwen2ForCausalLM(cfg).eval()

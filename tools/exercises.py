@@ -95,7 +95,8 @@ SCOPE_RUNS = ("tests/test_scope.py::test_each_mode_runs_two_toy_steps",
               "tests/test_runs.py::test_the_data_is_checked_before_the_run_folder",
               "tests/test_trackers.py::test_tensorboard_event_files_equal_metrics_jsonl",
               "tests/test_trackers.py::test_wandb_logs_offline_without_network",
-              "tests/test_toy_styles.py::test_two_steps_with_three_styles_log_the_style_metrics")
+              "tests/test_toy_styles.py::test_two_steps_with_three_styles_log_the_style_metrics",
+              "tests/test_newcomer.py::test_ctrl_c_before_the_first_checkpoint_gives_a_command_that_starts_again")
 # the torchrun gradient check runs build_batch, the log-probs, policy_loss and update, no other exercise
 DIST_GRADIENTS = ("tests/test_dist.py::test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient",)
 # scope.locate_first_errors on an empty failed response: split_steps, cut_point, keep_ratio, step_token_spans
