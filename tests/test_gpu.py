@@ -375,8 +375,8 @@ def update_time(shape: dict, device: str, rows: int, prompt: int, max_new: int, 
 
 
 def prm_time(shape: dict, device: str, failures: int, tokens: int, steps: int = 8) -> dict:
-    """A random-weight PRM of `shape` (prm.Qwen2ProcessRewardModel: bf16 decoder, float32 head, as
-    load_qwen2_prm builds it) scoring `failures` solutions of `tokens` tokens with `steps` separators each,
+    """A random-weight PRM of `shape` (harness/prm_checkpoint.py's Qwen2ProcessRewardModel: bf16 decoder, float32
+    head, as load_qwen2_prm builds it) scoring `failures` solutions of `tokens` tokens with `steps` separators each,
     through prm.ProcessRewardModel.score_batch (micro-batches of 4): seconds and the allocator's peak."""
     import time
     from types import SimpleNamespace
@@ -384,11 +384,12 @@ def prm_time(shape: dict, device: str, failures: int, tokens: int, steps: int = 
     from transformers import Qwen2Config
 
     import prm
+    from harness.prm_checkpoint import Qwen2ProcessRewardModel
 
     config = Qwen2Config(**shape)
     torch.manual_seed(0)
     with torch.device(device):
-        module = prm.Qwen2ProcessRewardModel(config).to(torch.bfloat16 if device == "cuda" else torch.float32)
+        module = Qwen2ProcessRewardModel(config).to(torch.bfloat16 if device == "cuda" else torch.float32)
         module.score.float()
     module = module.eval().requires_grad_(False)
     scorer = prm.ProcessRewardModel.__new__(prm.ProcessRewardModel)   # the scoring loop without a checkpoint
