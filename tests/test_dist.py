@@ -8,7 +8,8 @@
   one-process 2-step run (to float32 tolerance), written once by rank 0 in one run folder;
 - the FSDP2 weight push (dist.FullView) in a one-process gloo group: one full tensor gathered at a time.
 
-The two torchrun launches are `slow` (tens of seconds each on 2 cores).
+The torchrun launches are `slow` (tens of seconds each on 2 cores); one more runs `--updates-per-batch 2` under
+FSDP2 with ragged groups (the π_old pass and both steps keep the ranks' forward counts equal).
 """
 import json
 import os
@@ -174,3 +175,17 @@ def test_each_rank_resumes_its_own_cuda_rng_state(tmp_path, monkeypatch):
         current["rank"] = rank
         wiring.restore_checkpoint(str(tmp_path / "checkpoint"), optimizer, "cpu", rank=rank)
     assert restored[0].tolist() == [10, 11] and restored[1].tolist() == [20, 21]
+
+
+@pytest.mark.slow
+def test_torchrun_two_updates_per_batch_run_the_same_forwards_on_every_rank(tmp_path, toy_model_dir):
+    """--updates-per-batch 2 under torchrun with FSDP2 and --merge append (ragged groups: the ranks' micro-batch
+    counts differ): the no-grad π_old pass and both optimizer steps run as many forwards on every rank (FSDP2
+    all-gathers in each; a rank-dependent count deadlocks), and every step trains (none skipped)."""
+    launch([os.path.join(ROOT, "scope.py"), "--toy", "--model", toy_model_dir, "--prompts-per-step", "4",
+            "--group-size", "4", "--max-new-tokens", "64", "--micro-batch-size", "2", "--eval-every", "0",
+            "--merge", "append", "--updates-per-batch", "2", "--fsdp", "--dist-timeout", "60", "--steps", "2",
+            "--run-name", "k2"], cwd=tmp_path)
+    rows = read_jsonl(tmp_path / "runs" / "k2" / "metrics.jsonl")
+    assert [m["step"] for m in rows] == [1, 2]
+    assert all(m["skipped"] == 0 and m["grad_norm"] > 0 for m in rows), rows
