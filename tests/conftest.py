@@ -31,18 +31,6 @@ import torch
 torch.set_num_threads(1)  # 2-core machine; several test processes may run at once
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<extra_0>"]
-CHAT_TEMPLATE = (
-    "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-CORPUS = [
-    "Let x = 3. Then 2x + 1 = 7, so the answer is \\boxed{7}.",
-    "First, compute 12 * 4 = 48.\n\nNext, 48 - 5 = 43.\n\nThe answer is \\boxed{43}.",
-    "We have \\frac{1}{2} + \\frac{1}{3} = \\frac{5}{6}. Therefore \\boxed{\\frac{5}{6}}.",
-    "Step 1: the area is \\pi r^2 = 9\\pi.\n\nStep 2: so \\boxed{9\\pi}. Naïve café — ünïcode ∑ √2",
-] * 20
-
 SLOW_LEFT_OUT = pytest.StashKey[int]()
 
 
