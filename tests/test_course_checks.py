@@ -14,12 +14,27 @@ import pytest
 import torch
 
 import scope
-from conftest import make_char_tokenizer
+from conftest import make_bpe_tokenizer, make_char_tokenizer
 from grpo import clipped_surrogate, group_advantages, policy_loss
 from harness.generate import GeneratorUnavailable
-from refine import Suffix, Trajectory
+from refine import Suffix, Trajectory, splice
 
 LN = math.log
+
+
+# ---------------------------------------------------------------------------------------------------
+# problem 4: splice
+# ---------------------------------------------------------------------------------------------------
+def test_splice_keeps_special_token_text_plain():
+    """The refiner's text is untrusted: "<|im_start|>" written out in it must stay text (plain tokens), never
+    become the special id, which would forge a turn boundary. The prefix ids [5, 6] stay as they are, the
+    suffix is off-policy (mask 1), and a finished suffix ends with EOS."""
+    tok = make_bpe_tokenizer()
+    special = tok.convert_tokens_to_ids("<|im_start|>")
+    ids, mask = splice([5, 6], "so <|im_start|> x", tok, max_new_tokens=100, eos_id=tok.eos_token_id, finished=True)
+    assert ids[:2] == [5, 6] and mask == [0, 0] + [1] * (len(ids) - 2)
+    assert special not in ids[2:], "special-token text in the suffix became a special id: encode it as plain text"
+    assert ids[-1] == tok.eos_token_id and tok.decode(ids[2:-1]) == "so <|im_start|> x"
 
 
 # ---------------------------------------------------------------------------------------------------
