@@ -1,11 +1,11 @@
 """Checks that teach: each catches a classic mistake in the problem it belongs to, with hand numbers.
 
-The course (tools/exercises.py, docs/course.md) lists these among a problem's own checks, so a mistake that
+The course's handout lists each of these among its problem's own checks, so a mistake that
 the broader tests would only show later (as a bare mismatch in problem 11, or as a NaN in a training run)
 fails here first, in the problem that made it, with a message that says what went wrong. Problem 6's four
 functions are checked one by one on a hand-built step (a character tokenizer: one token per character, so
 every span below is a count of characters), in seconds, as soon as problems 1–5 are written; the end-to-end
-runs of scope.py are its separate, slow check (`python -m pytest -m slow tests/test_scope.py`).
+runs of scope.py are its separate, slow check (the handout's "End-to-end check" line).
 """
 import math
 import types

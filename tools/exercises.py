@@ -12,37 +12,45 @@ caches) and replaces each region of the chosen exercises by
 
     raise NotImplementedError("exercise N (name): <what to write>; <names the code after it reads>; check with: ...")
 
-keeping the signature, the docstring and any argument checks outside the region. Regions of exercises not
+keeping the signature, the docstring and any argument checks outside the region (`SCAFFOLDS`: a region whose
+stub sits inside given code, problem 12's torchrun and importance-weight lines). Regions of exercises not
 chosen keep their reference code (marker lines removed), so `--only` makes a smaller assignment. The copy
-gets HANDOUT.md (the problems in pipeline order, then written and experiment questions; the same text as
-docs/course.md) and a one-line submit.sh. It leaves out the teacher's files (this one, its contract test,
-tests/test_references.py, which holds the answer references the copy's tests were stored from), the toy
-study's results (results/, docs/results.md, the README's results section) and docs/course.md (HANDOUT.md is
-its student part).
+gets HANDOUT.md (setup, time, a policy placeholder, background, the problems in pipeline order, the written
+and experiment questions with points and deliverables; the same text as docs/course.md), WRITEUP.md (the
+write-up's template), figures/ and a one-line submit.sh. The teacher's key, tools/course_key.py, holds the
+rubric, the redactions applied to the copy (docstrings, docs rows and test helpers that answer a question or
+hold a stubbed solution) and the answer phrases the generator refuses to ship. The copy leaves out the
+teacher's files (this one, the key, its contract test, tests/test_references.py, which holds the answer
+references the copy's tests were stored from), the toy study's results (results/, docs/results.md, the
+README's results section) and docs/course.md (HANDOUT.md is its student part).
 
     python -m tools.exercises --list                         # the problems: points, tests, depends on
     python -m tools.exercises --out ../assignment            # every exercise (outside the repository)
     python -m tools.exercises --out ../hw1 --only first_error,group_advantages
     python -m tools.exercises --handout                      # print the handout (docs/course.md holds it)
+    python -m tools.exercises --rubric                       # teacher: the written questions' rubric
     python -m tools.exercises --fixtures held_out --seed 7   # teacher: inputs + reference outputs per problem
     python -m tools.exercises --grade ../assignment --fixtures held_out     # points per problem; exit 1 unless full
-    python -m tools.exercises --grade submission.tar.gz --fixtures held_out
+    python -m tools.exercises --grade submission.tar.gz --fixtures held_out --verbose
+    python -m tools.exercises --time-checks                  # each problem's own check, timed
 
 Held-out grading: `--fixtures` draws fresh inputs from the teacher's seed (and trains a byte-level BPE
 tokenizer on a corpus drawn from it) and stores them with the reference's outputs, one file per problem.
-`--grade` runs the submitted functions on those inputs in a subprocess and compares. A problem scores its
-points only when every case matches (float tolerance 1e-4 relative); while one problem is graded, the
-functions of every other problem are the reference's, so one wrong exercise costs exactly its own points.
-Every problem's cases have outputs that differ from one another and from zero, so an all-zero or constant
-answer scores 0 (the contract test checks this).
+`--grade` grades each problem in its own process (`grade_problem`): a folder holding the student's modules
+with every other problem's functions swapped for the reference's (`mixed_source`), the reference's harness/,
+this file and the inputs, never the expected outputs; with Landlock the process can read nothing else. It
+writes its answers to a file that the parent loads as plain data and compares; stdout is never read. A
+problem scores its points only when every case matches (float tolerance 1e-4 relative), so one wrong
+exercise costs exactly its own points. Every problem's cases have outputs that differ from one another and
+from zero, so an all-zero or constant answer scores 0 (the contract test checks this).
 
 `EXERCISES` below is the one table: each exercise's functions, paper concept, equation, the names the code
 around its region expects, points, the tests that grade it (pytest node ids; a parametrised test is named
-once), difficulty (1 easy … 4 challenge), the exercises its tests call, hints. `breaks` lists every other
-test that fails while the exercise is a stub, so on a generated copy exactly `expected_failures` fail, each
-with NotImplementedError, and all others pass (tests/test_exercises.py). When a new test calls an
-exercise's function, add its node id to that exercise's `tests` (or `breaks`, for a test of something else
-that merely runs through it).
+once), difficulty (1 easy … 4 challenge), hints, its slow end-to-end check. "Depends on" is computed from
+what its tests call (`reached_exercises`). `breaks` lists every other test that fails while the exercise is
+a stub, so on a generated copy exactly `expected_failures` fail, each with NotImplementedError, and all
+others pass (tests/test_exercises.py). When a new test calls an exercise's function, add its node id to that
+exercise's `tests` (or `breaks`, for a test of something else that merely runs through it).
 """
 import argparse
 import ast
