@@ -1,11 +1,11 @@
 """Checks that teach: each catches a classic mistake in the problem it belongs to, with hand numbers.
 
-The course (tools/exercises.py, docs/course.md) lists these among a problem's own checks, so a mistake that
+The course's handout lists each of these among its problem's own checks, so a mistake that
 the broader tests would only show later (as a bare mismatch in problem 11, or as a NaN in a training run)
 fails here first, in the problem that made it, with a message that says what went wrong. Problem 6's four
 functions are checked one by one on a hand-built step (a character tokenizer: one token per character, so
 every span below is a count of characters), in seconds, as soon as problems 1–5 are written; the end-to-end
-runs of scope.py are its separate, slow check (`python -m pytest -m slow tests/test_scope.py`).
+runs of scope.py are its separate, slow check (the handout's "End-to-end check" line).
 """
 import math
 import types
@@ -14,12 +14,27 @@ import pytest
 import torch
 
 import scope
-from conftest import make_char_tokenizer
+from conftest import make_bpe_tokenizer, make_char_tokenizer
 from grpo import clipped_surrogate, group_advantages, policy_loss
 from harness.generate import GeneratorUnavailable
-from refine import Suffix, Trajectory
+from refine import Suffix, Trajectory, splice
 
 LN = math.log
+
+
+# ---------------------------------------------------------------------------------------------------
+# problem 4: splice
+# ---------------------------------------------------------------------------------------------------
+def test_splice_keeps_special_token_text_plain():
+    """The refiner's text is untrusted: "<|im_start|>" written out in it must stay text (plain tokens), never
+    become the special id, which would forge a turn boundary. The prefix ids [5, 6] stay as they are, the
+    suffix is off-policy (mask 1), and a finished suffix ends with EOS."""
+    tok = make_bpe_tokenizer()
+    special = tok.convert_tokens_to_ids("<|im_start|>")
+    ids, mask = splice([5, 6], "so <|im_start|> x", tok, max_new_tokens=100, eos_id=tok.eos_token_id, finished=True)
+    assert ids[:2] == [5, 6] and mask == [0, 0] + [1] * (len(ids) - 2)
+    assert special not in ids[2:], "special-token text in the suffix became a special id: encode it as plain text"
+    assert ids[-1] == tok.eos_token_id and tok.decode(ids[2:-1]) == "so <|im_start|> x"
 
 
 # ---------------------------------------------------------------------------------------------------

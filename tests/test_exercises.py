@@ -453,7 +453,8 @@ def clipped_surrogate(logp, old_logp, advantages, mask, clip_eps):
         roots.add(r)
         r = os.path.dirname(r)
     for r in sorted(roots):                                    # 4. the reference's file, wherever it is
-        for path in glob.glob(os.path.join(r, "grpo.py")) + glob.glob(os.path.join(r, "*", "grpo.py")):
+        below = glob.glob(os.path.join(r, "*", "grpo.py")) if r in HINTS else []   # and one level down
+        for path in glob.glob(os.path.join(r, "grpo.py")) + below:
             try:
                 text = open(path, encoding="utf-8").read()
             except OSError:
@@ -465,18 +466,21 @@ def clipped_surrogate(logp, old_logp, advantages, mask, clip_eps):
                 return mod.clipped_surrogate(logp, old_logp, advantages, mask, clip_eps)
     raise RuntimeError("no reference found")
 '''
-# wrong solutions that scored full marks under the old grader and checks: (problem, text in grpo.py, replacement, own check)
+# wrong solutions that scored full marks under the old grader or its checks (the splice's only with Qwen's
+# tokenizer installed): (problem, file, text in the file, replacement, own check)
 WRONG = {
-    "forgotten_min": ("clipped_surrogate",
+    "special_ids_from_text": ("splice", "refine.py", 'split_special_tokens=True)["input_ids"]',
+                              'split_special_tokens=False)["input_ids"]', "test_splice_keeps_special_token_text_plain"),
+    "forgotten_min": ("clipped_surrogate", "grpo.py",
                       "    loss = torch.where(mask, -torch.min(surr, surr_clipped), torch.zeros_like(logp))",
                       "    loss = torch.where(mask, -surr_clipped, torch.zeros_like(logp))",
                       "test_clipped_surrogate_keeps_the_pessimistic_branch"),
-    "mask_after_exp": ("clipped_surrogate",
+    "mask_after_exp": ("clipped_surrogate", "grpo.py",
                        "    log_ratio = torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))  # (N, L)\n"
                        "    ratio = torch.exp(log_ratio)",
                        "    ratio = torch.where(mask, torch.exp(logp - old_logp.detach()), torch.ones_like(logp))",
                        "test_clipped_surrogate_junk_off_the_mask_stays_out"),
-    "std_of_a_group_of_one": ("group_advantages", "        if group_size > 1:", "        if True:",
+    "std_of_a_group_of_one": ("group_advantages", "grpo.py", "        if group_size > 1:", "        if True:",
                               "test_groups_of_one_with_scale_std_get_zero_not_nan"),
 }
 
@@ -538,27 +542,29 @@ def test_a_reference_lookup_at_run_time_scores_0_and_the_reference_still_100(hel
 @pytest.mark.parametrize("wrong", sorted(WRONG) + ["stack_walk"])
 def test_wrong_solutions_that_passed_lose_points_held_out_and_in_their_own_check(wrong, held_out, solved_copy,
                                                                                  tmp_path):
-    """Each wrong solution that used to score full marks scores 0 held out (with --verbose naming the function, the case and
-    the first differing value) and fails one of its own problem's checks in the student's copy."""
-    grpo_path = solved_copy / "grpo.py"
-    original = grpo_path.read_text()
+    """Each wrong solution that used to score full marks scores 0 held out (with --verbose naming the function,
+    the case and the first differing value) and fails one of its own problem's checks in the student's copy."""
     if wrong == "stack_walk":   # in the student's own copy there is no reference to find
+        edited = solved_copy / "grpo.py"
+        original = edited.read_text()
         problem, check, text = "clipped_surrogate", "test_clipped_surrogate_hand_computed", with_cheat(original, [])
         own = ["tests/test_grpo.py::" + check]
     else:
-        problem, old, new, check = WRONG[wrong]
+        problem, rel, old, new, check = WRONG[wrong]
+        edited = solved_copy / rel
+        original = edited.read_text()
         assert original.count(old) == 1, f"{wrong}: the reference changed; update WRONG"
         text = original.replace(old, new)
         own = [exercises.CHECKS + check]
     assert all(t in exercises.BY_NAME[problem].tests for t in own)
     try:
-        grpo_path.write_text(text)
+        edited.write_text(text)
         results = exercises.grade(str(solved_copy), str(held_out), verbose=True, only=[problem])
         junit = tmp_path / "junit.xml"
         run_pytest(solved_copy, own, junit)
         checked = outcomes(junit)
     finally:
-        grpo_path.write_text(original)
+        edited.write_text(original)
     r = results[problem]
     assert r["points"] == 0 and r["passed"] < r["cases"], r
     fn = exercises.BY_NAME[problem].functions[0].split(":")[1]

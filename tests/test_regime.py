@@ -257,3 +257,26 @@ def test_paired_p_by_hand():
 
     assert because.paired_p([1.0, 2.0, 3.0]) == pytest.approx(0.0742, abs=2e-4)
     assert because.paired_p([1.0]) is None and because.paired_p([0.0, 0.0]) == 1.0
+
+
+def test_because_report_marks_a_partial_study_and_pairs_the_interaction():
+    """Two seeds of the four weak-ladder rows, the new ones with 4 problems all at the same count (hand numbers:
+    K1 = (5/16 − 2/16) − (0.2 − 0.2) = 0.1875 on seed 0, (3/16 − 3/16) − (0.1 − 0.2) = 0.1 on seed 1 → mean
+    0.14375; every problem alike, so the bootstrap moves with the seed draw only: [0.1, 0.1875]). The report
+    names itself partial (8 of the 25 planned runs)."""
+    from tools import because
+
+    args = ex.parse_args(["--stage", "because"])
+    g = "regime-weak-ladder"
+    acc = {("keep-foreign", 0): 5 / 16, ("whole-foreign", 0): 2 / 16, (because.KEEP_I, 0): 0.2, (because.WHOLE_I, 0): 0.2,
+           ("keep-foreign", 1): 3 / 16, ("whole-foreign", 1): 3 / 16, (because.KEEP_I, 1): 0.1, (because.WHOLE_I, 1): 0.2}
+    runs = [{"group": g, "row": row, "seed": s, "steps": 100, "name": f"{row}-{s}", "wall_s": {"train": 60, "eval": 0},
+             "eval": {"acc_t1": a, "pass@16": 0.5, **({"per_problem_correct": [round(a * 16)] * 4}
+                                                      if row in because.WEAK_ROWS else {})}, "train": {}}
+            for (row, s), a in acc.items()]
+    new = [r for r in runs if r["row"] in because.WEAK_ROWS] * 2         # 8 "new" records
+    text, summary = because.report(new, [r for r in runs if r["row"] not in because.WEAK_ROWS], args, 0.0)
+    assert "PARTIAL: 8 of 25 runs" in text
+    k1 = summary["contrasts"]["K1 interaction (keep − whole | foreign) − (keep − whole | in-style)"]
+    assert k1["t"]["mean"] == pytest.approx(0.14375) and k1["seeds"] == [0, 1]
+    assert k1["bootstrap"]["lo"] == pytest.approx(0.1) and k1["bootstrap"]["hi"] == pytest.approx(0.1875)

@@ -373,9 +373,11 @@ def test_real_layout_prm_equals_vllm_native_step_pooling(tmp_path):
 
 def test_vllm_returns_the_sampled_tokens_logprobs_and_they_match_hf(engine, tok, hf_model):
     """The sampler's log-probs that grpo.truncated_is_weight divides by: vLLM (logprobs=0, processed_logprobs)
-    returns one per sampled id, and for the same float32 weights at temperature 1 they equal the trainer's
-    log-probs of those ids (grpo.token_logprobs on the HF model) to 1e-3. The engine also stops at the ChatML
-    turn end as well as at EOS, and returns nothing past a stop."""
+    returns one per sampled id, and for the same float32 weights at temperature 1 they equal the HF model's
+    log-probs of those ids over the tokenizer's ids to 1e-3 (the model has more embedding rows than the tokenizer
+    has ids, as Qwen2.5 does, and vLLM's logit_bias bans the surplus rows). The trainer's log-probs
+    (grpo.token_logprobs) normalise over every row, so they are never above those. The engine also stops at the
+    ChatML turn end as well as at EOS, and returns nothing past a stop."""
     from grpo import build_batch, token_logprobs
 
     end = tok.convert_tokens_to_ids("<|im_end|>")
@@ -388,7 +390,12 @@ def test_vllm_returns_the_sampled_tokens_logprobs_and_they_match_hf(engine, tok,
     batch = build_batch([p for p, _ in rows], [c.ids for _, c in rows], [None] * len(rows), torch.zeros(len(rows)),
                         tok.pad_token_id)
     logp, _ = token_logprobs(hf_model, batch["input_ids"], batch["attention_mask"], batch["response_mask"], 4)
+    assert hf_model.config.vocab_size > len(tok)
     for k, (p, c) in enumerate(rows):
-        trainer = logp[k, len(p):len(p) + len(c.ids)]
-        torch.testing.assert_close(torch.tensor(c.logprobs), trainer.float(), atol=1e-3, rtol=0)
+        trainer = logp[k, len(p):len(p) + len(c.ids)].float()
+        with torch.no_grad():   # the distribution the banned sampler draws from: softmax over the tokenizer's ids
+            logits = hf_model(torch.tensor([p + c.ids])).logits[0, len(p) - 1:len(p) - 1 + len(c.ids), :len(tok)]
+        sampled = logits.float().log_softmax(-1).gather(1, torch.tensor(c.ids)[:, None])[:, 0]
+        torch.testing.assert_close(torch.tensor(c.logprobs), sampled, atol=1e-3, rtol=0)
+        assert (trainer <= sampled + 1e-4).all()
     assert max(-x for _, c in rows for x in c.logprobs) > 0.05   # not a trivially certain (log-prob 0) sample

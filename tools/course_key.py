@@ -95,6 +95,12 @@ REDACTIONS = [
      "divides by the number of response tokens.",
      "(Dr. GRPO; LUFFY's `loss_remove_token_mean`); `token-mean` divides by the number of response tokens "
      "(how they differ: the handout's Q6)."),
+    # pointers to the teacher's tools, which the copy does not hold
+    ("grpo.py", "composed by `policy_loss`, which `update` calls per micro-batch; the\n"
+                "`# BEGIN SOLUTION` / `# END SOLUTION` comments mark what `tools/exercises.py` turns into student exercises.",
+     "composed by `policy_loss`, which `update` calls per micro-batch."),
+    ("tools/__init__.py", "study), `python -m tools.exercises` (the course assignment), `python -m tools.bench_step`",
+     "study), `python -m tools.bench_step`"),
     # toy-study results in the regime tool's docstring
     ("tools/regime.py", "whose G = 8 groups are 20 %, 52 % and 59 % all-fail at the start, as measured by choice 2",
      "whose all-fail share at the start is measured by choice 2"),

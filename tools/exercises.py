@@ -12,37 +12,45 @@ caches) and replaces each region of the chosen exercises by
 
     raise NotImplementedError("exercise N (name): <what to write>; <names the code after it reads>; check with: ...")
 
-keeping the signature, the docstring and any argument checks outside the region. Regions of exercises not
+keeping the signature, the docstring and any argument checks outside the region (`SCAFFOLDS`: a region whose
+stub sits inside given code, problem 12's torchrun and importance-weight lines). Regions of exercises not
 chosen keep their reference code (marker lines removed), so `--only` makes a smaller assignment. The copy
-gets HANDOUT.md (the problems in pipeline order, then written and experiment questions; the same text as
-docs/course.md) and a one-line submit.sh. It leaves out the teacher's files (this one, its contract test,
-tests/test_references.py, which holds the answer references the copy's tests were stored from), the toy
-study's results (results/, docs/results.md, the README's results section) and docs/course.md (HANDOUT.md is
-its student part).
+gets HANDOUT.md (setup, time, a policy placeholder, background, the problems in pipeline order, the written
+and experiment questions with points and deliverables; the same text as docs/course.md), WRITEUP.md (the
+write-up's template), figures/ and a one-line submit.sh. The teacher's key, tools/course_key.py, holds the
+rubric, the redactions applied to the copy (docstrings, docs rows and test helpers that answer a question or
+hold a stubbed solution) and the answer phrases the generator refuses to ship. The copy leaves out the
+teacher's files (this one, the key, its contract test, tests/test_references.py, which holds the answer
+references the copy's tests were stored from), the toy study's results (results/, docs/results.md, the
+README's results section) and docs/course.md (HANDOUT.md is its student part).
 
     python -m tools.exercises --list                         # the problems: points, tests, depends on
     python -m tools.exercises --out ../assignment            # every exercise (outside the repository)
     python -m tools.exercises --out ../hw1 --only first_error,group_advantages
     python -m tools.exercises --handout                      # print the handout (docs/course.md holds it)
+    python -m tools.exercises --rubric                       # teacher: the written questions' rubric
     python -m tools.exercises --fixtures held_out --seed 7   # teacher: inputs + reference outputs per problem
     python -m tools.exercises --grade ../assignment --fixtures held_out     # points per problem; exit 1 unless full
-    python -m tools.exercises --grade submission.tar.gz --fixtures held_out
+    python -m tools.exercises --grade submission.tar.gz --fixtures held_out --verbose
+    python -m tools.exercises --time-checks                  # each problem's own check, timed
 
 Held-out grading: `--fixtures` draws fresh inputs from the teacher's seed (and trains a byte-level BPE
 tokenizer on a corpus drawn from it) and stores them with the reference's outputs, one file per problem.
-`--grade` runs the submitted functions on those inputs in a subprocess and compares. A problem scores its
-points only when every case matches (float tolerance 1e-4 relative); while one problem is graded, the
-functions of every other problem are the reference's, so one wrong exercise costs exactly its own points.
-Every problem's cases have outputs that differ from one another and from zero, so an all-zero or constant
-answer scores 0 (the contract test checks this).
+`--grade` grades each problem in its own process (`grade_problem`): a folder holding the student's modules
+with every other problem's functions swapped for the reference's (`mixed_source`), the reference's harness/,
+this file and the inputs, never the expected outputs; with Landlock the process can read nothing else. It
+writes its answers to a file that the parent loads as plain data and compares; stdout is never read. A
+problem scores its points only when every case matches (float tolerance 1e-4 relative), so one wrong
+exercise costs exactly its own points. Every problem's cases have outputs that differ from one another and
+from zero, so an all-zero or constant answer scores 0 (the contract test checks this).
 
 `EXERCISES` below is the one table: each exercise's functions, paper concept, equation, the names the code
 around its region expects, points, the tests that grade it (pytest node ids; a parametrised test is named
-once), difficulty (1 easy … 4 challenge), the exercises its tests call, hints. `breaks` lists every other
-test that fails while the exercise is a stub, so on a generated copy exactly `expected_failures` fail, each
-with NotImplementedError, and all others pass (tests/test_exercises.py). When a new test calls an
-exercise's function, add its node id to that exercise's `tests` (or `breaks`, for a test of something else
-that merely runs through it).
+once), difficulty (1 easy … 4 challenge), hints, its slow end-to-end check. "Depends on" is computed from
+what its tests call (`reached_exercises`). `breaks` lists every other test that fails while the exercise is
+a stub, so on a generated copy exactly `expected_failures` fail, each with NotImplementedError, and all
+others pass (tests/test_exercises.py). When a new test calls an exercise's function, add its node id to that
+exercise's `tests` (or `breaks`, for a test of something else that merely runs through it).
 """
 import argparse
 import ast
@@ -179,7 +187,7 @@ EXERCISES = [
               "tests/test_steps.py::test_max_steps_merges_the_tail_into_the_last_step"), 2, 8,
              'cut after blank lines, merge short pieces; "".join(steps) == text',
              breaks=SPLIT_BREAKS + SCOPE_RUNS + FIRST_ERRORS + SCOPE_UNITS[:4],
-             hints=("`_blank_line_ends(text)` and `_cut_after(text, seps)` under the last banner of prm.py, do the cutting.",
+             hints=("`_blank_line_ends(text)` and `_cut_after(text, seps)` (under prm.py's last banner) do the cutting.",
                     "The separator stays at the end of the step before it, so no character is lost.")),
     Exercise("step_token_spans", ("prm.py:step_token_spans", "prm.py:_char_reach"),
              "steps → token ranges, so the kept prefix is the policy's own token ids (straddling tokens go later)",
@@ -208,7 +216,8 @@ EXERCISES = [
               "tests/test_prm.py::test_keep_ratio", "tests/test_prm.py::test_select_candidate"), 1, 6,
              "first step scored below tau, the cut point, kappa = cut / n_steps, the pick by (kappa, prefix mean, "
              "length, index)",
-             breaks=SCOPE_RUNS + FIRST_ERRORS + SCOPE_UNITS[:4] + ("tests/test_metrics.py::test_near_miss_with_prm_cut_point",),
+             breaks=SCOPE_RUNS + FIRST_ERRORS + SCOPE_UNITS[:4] + (
+                 "tests/test_metrics.py::test_near_miss_with_prm_cut_point",),
              hints=("A score of None means unscored (the PRM's input was too long): nothing after it is verified.",
                     "The rollout failed, so when every step passes the last step is presumed wrong.")),
     Exercise("splice", ("refine.py:splice",),
@@ -220,7 +229,8 @@ EXERCISES = [
               "tests/test_refine.py::test_splice_eos_and_truncation",
               "tests/test_refine.py::test_truncated_refiner_text_gets_no_eos_and_is_judged_truncated",
               "tests/test_qwen_tokenizer.py::test_refiner_splice_on_qwen_tokens",
-              "tests/test_qwen_tokenizer.py::test_refiner_suffix_ends_with_the_turn_end_of_a_base_model"), 2, 8,
+              "tests/test_qwen_tokenizer.py::test_refiner_suffix_ends_with_the_turn_end_of_a_base_model",
+              CHECKS + "test_splice_keeps_special_token_text_plain"), 2, 8,
              "encode the suffix once (special-token parsing off), EOS if finished and it fits, cut to the budget",
              breaks=("tests/test_refine.py::test_rectify_fake_refiner_accept_reject_and_merge",
                      "tests/test_refine.py::test_rectify_empty_prefix_is_whole_replacement",
@@ -228,7 +238,8 @@ EXERCISES = [
                      "tests/test_scope.py::test_each_mode_runs_two_toy_steps[scope-extra0]",   # not grpo,
                      "tests/test_scope.py::test_each_mode_runs_two_toy_steps[replace-extra2]",  # prm-reward
                      "tests/test_scope.py::test_resume_reproduces_the_next_step",
-                     "tests/test_scope.py::test_real_path_on_cpu_with_self_refinement") + SCOPE_RUNS[3:] + SCOPE_UNITS[2:4],
+                     "tests/test_scope.py::test_real_path_on_cpu_with_self_refinement")
+             + SCOPE_RUNS[3:] + SCOPE_UNITS[2:4],
              hints=("Never decode and re-encode the prefix: the ids are what the policy sampled.",
                     "The EOS token's text written out in the suffix ends it there; `split_special_tokens=True` "
                     "keeps other special-token text plain.")),
@@ -298,7 +309,8 @@ EXERCISES = [
              "Z, then compose the clipped surrogate, the shaped (or unit) term, KL and entropy, sum / Z",
              breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
              expects="after the region the code reads loss (scalar), ratio, clipped, shaped ((N, L) f(π) from "
-                     "shaped_offpolicy_loss; None under unit credit), kl (k3 per token, or None without ref_logp) and entropy (masked to the response, or "
+                     "shaped_offpolicy_loss; None under unit credit), kl (k3 per token, or None without ref_logp) "
+                     "and entropy (masked to the response, or "
                      "None)",
              hints=("`on`, `off` and `resp` (boolean (N, L)) are computed for you above the region.",
                     "`unit_offpolicy_loss` and `k3_kl` are given.")),
@@ -316,9 +328,11 @@ EXERCISES = [
                      "terms, is_weight and is_mask, does the backward pass and adds up loss_total and parts",
              given="the loop over micro-batches (`_micro_batch`: torchrun's zero-weight padding micro-batch), the "
                    "single gradient exchange (`_gradient_exchange`), the truncated importance weight against "
-                   "vLLM's sampler (`_sampler_weights`) and the backward pass. Optional extension: read harness/dist.py and "
+                   "vLLM's sampler (`_sampler_weights`) and the backward pass. Optional extension: read "
+                   "harness/dist.py and "
                    "explain why every rank must run the same number of micro-batches under FSDP",
-             hints=("`_forward_logprobs(model, ids, attention, response_mask, entropy_grad)` is given.",
+             hints=("`_forward_logprobs(model, ids, attention, response_mask, entropy_grad, keep, chunk_tokens)` is "
+                    "given; `keep = max(extents[j] for j in idx)` trims the micro-batch's trailing padding.",
                     "Without batch['old_logp'] use this forward's own log-probs, detached.",
                     "With kl_coef > 0 and no batch['ref_logp'], `_reference_logprobs(part, ref_model, kl_coef, "
                     "mb, chunk_tokens)` gives them.",
@@ -718,8 +732,10 @@ has checked nothing). The second runs the checks that teach: on a fresh copy eve
 # the check times are measured (`--time-checks` on the reference, 2 shared CPU cores; docs/course.md has the
 # table); the writing time is an estimate, not a measurement
 TIME_ESTIMATE = ("Plan on about 25 hours: about 15 for the code (1 to 2 hours per ★ of difficulty) and 10 for "
-                 "the write-up, of which about 25 CPU-minutes are toy runs. Each problem's own check runs in "
-                 "under 30 seconds once its code is written; problem 6's end-to-end check takes a few minutes.")
+                 "the write-up, of which about 25 CPU-minutes are toy runs (an estimate). Measured: each "
+                 "problem's own check took 17–69 s, pytest's start-up included, on 2 CPU cores shared with "
+                 "other jobs (about a third of that on an idle machine); problem 6's end-to-end check took 18 "
+                 "minutes there, so run it once, at the end.")
 
 
 def handout(names=None) -> str:
@@ -773,7 +789,7 @@ and experiment questions ({written} points) are answered in WRITEUP.md. **Total:
             part.append(f"**Depends on:** {', '.join(f'`{d}`' for d in e.depends)}.\n")
         part.append(f"**Check:** `{test_command(e)}` ({len(e.tests)} tests).\n")
         if e.slow:
-            part.append(f"**End-to-end check** (slow, a few minutes; run it once the check above passes and every "
+            part.append(f"**End-to-end check** (slow, minutes; run it once the check above passes and every "
                         f"problem it reaches is written): `python -m pytest {' '.join(e.slow)}` "
                         f"({len(e.slow)} runs of scope.py).\n")
         if e.hints:
