@@ -471,9 +471,11 @@ def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
     trajs = [Trajectory("q", "1", g, [1, 2, 3], [4 + g, 5, 6], "", reward=float(g % 2)) for g in range(4)]
     stats = scope.train_on(run, trajs, torch.tensor([0.5, -0.5, 0.5, -0.5]))
     assert stats["skipped"] == 0.0 and stats["grad_norm"] > 0
-    assert seen["forward"] == [True, True]                 # two micro-batches of 2, each forward under autocast
+    # --updates-per-batch 2 (the real default): the π_old pass (two micro-batches of 2 rows), then one optimizer
+    # step per mini-batch of 2 groups (one micro-batch each): every forward under autocast
+    assert seen["forward"] == [True] * 4
     assert seen["backward"] and not any(seen["backward"])  # backward outside the region
-    assert seen["step"] == [False]                         # AdamW.step outside it: the bf16 copies are gone
+    assert seen["step"] == [False, False]                  # AdamW.step outside it: the bf16 copies are gone
 
 
 @pytest.mark.slow

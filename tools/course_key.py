@@ -96,9 +96,9 @@ REDACTIONS = [
      "(Dr. GRPO; LUFFY's `loss_remove_token_mean`); `token-mean` divides by the number of response tokens "
      "(how they differ: the handout's Q6)."),
     # pointers to the teacher's tools, which the copy does not hold
-    ("grpo.py", "composed by `policy_loss`, which `update` calls per micro-batch; the\n"
-                "`# BEGIN SOLUTION` / `# END SOLUTION` comments mark what `tools/exercises.py` turns into student exercises.",
-     "composed by `policy_loss`, which `update` calls per micro-batch."),
+    ("grpo.py", "weights, metrics, micro-batches, mini-batches). The `# BEGIN SOLUTION` / `# END SOLUTION` comments mark what\n"
+                "`tools/exercises.py` turns into student exercises.",
+     "weights, metrics, micro-batches, mini-batches)."),
     ("tools/__init__.py", "study), `python -m tools.exercises` (the course assignment), `python -m tools.bench_step`",
      "study), `python -m tools.bench_step`"),
     # toy-study results in the regime tool's docstring
