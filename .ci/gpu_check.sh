@@ -67,11 +67,11 @@ if where == "cuda":
                   f"({peak['planned_gib'] / peak['peak_gib'] - 1:+.1%}; {peak['shape']})" if peak
                   else "update peak: not measured")
     timed = parts.get("update_time")
-    fields.append(f"full-size update {timed['seconds']} s for {timed['tokens']} tokens ({timed['rows']} rows), "
+    fields.append(f"full-size update {timed['seconds']:.2f} s for {timed['tokens']} tokens ({timed['rows']} rows), "
                   f"MFU {timed['mfu'] if timed['mfu'] is not None else 'n/a (unknown device peak)'}" if timed
                   else "full-size update: not timed")
     scored = parts.get("prm")
-    fields.append(f"7B-shaped PRM scoring {scored['failures']} x {scored['tokens']} tokens: {scored['seconds']} s, "
+    fields.append(f"7B-shaped PRM scoring {scored['failures']} x {scored['tokens']} tokens: {scored['seconds']:.2f} s, "
                   f"peak {scored['peak_gib']:.1f} GiB" if scored else "PRM: not timed")
     if "vllm" in parts:
         fields.append("vLLM greedy follows the weight push: yes")

@@ -370,7 +370,7 @@ def update_time(shape: dict, device: str, rows: int, prompt: int, max_new: int, 
     params = sum(p.numel() for p in model.parameters())
     name = torch.cuda.get_device_name() if device == "cuda" else "cpu"
     peak = next((v for k, v in PEAK_BF16.items() if k in name), None)
-    return dict(part="update_time", seconds=round(seconds[-1], 2), tokens=tokens, rows=rows,
+    return dict(part="update_time", seconds=round(seconds[-1], 4), tokens=tokens, rows=rows,
                 mfu=round(6 * params * tokens / seconds[-1] / peak, 3) if peak else None, device=name)
 
 
@@ -407,7 +407,7 @@ def prm_time(shape: dict, device: str, failures: int, tokens: int, steps: int = 
     seconds = time.perf_counter() - t0
     assert len(scores) == failures and all(len(s) == steps and all(0 <= x <= 1 for x in s) for s in scores)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
-    return dict(part="prm", seconds=round(seconds, 2), failures=failures, tokens=tokens,
+    return dict(part="prm", seconds=round(seconds, 4), failures=failures, tokens=tokens,
                 peak_gib=peak / 2**30 if peak else None)
 
 

@@ -74,6 +74,26 @@ def peak_of(tracker) -> dict:
     return {("total" if str(k) == "Total" else k.value.lower()): int(v) for k, v in snap.items()}
 
 
+def warm_adamw(params: list, fused: bool) -> torch.optim.AdamW:
+    """AdamW whose state already exists (it is allocated at the first step): one step on zero gradients."""
+    opt = torch.optim.AdamW(params, lr=1e-6, fused=fused)
+    for p in params:
+        p.grad = torch.zeros_like(p)
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    return opt
+
+
+def fake_batch(cfg: dict, rows: int, tokens: int) -> tuple:
+    """One micro-batch of `rows` × `tokens` (a prompt of min(256, tokens/4), the rest response) and advantages."""
+    prompt = min(256, tokens // 4)
+    ids = torch.randint(0, cfg["vocab_size"], (rows, tokens))
+    attn = torch.ones(rows, tokens, dtype=torch.long)
+    resp = torch.zeros(rows, tokens, dtype=torch.long)
+    resp[:, prompt:] = 1
+    return ids, attn, resp, torch.randn(rows)
+
+
 def trace_update(cfg: dict, rows: int, tokens: int, *, checkpointing: bool, chunk_tokens: int = 512,
                  entropy_coef: float = 0.0, fused: bool = False) -> dict:
     """Peak bytes by category of two micro-batches of `rows` × `tokens` (prompt + response) through grpo's
@@ -89,17 +109,7 @@ def trace_update(cfg: dict, rows: int, tokens: int, *, checkpointing: bool, chun
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         params = [p for p in model.parameters()]
-        opt = torch.optim.AdamW(params, lr=1e-6, fused=fused)
-        for p in params:   # AdamW's state exists from the second step on: make it exist before tracing
-            p.grad = torch.zeros_like(p)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        prompt = min(256, tokens // 4)
-        ids = torch.randint(0, cfg["vocab_size"], (rows, tokens))
-        attn = torch.ones(rows, tokens, dtype=torch.long)
-        resp = torch.zeros(rows, tokens, dtype=torch.long)
-        resp[:, prompt:] = 1
-        adv = torch.randn(rows)
+        opt, (ids, attn, resp, adv) = warm_adamw(params, fused), fake_batch(cfg, rows, tokens)
         tracker = MemTracker()
         tracker.track_external(model, opt)
         with tracker:
@@ -145,17 +155,7 @@ def trace_fsdp_update(cfg: dict, world: int, rows: int, tokens: int, *, checkpoi
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         dist.shard(model, mesh=mesh, mp_policy=dist.mixed_precision(True))
-        opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=fused)
-        for p in model.parameters():   # AdamW's state exists from the second step on
-            p.grad = torch.zeros_like(p)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        prompt = min(256, tokens // 4)
-        ids = torch.randint(0, cfg["vocab_size"], (rows, tokens))
-        attn = torch.ones(rows, tokens, dtype=torch.long)
-        resp = torch.zeros(rows, tokens, dtype=torch.long)
-        resp[:, prompt:] = 1
-        adv = torch.randn(rows)
+        opt, (ids, attn, resp, adv) = warm_adamw(list(model.parameters()), fused), fake_batch(cfg, rows, tokens)
         tracker = FSDPMemTracker(model, opt)
         tracker.track_inputs((ids, attn, resp))
         with tracker:
