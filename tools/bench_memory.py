@@ -41,8 +41,8 @@ GIB = 2 ** 30
 
 
 def fake_model(cfg: dict, dtype=torch.float32, prm: bool = False):
-    """A Qwen2 causal LM, or with `prm` harness/prm_checkpoint.py's Qwen2ProcessRewardModel (the decoder without LM head and a
-    float32 hidden→hidden→2 head), built from `cfg` (on fake tensors inside FakeTensorMode)."""
+    """A Qwen2 causal LM, or with `prm` harness/prm_checkpoint.py's Qwen2ProcessRewardModel (the decoder without LM
+    head and a float32 hidden→hidden→2 head), built from `cfg` (on fake tensors inside FakeTensorMode)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
