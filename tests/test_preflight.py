@@ -497,3 +497,20 @@ def test_fsdp_plan_within_ten_percent_of_an_fsdp_mem_tracker_trace():
     traced, planned = (float(x) for x in proc.stdout.split("FIGURES")[1].split())
     assert traced > 8 * 2**30                                  # the shards and the gathered root are there
     assert abs(planned / traced - 1) <= 0.10, (traced / 2**30, planned / 2**30)
+
+
+def test_a_run_from_before_updates_per_batch_resumes_with_one_step_per_batch(tmp_path):
+    """Regression: a config.json written before --updates-per-batch existed has no such key; those runs made one
+    optimizer step per rollout batch, so their resume must too (not the real run's new default of 2)."""
+    from dataclasses import asdict
+
+    import scope
+
+    config = asdict(scope.Args())
+    config.pop("updates_per_batch")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert scope.Args().updates_per_batch == 2
+    assert scope.parse_args(["--resume", str(tmp_path)]).updates_per_batch == 1
+    config["updates_per_batch"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert scope.parse_args(["--resume", str(tmp_path)]).updates_per_batch == 3
