@@ -400,8 +400,11 @@ def _worker_group() -> None:
     os.setpgrp()
 
     def end_group(*_):
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        # ignore, not default: the pool sends a second SIGTERM when it sees a worker die, and under the default
+        # action it could end this worker between these two lines, before its run got the signal
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         os.killpg(os.getpgrp(), signal.SIGTERM)
+        os._exit(128 + signal.SIGTERM)
 
     signal.signal(signal.SIGTERM, end_group)   # Ctrl-C at a terminal reaches the study's process (the
     # foreground group) only; it then ends every worker's group through this handler
