@@ -132,6 +132,7 @@ UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch"
                 "tests/test_grpo.py::test_update_without_old_logp_gives_the_separate_pass_gradient",
                 "tests/test_grpo.py::test_update_non_finite_guard",
                 "tests/test_grpo.py::test_update_weights_policy_tokens_by_the_truncated_ratio",
+                "tests/test_grpo.py::test_update_at_the_rollout_temperature_matches_a_tempered_sampler",
                 "tests/test_grpo.py::test_fused_adamw_equals_unfused",
                 "tests/test_grpo.py::test_update_gradient_with_memory_savers_equals_one_plain_pass",
                 "tests/test_grpo.py::test_the_clip_binds_on_the_second_mini_batch_by_hand",
@@ -295,6 +296,7 @@ EXERCISES = [
              "log_softmax, gather, -sum p log p (the entropy keeps a graph only with entropy_grad)",
              breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (
                  "tests/test_grpo.py::test_chunked_logprobs_equal_the_whole_log_softmax",
+                 "tests/test_grpo.py::test_logprobs_at_the_rollout_temperature_by_hand",
                  "tests/test_preflight.py::test_memory_plan_within_ten_percent_of_a_trace"),
              hints=("`torch.gather` along the vocabulary picks the targets' log-probs.",)),
     Exercise("clipped_surrogate", ("grpo.py:clipped_surrogate",),
@@ -342,11 +344,12 @@ EXERCISES = [
                    "vLLM's sampler (`_sampler_weights`) and the backward pass. Optional extension: read "
                    "harness/dist.py and "
                    "explain why every rank must run the same number of micro-batches under FSDP",
-             hints=("`_forward_logprobs(model, ids, attention, response_mask, entropy_grad, keep, chunk_tokens)` is "
-                    "given; `keep = max(extents[j] for j in idx)` trims the micro-batch's trailing padding.",
+             hints=("`_forward_logprobs(model, ids, attention, response_mask, entropy_grad, keep, chunk_tokens, "
+                    "temperature)` is given (log-probs at the rollouts' temperature); `keep = max(extents[j] for j "
+                    "in idx)` trims the micro-batch's trailing padding.",
                     "Without batch['old_logp'] use this forward's own log-probs, detached.",
                     "With kl_coef > 0 and no batch['ref_logp'], `_reference_logprobs(part, ref_model, kl_coef, "
-                    "mb, chunk_tokens)` gives them.",
+                    "mb, chunk_tokens, temperature)` gives them.",
                     "Each micro-batch's loss is divided by the WHOLE batch's z (computed above the loop), so the "
                     "accumulated gradient is the full batch's.")),
 ]
