@@ -17,7 +17,9 @@ weights, metrics, micro-batches, mini-batches). The `# BEGIN SOLUTION` / `# END 
 
 Conventions. Every per-token tensor is (N, L) over the whole right-padded prompt + response sequence.
 `logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t])`; position 0 (nothing predicts it) and every
-position outside the response are 0. `response_mask` is 1 on response tokens, `offpolicy_mask` is 1 on
+position outside the response are 0. π is the distribution the rollouts were sampled from: softmax(logits / T)
+at the rollout temperature T (`temperature`, 1 by default), as TRL computes it, so that vLLM's processed
+log-probs and the trainer's agree at any T. `response_mask` is 1 on response tokens, `offpolicy_mask` is 1 on
 the refiner's tokens (a subset of the response).
 
 Equations (token t of sequence i, A_i its advantage, π = exp(logp), ε = clip_eps, γ = shaping_gamma):
@@ -232,7 +234,7 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
 def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_norm=1.0, clip_eps=0.2,
            shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
            ref_model=None, offpolicy_credit="shaped", tis_cap=0.0, dist=None, chunk_tokens: int = 512,
-           amp=contextlib.nullcontext) -> dict:
+           amp=contextlib.nullcontext, temperature: float = 1.0) -> dict:
     """One optimizer step on `batch`: `policy_loss` micro-batch by micro-batch, gradients accumulated.
 
     batch: input_ids, attention_mask, response_mask, offpolicy_mask (N, L), advantages (N,), optionally
@@ -248,7 +250,8 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
     no ref_logp (`_reference_logprobs`); the truncated importance weight against vLLM's log-probs with
     tis_cap > 0 (`_sampler_weights`); length-sorted micro-batches and, under torchrun, a zero-weight padding
     micro-batch (`_micro_batch`) and one gradient exchange (`_gradient_exchange`); `chunk_tokens` bounds the
-    float32 log-softmax (`chunked_logprobs_and_entropy`). `amp` (e.g. bf16 autocast) is entered around each
+    float32 log-softmax (`chunked_logprobs_and_entropy`); log-probs are of softmax(logits / `temperature`), the
+    rollouts' distribution. `amp` (e.g. bf16 autocast) is entered around each
     micro-batch's forward and loss only, so autocast's bf16 weight copies are freed after every forward
     (docs/memory.md). Under torchrun (`dist`, harness/dist.py) `batch` is this rank's rows; Z, the loss and the
     metrics are the global batch's (Z summed over the ranks ÷ the world size, as DDP and FSDP2 average the
@@ -275,11 +278,13 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
             with amp():  # around the forward and the loss only
                 logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"],
                                                   part["response_mask"], entropy_grad=entropy_coef != 0,
-                                                  keep=keep, chunk_tokens=chunk_tokens)  # (n, L) each
+                                                  keep=keep, chunk_tokens=chunk_tokens,
+                                                  temperature=temperature)  # (n, L) each
                 old_logp = part.get("old_logp")
                 if old_logp is None:
                     old_logp = logp.detach()  # one optimizer step per rollout batch: ρ = 1 exactly
-                ref_logp = _reference_logprobs(part, ref_model, kl_coef, mb, chunk_tokens)  # None without KL
+                ref_logp = _reference_logprobs(part, ref_model, kl_coef, mb, chunk_tokens,
+                                               temperature)  # None without KL
                 is_weight, is_mask = _sampler_weights(part, old_logp, tis_cap)  # None without vLLM log-probs
                 loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"],
                                           part["offpolicy_mask"], clip_eps=clip_eps, shaping_gamma=shaping_gamma,
@@ -309,7 +314,7 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
 
 def update_epoch(model, optimizer, batch: dict, groups: list[int], *, updates_per_batch: int = 1,
                  micro_batch_size: int, chunk_tokens: int = 512, amp=contextlib.nullcontext, dist=None,
-                 **update_kwargs) -> dict:
+                 temperature: float = 1.0, **update_kwargs) -> dict:
     """One pass over a rollout batch: `updates_per_batch` optimizer steps (`update`), one per mini-batch of
     whole groups, in order (LUFFY: 128 prompts in mini-batches of 64, two steps per rollout batch).
 
@@ -325,17 +330,17 @@ def update_epoch(model, optimizer, batch: dict, groups: list[int], *, updates_pe
     """
     if updates_per_batch > 1 and batch.get("old_logp") is None:
         old = old_logprobs(model, batch, micro_batch_size=micro_batch_size, chunk_tokens=chunk_tokens, amp=amp,
-                           dist=dist)  # (N, L) π_old, before the first step
+                           dist=dist, temperature=temperature)  # (N, L) π_old, before the first step
         batch = {**batch, "old_logp": old}
     steps = [update(model, optimizer, mini, micro_batch_size=micro_batch_size, chunk_tokens=chunk_tokens, amp=amp,
-                    dist=dist, **update_kwargs)
+                    dist=dist, temperature=temperature, **update_kwargs)
              for mini in group_mini_batches(batch, groups, updates_per_batch)]
     return _mean_metrics(steps)
 
 
 @torch.no_grad()
 def old_logprobs(model, batch: dict, *, micro_batch_size: int, chunk_tokens: int = 512,
-                 amp=contextlib.nullcontext, dist=None) -> Tensor:
+                 amp=contextlib.nullcontext, dist=None, temperature: float = 1.0) -> Tensor:
     """π_old of several optimizer steps on one rollout batch: log π(token) of every row (N, L), 0 off the
     response, in the micro-batches and under the `amp` context the update uses, so that the first step's ρ is 1
     up to float noise. Under torchrun every rank runs as many forwards as the busiest one (FSDP2 all-gathers in
@@ -349,7 +354,8 @@ def old_logprobs(model, batch: dict, *, micro_batch_size: int, chunk_tokens: int
         part, keep, padding = _micro_batch(batch, micro_batches, i, extents, device)
         with amp():
             logp, _ = _forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
-                                        entropy_grad=False, keep=keep, chunk_tokens=chunk_tokens)  # (n, L)
+                                        entropy_grad=False, keep=keep, chunk_tokens=chunk_tokens,
+                                        temperature=temperature)  # (n, L)
         if old is None:
             old = torch.zeros(batch["input_ids"].shape, dtype=logp.dtype, device=batch["input_ids"].device)
         if not padding:
@@ -449,35 +455,44 @@ def logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: bool = F
 
 
 def chunked_logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: bool = False,
-                                 chunk_tokens: int = 512) -> tuple[Tensor, Tensor]:
-    """`logprobs_and_entropy` over (n, T, V) logits, about `chunk_tokens` positions (n × positions) at a time:
-    the same (n, T) log-probs and entropies, without a float32 (n, T, V) tensor. With gradients on, each
-    chunk runs under non-reentrant activation checkpointing: only the model's logits are kept for the
-    backward pass, and the chunk's float32 log-softmax is recomputed there. chunk_tokens <= 0: one chunk."""
+                                 chunk_tokens: int = 512, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """`logprobs_and_entropy` of softmax(logits / temperature) over (n, T, V) logits, about `chunk_tokens`
+    positions (n × positions) at a time: the same (n, T) log-probs and entropies, without a float32 (n, T, V)
+    tensor. With gradients on, each chunk runs under non-reentrant activation checkpointing: only the model's
+    logits are kept for the backward pass, and the chunk's float32 log-softmax is recomputed there.
+    chunk_tokens <= 0: one chunk."""
     n, T = targets.shape
     if chunk_tokens <= 0:  # one chunk, no recomputation (small vocabularies: the toy world)
-        return logprobs_and_entropy(logits, targets, entropy_grad)
+        return _tempered_logprobs_and_entropy(logits, targets, entropy_grad, temperature)
     step = max(1, int(chunk_tokens) // max(1, n))  # positions per chunk
     track = torch.is_grad_enabled() and logits.requires_grad
     taken, entropy = [], []
     for s in range(0, T, step):
         lg, tg = logits[:, s:s + step], targets[:, s:s + step]  # (n, t, V), (n, t)
         if track:
-            t, e = checkpoint(logprobs_and_entropy, lg, tg, entropy_grad, use_reentrant=False)
+            t, e = checkpoint(_tempered_logprobs_and_entropy, lg, tg, entropy_grad, temperature, use_reentrant=False)
         else:
-            t, e = logprobs_and_entropy(lg, tg, entropy_grad)
+            t, e = _tempered_logprobs_and_entropy(lg, tg, entropy_grad, temperature)
         taken.append(t)
         entropy.append(e)
     return torch.cat(taken, dim=1), torch.cat(entropy, dim=1)  # (n, T), (n, T)
 
 
+def _tempered_logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: bool, temperature: float):
+    """`logprobs_and_entropy` of softmax(logits / temperature): the distribution vLLM and HF generate sample
+    from at that temperature (bf16 logits are upcast before the division)."""
+    if temperature != 1.0:
+        logits = (logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits) / temperature
+    return logprobs_and_entropy(logits, targets, entropy_grad)
+
+
 @torch.no_grad()
 def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor,
-                   micro_batch_size: int, chunk_tokens: int = 512) -> tuple[Tensor, Tensor]:
+                   micro_batch_size: int, chunk_tokens: int = 512, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
     """Per-token log-prob of the taken token and per-token entropy, both (N, L), 0 off the response.
 
-    logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t]); entropy[:, t] is the entropy of that same
-    distribution. Runs without gradients (old log-probs when several optimizer steps share one rollout
+    logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t]) with π = softmax(logits / temperature); entropy[:, t]
+    is the entropy of that same distribution. Runs without gradients (old log-probs when several optimizer steps share one rollout
     batch, reference log-probs); `update` computes its own with gradients. Computed `micro_batch_size`
     rows at a time; returned on input_ids' device, float32 (float64 for a float64 model).
     """
@@ -488,15 +503,15 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_ma
         sl = slice(s, s + max(1, micro_batch_size))
         logp, ent = _forward_logprobs(model, input_ids[sl].to(device), attention_mask[sl].to(device),
                                       response_mask[sl].to(device), entropy_grad=False,
-                                      keep=max(extents[sl]), chunk_tokens=chunk_tokens)
+                                      keep=max(extents[sl]), chunk_tokens=chunk_tokens, temperature=temperature)
         logps.append(logp.to(input_ids.device))
         ents.append(ent.to(input_ids.device))
     return torch.cat(logps), torch.cat(ents)  # (N, L), (N, L)
 
 
 def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_grad: bool, keep: int,
-                      chunk_tokens: int = 512):
-    """One forward pass over one micro-batch: (logp, entropy), both (n, L), float32 (float64 for a float64
+                      chunk_tokens: int = 512, temperature: float = 1.0):
+    """One forward pass over one micro-batch: (logp, entropy) of softmax(logits / temperature), both (n, L), float32 (float64 for a float64
     model), 0 off the response.
 
     Only the first `keep` columns (up to the last attended position of these rows) go through the model
@@ -505,8 +520,8 @@ def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_g
     n, length = input_ids.shape
     ids, attn = input_ids[:, :keep], attention_mask[:, :keep]  # (n, K)
     logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (n, K, V)
-    taken, ent = chunked_logprobs_and_entropy(logits[:, :-1], ids[:, 1:], entropy_grad,
-                                              chunk_tokens)  # (n, K-1) predicts 1..K-1
+    taken, ent = chunked_logprobs_and_entropy(logits[:, :-1], ids[:, 1:], entropy_grad, chunk_tokens,
+                                              temperature)  # (n, K-1) predicts 1..K-1
     del logits
     resp = response_mask[:, :keep].to(taken.dtype)  # (n, K)
     pad = (1, length - keep)  # position 0 and the trimmed tail are 0
@@ -620,12 +635,13 @@ def _gradient_exchange(model, dist, last: bool):
     return contextlib.nullcontext() if dist is None or last else dist.no_sync(model)
 
 
-def _reference_logprobs(part: dict, ref_model, kl_coef: float, micro_batch_size: int, chunk_tokens: int):
+def _reference_logprobs(part: dict, ref_model, kl_coef: float, micro_batch_size: int, chunk_tokens: int,
+                        temperature: float = 1.0):
     """ref_logp (n, L) for the KL term: the batch's own, else computed from `ref_model`; None without KL."""
     if part.get("ref_logp") is not None or kl_coef <= 0:
         return part.get("ref_logp")
     ref_logp, _ = token_logprobs(ref_model, part["input_ids"], part["attention_mask"], part["response_mask"],
-                                 micro_batch_size=micro_batch_size, chunk_tokens=chunk_tokens)
+                                 micro_batch_size=micro_batch_size, chunk_tokens=chunk_tokens, temperature=temperature)
     return ref_logp
 
 

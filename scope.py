@@ -297,6 +297,7 @@ def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
                          clip_eps=a.clip_eps, shaping_gamma=a.shaping_gamma, loss_agg=a.loss_agg,
                          offpolicy_credit=a.offpolicy_credit, max_new_tokens=a.max_new_tokens, kl_coef=a.kl_coef,
                          entropy_coef=a.entropy_coef, ref_model=run.ref_model, tis_cap=a.tis_cap,
+                         temperature=a.temperature,   # log-probs of the distribution the rollouts came from
                          dist=run.dist if run.dist.world > 1 else None)
     run.policy.eval()
     return stats

@@ -613,11 +613,12 @@ def test_mixed_source_swaps_only_the_other_problems_functions():
 UPDATE_FILL = '''\
 with amp():
     logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
-                                      entropy_grad=entropy_coef != 0, keep=keep, chunk_tokens=chunk_tokens)
+                                      entropy_grad=entropy_coef != 0, keep=keep, chunk_tokens=chunk_tokens,
+                                      temperature=temperature)
     old_logp = part.get("old_logp")
     if old_logp is None:
         old_logp = logp.detach()
-    ref_logp = _reference_logprobs(part, ref_model, kl_coef, mb, chunk_tokens)
+    ref_logp = _reference_logprobs(part, ref_model, kl_coef, mb, chunk_tokens, temperature)
     is_weight, is_mask = _sampler_weights(part, old_logp, tis_cap)
     loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"], part["offpolicy_mask"],
                               clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=z, ref_logp=ref_logp,

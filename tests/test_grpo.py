@@ -590,6 +590,54 @@ def test_chunked_logprobs_equal_the_whole_log_softmax(entropy_grad):
     assert grads[0][2].abs().sum() > 0.1
 
 
+def test_logprobs_at_the_rollout_temperature_by_hand():
+    """softmax(z / T) by hand: z = (0, ln 3) at T = 0.5 is softmax(0, ln 9) = (0.1, 0.9); chunked or whole, the
+    log-prob of token 1 is ln 0.9 and the entropy −(0.1 ln 0.1 + 0.9 ln 0.9), with the gradient of that tempered
+    log-softmax (d ln p_1 / d z = (e_1 − p) / T)."""
+    z = torch.tensor([[[0.0, LN(3)]] * 3], dtype=torch.float64, requires_grad=True)  # (1, 3, 2)
+    targets = torch.ones(1, 3, dtype=torch.long)
+    for chunk in (1, 0):
+        taken, ent = chunked_logprobs_and_entropy(z, targets, chunk_tokens=chunk, temperature=0.5)
+        assert_close(taken, torch.full((1, 3), LN(0.9), dtype=torch.float64), rtol=1e-12, atol=1e-12)
+        assert_close(ent, torch.full((1, 3), -(0.1 * LN(0.1) + 0.9 * LN(0.9)), dtype=torch.float64))
+        grad, = torch.autograd.grad(taken.sum(), z)
+        assert_close(grad, torch.tensor([[[-0.1 / 0.5, 0.1 / 0.5]] * 3], dtype=torch.float64))
+    plain, _ = chunked_logprobs_and_entropy(z, targets, chunk_tokens=0)   # T = 1: (0.25, 0.75)
+    assert_close(plain.detach(), torch.full((1, 3), LN(0.75), dtype=torch.float64))
+
+
+def test_update_at_the_rollout_temperature_matches_a_tempered_sampler():
+    """Rollouts drawn at T = 0.7 carry the sampler's log-probs of softmax(logits / 0.7) (what vLLM returns as
+    processed log-probs): the update at temperature 0.7 sees the sampler and the trainer agree (weight 1, the loss
+    of no correction), the update at T = 1 would weight every token by a wrong ratio; with two steps per batch the
+    π_old pass is tempered too (ρ = 1 at lr 0, so its loss is the mean of the two halves' one-step losses)."""
+    from grpo import update_epoch
+    tok = make_char_tokenizer()
+    model = make_tiny_causal_lm(tok).double()
+    batch, prompts, responses = tiny_batch(tok, n=4)
+    batch = build_batch(prompts, responses, [None] * 4, torch.tensor([1.0, 0.5, -0.25, 1.0]), tok.pad_token_id)
+    cold, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"], 4,
+                             temperature=0.7)
+    warm, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"], 4)
+    assert (cold - warm).abs().max() > 0.05   # the temperature changes the log-probs
+    sampler = [cold[i, len(p):len(p) + len(r)].tolist() for i, (p, r) in enumerate(zip(prompts, responses))]
+    with_logp = build_batch(prompts, responses, [None] * 4, batch["advantages"], tok.pad_token_id, sampler_logp=sampler)
+    kw = dict(micro_batch_size=3, loss_agg="token-mean")
+    sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.0)
+    plain = update(copy.deepcopy(model), sgd(model), batch, temperature=0.7, **kw)
+    tempered = update(copy.deepcopy(model), sgd(model), with_logp, tis_cap=2.0, temperature=0.7, **kw)
+    assert_close(tempered["tis_weight_mean"], 1.0, rtol=1e-6, atol=1e-6)
+    assert_close(tempered["loss"], plain["loss"], rtol=1e-6, atol=1e-9)
+    untempered = update(copy.deepcopy(model), sgd(model), with_logp, tis_cap=2.0, **kw)   # scored at T = 1
+    plain_1 = update(copy.deepcopy(model), sgd(model), batch, **kw)
+    assert abs(untempered["loss"] - plain_1["loss"]) > 1e-3 * abs(plain_1["loss"])   # weights w = π_1/π_0.7 ≠ 1
+    m = copy.deepcopy(model)
+    epoch = update_epoch(m, sgd(m), batch, [0, 0, 1, 1], updates_per_batch=2, temperature=0.7, **kw)
+    halves = [update(copy.deepcopy(model), sgd(model), {k: v[rows] for k, v in batch.items()}, temperature=0.7, **kw)
+              for rows in ([0, 1], [2, 3])]
+    assert_close(epoch["loss"], sum(h["loss"] for h in halves) / 2, rtol=1e-6, atol=1e-9)
+
+
 def test_length_sorted_micro_batches_hand_computed():
     lengths = [3, 7, 5, 7, 2]
     groups = length_sorted_micro_batches(lengths, 2)
