@@ -609,6 +609,26 @@ def test_mixed_source_swaps_only_the_other_problems_functions():
         exercises.mixed_source("def (:\n", ref, {"a"}, "m.py")
 
 
+def test_loading_a_copy_leaves_no_module_bound_to_it(tmp_path):
+    """exercises.load_modules (the held-out fixtures' reference set) in a process that has not imported harness/
+    yet: afterwards `import refine` and harness.wiring are the main tree's and bound to each other, so a test
+    that runs later in the same process (and patches refine.Refiner) trains the main tree's code."""
+    import shutil
+    import subprocess
+    for name in exercises.SUBMITTED + ("eval.py",):
+        shutil.copy(os.path.join(ROOT, name), tmp_path / name)
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from tools import exercises\n"
+            "copy = exercises.load_modules(sys.argv[2])\n"
+            "import refine, scope\nfrom harness import toy, wiring\n"
+            "assert copy.refine is not refine and copy.refine.__file__.startswith(sys.argv[2]), copy.refine.__file__\n"
+            "assert refine.__file__.startswith(sys.argv[1]) and not refine.__file__.startswith(sys.argv[2])\n"
+            "assert wiring.Refiner is refine.Refiner and toy.Suffix is refine.Suffix and scope.wiring is wiring\n")
+    proc = subprocess.run([sys.executable, "-c", code, ROOT, str(tmp_path)], capture_output=True, text=True,
+                          timeout=300, cwd=str(tmp_path))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+
+
 # what a student writes into problem 12's scaffold: the reference's own lines
 UPDATE_FILL = '''\
 with amp():

@@ -1374,10 +1374,18 @@ def constant_like(want, value=0):
     return want
 
 
+def _loaded_with_the_method(name: str) -> bool:
+    """The modules `load_modules` imports afresh: the five method files and harness/, whose wiring.py and
+    toy.py import names from them at import time (a harness shared between two sets would stay bound to
+    whichever set imported it first)."""
+    return name in MODULES or name == "harness" or name.startswith("harness.")
+
+
 def load_modules(root: str):
-    """grpo, prm, refine, scope and eval imported from `root` as a fresh set (harness/ is shared), and the
-    previously imported ones put back afterwards."""
-    saved = {n: sys.modules.pop(n) for n in MODULES if n in sys.modules}
+    """grpo, prm, refine, scope and eval imported from `root` as a fresh set, with a harness/ of their own
+    (the reference's code, bound to these files), and the previously imported modules put back afterwards, so
+    nothing imported later in this process sees the set."""
+    saved = {n: sys.modules.pop(n) for n in list(sys.modules) if _loaded_with_the_method(n)}
     sys.path.insert(0, os.path.abspath(root))
     try:
         mods = {n: importlib.import_module(n) for n in MODULES}
@@ -1387,8 +1395,8 @@ def load_modules(root: str):
         return types.SimpleNamespace(**mods)
     finally:
         sys.path.remove(os.path.abspath(root))
-        for n in MODULES:
-            sys.modules.pop(n, None)
+        for n in [n for n in sys.modules if _loaded_with_the_method(n)]:
+            sys.modules.pop(n)
         sys.modules.update(saved)
 
 
