@@ -480,9 +480,12 @@ def chunked_logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: 
 
 def _tempered_logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: bool, temperature: float):
     """`logprobs_and_entropy` of softmax(logits / temperature): the distribution vLLM and HF generate sample
-    from at that temperature (bf16 logits are upcast before the division)."""
-    if temperature != 1.0:
-        logits = (logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits) / temperature
+    from at that temperature. Low-precision logits are upcast first and divided in place, so the chunk holds one
+    float32 copy, as at temperature 1."""
+    if temperature != 1.0 and logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float().div_(temperature)
+    elif temperature != 1.0:
+        logits = logits / temperature
     return logprobs_and_entropy(logits, targets, entropy_grad)
 
 
