@@ -281,7 +281,7 @@ def train_on(run, trajs: list[Trajectory], advantages: torch.Tensor) -> dict:
     them)."""
     a = run.args
     batch = build_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                        [t.offpolicy_mask for t in trajs], advantages, wiring.pad_token_id(run.tokenizer),
+                        [t.offpolicy_mask for t in trajs], advantages, wiring.pad_or_eos(run.tokenizer),
                         sampler_logp=[t.sampler_logp for t in trajs]   # vLLM rollouts only (HF: none)
                         if a.tis_cap > 0 and any(t.sampler_logp for t in trajs) else None)
     batch = {k: v.to(run.device) for k, v in batch.items()}   # tensors (N, L); old_logp: grpo.update_epoch

@@ -181,7 +181,7 @@ def restore_checkpoint(ckpt: str, optimizer, device: str, model=None, rank: int 
     restore_rng(torch.load(os.path.join(ckpt, "state.pt"), weights_only=False), rank)
 
 
-def pad_token_id(tokenizer) -> int:
+def pad_or_eos(tokenizer) -> int:
     """The pad id for build_batch: the tokenizer's pad token, else its EOS (Llama/Mistral-style tokenizers
     have no pad token), as generate.HFGenerator does. Padding is masked out, so any valid id works."""
     for pad in (tokenizer.pad_token_id, tokenizer.eos_token_id):

@@ -381,9 +381,9 @@ def test_pad_id_falls_back_to_eos():
     from grpo import build_batch
 
     tok = SimpleNamespace(pad_token_id=None, eos_token_id=2)
-    assert wiring.pad_token_id(tok) == 2
-    assert wiring.pad_token_id(SimpleNamespace(pad_token_id=0, eos_token_id=2)) == 0
-    batch = build_batch([[5], [7]], [[8], [9, 10]], [None, None], torch.tensor([1.0, -1.0]), wiring.pad_token_id(tok))
+    assert wiring.pad_or_eos(tok) == 2
+    assert wiring.pad_or_eos(SimpleNamespace(pad_token_id=0, eos_token_id=2)) == 0
+    batch = build_batch([[5], [7]], [[8], [9, 10]], [None, None], torch.tensor([1.0, -1.0]), wiring.pad_or_eos(tok))
     assert batch["input_ids"][1, -1].item() == 10 and batch["input_ids"][0, -1].item() == 2
     with pytest.raises(ValueError, match="neither a pad nor an EOS"):
-        wiring.pad_token_id(SimpleNamespace(pad_token_id=None, eos_token_id=None))
+        wiring.pad_or_eos(SimpleNamespace(pad_token_id=None, eos_token_id=None))
