@@ -191,7 +191,13 @@ def test_because_plan_is_seed_major_with_the_new_switches():
     args = ex.parse_args(["--stage", "because", "--seeds", "0,1"])
     args.eval_n_cool, args.train_eval_size = 0, args.regime_eval_size
     jobs = because.plan(args)
-    assert len(jobs) == 10 and [j["seed"] for j in jobs] == [0] * 5 + [1] * 5
+    assert len(jobs) == 12 and [j["seed"] for j in jobs] == [0] * 5 + [1] * 5 + [0, 1]   # the added cell last
+    added = jobs[-1]
+    strong = next(j for j in regime.plan_regime(args, ["main-ladder"]) if j["row"] == "best: scope any/append")
+    assert added["group"] == strong["group"] and ex.start_path(added, args) == ex.start_path(strong, args)
+    whole_append = ex.scope_command(added, args)
+    assert whole_append[whole_append.index("--mode") + 1] == "replace"
+    assert whole_append[whole_append.index("--merge") + 1] == "append"
     cmd = {j["row"]: ex.scope_command(j, args) for j in jobs if j["seed"] == 0}
     assert cmd["keep-foreign"][-5:] == ["--merge", "replace", "--toy-refiner-style", "1", "--seed", "0"][-5:]
     assert "--repair-advantage" in cmd["keep-in-style-phantom"] and "--toy-styles" not in cmd["keep-foreign"]
@@ -263,7 +269,7 @@ def test_because_report_marks_a_partial_study_and_pairs_the_interaction():
     """Two seeds of the four weak-ladder rows, the new ones with 4 problems all at the same count (hand numbers:
     K1 = (5/16 − 2/16) − (0.2 − 0.2) = 0.1875 on seed 0, (3/16 − 3/16) − (0.1 − 0.2) = 0.1 on seed 1 → mean
     0.14375; every problem alike, so the bootstrap moves with the seed draw only: [0.1, 0.1875]). The report
-    names itself partial (8 of the 25 planned runs)."""
+    names itself partial (8 of the 30 planned runs: 25 pre-registered, 5 added)."""
     from tools import because
 
     args = ex.parse_args(["--stage", "because"])
@@ -276,7 +282,7 @@ def test_because_report_marks_a_partial_study_and_pairs_the_interaction():
             for (row, s), a in acc.items()]
     new = [r for r in runs if r["row"] in because.WEAK_ROWS] * 2         # 8 "new" records
     text, summary = because.report(new, [r for r in runs if r["row"] not in because.WEAK_ROWS], args, 0.0)
-    assert "PARTIAL: 8 of 25 runs" in text
+    assert "PARTIAL: 8 of 30 runs" in text
     k1 = summary["contrasts"]["K1 interaction (keep − whole | foreign) − (keep − whole | in-style)"]
     assert k1["t"]["mean"] == pytest.approx(0.14375) and k1["seeds"] == [0, 1]
     assert k1["bootstrap"]["lo"] == pytest.approx(0.1) and k1["bootstrap"]["hi"] == pytest.approx(0.1875)

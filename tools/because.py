@@ -9,7 +9,7 @@ tokens have π ≈ 0.95 under the weak start), any reward-1 trajectory in an all
 mean off 0 whatever its content, and two fixed biases (the "shorter" tie-break of prm.select_candidate and the
 oracle's style 0 after an empty prefix) point the three-style runs at style 0. This stage adds the controls:
 
-    python -m tools.experiment --stage because                  # 25 runs; resumes from its records
+    python -m tools.experiment --stage because                  # 25 + 5 added runs; resumes from its records
     python -m tools.experiment --stage because --records-only   # the report from the runs recorded so far
     python -m tools.because --precheck                          # the zero-training pre-checks (~3 min)
 
@@ -74,6 +74,14 @@ weak start's mean π of the oracle's style-1 solution tokens, teacher-forced, mu
 ≈ 0.95 in its own style): far below means the policy would write well under two thirds of those tokens. If
 it is not, K1 is reported as "not a test of C1".
 
+ADDED AFTER THE STUDY (the issue's optional cell; named here before its runs, outside K5's Holm family):
+  main-ladder start (the shipped warm start, the regime map's strongest): whole-append  --mode replace
+      --merge append: the whole repair joins its group instead of replacing the failure. The regime map
+      found the strong start's only interval above 0 in any/append (+0.026), while the paper's row and whole
+      replacement (both --merge replace) sit at GRPO's level and differ by +0.002. A1  whole-append −
+      best any/append: ≈ 0 says the edge belongs to --merge append, not to keeping the prefix; < 0 says
+      keeping the prefix matters once repairs are appended. Also shown: whole-append − grpo.
+
 Choices:
  1. The foreign voice is style 1 for both starts (see above). On the weak start all three styles are foreign
     but style 0; style 1 is the one whose step words ("add", "minus", "times") the policy reads in every
@@ -107,6 +115,9 @@ STYLE_ROWS = {
     "whole one-style teacher": f"{ex.GRID['replace (whole)']} --toy-refiner-style {FOREIGN}",
 }
 STYLE_REFS = ("grpo", "scope (paper): any/replace")   # diversity records
+STRONG = "main-ladder"
+STRONG_ROWS = {"whole-append": f"{ex.GRID['replace (whole)']} --merge append"}   # added after the study (A1)
+APPEND = "best: scope any/append"   # its regime-map reference row
 KEEP_I, WHOLE_I = "scope (paper): any/replace", "replace (whole)"
 ACC_MARGIN, NATS_MARGIN = 0.02, 0.15   # the "≈ 0" margins of the reading rule
 PI_THRESHOLD = 0.60                    # the pre-check's threshold (stated before it was computed)
@@ -116,8 +127,9 @@ BOOT_DRAWS = 4000
 # ---------------------------------------------------------------- the plan
 
 def plan(args) -> list[dict]:
-    """The 25 new runs, seed-major (every row of seed 0 first)."""
+    """The 25 pre-registered runs, seed-major (every row of seed 0 first), then the 5 added ones (A1)."""
     weak_settings, weak_task = regime.STARTS[WEAK]
+    strong_settings, strong_task = regime.STARTS[STRONG]
     styles_start = json.dumps({"styles": 3})
     jobs = []
     for seed in args.seed_list:
@@ -127,6 +139,10 @@ def plan(args) -> list[dict]:
         jobs += [ex.job(row, seed, f"{flags} --toy-styles 3", args, group="diversity", steps=args.diversity_steps,
                         start=styles_start, eval_every=args.regime_eval_every)
                  for row, flags in STYLE_ROWS.items()]
+    for seed in args.seed_list:
+        jobs += [ex.job(row, seed, flags, args, group=f"regime-{STRONG}", steps=args.regime_steps, task=strong_task,
+                        start=json.dumps(strong_settings), eval_every=args.regime_eval_every)
+                 for row, flags in STRONG_ROWS.items()]
     return jobs
 
 
@@ -283,6 +299,10 @@ CONTRASTS = {   # name: (group, {row: coefficient}, key, margin, new)
     "acc: scope index tie-break − SCOPE (paper)": ("diversity", {"scope index tie-break": 1, KEEP_I: -1}, "acc_t1",
                                                    ACC_MARGIN),
     "acc: whole one-style teacher − grpo": ("diversity", {"whole one-style teacher": 1, "grpo": -1}, "acc_t1", ACC_MARGIN),
+    "A1 (added) strong start: whole-append − any/append": (f"regime-{STRONG}", {"whole-append": 1, APPEND: -1}, "acc_t1",
+                                                           ACC_MARGIN),
+    "strong start (added): whole-append − grpo": (f"regime-{STRONG}", {"whole-append": 1, "grpo": -1}, "acc_t1",
+                                                  ACC_MARGIN),
 }
 MAP_ROWS = ("scope (paper): any/replace", "best: scope any/append", "replace (whole)")
 WEAK_STARTS = ("weak-ladder", "weak-6ops")
@@ -351,7 +371,7 @@ def mechanism_table(results: list[dict]) -> dict:
 
 def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tuple[str, dict]:
     f3 = lambda x: "–" if x is None else f"{x:.3f}"   # noqa: E731
-    results = new + [r for r in refs if r["group"] in (f"regime-{WEAK}", "diversity")]
+    results = new + [r for r in refs if r["group"] in (f"regime-{WEAK}", "diversity", f"regime-{STRONG}")]
     con, mult, styles, mech = contrasts(results, args.eval_n), multiplicity(refs), style_table(results), mechanism_table(new)
     planned = len(plan(args))
     partial = "" if len(new) >= planned else f" — PARTIAL: {len(new)} of {planned} runs"
@@ -361,7 +381,7 @@ def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tupl
           f"as recorded): {regime.run_minutes(new):.0f} min; this report: {wall_minutes:.1f} min.  \n"
           "Reference rows read from the regime and diversity records (no per-problem counts: they enter the "
           "bootstrap through the seed draw only).\n",
-          "## Pre-registered contrasts (paired by seed)\n",
+          "## Pre-registered contrasts (paired by seed; the last two, A1, were added after the study)\n",
           "| contrast | seeds | mean [95 % t-interval] | seed × problem bootstrap 95 % | reading |", "|---" * 5 + "|"]
     for name, c in con.items():
         b = c.get("bootstrap")
@@ -369,7 +389,7 @@ def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tupl
         md.append(f"| {name} | {len(c['seeds'])} | {ex.fmt_ci(c['t'])} | {boot} | {c['verdict']} |")
     md += ["", "## Rows (mean ± sd over seeds)\n", "| start | row | seeds | acc T=1.0 | pass@16 | style entropy |",
            "|---" * 6 + "|"]
-    for group in (f"regime-{WEAK}", "diversity"):
+    for group in (f"regime-{WEAK}", "diversity", f"regime-{STRONG}"):
         for row in dict.fromkeys(r["row"] for r in results if r["group"] == group and r["steps"]):
             rs = [r for r in results if r["group"] == group and r["row"] == row]
             md.append(f"| {group} | {row} | {len(rs)} | {ex.mean_sd([ex.value(r, 'acc_t1') for r in rs])} | "
@@ -400,7 +420,8 @@ def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tupl
 
 
 def main(args) -> None:
-    """--stage because: the 25 runs (resumed from their records), then the report."""
+    """--stage because: the 25 pre-registered runs and the 5 added ones (resumed from their records), then the
+    report."""
     from harness import toy
 
     t0 = time.time()
