@@ -495,9 +495,9 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_ma
     """Per-token log-prob of the taken token and per-token entropy, both (N, L), 0 off the response.
 
     logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t]) with π = softmax(logits / temperature); entropy[:, t]
-    is the entropy of that same distribution. Runs without gradients (old log-probs when several optimizer steps share one rollout
-    batch, reference log-probs); `update` computes its own with gradients. Computed `micro_batch_size`
-    rows at a time; returned on input_ids' device, float32 (float64 for a float64 model).
+    is the entropy of that same distribution. Runs without gradients (old log-probs when several optimizer
+    steps share one rollout batch, reference log-probs); `update` computes its own with gradients. Computed
+    `micro_batch_size` rows at a time; returned on input_ids' device, float32 (float64 for a float64 model).
     """
     extents = _row_extents(input_ids, attention_mask, response_mask, "token_logprobs")
     device = next(model.parameters()).device
@@ -514,8 +514,8 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_ma
 
 def _forward_logprobs(model, input_ids, attention_mask, response_mask, entropy_grad: bool, keep: int,
                       chunk_tokens: int = 512, temperature: float = 1.0):
-    """One forward pass over one micro-batch: (logp, entropy) of softmax(logits / temperature), both (n, L), float32 (float64 for a float64
-    model), 0 off the response.
+    """One forward pass over one micro-batch: (logp, entropy) of softmax(logits / temperature), both (n, L),
+    float32 (float64 for a float64 model), 0 off the response.
 
     Only the first `keep` columns (up to the last attended position of these rows) go through the model
     (a causal model's output at t never depends on later positions); the rest is padded back with zeros.
