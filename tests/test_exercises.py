@@ -14,6 +14,7 @@
 When this test fails after a new test was added, its message lists the unexpected and the missing
 failures: add the new node ids to the right exercise's `tests` or `breaks` in exercises.EXERCISES.
 """
+import json
 import os
 import re
 import subprocess
@@ -411,6 +412,27 @@ def test_fixtures_depend_on_the_seed_and_bad_paths_are_one_line(held_out, tmp_pa
     (tmp_path / "sub").mkdir()
     with pytest.raises(ValueError, match="missing grpo.py"):
         exercises.grade(str(tmp_path / "sub"), str(held_out))
+
+
+@pytest.mark.slow
+def test_a_problem_past_its_time_limit_stops_at_the_limit(tmp_path):
+    """A group_advantages that never returns, graded with a 3-second limit: the grading process stops at the limit
+    with one "time limit" error and no case passes; it is not left to run its remaining cases until the parent
+    kills it a minute later (the per-case `except Exception` must not swallow the alarm)."""
+    import time
+    import torch
+
+    exercises.write_fixtures(str(tmp_path / "fx"), seed=11, only=["group_advantages"])
+    data = torch.load(tmp_path / "fx" / "group_advantages.pt", weights_only=False)
+    index = json.loads((tmp_path / "fx" / "index.json").read_text())
+    src = open(os.path.join(ROOT, "grpo.py"), encoding="utf-8").read()
+    head = "def group_advantages(rewards, group_size: int, scale_std: bool = False) -> Tensor:\n"
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "grpo.py").write_text(src.replace(head, head + "    import time; time.sleep(3600)\n", 1))
+    t0 = time.time()
+    r = exercises.grade_problem(str(tmp_path / "sub"), "group_advantages", data, index["tokenizer"], seconds=3)
+    assert time.time() - t0 < 45, "the grading process ran past its limit"
+    assert r["passed"] == 0 and "time limit" in r["error"], r
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -726,7 +726,7 @@ use AI assistants and other code, and how to say what you used in WRITEUP.md.*
 """
 
 
-def setup_text(names) -> str:
+def setup_text() -> str:
     return f"""## Setup
 
 ```bash
@@ -766,7 +766,7 @@ the repaired trajectory rejoins its group as off-policy text. In this copy of th
 what to write, the names the code around it expects and the command that checks it; {len(QUESTIONS)} written
 and experiment questions ({written} points) are answered in WRITEUP.md. **Total: {code + written} points.**
 
-{setup_text(names)}
+{setup_text()}
 {POLICY}
 {THEORY}
 ## How it works
@@ -1440,12 +1440,18 @@ def write_fixtures(out_dir: str, seed: int, only=None, root: str = ROOT) -> dict
     return counts
 
 
+class _TimeLimit(BaseException):
+    """The problem ran past its time limit. A BaseException, so the per-case `except Exception` cannot swallow
+    it: the alarm fires once, and the remaining cases must stop with it."""
+
+
 def _alarm(signum, frame):
-    raise TimeoutError("the problem ran past its time limit")
+    raise _TimeLimit("the problem ran past its time limit")
 
 
 def _submission_folder(path: str, tmp: str, needed: set) -> str:
-    """A folder to grade: `path` itself, or a submission.tar.gz unpacked over the reference's other modules."""
+    """A folder to grade: `path` itself, or a submission.tar.gz's `needed` files unpacked into `tmp` (the modules
+    a submission lacks are the reference's: `grading_folder`)."""
     if os.path.isdir(path):
         missing = sorted(f for f in needed if not os.path.isfile(os.path.join(path, f)))
         if missing:
@@ -1461,9 +1467,6 @@ def _submission_folder(path: str, tmp: str, needed: set) -> str:
         for name in needed:
             with open(os.path.join(tmp, name), "wb") as f:
                 f.write(tar.extractfile(members[name]).read())
-    for n in MODULES:
-        if not os.path.exists(os.path.join(tmp, n + ".py")):
-            shutil.copy2(os.path.join(ROOT, n + ".py"), tmp)
     return tmp
 
 
@@ -1595,11 +1598,9 @@ def grading_folder(folder: str, problem: str, dest: str) -> None:
             reference, _ = stub_source(f.read(), set(), rel)
         others = {fn.split(":")[1] for e in EXERCISES for fn in e.functions if fn.split(":")[0] == rel} - own
         src = os.path.join(folder, rel)
-        if rel in SUBMITTED and os.path.isfile(src):
+        if rel in SUBMITTED and os.path.isfile(src):   # grade() has checked that every file a problem needs is there
             with open(src, encoding="utf-8") as f:
                 text = mixed_source(f.read(), reference, others, rel)
-        elif own & {fn.split(":")[1] for e in EXERCISES for fn in e.functions if fn.split(":")[0] == rel}:
-            raise ValueError(f"--grade {folder}: missing {rel}")
         else:
             text = reference
         with open(os.path.join(dest, rel), "w", encoding="utf-8") as f:
