@@ -454,8 +454,7 @@ def parse_args(argv=None) -> Args:
     typed = vars(known)   # only the flags on the command line (the rest are SUPPRESSed)
     values = asdict(Args())
     if typed.get("resume"):   # a checked config: missing folder/file, bad JSON or foreign keys stop in one line
-        config = preflight.read_run_config(typed["resume"], set(values))
-        config.setdefault("updates_per_batch", 1)   # a run from before the flag made one optimizer step per batch
+        config = preflight.read_run_config(typed["resume"], set(values))   # flags it predates: as the run had them
         values.update(run_settings(config, read_changes(typed["resume"])))
         values.update(overwrite=False, dry_run=False, change_config=False)   # never inherited from the resumed run
     elif typed.get("toy"):

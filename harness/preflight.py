@@ -188,9 +188,14 @@ def resume_step_of(args, run_dir: str) -> int | None:
     return None if found is None else found[1]
 
 
+# a flag whose default changed when it was added: a config.json written before it ran with this value
+BEFORE_THE_FLAG = {"updates_per_batch": 1}   # one optimizer step per rollout batch
+
+
 def read_run_config(run_dir: str, known: set[str]) -> dict:
-    """The config.json of a run folder to resume, checked: the folder, the file, JSON, no foreign keys.
-    The run's settings now are this with changes.jsonl applied (runs.run_settings)."""
+    """The config.json of a run folder to resume, checked: the folder, the file, JSON, no foreign keys; a flag
+    it predates gets the value the run had (`BEFORE_THE_FLAG`). The run's settings now are this with
+    changes.jsonl applied (runs.run_settings)."""
     path = os.path.join(run_dir, "config.json")
     if not os.path.isdir(run_dir):
         stop(f"--resume {run_dir}: no such folder")
@@ -207,7 +212,7 @@ def read_run_config(run_dir: str, known: set[str]) -> dict:
     if foreign:
         stop(f"--resume {run_dir}: config.json has keys scope.py does not know ({', '.join(foreign[:5])}); "
              f"was it written by another program or version?")
-    return config
+    return {**BEFORE_THE_FLAG, **config}
 
 
 # ---------------------------------------------------------------------------------------------------------- 3. device

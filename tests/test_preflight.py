@@ -499,6 +499,20 @@ def test_fsdp_plan_within_ten_percent_of_an_fsdp_mem_tracker_trace():
     assert abs(planned / traced - 1) <= 0.10, (traced / 2**30, planned / 2**30)
 
 
+def test_a_run_from_before_updates_per_batch_resumes_without_a_change(tmp_path):
+    """Regression: the resume check compares the run's settings with the resumed Args; both must read the missing
+    key as the run had it (1), else every old run is refused as changing --updates-per-batch."""
+    from dataclasses import asdict
+
+    import scope
+
+    config = asdict(scope.Args())
+    config.pop("updates_per_batch")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    args = scope.parse_args(["--resume", str(tmp_path)])
+    assert preflight.resume_changes(args, str(tmp_path)) == {}
+
+
 def test_a_run_from_before_updates_per_batch_resumes_with_one_step_per_batch(tmp_path):
     """Regression: a config.json written before --updates-per-batch existed has no such key; those runs made one
     optimizer step per rollout batch, so their resume must too (not the real run's new default of 2)."""
