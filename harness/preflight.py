@@ -94,8 +94,10 @@ def check_args(args) -> None:
          f"(the toy world's step styles, harness/toy.py choice 10)")
     need(args.temperature > 0, "temperature", "> 0")
     need(args.clip_eps > 0, "clip-eps", "> 0 (inf: no clip)")
-    need(1 <= args.updates_per_batch <= args.prompts_per_step, "updates-per-batch",
-         f"an integer in 1..{args.prompts_per_step} (--prompts-per-step: each optimizer step takes whole groups)")
+    groups = args.prompts_per_step // world_size()   # this process's groups (torchrun: each rank's share)
+    need(1 <= args.updates_per_batch <= groups, "updates-per-batch",
+         f"an integer in 1..{groups} (each optimizer step takes whole groups, and each process holds {groups} of "
+         f"--prompts-per-step {args.prompts_per_step})")
     need(args.shaping_gamma > 0, "shaping-gamma", "> 0")
     need(args.kl_coef >= 0, "kl-coef", ">= 0")
     need(args.entropy_coef >= 0, "entropy-coef", ">= 0")

@@ -446,9 +446,6 @@ def start(args) -> Run | None:
     if args.fsdp and d.world == 1:
         stop("--fsdp shards the policy over torchrun processes: launch with torchrun --nproc_per_node N")
     preflight.check_args(args)                                        # every flag: one line and exit 2
-    if args.prompts_per_step // d.world < args.updates_per_batch:
-        stop(f"--updates-per-batch {args.updates_per_batch}: each of the {d.world} torchrun processes holds "
-             f"{args.prompts_per_step // d.world} groups, and each optimizer step takes at least one of them")
     preflight.check_resume(args)                                      # the record kept; a finished run: exit 0
     run_dir = preflight.run_dir_of(args)
     device, use_vllm, notes = preflight.choose_device(args)           # the GPU before the data
