@@ -342,8 +342,8 @@ def update_epoch(model, optimizer, batch: dict, groups: list[int], *, updates_pe
 def old_logprobs(model, batch: dict, *, micro_batch_size: int, chunk_tokens: int = 512,
                  amp=contextlib.nullcontext, dist=None, temperature: float = 1.0) -> Tensor:
     """π_old of several optimizer steps on one rollout batch: log π(token) of every row (N, L), 0 off the
-    response, in the micro-batches and under the `amp` context the update uses, so that the first step's ρ is 1
-    up to float noise. Under torchrun every rank runs as many forwards as the busiest one (FSDP2 all-gathers in
+    response, in length-sorted micro-batches of the whole batch and under the `amp` context the update uses, so
+    that the first step's ρ is 1 up to float noise. Under torchrun every rank runs as many forwards as the busiest one (FSDP2 all-gathers in
     each), like `update`."""
     extents = _row_extents(batch["input_ids"], batch["attention_mask"], batch["response_mask"], "old_logprobs")
     device = next(model.parameters()).device
@@ -495,8 +495,8 @@ def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_ma
     """Per-token log-prob of the taken token and per-token entropy, both (N, L), 0 off the response.
 
     logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t]) with π = softmax(logits / temperature); entropy[:, t]
-    is the entropy of that same distribution. Runs without gradients (old log-probs when several optimizer
-    steps share one rollout batch, reference log-probs); `update` computes its own with gradients. Computed
+    is the entropy of that same distribution. Runs without gradients (the KL reference's log-probs, benchmarks,
+    tests); `update` computes its own with gradients, `old_logprobs` π_old under torchrun's rules. Computed
     `micro_batch_size` rows at a time; returned on input_ids' device, float32 (float64 for a float64 model).
     """
     extents = _row_extents(input_ids, attention_mask, response_mask, "token_logprobs")

@@ -519,7 +519,8 @@ class ToyPRM:
 class OracleRefiner:
     """Writes the remaining steps correctly from the prefix's last value (choice 3), in the style of the
     prefix's last operation step (style 0 without one, choice 10); deterministic.
-    Same continue_from as refine.Refiner: finished `refine.Suffix`es, in the toy tokenizer's vocabulary.
+    Same continue_from as refine.Refiner: `refine.Suffix`es (unfinished when cut at max_tokens), in the toy
+    tokenizer's vocabulary.
 
     `style` = k (scope.py --toy-refiner-style k) writes every suffix in style k whatever the prefix's style:
     a foreign voice for a policy that never wrote style k (a prefix-keeping repair becomes a mixed text, a
