@@ -96,11 +96,12 @@ def test_torchrun_toy_run_and_resume_match_one_process(tmp_path, toy_model_dir):
 def test_fsdp2_weight_push_gathers_one_full_tensor_at_a_time(tmp_path, monkeypatch):
     """Guards the push that built the whole fp32 model at once (dist.FullView called full_tensor() on every
     parameter before the first reached vLLM: 28 GiB per rank for 7B). An FSDP2 model in a one-process gloo
-    group is pushed through FullView the way generate.sync_weights reads it (a generator over
-    state_dict().items(), each tensor converted to the engine's dtype as vLLM asks for it); when each full
+    group is pushed through FullView by generate.sync_weights itself (into a stand-in engine whose reload walks
+    the weights iterator, as vLLM's does); when each full
     tensor is gathered, at most one earlier full tensor may still be alive (the consumer's loop variable)."""
     import copy
     import weakref
+    from types import SimpleNamespace
 
     import torch
     import torch.distributed as tdist
@@ -108,7 +109,7 @@ def test_fsdp2_weight_push_gathers_one_full_tensor_at_a_time(tmp_path, monkeypat
 
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     import dist_worker
-    from harness import dist
+    from harness import dist, generate
 
     tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
@@ -123,10 +124,19 @@ def test_fsdp2_weight_push_gathers_one_full_tensor_at_a_time(tmp_path, monkeypat
             return full
 
         monkeypatch.setattr(DTensor, "full_tensor", full_tensor)
-        view = dist.FullView(model)
-        weights = ((name, tensor.detach().to(torch.bfloat16)) for name, tensor in view.state_dict().items())
-        for name, tensor in weights:   # what vLLM's reload_weights does with the iterator: one weight at a time
-            events.append(("push", name))
+        monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+        class Engine:   # the parts of vllm.LLM that sync_weights calls
+            model_config = SimpleNamespace(dtype=torch.bfloat16)
+
+            def collective_rpc(self, method, kwargs):   # vLLM's reload_weights: one weight at a time
+                for name, tensor in kwargs["weights_iterator"]:
+                    events.append(("push", name))
+
+            def reset_prefix_cache(self):
+                return True
+
+        generate.sync_weights(dist.FullView(model), Engine())
     finally:
         tdist.destroy_process_group()
     gathers = [n for kind, n in events if kind == "gather"]
