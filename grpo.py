@@ -271,10 +271,10 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
 
     optimizer.zero_grad(set_to_none=True)
     loss_total, parts = 0.0, []
-    # BEGIN SOLUTION update
     for i in range(n_micro):
         part, keep, padding = _micro_batch(batch, micro_batches, i, extents, device)  # padding: zero weight
         with _gradient_exchange(model, dist, last=i == n_micro - 1):  # DDP: once per step, on the last
+            # BEGIN SOLUTION update
             with amp():  # around the forward and the loss only
                 logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"],
                                                   part["response_mask"], entropy_grad=entropy_coef != 0,
@@ -291,11 +291,11 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
                                           z=z, ref_logp=ref_logp, kl_coef=kl_coef, entropy=entropy,
                                           entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
                                           is_weight=is_weight)
+            # END SOLUTION
             (loss * 0.0 if padding else loss).backward()  # ÷ the whole batch's Z: the full-batch gradient
         if not padding:
             loss_total += float(loss.detach())
             parts.append(terms if is_weight is None else {**terms, "is_mask": is_mask, "is_cap": float(tis_cap)})
-    # END SOLUTION
 
     clip_to = float("inf") if max_grad_norm is None else float(max_grad_norm)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), clip_to)

@@ -12,8 +12,9 @@ caches) and replaces each region of the chosen exercises by
 
     raise NotImplementedError("exercise N (name): <what to write>; <names the code after it reads>; check with: ...")
 
-keeping the signature, the docstring and any argument checks outside the region (`SCAFFOLDS`: a region whose
-stub sits inside given code, problem 12's torchrun and importance-weight lines). Regions of exercises not
+keeping the signature, the docstring, any argument checks and any code outside the region (problem 12's region
+is the body of the micro-batch loop: the loop, torchrun's padding micro-batch, the single gradient exchange and
+the backward pass are given). Regions of exercises not
 chosen keep their reference code (marker lines removed), so `--only` makes a smaller assignment. The copy
 gets HANDOUT.md (setup, time, a policy placeholder, background, the problems in pipeline order, the written
 and experiment questions with points and deliverables; the same text as docs/course.md), WRITEUP.md (the
@@ -175,7 +176,7 @@ class Exercise:
     expects: str = ""  # names the code after a mid-function region reads
     hints: tuple = ()
     slow: tuple = ()     # its end-to-end check: slow tests, run once its own checks pass
-    given: str = ""      # code the copy gives around the stub (`SCAFFOLDS`), described for the handout
+    given: str = ""      # code the copy gives around the stub (outside its region), described for the handout
 
     @property
     def depends(self) -> tuple:
@@ -522,32 +523,10 @@ def stub_message(e: Exercise) -> str:
     return f"exercise {n} ({e.name}): {e.task}{expects}; see HANDOUT.md; check with: {test_command(e)}"
 
 
-# Regions whose stub comes with given code around it: the production concerns of problem 12 (torchrun's
-# padding micro-batch and single gradient exchange, the truncated importance weight against vLLM's sampler)
-# are not the concept it teaches. "<STUB>" is where the raise goes (the student's code).
-SCAFFOLDS = {"update": """\
-for i in range(n_micro):
-    part, keep, padding = _micro_batch(batch, micro_batches, i, extents, device)   # given (torchrun: padding)
-    with _gradient_exchange(model, dist, last=i == n_micro - 1):   # given (torchrun): one gradient exchange
-        <STUB>
-        (loss * 0.0 if padding else loss).backward()   # given (torchrun): the padding micro-batch weighs 0
-    if not padding:
-        loss_total += float(loss.detach())
-        parts.append(terms if is_weight is None else {**terms, "is_mask": is_mask, "is_cap": float(tis_cap)})
-"""}
-
-
 def stub_lines(name: str, indent: str) -> str:
-    """What replaces the region of exercise `name`: its raise, inside its given code when it has a scaffold."""
-    raise_line = f"raise NotImplementedError({stub_message(BY_NAME[name])!r})"
-    if name not in SCAFFOLDS:
-        return f"{indent}{raise_line}\n"
-    out = []
-    for ln in SCAFFOLDS[name].splitlines():
-        stub = ln.strip() == "<STUB>"
-        body = ln.replace("<STUB>", raise_line) if stub else ln
-        out.append(f"{indent}{body}\n" if body.strip() else "\n")
-    return "".join(out)
+    """What replaces the region of exercise `name`: its raise, at the region's indentation (a region may sit
+    inside given code: problem 12's is the body of the micro-batch loop)."""
+    return f"{indent}raise NotImplementedError({stub_message(BY_NAME[name])!r})\n"
 
 
 def stub_source(text: str, chosen: set, path: str = "<text>") -> tuple[str, set]:
