@@ -481,12 +481,17 @@ PRM_FIT = (9.442, 6.36)
 FSDP_FIT = (6.0, 2.0, 2.6)   # (r, f_h, f_v)
 
 
+def root_params(cfg: dict) -> int:
+    """Parameters of FSDP2's root unit (what no decoder layer holds): the embedding, the output layer unless it is
+    tied to the embedding, and the final norm."""
+    return cfg["vocab_size"] * cfg["hidden_size"] * (1 if cfg.get("tie_word_embeddings") else 2) + cfg["hidden_size"]
+
+
 def fsdp_update_bytes(cfg: dict, tokens: int) -> tuple[float, float]:
     """(gathered root unit, activations) of one FSDP2 rank's update with checkpointing (FSDP_FIT), in bytes."""
     r, f_h, f_v = FSDP_FIT
     h, layers, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
-    root = v * h * (1 if cfg.get("tie_word_embeddings") else 2) + h
-    return r * root, tokens * (f_h * h * layers + f_v * v)
+    return r * root_params(cfg), tokens * (f_h * h * layers + f_v * v)
 
 
 def update_extra_bytes(cfg: dict, tokens: int, checkpointing: bool, chunk_tokens: int = 512) -> float:
@@ -582,8 +587,7 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
                      f"FSDP2 traced)", activations / GIB, "update"))
     else:
         if shards > 1:   # no FSDP2 trace without checkpointing: the root + 2 layers gathered, and one GPU's terms
-            root = (cfg["vocab_size"] * cfg["hidden_size"] * (1 if cfg.get("tie_word_embeddings") else 2)
-                    + cfg["hidden_size"])
+            root = root_params(cfg)
             layer = (p - root) / cfg["num_hidden_layers"]
             rows.append(("FSDP2 gathered in the update: root unit + 2 decoder layers, bf16 weights and fp32 "
                          "gradients (not traced)", 6 * (root + 2 * layer) / GIB, "update"))
