@@ -300,3 +300,37 @@ def resume_hint(run_dir: str, argv: list[str], first_save: int) -> str:
     again = launch_command(argv if "--overwrite" in argv else [*argv, "--overwrite"])
     return (f"nothing was saved yet (the first checkpoint comes after step {first_save}); start the run again "
             f"from step 1, replacing the logs in {run_dir}, with: {again}")
+
+
+def environment() -> dict:
+    """What a record needs to be reproduced: package versions, Python, CPU, threads, and the commit it ran on
+    (with "dirty": true when tracked files differ from that commit). Stored in every config.json and study record."""
+    import importlib.metadata
+    import platform
+    import subprocess
+
+    def version(pkg):
+        try:
+            return importlib.metadata.version(pkg)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    def git(*words):
+        try:
+            out = subprocess.run(["git", *words], cwd=os.path.dirname(os.path.abspath(__file__)),
+                                 capture_output=True, text=True, timeout=10)
+        except (OSError, subprocess.TimeoutExpired):
+            return None
+        return out.stdout.strip() if out.returncode == 0 else None
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    status = git("status", "--porcelain", "--untracked-files=no")
+    return {"python": platform.python_version(), "torch": torch.__version__, "transformers": version("transformers"),
+            "numpy": np.__version__, "scipy": version("scipy"), "platform": platform.platform(), "cpu": cpu,
+            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
