@@ -33,7 +33,7 @@ import sys
 import urllib.parse
 from dataclasses import asdict
 
-from harness.runs import find_checkpoint, holds_run, lock_holder, read_changes, run_settings, stop
+from harness.runs import CONFIG_RECORDS, find_checkpoint, holds_run, lock_holder, read_changes, run_settings, stop
 
 GIB = 2 ** 30
 MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
@@ -210,6 +210,7 @@ def read_run_config(run_dir: str, known: set[str]) -> dict:
         stop(f"--resume {run_dir}: config.json is not valid JSON ({e})")
     if not isinstance(config, dict):
         stop(f"--resume {run_dir}: config.json is not an object of flags")
+    config = {k: v for k, v in config.items() if k not in CONFIG_RECORDS}   # a record, not a flag
     foreign = sorted(set(config) - known)
     if foreign:
         stop(f"--resume {run_dir}: config.json has keys scope.py does not know ({', '.join(foreign[:5])}); "

@@ -19,7 +19,8 @@ tests/test_runs.py:
  5. Logs: a torn last line of metrics.jsonl / traces.jsonl (a kill mid-write) is dropped with a warning;
     lines logged after the checkpoint's step are dropped on resume; a broken line elsewhere stops the
     resume with one line naming the file and line.
- 6. The record: `config.json` holds the flags the run was started with and is never rewritten by a resume.
+ 6. The record: `config.json` holds the flags the run was started with, and under "environment" what it ran
+    with (`environment`: package versions, CPU, threads, commit); a resume never rewrites it.
     A flag typed on `--resume` that differs from the run's settings is appended to `changes.jsonl`
     ({"step": first step trained with it, "changes": {flag: [old, new]}}); the run's settings at any point
     are config.json with those records applied in order (`run_settings`).
@@ -35,6 +36,7 @@ import sys
 import numpy as np
 import torch
 
+CONFIG_RECORDS = ("environment",)   # config.json keys that record how the run ran; not flags, never compared
 RUN_FILES = ("config.json", "changes.jsonl", "metrics.jsonl", "traces.jsonl", "checkpoint", "checkpoint.tmp",
              "checkpoint.old")
 

@@ -30,8 +30,9 @@ from harness import dist, preflight
 from harness.generate import HFGenerator, load_causal_lm, load_tokenizer, vllm_importable
 from harness.preflight import MODEL_ALIASES
 from harness import trackers
-from harness.runs import (acquire_lock, append_change, clear_run, format_changes, read_changes, read_log, recover_checkpoint,
-                          release_lock, restore_rng, resume_hint, save_checkpoint, stop, truncate_jsonl)
+from harness.runs import (acquire_lock, append_change, clear_run, environment, format_changes, read_changes, read_log,
+                          recover_checkpoint, release_lock, restore_rng, resume_hint, save_checkpoint, stop,
+                          truncate_jsonl)
 from refine import Refiner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
@@ -193,7 +194,8 @@ def pad_or_eos(tokenizer) -> int:
 def open_run(args, run_dir: str, resume_step: int | None) -> tuple[str | None, int]:
     """Take the folder's lock, then: a resume recovers its newest complete checkpoint (a kill mid-save leaves
     it as checkpoint.tmp/.old), keeps config.json as the run was started and appends the flags it changes to
-    changes.jsonl with the step they take effect (runs.py rule 6); a new run (or --overwrite) writes config.json.
+    changes.jsonl with the step they take effect (runs.py rule 6); a new run (or --overwrite) writes config.json
+    (its flags, and under "environment" the versions and commit it runs with: runs.environment).
     Returns (checkpoint path or None, the first step to run)."""
     atexit.register(release_lock, acquire_lock(run_dir))
     if resume_step is not None:
@@ -208,8 +210,8 @@ def open_run(args, run_dir: str, resume_step: int | None) -> tuple[str | None, i
     if args.overwrite:
         clear_run(run_dir)
     with open(os.path.join(run_dir, "config.json"), "w") as f:
-        json.dump({**asdict(args), "resume": "", "overwrite": False, "dry_run": False, "change_config": False}, f,
-                  indent=1)
+        json.dump({**asdict(args), "resume": "", "overwrite": False, "dry_run": False, "change_config": False,
+                   "environment": environment()}, f, indent=1)
     return None, 1
 
 

@@ -63,8 +63,8 @@ def test_paired_curves_and_separation_by_hand():
     # seed 0: (0.2 - 0.15, 0.5 - 0.35) = (0.05, 0.15); seed 1: (0.3 - 0.2, 0.5 - 0.2) = (0.1, 0.3)
     assert [x for x, _ in blocks] == [2, 4]
     assert blocks[0][1]["mean"] == pytest.approx(0.075) and blocks[1][1]["mean"] == pytest.approx(0.225)
-    half = 12.706 * (0.05 / 2 ** 0.5) / 2 ** 0.5      # t(1) * sd / sqrt(2), sd of (0.05, 0.1) = 0.05 / sqrt(2)
-    assert blocks[0][1]["lo"] == pytest.approx(0.075 - half)
+    half = 12.7062 * (0.05 / 2 ** 0.5) / 2 ** 0.5      # t(1) * sd / sqrt(2), sd of (0.05, 0.1) = 0.05 / sqrt(2)
+    assert blocks[0][1]["lo"] == pytest.approx(0.075 - half, abs=1e-5)
     assert regime.separates(ev) == 4 and regime.separates(blocks) is None
     assert regime.separates([(0, {"lo": 0.1, "hi": 0.2}), (5, {"lo": -0.3, "hi": -0.1})]) == 5
     assert regime.separation_label([(0, {"lo": 0.1, "hi": 0.2}), (5, {"lo": -0.3, "hi": -0.1})]) == "5 (below)"
@@ -124,8 +124,8 @@ def test_ablation_deltas_pair_each_ablation_with_the_row_it_ablates():
     assert list(d) == [f"{base} + unit credit"]                     # grpo and the base row are not ablations
     acc = d[f"{base} + unit credit"]["acc_t1"]                      # (0.2 - 0.3, 0.2 - 0.4) = (-0.1, -0.2)
     assert acc["n"] == 2 and acc["mean"] == pytest.approx(-0.15)
-    half = 12.706 * (0.1 / 2 ** 0.5) / 2 ** 0.5                     # t(1) * sd / sqrt(2), sd = 0.1 / sqrt(2)
-    assert acc["lo"] == pytest.approx(-0.15 - half)
+    half = 12.7062 * (0.1 / 2 ** 0.5) / 2 ** 0.5                     # t(1) * sd / sqrt(2), sd = 0.1 / sqrt(2)
+    assert acc["lo"] == pytest.approx(-0.15 - half, abs=1e-5)
     assert d[f"{base} + unit credit"]["pass@16"]["mean"] == pytest.approx(0.0)
 
 
@@ -223,7 +223,7 @@ def test_contrast_by_seed_and_the_interaction_by_hand():
     by = because.contrast_by_seed(results, "g", {"kF": 1, "wF": -1, "kI": -1, "wI": 1})
     assert list(by) == [0, 1] and by[0] == pytest.approx(0.2) and by[1] == pytest.approx(0.1)
     c = ex.ci95(list(by.values()))
-    assert c["mean"] == pytest.approx(0.15) and c["lo"] == pytest.approx(0.15 - 12.706 * 0.05)
+    assert c["mean"] == pytest.approx(0.15) and c["lo"] == pytest.approx(0.15 - 12.7062 * 0.05, abs=1e-5)
     assert because.verdict(c, 0.02) == "cannot tell"
     assert because.verdict({"lo": 0.01, "hi": 0.3}, 0.02) == "> 0"
     assert because.verdict({"lo": -0.01, "hi": 0.015}, 0.02) == "≈ 0"
@@ -231,6 +231,20 @@ def test_contrast_by_seed_and_the_interaction_by_hand():
     results[0]["eval"]["per_problem_correct"] = [16, 0]          # seed 0's kF: 1.0 and 0.0, mean 0.5
     D = because.per_problem_matrix(results, "g", {"kF": 1, "wF": -1}, [0, 1])
     assert D.tolist() == [pytest.approx([0.9, -0.1]), pytest.approx([0.0, 0.0])]
+
+
+def test_t_quantile_and_interval_by_hand():
+    """The 95 % t quantile from scipy, against the printed table (a hand table fell back to 1.96 past 11 seeds,
+    too narrow): df 1 12.706, 4 2.776, 20 2.086, 30 2.042; the interval of [1, 2, 3, 4, 5]: mean 3, sd √2.5,
+    half-width 2.776 · √2.5 / √5 = 1.963."""
+    for df, t in ((1, 12.706), (4, 2.776), (10, 2.228), (20, 2.086), (30, 2.042), (100, 1.984)):
+        assert ex.t975(df) == pytest.approx(t, abs=5e-4)
+    c = ex.ci95([1.0, 2.0, 3.0, 4.0, 5.0])
+    assert c["n"] == 5 and c["mean"] == 3.0 and c["hi"] - 3.0 == pytest.approx(1.963, abs=1e-3)
+    wide = ex.ci95([float(i % 2) for i in range(21)])   # 20 degrees of freedom: 2.086, not 1.96
+    assert (wide["hi"] - wide["lo"]) / 2 == pytest.approx(2.086 * np.std([i % 2 for i in range(21)], ddof=1)
+                                                          / np.sqrt(21), rel=1e-3)
+    assert ex.ci95([0.4])["lo"] is None and ex.ci95([])["n"] == 0
 
 
 def test_seed_problem_bootstrap_by_hand():

@@ -24,7 +24,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from harness import runs, wiring  # noqa: E402
+from harness import preflight, runs, wiring  # noqa: E402
 import scope  # noqa: E402
 
 TINY = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "96",
@@ -131,6 +131,23 @@ def test_lock_is_exclusive_and_stale_locks_are_taken_over(tmp_path, capsys):
     assert "stale lock" in capsys.readouterr().err
     with open(path) as f:
         assert f.read().split()[0] == str(os.getpid())
+
+
+def test_config_json_records_the_environment_and_a_resume_ignores_it(tmp_path, monkeypatch):
+    """config.json holds the flags and, under "environment", the versions and commit the run started with; a
+    resume reads the flags and leaves the record alone (a new machine is not a changed flag)."""
+    monkeypatch.setattr(wiring, "environment", lambda: {"torch": "9.9", "commit": "abc", "dirty": False})
+    args = scope.parse_args(["--toy", "--run-name", "r", "--steps", "4"])
+    run = tmp_path / "r"
+    run.mkdir()
+    wiring.open_run(args, str(run), None)
+    runs.release_lock(str(run / "lock"))
+    config = json.loads((run / "config.json").read_text())
+    assert config["environment"] == {"torch": "9.9", "commit": "abc", "dirty": False} and config["steps"] == 4
+    resumed = scope.parse_args(["--resume", str(run)])
+    assert resumed.steps == 4 and preflight.resume_changes(resumed, str(run)) == {}
+    here = runs.environment()
+    assert here["torch"] == torch.__version__ and {"python", "numpy", "scipy", "cpu", "commit", "dirty"} <= set(here)
 
 
 # ------------------------------------------------------------------------------------------------ logs

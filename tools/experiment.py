@@ -86,7 +86,6 @@ GRID = {"grpo": "--mode grpo",
         "replace (whole)": "--mode replace",
         "prm-reward": "--mode prm-reward"}
 SCOPE_CELLS = [row for row in GRID if row.startswith("scope ")]
-T95 = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 6: 2.447, 7: 2.365, 8: 2.306, 9: 2.262, 10: 2.228}
 
 
 def parse_args(argv=None):
@@ -255,6 +254,13 @@ def scope_command(j: dict, args) -> list[str]:
             "--save-every", str(j["steps"]), *data_flags, *j["flags"], *args.passthrough]
 
 
+def environment() -> dict:
+    """The versions, CPU, threads and commit a record was made with (harness/runs.py environment)."""
+    from harness.runs import environment as now
+
+    return now()
+
+
 def read_json(path: str):
     if not os.path.exists(path):
         return None
@@ -380,7 +386,8 @@ def run_job(j: dict, args) -> dict:
     cache = os.path.join(run_dir, "final_eval.json")
     cached = read_json(cache)
     if cached is None or cached["settings"] != settings:
-        cached = {"settings": settings, "eval": evaluate_policy(path, j["task"], args, eval_styles(j, args))}
+        cached = {"settings": settings, "eval": evaluate_policy(path, j["task"], args, eval_styles(j, args)),
+                  "environment": environment()}
         with open(cache, "w") as f:
             json.dump(cached, f, indent=1)
     train_info = training_stats(run_dir) if j["steps"] else {}
@@ -442,6 +449,13 @@ def run_all(jobs: list[dict], args, t0: float, worker=None) -> list[dict]:
 
 # ---------------------------------------------------------------- statistics and reporting
 
+def t975(df: int) -> float:
+    """The two-sided 95 % quantile of Student's t with `df` degrees of freedom (scipy.stats.t.ppf(0.975, df))."""
+    from scipy import stats
+
+    return float(stats.t.ppf(0.975, df))
+
+
 def ci95(diffs: list[float]) -> dict:
     """Mean and 95 % t-interval of paired differences (choice 3); no interval from one seed."""
     d = np.asarray([x for x in diffs if x is not None], dtype=float)
@@ -449,7 +463,7 @@ def ci95(diffs: list[float]) -> dict:
         return {"mean": None, "lo": None, "hi": None, "n": 0}
     if len(d) == 1:
         return {"mean": float(d[0]), "lo": None, "hi": None, "n": 1}
-    half = T95.get(len(d) - 1, 1.96) * d.std(ddof=1) / math.sqrt(len(d))
+    half = t975(len(d) - 1) * d.std(ddof=1) / math.sqrt(len(d))
     return {"mean": float(d.mean()), "lo": float(d.mean() - half), "hi": float(d.mean() + half), "n": len(d)}
 
 
@@ -610,7 +624,7 @@ def write_results(results: list[dict], args, ranked: list[str] | None, wall_minu
     summary = {"command": command, "wall_minutes": round(wall_minutes, 2), "ranked": ranked,
                "settings": {k: v for k, v in vars(args).items() if k not in ("seed_list", "long_seed_list", "grid_rows")},
                "paired": {g: paired(results, g, keys + ["pass@1"]) for g in ("main", "long", "weak")}, "mechanism": mech,
-               "runs": results}
+               "environment": environment(), "runs": results}
     with open(os.path.join(args.out, "study.json"), "w") as f:
         json.dump(summary, f, indent=1)
     plot(results, os.path.join(args.out, "curves.png"))
@@ -792,7 +806,8 @@ def main(argv=None) -> None:
     toy.warm_start(os.path.join(ROOT, "cache"), seed=0, **json.loads(args.weak_start))
     if args.describe:
         described = {"main": describe_warm_start(args, "main"), "weak": describe_warm_start(args, "weak"),
-                     "weak_task": json.loads(args.weak_task), "weak_start": json.loads(args.weak_start)}
+                     "weak_task": json.loads(args.weak_task), "weak_start": json.loads(args.weak_start),
+                     "environment": environment()}
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "warm_start.json"), "w") as f:
             json.dump(described, f, indent=1)

@@ -151,7 +151,8 @@ def run_recorded(j: dict, args) -> dict:
         r["repairs"] = repairs_of(run_dir, j["steps"])
     os.makedirs(os.path.dirname(record_path(j, args)), exist_ok=True)
     with open(record_path(j, args), "w") as f:
-        json.dump({"command": command, "start": j.get("start", "{}"), "eval_settings": settings, "result": r}, f)
+        json.dump({"command": command, "start": j.get("start", "{}"), "eval_settings": settings, "result": r,
+                   "environment": ex.environment()}, f)
     return r
 
 
@@ -405,7 +406,7 @@ def write(results: list[dict], summary: dict, args, wall_minutes: float) -> str:
                    "run_minutes": round(run_minutes(results), 1),
                    "settings": {k: v for k, v in vars(args).items() if k not in ("seed_list", "long_seed_list", "grid_rows")},
                    "starts": {k: {"start": v[0], "task": v[1]} for k, v in STARTS.items()},
-                   "summary": summary, "runs": results}, f, indent=1)
+                   "summary": summary, "environment": ex.environment(), "runs": results}, f, indent=1)
     plot_map(summary, os.path.join(args.out, "regime.png"))
     plot_curves(results, summary, os.path.join(args.out, "regime_curves.png"))
     return text
@@ -541,6 +542,6 @@ def diversity_main(args) -> None:
     with open(os.path.join(args.out, "diversity.json"), "w") as f:
         json.dump({"command": command, "wall_minutes": round((time.time() - t0) / 60, 2),
                    "settings": {k: v for k, v in vars(args).items() if k not in ("seed_list", "long_seed_list", "grid_rows")},
-                   "summary": summary, "runs": results}, f, indent=1)
+                   "summary": summary, "environment": ex.environment(), "runs": results}, f, indent=1)
     plot_diversity(results, os.path.join(args.out, "diversity.png"))
     print(text + f"wrote {args.out}/diversity.md, diversity.json, diversity.png in {(time.time() - t0) / 60:.1f} min")
