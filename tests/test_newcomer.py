@@ -4,7 +4,9 @@ prints when it is mistyped, interrupted early, or done.
 - CI's first stage is the README's own lines: `.ci/run` reads the marked blocks (the Quick start's CPU install
   line, then the Tests block) from README.md at run time and runs them in order; a failing line stops it with
   its status, and pytest collecting no test (exit 5) fails it too. A README with other lines makes CI run
-  those, so the README and CI cannot differ.
+  those, so the README and CI cannot differ. They run in a virtual environment made anew (no system
+  site-packages), as on a fresh clone; each vLLM stage makes its own anew, every version pinned within vLLM's
+  own ranges.
 - The default tier leaves the `slow` tests out unless the command line selects its tests itself.
 - A mistyped flag is one line: the closest flag and the --help hint, not the 40-line usage.
 - Ctrl-C before the first checkpoint says that nothing was saved and gives the command that starts the run
