@@ -119,14 +119,14 @@ def test_ci_runs_the_readme_lines_in_a_new_virtual_environment(ci_copy):
     probe = ("import importlib.util, sys; print(sys.prefix, sys.prefix != sys.base_prefix, "
              "importlib.util.find_spec('pytest') is None)")
     write_readme([f'python -c "{probe}" > python.txt'], ["pip --version > pip.txt"])
+    venv = folder / ".venv-ci"
+    venv.mkdir()
+    (venv / "left-over").write_text("from the last run")
     proc = run("--readme")
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    venv = folder / ".venv-ci"
-    assert (folder / "python.txt").read_text().split() == [str(venv), "True", "True"]   # no pytest: nothing leaks
-    assert str(venv) in (folder / "pip.txt").read_text()
-    (venv / "left-over").write_text("from the last run")
-    assert run("--readme").returncode == 0 and not (venv / "left-over").exists()
     assert "the README's lines run in a new virtual environment, .venv-ci" in proc.stdout
+    assert (folder / "python.txt").read_text().split() == [str(venv), "True", "True"]   # no pytest: nothing leaks
+    assert str(venv) in (folder / "pip.txt").read_text() and not (venv / "left-over").exists()
 
 
 def test_ci_stops_at_a_failing_line_and_at_pytest_collecting_nothing(ci_copy):
