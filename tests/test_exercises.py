@@ -654,18 +654,13 @@ def test_loading_a_copy_leaves_no_module_bound_to_it(tmp_path):
 # what a student writes into problem 12's scaffold: the reference's own lines
 UPDATE_FILL = '''\
 with amp():
-    logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
-                                      entropy_grad=entropy_coef != 0, keep=keep, chunk_tokens=chunk_tokens,
-                                      temperature=temperature)
-    old_logp = part.get("old_logp")
-    if old_logp is None:
-        old_logp = logp.detach()
-    ref_logp = _reference_logprobs(part, ref_model, kl_coef, mb, chunk_tokens, temperature)
-    is_weight, is_mask = _sampler_weights(part, old_logp, tis_cap)
+    logp, entropy = step.forward(part, entropy_grad=entropy_coef != 0)
+    old_logp = part.get("old_logp", logp.detach())
     loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"], part["offpolicy_mask"],
-                              clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=z, ref_logp=ref_logp,
-                              kl_coef=kl_coef, entropy=entropy, entropy_coef=entropy_coef,
-                              offpolicy_credit=offpolicy_credit, is_weight=is_weight)
+                              clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=step.z,
+                              ref_logp=step.reference_logprobs(part), kl_coef=kl_coef, entropy=entropy,
+                              entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
+                              is_weight=step.sampler_weight(part, old_logp))
 '''
 
 
@@ -679,7 +674,7 @@ def test_problem_12_scaffold_filled_with_the_reference_lines_passes_every_update
     text = (out / "grpo.py").read_text()
     stub = next(ln for ln in text.splitlines() if "raise NotImplementedError(" in ln and "exercise 12 (update)" in ln)
     indent = stub[:len(stub) - len(stub.lstrip())]
-    assert "_micro_batch(batch, micro_batches, i, extents, device)" in text and "_gradient_exchange(model" in text
+    assert "for part in step.micro_batches():" in text and "step.backward(loss, terms)" in text
     filled = "".join(indent + ln + "\n" if ln else "\n" for ln in UPDATE_FILL.splitlines())
     (out / "grpo.py").write_text(text.replace(stub + "\n", filled))
     junit = tmp_path / "junit.xml"

@@ -333,26 +333,22 @@ EXERCISES = [
              "for each micro-batch: logp = forward; loss_mb = policy_loss(…, z = Z of the WHOLE batch); "
              "loss_mb.backward()  ⇒  Σ_mb ∇loss_mb = ∇L",
              UPDATE_TESTS, 3, 12,
-             "per micro-batch (the loop is given): the forward's log-probs, old_logp, ref_logp, the loss with the "
-             "whole batch's z",
+             "per micro-batch (the loop is given): the forward's log-probs, old_logp, the loss with the whole "
+             "batch's z",
              breaks=DIST_GRADIENTS + SCOPE_RUNS,
-             expects="inside the given loop, write: logp and entropy of `part` (its first `keep` columns), "
-                     "old_logp, ref_logp, `is_weight, is_mask = _sampler_weights(part, old_logp, tis_cap)` and "
-                     "`loss, terms = policy_loss(…, is_weight=is_weight)`; the given code after it reads loss, "
-                     "terms, is_weight and is_mask, does the backward pass and adds up loss_total and parts",
-             given="the loop over micro-batches (`_micro_batch`: torchrun's zero-weight padding micro-batch), the "
-                   "single gradient exchange (`_gradient_exchange`), the truncated importance weight against "
-                   "vLLM's sampler (`_sampler_weights`) and the backward pass. Optional extension: read "
-                   "harness/dist.py and "
+             expects="inside the given loop, write: logp and entropy of `part` (`step.forward`), old_logp and "
+                     "`loss, terms = policy_loss(…)` with the reference log-probs and the importance weight from "
+                     "`step`; the given code after it reads loss and terms and does the backward pass",
+             given="the loop over micro-batches and everything `harness/trainer.py`'s `Step` does around it "
+                   "(torchrun's zero-weight padding micro-batch, the single gradient exchange, the backward pass, "
+                   "the clip, the non-finite skip, the metrics). Optional extension: read harness/dist.py and "
                    "explain why every rank must run the same number of micro-batches under FSDP",
-             hints=("`_forward_logprobs(model, ids, attention, response_mask, entropy_grad, keep, chunk_tokens, "
-                    "temperature)` is given (log-probs at the rollouts' temperature); `keep = max(extents[j] for j "
-                    "in idx)` trims the micro-batch's trailing padding.",
-                    "Without batch['old_logp'] use this forward's own log-probs, detached.",
-                    "With kl_coef > 0 and no batch['ref_logp'], `_reference_logprobs(part, ref_model, kl_coef, "
-                    "mb, chunk_tokens, temperature)` gives them.",
-                    "Each micro-batch's loss is divided by the WHOLE batch's z (computed above the loop), so the "
-                    "accumulated gradient is the full batch's.")),
+             hints=("`step.forward(part, entropy_grad)` gives (logp, entropy) at the rollouts' temperature.",
+                    "Without part['old_logp'] use this forward's own log-probs, detached.",
+                    "`step.reference_logprobs(part)` (None without KL) and `step.sampler_weight(part, old_logp)` "
+                    "(None without vLLM log-probs) are policy_loss's ref_logp and is_weight.",
+                    "Each micro-batch's loss is divided by the WHOLE batch's z (`step.z`), so the accumulated "
+                    "gradient is the full batch's.")),
 ]
 BY_NAME = {e.name: e for e in EXERCISES}
 
@@ -1252,6 +1248,7 @@ def make_policy_loss(rng, ctx):
 
 
 def run_policy_loss(m, ctx, c):
+    from harness.trainer import loss_metrics   # the engine's, not an exercise
     logp = c["logp"].clone().requires_grad_(True)
     ent = None if c["ent"] is None else c["ent"].clone().requires_grad_(True)
     loss, terms = m.grpo.policy_loss(logp, c["old"], c["adv"], c["resp"], c["off"], ref_logp=c["ref"], entropy=ent,
@@ -1259,7 +1256,7 @@ def run_policy_loss(m, ctx, c):
     loss.backward()
     z = m.grpo.loss_normaliser(c["resp"], c["kw"]["loss_agg"], c["kw"]["max_new_tokens"])
     return (loss.detach(), logp.grad, None if ent is None else ent.grad,
-            {k: _graded_float(v) for k, v in m.grpo.loss_metrics(terms).items()}, _graded_float(z))
+            {k: _graded_float(v) for k, v in loss_metrics(terms).items()}, _graded_float(z))
 
 
 def make_update(rng, ctx):
