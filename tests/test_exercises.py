@@ -600,10 +600,10 @@ def test_depends_on_is_computed_from_what_the_checks_call():
     and nothing of the update side; a check file's plain helpers count, its unrelated tests do not."""
     deps = {e.name: e.depends for e in exercises.EXERCISES}
     assert "logprob_entropy" in deps["policy_loss"]
-    assert deps["scope_step"] == ("split_steps", "step_token_spans", "first_error", "splice", "group_advantages")
+    assert deps["scope_step"] == ("split_steps", "step_token_spans", "first_error", "splice")
     assert deps["clipped_surrogate"] == () and deps["group_advantages"] == ()
-    assert exercises.reached_exercises([exercises.CHECKS + "test_batch_advantages_per_ragged_group"]) == \
-        {"scope_step", "group_advantages"}
+    assert exercises.reached_exercises([exercises.CHECKS + "test_group_advantages_per_ragged_group"]) == \
+        {"group_advantages"}
     assert "| 11 | `policy_loss` |" in exercises.table() and \
         exercises.table().split("| 11 | `policy_loss` |")[1].split("\n")[0].rstrip(" |").endswith(
             ", ".join(deps["policy_loss"]))
@@ -645,7 +645,7 @@ def test_loading_a_copy_leaves_no_module_bound_to_it(tmp_path):
             "import refine, scope\nfrom harness import toy, wiring\n"
             "assert copy.refine is not refine and copy.refine.__file__.startswith(sys.argv[2]), copy.refine.__file__\n"
             "assert refine.__file__.startswith(sys.argv[1]) and not refine.__file__.startswith(sys.argv[2])\n"
-            "assert wiring.Refiner is refine.Refiner and toy.Suffix is refine.Suffix and scope.wiring is wiring\n")
+            "assert scope.refine is refine and toy.Suffix is refine.Suffix and scope.wiring is wiring\n")
     proc = subprocess.run([sys.executable, "-c", code, ROOT, str(tmp_path)], capture_output=True, text=True,
                           timeout=300, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]

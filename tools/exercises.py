@@ -109,11 +109,11 @@ SCOPE_RUNS = ("tests/test_scope.py::test_each_mode_runs_two_toy_steps",
               "tests/test_newcomer.py::test_ctrl_c_before_the_first_checkpoint_gives_a_command_that_starts_again",
               "tests/test_study_flags.py::test_phantom_foreign_and_index_runs_log_every_style",
               "tests/test_gpu.py::test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu")
-# the torchrun gradient check and scope.train_on's autocast check run build_batch, the log-probs, policy_loss and
+# the torchrun gradient check and the update's autocast check run build_batch, the log-probs, policy_loss and
 # update, no other exercise
 DIST_GRADIENTS = ("tests/test_dist.py::test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient",
                   "tests/test_preflight.py::test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced")
-# scope.locate_first_errors on an empty failed response: split_steps, cut_point, keep_ratio, step_token_spans
+# prm.locate_first_errors on an empty failed response: split_steps, cut_point, keep_ratio, step_token_spans
 FIRST_ERRORS = ("tests/test_runs.py::test_empty_failed_response_keeps_nothing",)
 POLICY_LOSS_TESTS = ("tests/test_grpo.py::test_policy_loss_hand_computed",
                      "tests/test_grpo.py::test_policy_loss_without_clipping_is_luffy_ratio",
@@ -144,10 +144,10 @@ CHECKS = "tests/test_course_checks.py::"   # checks that teach: each catches a c
 SCOPE_UNITS = tuple(CHECKS + t for t in ("test_locate_first_errors_sets_the_cut_and_the_kept_tokens",
                                          "test_select_failures_one_pick_per_eligible_group",
                                          "test_repair_keeps_the_prefix_ids_and_survives_a_stopped_refiner",
-                                         "test_repair_append_grows_the_group",
-                                         "test_batch_advantages_per_ragged_group"))
-# the study switches' unit tests: the phantom repair runs batch_advantages (group_advantages); the tie-break
-# tests run select_candidate, one of them through scope.select_failures
+                                         "test_repair_append_grows_the_group"))
+RAGGED = CHECKS + "test_group_advantages_per_ragged_group"
+# the study switches' unit tests: the phantom repair runs group_advantages; the tie-break tests run
+# select_candidate, one of them through prm.select_failures
 PHANTOM = "tests/test_study_flags.py::test_a_phantom_repair_counts_in_its_group_mean_but_gets_advantage_zero"
 TIEBREAK = ("tests/test_study_flags.py::test_the_index_tie_break_picks_by_position",
             "tests/test_study_flags.py::test_select_failures_passes_the_tie_break")
@@ -261,22 +261,20 @@ EXERCISES = [
               "tests/test_grpo.py::test_group_advantages_ragged_and_edges",
               CHECKS + "test_groups_of_one_with_scale_std_get_zero_not_nan"), 1, 4,
              "A = r - mean of its group (optionally / (std + 1e-6)); `r` is the (B, G) view",
-             breaks=SCOPE_RUNS + SCOPE_UNITS[4:] + (PHANTOM,), hints=("A group of one has no std: its advantage is 0 (no NaN).",)),
-    Exercise("scope_step", ("scope.py:locate_first_errors", "scope.py:select_failures", "scope.py:rectify_failures",
-                            "scope.py:batch_advantages"),
-             "the SCOPE step, steps 3–6 of the loop: localise, select, rectify and merge, re-advantage",
+             breaks=SCOPE_RUNS + (RAGGED, PHANTOM),
+             hints=("A group of one has no std: its advantage is 0 (no NaN).",
+                    "With `--merge append` groups become ragged (`groups=`): each group is computed on its own, "
+                    "through your function.")),
+    Exercise("scope_step", ("prm.py:locate_first_errors", "prm.py:select_failures"),
+             "the SCOPE step, steps 3–4 of the loop: localise the first errors, pick the failure to repair",
              "failed rollouts → split_steps → PRM scores → cut_point, κ, kept tokens (step_token_spans) → per "
-             "eligible group select_candidate → refine.rectify (splice, regrade, merge) → group_advantages per "
-             "merged group",
+             "eligible group select_candidate → (index, tokens to keep), which scope.main passes to refine.rectify",
              SCOPE_UNITS + FIRST_ERRORS, 3, 16,
-             "steps 3-6 of scope.main, each function as its docstring says", breaks=SCOPE_RUNS + (PHANTOM, TIEBREAK[1]),
+             "steps 3-4 of scope.main, each function as its docstring says", breaks=SCOPE_RUNS + (TIEBREAK[1],),
              slow=SCOPE_RUNS,
              hints=("`kept_tokens(spans, cut, n_tokens)` turns a cut step into a token count.",
                     "Mode `grpo` still scores failures (for the logs) but selects nothing; `replace` keeps 0 "
-                    "tokens of the same pick; `--rectify-groups all-fail` skips a group with any success.",
-                    "With `--merge append` groups become ragged: compute each group's advantages on its own.",
-                    "A refiner server that stops answering raises harness.generate.GeneratorUnavailable: the "
-                    "step goes on with the rollouts alone.")),
+                    "tokens of the same pick; `--rectify-groups all-fail` skips a group with any success.")),
     Exercise("build_batch", ("grpo.py:build_batch",),
              "token-space batch layout: prompt + response, response and off-policy (refiner) masks",
              "row i = prompt_i + response_i + pad; response_mask = 1 on the response; offpolicy_mask = 1 on "
@@ -472,7 +470,7 @@ QUESTIONS = [
      "A group of G = 5 has rewards [1, 1, 0, 0, 0] and its first failure is repaired (reward 1). Compute by "
      "hand the advantages of the group with `--merge replace` (the repair takes the failure's place) and with "
      "`--merge append` (the group grows to 6), without and with `--adv-std`. Check with your "
-     "`scope.batch_advantages`. Which merge gives the repaired trajectory the larger advantage, and what "
+     "`grpo.group_advantages` (`groups=` for the grown group). Which merge gives the repaired trajectory the larger advantage, and what "
      "happens to the other rollouts' advantages?",
      "written; seconds to check", 6,
      "the four advantage vectors (by hand, then the check's output); at most 3 sentences"),
@@ -1127,21 +1125,23 @@ def make_scope_step(rng, ctx):
 
 def run_scope_step(m, ctx, c):
     """Steps 3-6 on stored rollouts, with a fake PRM and refiner: what each function returns and sets."""
+    from harness.grader import grade
     tok = ctx["tokenizer"]
     args = m.scope.Args(toy=True, mode=c["mode"], rectify_groups=c["rectify_groups"], merge=c["merge"], tau=c["tau"],
                         refine_attempts=c["attempts"], max_new_tokens=400, group_size=len(c["trajs"]) // c["n_groups"],
                         prompts_per_step=c["n_groups"], adv_std=c["adv_std"])
     trajs = [m.refine.Trajectory(**{k: (list(v) if isinstance(v, list) else v) for k, v in t.items()}) for t in c["trajs"]]
     prm = FakePRM(c["scores"])
-    m.scope.locate_first_errors(trajs, prm, args, tok)
+    m.prm.locate_first_errors(trajs, prm, tok, args.tau, args.mode, args.prm_reward_coef)
     located = [(t.steps, t.step_scores, t.cut, _graded_float(t.keep_ratio) if t.keep_ratio is not None else None,
                 _graded_float(t.keep_ratio_tokens) if t.keep_ratio_tokens is not None else None, t.prefix_len)
                for t in trajs]
-    picks = [tuple(p) for p in m.scope.select_failures(trajs, range(c["n_groups"]), args)]
-    run = types.SimpleNamespace(args=args, refiner=FakeRefiner(c["suffixes"]), tokenizer=tok,
-                                amp=contextlib.nullcontext, amp_for=lambda generator: contextlib.nullcontext())
-    merged, traces, unavailable = m.scope.rectify_failures(run, trajs, picks, seed=0)
-    adv = m.scope.batch_advantages(merged, range(c["n_groups"]), c["adv_std"])
+    picks = [tuple(p) for p in m.prm.select_failures(trajs, range(c["n_groups"]), args.mode, args.rectify_groups,
+                                                     args.select_tiebreak)]
+    merged, traces = m.refine.rectify(trajs, picks, FakeRefiner(c["suffixes"]), tok, attempts=args.refine_attempts,
+                                      merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=0)
+    unavailable = False   # the engine's (harness/wiring.py Run.phase), not the student's
+    adv = m.grpo.group_advantages([t.reward for t in merged], groups=[t.group for t in merged], scale_std=c["adv_std"])
     merged = [(t.group, t.response_ids, t.offpolicy_mask, t.reward, t.source) for t in merged]
     return {"located": located, "picks": picks, "merged": merged,
             "traces": [(tr["group"], tr["accepted"], tr["mode"]) for tr in traces], "unavailable": unavailable,
