@@ -83,13 +83,7 @@ def group_advantages(rewards, group_size: int | None = None, scale_std: bool = F
 # ---------------------------------------------------------------------------------------------------
 def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
                       clip_eps: float) -> tuple[Tensor, Tensor, Tensor]:
-    """PPO clipped surrogate on the policy's own tokens: ℓ = −min(ρ A, clip(ρ, 1 − ε, 1 + ε) A), ρ = π/π_old.
-
-    logp, old_logp, mask: (N, L); advantages: (N,). Returns (per-token loss, ratio ρ, clipped), all
-    (N, L) and 0 / 1 / False where `mask` is 0; `clipped` marks tokens on the clipped branch (zero
-    gradient). The log-ratio is zeroed off the mask BEFORE exp, so junk or inf in old_logp there cannot
-    become a 0·inf = NaN gradient. old_logp is treated as a constant.
-    """
+    """PPO clip → (per-token loss, ρ, clipped), each (N, L), 0 / 1 / False off the mask (log-ratio zeroed there)."""
     # BEGIN SOLUTION clipped_surrogate
     mask = mask.bool()  # (N, L)
     adv = advantages.to(logp.dtype).unsqueeze(1)  # (N, 1)
@@ -105,12 +99,7 @@ def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: 
 
 def shaped_offpolicy_loss(logp: Tensor, advantages: Tensor, mask: Tensor,
                           shaping_gamma: float) -> tuple[Tensor, Tensor]:
-    """LUFFY policy shaping on the refiner's tokens: ℓ = −f(π) A with f(π) = π / (π + γ).
-
-    The behaviour probability is taken as 1 and nothing is clipped. logp, mask: (N, L); advantages: (N,).
-    Returns (per-token loss, f(π)), both (N, L) and 0 where `mask` is 0. Its gradient w.r.t. logp is
-    −A γπ/(π+γ)², largest at π = γ; the unit-weight variant is `unit_offpolicy_loss`.
-    """
+    """LUFFY shaping → (per-token loss −f(π)·A, f(π)), each (N, L), 0 off the mask; behaviour prob 1, no clip."""
     # BEGIN SOLUTION shaped_offpolicy
     mask = mask.bool()  # (N, L)
     adv = advantages.to(logp.dtype).unsqueeze(1)  # (N, 1)
@@ -121,25 +110,20 @@ def shaped_offpolicy_loss(logp: Tensor, advantages: Tensor, mask: Tensor,
 
 
 def unit_offpolicy_loss(logp: Tensor, advantages: Tensor, mask: Tensor) -> Tensor:
-    """Unit credit on the refiner's tokens (`--offpolicy-credit unit`): ℓ = −A log π, as if the policy had
-    sampled them (no importance weight, no shaping). Its gradient w.r.t. logp is −A on every masked token,
-    where the shaping gives −A γπ/(π+γ)² ≤ A/4 (≈ 0.10 A at π = 0.77, γ = 0.1). logp, mask: (N, L);
-    advantages: (N,). Returns the per-token loss (N, L), 0 where `mask` is 0."""
+    """Unit credit (--offpolicy-credit unit): per-token loss −A·logp, (N, L), 0 off the mask."""
     mask = mask.bool()  # (N, L)
     adv = advantages.to(logp.dtype).unsqueeze(1)  # (N, 1)
     return -torch.where(mask, logp, torch.zeros_like(logp)) * adv  # (N, L)
 
 
 def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
-    """k3 KL estimator per token: exp(r) − r − 1 with r = ref_logp − logp (≥ 0; Schulman). (N, L), 0 off
-    the mask; ref_logp is a constant."""
+    """k3 KL per token, exp(r) − r − 1 with r = ref_logp − logp: (N, L), 0 off the mask; ref_logp a constant."""
     r = torch.where(mask.bool(), ref_logp.detach() - logp, torch.zeros_like(logp))  # (N, L)
     return torch.exp(r) - r - 1.0  # (N, L)
 
 
 def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> float:
-    """Z of the loss: N × max_new_tokens ("constant", Dr. GRPO) or the number of response tokens
-    ("token-mean", at least 1). Always over the WHOLE batch, never per micro-batch."""
+    """Z: N × max_new_tokens ("constant") or the response-token count ("token-mean", ≥ 1) of the WHOLE batch."""
     if loss_agg not in LOSS_AGGS:
         raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
     if loss_agg == "constant" and (max_new_tokens is None or max_new_tokens <= 0):
@@ -157,16 +141,12 @@ def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> flo
 def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, clip_eps=0.2,
                 shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, z=None, ref_logp=None, kl_coef=0.0,
                 entropy=None, entropy_coef=0.0, offpolicy_credit="shaped", is_weight=None) -> tuple[Tensor, dict]:
-    """The SCOPE token loss L (the module docstring's equations): `clipped_surrogate` on the policy's own
-    tokens, `shaped_offpolicy_loss` on the refiner's (or `unit_offpolicy_loss` with offpolicy_credit="unit"),
-    optional `k3_kl` and entropy bonus, summed over response tokens and divided by Z.
+    """The SCOPE token loss L of the equations above: `clipped_surrogate` on the policy's tokens,
+    `shaped_offpolicy_loss` (or `unit_offpolicy_loss`) on the refiner's, optional `k3_kl` and entropy bonus, ÷ Z.
 
-    logp, old_logp, response_mask, offpolicy_mask, ref_logp, entropy: (N, L); advantages: (N,).
-    z: the normaliser; None = `loss_normaliser` of this batch (`update` passes the whole batch's Z to every
-    micro-batch). is_weight: (N, L) per-token weights of the policy's tokens' surrogate (`truncated_is_weight`;
-    None = 1), treated as constants. Returns (scalar loss with gradient through logp and entropy, terms):
-    `terms` holds the detached per-token tensors the metrics are made of, for `loss_metrics` (f(π) only
-    under shaped credit).
+    Per-token tensors (N, L), advantages (N,). z: None = `loss_normaliser` of this batch (`update` passes the whole
+    batch's); is_weight: constant weights of the policy tokens' surrogate (None = 1). Returns (scalar loss, terms:
+    the detached per-token tensors the metrics are made of, trainer.loss_metrics).
     """
     trainer.check_loss_inputs(logp, advantages, offpolicy_credit, old_logp=old_logp, response_mask=response_mask,
                               offpolicy_mask=offpolicy_mask, ref_logp=ref_logp, entropy=entropy, is_weight=is_weight)

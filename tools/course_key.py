@@ -60,11 +60,6 @@ REDACTIONS = [
      "unlikely refiner tokens still teach; a policy token inside the clip range gives −A·ρ / Z, and a clipped one 0.",
      "Gradients (tested in closed form): a policy token inside the clip range gives dL/dlogp = −A·ρ / Z, and a\n"
      "clipped one 0; the refiner token's is the handout's Q1."),
-    ("grpo.py",
-     "Returns (per-token loss, f(π)), both (N, L) and 0 where `mask` is 0. Its gradient w.r.t. logp is\n"
-     "    −A γπ/(π+γ)², largest at π = γ; the unit-weight variant is `unit_offpolicy_loss`.",
-     "Returns (per-token loss, f(π)), both (N, L) and 0 where `mask` is 0; the unit-weight variant is\n"
-     "    `unit_offpolicy_loss`."),
     ("docs/choices.md",
      "its weight γπ/(π+γ)² is ≤ 0.25 and peaks at π = γ, so unlikely refiner tokens are not ignored. `unit` = "
      "−A·log π, as if the policy had sampled them. In the toy study's traces the corrected token sits at π ≈ "

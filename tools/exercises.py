@@ -140,7 +140,7 @@ UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch"
                 "tests/test_grpo.py::test_one_update_per_batch_is_update_on_the_whole_batch")
 CHECKS = "tests/test_course_checks.py::"   # checks that teach: each catches a classic mistake of its problem
 # problem 6's four functions one by one (seconds): locate, select and the two repairs run split_steps,
-# step_token_spans and first_error; the repairs run splice; batch_advantages runs group_advantages
+# step_token_spans and first_error; the repairs run splice
 SCOPE_UNITS = tuple(CHECKS + t for t in ("test_locate_first_errors_sets_the_cut_and_the_kept_tokens",
                                          "test_select_failures_one_pick_per_eligible_group",
                                          "test_repair_keeps_the_prefix_ids_and_survives_a_stopped_refiner",
@@ -1466,7 +1466,7 @@ OUTPUT_NAMES = {
                    "picks": "select_failures", "merged": "repair: (group, response_ids, offpolicy_mask, reward, "
                                                           "source) per trajectory",
                    "traces": "repair: traces", "unavailable": "repair: unavailable",
-                   "advantages": "batch_advantages"},
+                   "advantages": "group_advantages over the merged groups"},
 }
 
 
