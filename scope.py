@@ -13,11 +13,11 @@ harness/config.py, each open choice one row of docs/choices.md; the engine is be
 from dataclasses import dataclass
 from functools import partial
 
-import eval as evaluation
-import prm as process_reward
+import eval as evaluation   # `eval` would shadow the builtin
+import prm
 import refine
 from grpo import build_batch, group_advantages, update_epoch
-from harness import config, preflight, wiring
+from harness import config, wiring
 from harness.config import arg
 from harness.grader import grade
 from prm import locate_first_errors, select_failures
@@ -65,7 +65,7 @@ def main(args: "Args") -> dict:
 
 def paper() -> wiring.Paper:
     """What the engine builds and calls from this layer (harness/ imports nothing from the five top-level files)."""
-    return wiring.Paper(refine.Trajectory, refine.Refiner, process_reward.ProcessRewardModel, evaluation.evaluate,
+    return wiring.Paper(refine.Trajectory, refine.Refiner, prm.ProcessRewardModel, evaluation.evaluate,
                         evaluation.near_miss_at_k, evaluation.discarded_valid_share)
 
 
