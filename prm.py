@@ -1,35 +1,13 @@
-"""prm.py — steps, the process reward model, the first error and the choice of which failure to repair.
+"""prm.py — steps, the first error, which failure to repair, and the process reward model (PRM) that scores steps.
 
-SCOPE (Ren et al., "Recycling Failures: Salvaging Exploration in RLVR via Fine-Grained Off-Policy
-Guidance", arXiv 2602.24110) uses a process reward model (PRM) to find the *first wrong step* of a failed
-rollout, keeps the policy's own tokens before it and lets a refiner rewrite the rest (paper Fig. 1, 2, 12).
-This file holds everything between "a failed rollout" and "keep this many of its tokens":
-
-1. `split_steps(text)`           a lossless split of a response into steps (`"".join(steps) == text`);
-2. `step_token_spans(ids, steps, tokenizer)`  step k -> the half-open range of response token indices,
-                                  so `ids[:spans[k][0]]` is exactly the token prefix before step k;
-3. `first_error`, `cut_point`, `keep_ratio`, `mean_score`, `select_candidate`: pure functions that turn
-                                  step scores into "where to cut" and "which failure of the group to repair";
-4. `ProcessRewardModel`           P(step correct) per step, Qwen2.5-Math-PRM format (steps joined by and
-                                  followed by `<extra_0>`, softmax of the 2 logits at each separator).
-The helpers these use sit under the last banner; loading a PRM checkpoint is harness/prm_checkpoint.py.
-
-How to run: it is a library (scope.py and refine.py call it). Tests: `python -m pytest tests/test_steps.py
-tests/test_prm.py -q`. A quick look at a real PRM (GPU, weights in the HF cache):
-`python -c "import prm; print(prm.ProcessRewardModel('Qwen/Qwen2.5-Math-PRM-7B', 'cuda', 'bfloat16')
-.score('1+1?', ['1+1 = 3.', 'So the answer is \\\\boxed{3}.']))"`.
-
-The paper's method section is not public, so the step unit, where separators and straddling tokens go,
-the PRM input format, unscored steps, the cut and the choice of the failure to repair are ours; each is
-one row of docs/choices.md (rows "3 PRM" and "4 select"), with its reason.
-
-The PRM runs in the trainer's process: our own module (transformers' Qwen2Model + the 2-layer score head,
-the layout vLLM 0.32 loads as `Qwen2ForProcessRewardModel`), not the hub's remote code (which does not run
-on transformers 5 and is code we would have to trust) and not a served vLLM pooling model
-(`vllm serve --runner pooling`, POST /pooling). The trainer already owns the GPU, vLLM allows one engine
-per process, and a second server would need its own memory share and start-up for what is one forward
-pass over a few failed rollouts per step. The head runs in float32, as vLLM's pooling runner does by
-default; tests/test_vllm.py checks our step probabilities against vLLM's own implementation.
+SCOPE (Ren et al., arXiv 2602.24110) keeps a failed rollout's tokens before its *first wrong step* and lets a
+refiner rewrite the rest (paper Fig. 1, 2, 12). In the order of the step: `split_steps` and `step_token_spans`
+(a lossless split and each step's token range), `first_error`, `cut_point` and `keep_ratio` (pure), then
+`locate_first_errors` (step 3 on a batch), `mean_score`, `select_candidate` and `select_failures` (step 4), then
+`ProcessRewardModel` (Qwen2.5-Math-PRM format). k* is the paper's first wrong step, counted from 1; the cut is
+k* − 1: the 0-based index of that step, which is also the number of steps kept. Tests: `python -m pytest
+tests/test_steps.py tests/test_prm.py -q`. The step unit, the PRM input, unscored steps, the cut and the pick
+are choices the paper leaves open: docs/choices.md, rows "3 PRM" and "4 select".
 """
 import codecs
 
@@ -176,13 +154,13 @@ def _char_reach(tokenizer, ids: list[int], text: str) -> tuple[list[int], list[b
 
 
 # ---------------------------------------------------------------------------------------------------
-# 3. First error, cut point, keep ratio, candidate selection (pure)
+# 3. First error, the cut, κ (pure)
 # ---------------------------------------------------------------------------------------------------
 
 
 def first_error(scores, tau: float = 0.5) -> int | None:
-    """0-based index of the first step with score < tau (ProcessBench's "earliest error"); None when no
-    scored step is below tau. Scanning stops at the first unscored step (None): scores after it are
+    """k* − 1, the 0-based index of the first step with score < tau (ProcessBench's "earliest error"); None when
+    no scored step is below tau. Scanning stops at the first unscored step (None): scores after it are
     ignored, since the steps before them are not verified."""
     # BEGIN SOLUTION first_error
     for k, s in enumerate(scores):
@@ -195,8 +173,9 @@ def first_error(scores, tau: float = 0.5) -> int | None:
 
 
 def cut_point(scores, tau: float = 0.5) -> int:
-    """Index of the first step NOT kept for a failed rollout: the first error; else the first unscored
-    step; else the last step (the answer is wrong, so the last step is presumed wrong); 0 for no steps."""
+    """The cut of a failed rollout, the index of the first step NOT kept (= the steps kept): k* − 1 of the first
+    error; else the first unscored step; else the last step (the answer is wrong, so the last step is presumed
+    wrong); 0 for no steps."""
     # BEGIN SOLUTION first_error
     if not scores:
         return 0
@@ -209,10 +188,49 @@ def cut_point(scores, tau: float = 0.5) -> int:
 
 
 def keep_ratio(cut: int, n_steps: int) -> float:
-    """Step keep ratio κ = cut / n_steps (the share of steps kept); 0.0 when there are no steps."""
+    """κ = cut / n_steps, the share of steps kept; 0.0 when there are no steps."""
     # BEGIN SOLUTION first_error
     return cut / n_steps if n_steps > 0 else 0.0
     # END SOLUTION
+
+
+# ---------------------------------------------------------------------------------------------------
+# 3. Locating the first errors of a batch (step 3 of scope.py)
+# ---------------------------------------------------------------------------------------------------
+def kept_tokens(spans: list[tuple[int, int]], cut: int, n_tokens: int) -> int:
+    """Tokens of a failed response kept before its cut: where step `cut` starts, all n_tokens when the cut lies
+    past the last step, and none for a response without steps (an empty or bare-EOS response keeps nothing:
+    keeping its EOS would train it on-policy with a positive advantage and put the refiner after it)."""
+    if not spans:
+        return 0
+    return spans[cut][0] if cut < len(spans) else n_tokens
+
+
+def locate_first_errors(trajs: list, prm, tokenizer, tau: float, mode: str = "scope",
+                        prm_reward_coef: float = 0.5) -> None:
+    """Step 3: the PRM scores the steps of every failed rollout; the first step below τ gives the cut
+    (`cut_point`). Sets steps, step_scores, cut, keep_ratio, prefix_len (the tokens before the cut) and
+    keep_ratio_tokens on each. Mode "prm-reward" (Table 3's "RL with PRM reward") scores every rollout and
+    makes its reward outcome + prm_reward_coef · mean step score."""
+    # BEGIN SOLUTION scope_step
+    scored = [t for t in trajs if mode == "prm-reward" or not t.correct] if prm else []
+    for t in scored:
+        t.steps = split_steps(t.text)
+    for t, scores in zip(scored, prm.score_batch([t.question for t in scored], [t.steps for t in scored])
+                         if scored else []):
+        t.step_scores = scores
+        t.cut = cut_point(scores, tau)
+        t.keep_ratio = keep_ratio(t.cut, len(t.steps))
+        t.prefix_len = kept_tokens(step_token_spans(t.response_ids, t.steps, tokenizer), t.cut, len(t.response_ids))
+        t.keep_ratio_tokens = t.prefix_len / max(1, len(t.response_ids))
+    # END SOLUTION
+    for t in trajs if mode == "prm-reward" else []:   # a dense PRM reward
+        t.reward = float(t.correct) + prm_reward_coef * mean_score(t.step_scores or [])
+
+
+# ---------------------------------------------------------------------------------------------------
+# 4. The most promising failure of each group (step 4 of scope.py)
+# ---------------------------------------------------------------------------------------------------
 
 
 def mean_score(scores) -> float:
@@ -242,8 +260,31 @@ def select_candidate(keep_ratios: list[float], prefix_means: list[float], length
     # END SOLUTION
 
 
+def select_failures(trajs: list, groups, mode: str = "scope", rectify_groups: str = "any",
+                    tiebreak: str = "length") -> list[tuple[int, int]]:
+    """Step 4: (index, tokens to keep) of the most promising failure of each eligible group of `groups`
+    (rectify_groups "any": every group with a failure; "all-fail": only groups in which every rollout failed):
+    largest keep ratio, then higher prefix PRM mean, then shorter (`select_candidate`). Mode "replace" keeps
+    nothing of the same pick; modes other than "scope" and "replace" pick nothing."""
+    # BEGIN SOLUTION scope_step
+    if mode not in ("scope", "replace"):
+        return []
+    picks = []
+    for b in groups:
+        idx = [i for i, t in enumerate(trajs) if t.group == b and not t.correct]
+        if not idx or (rectify_groups == "all-fail" and any(t.correct for t in trajs if t.group == b)):
+            continue   # all-fail only: a group with a success keeps its on-policy signal untouched
+        j = select_candidate([trajs[i].keep_ratio for i in idx],
+                             [mean_score(trajs[i].step_scores[:trajs[i].cut]) for i in idx],
+                             [len(trajs[i].response_ids) for i in idx], tiebreak=tiebreak)
+        if j is not None:
+            picks.append((idx[j], 0 if mode == "replace" else trajs[idx[j]].prefix_len))
+    return picks
+    # END SOLUTION
+
+
 # ---------------------------------------------------------------------------------------------------
-# 4. The process reward model: P(step correct) per step
+# 5. The process reward model: P(step correct) per step
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -259,7 +300,10 @@ class ProcessRewardModel:
 
     Loading (harness/prm_checkpoint.py, chosen by the `architectures` of config.json, no remote code):
     Qwen2.5-Math-PRM through our own module on transformers' Qwen2Model, or any 2-label token classifier.
-    `max_length` is capped at the model's `max_position_embeddings`.
+    `max_length` is capped at the model's `max_position_embeddings`. It runs in the trainer's process, not as the
+    hub's remote code (it does not run on transformers 5) nor a served vLLM pooling model (vLLM allows one engine
+    per process; a second server needs its own memory for one forward over a few failures per step); the head
+    runs in float32 as vLLM's pooling runner does, and tests/test_vllm.py checks the scores against vLLM's own.
     """
 
     def __init__(self, name_or_path, device="cpu", dtype=None, max_length=4096, micro_batch_size=4):

@@ -1,27 +1,18 @@
-"""refine.py — prefix-preserving rectification: the refiner, the token-space splice, reward recomputation, merge.
+"""refine.py — prefix-preserving rectification: the trajectory, the token-space splice, the regrade, the merge.
 
-SCOPE (Ren et al., "Recycling Failures: Salvaging Exploration in RLVR via Fine-Grained Off-Policy Guidance",
-arXiv 2602.24110), design steps 5-7: keep the policy's own token prefix up to the first wrong step, let a
+SCOPE (Ren et al., arXiv 2602.24110), step 5: keep the policy's own token prefix up to the cut (prm.py), let a
 refiner write the rest, accept the spliced trajectory only if it is now correct, and put it back in its group
-with an `offpolicy_mask` that marks the refiner's tokens (LUFFY's prefix_mask, mirrored: the *suffix* is
-off-policy here).
+with an `offpolicy_mask` on the refiner's tokens (LUFFY's prefix_mask, mirrored: the *suffix* is off-policy):
 
-    refiner = Refiner(HFGenerator(refiner_model, refiner_tok), refiner_tok, prompt_style="continue")
-    new_trajs, traces = rectify(trajs, [(index, prefix_len)], refiner, policy_tok,
-                                attempts=2, merge="replace", max_new_tokens=1024, grade_fn=grader.grade)
+    merged, traces = rectify(trajs, [(index, prefix_len)], Refiner(generator, refiner_tok), policy_tok,
+                             attempts=2, merge="replace", max_new_tokens=1024, grade_fn=grader.grade)
 
-Run: `python -m pytest tests/test_refine.py -q` (tiny random models on CPU).
-
-The refiner prompt, the prefix given as decoded text, the splice and its EOS, the budgets, the attempts and
-the merge are choices the paper leaves open; each is one row of docs/choices.md (rows "5 rectify"), with
-its reason. `rectify` grades every attempt (the trace records each), accepts the first correct one with
-reward 1.0 (source "rectified", or "replaced" for an empty prefix), and copies the PRM facts (steps, scores,
-cut, keep ratios) from the original so the logs show what was salvaged; a rejected pick leaves the list
-holding the very same Trajectory objects.
+Tests: `python -m pytest tests/test_refine.py -q`. The refiner prompt, the prefix as text, the splice and its EOS,
+the budgets, the attempts and the merge are open choices (docs/choices.md, rows "5 rectify"); generators: harness/.
 """
 from dataclasses import dataclass
 
-from harness.generate import DEFAULT_SYSTEM, format_prompt, turn_end_id
+from harness.generate import DEFAULT_SYSTEM, Suffix, format_prompt, turn_end_id
 
 HINT = ("\n\nA partial solution follows. It is correct up to where it stops, and the next step would contain "
         "a mistake. Continue it from exactly where it stops, avoid that mistake, and finish the solution.")
@@ -43,8 +34,8 @@ class Trajectory:
     source: str = "policy"  # "policy" | "rectified" | "replaced" (whole-trajectory, mode replace)
     steps: list[str] | None = None  # split_steps(text), filled for scored failures
     step_scores: list | None = None  # PRM P(correct) per step, None where unscored
-    cut: int | None = None  # index of the first step NOT kept (the first error / cut point)
-    keep_ratio: float | None = None  # cut / len(steps)
+    cut: int | None = None  # the cut: k* − 1, the first step NOT kept = the steps kept (prm.cut_point)
+    keep_ratio: float | None = None  # κ = cut / len(steps)
     prefix_len: int | None = None  # response tokens before the first error (the kept prefix), set in step 3
     keep_ratio_tokens: float | None = None  # prefix_len / len(response_ids)
     finished: bool = True  # the sampler stopped by itself (False: it hit max_new_tokens, a truncated response)
@@ -56,15 +47,6 @@ class Trajectory:
         if len(self.offpolicy_mask) != len(self.response_ids):
             raise ValueError(f"Trajectory (group {self.group}): offpolicy_mask has {len(self.offpolicy_mask)} "
                              f"entries but response_ids has {len(self.response_ids)}")
-
-
-@dataclass(frozen=True)
-class Suffix:
-    """One refiner continuation: its text and whether the refiner stopped by itself (EOS) rather than at its
-    token budget."""
-
-    text: str
-    finished: bool
 
 
 class Refiner:
@@ -103,6 +85,38 @@ class Refiner:
                  for c in row] for row, b in zip(outs, budgets)]
 
 
+def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, tokenizer, *, attempts: int = 2,
+            merge: str = "replace", max_new_tokens: int, grade_fn, seed: int | None = None,
+            ) -> tuple[list[Trajectory], list[dict]]:
+    """Step 5: repair the picked failures, recompute their rewards, merge the accepted ones.
+
+    picks: (index into trajs, prefix_len in tokens) per selected failure. `tokenizer` is the POLICY's. Every
+    attempt is graded (the trace records each); the first correct one is accepted (`repaired`); a rejected
+    pick leaves the list holding the very same Trajectory object. Returns (new list, one trace per pick).
+    """
+    _check_picks(trajs, picks, attempts, merge, max_new_tokens)   # a public entry point: one-line errors
+    if not picks:
+        return list(trajs), []
+    originals = [trajs[index] for index, _ in picks]
+    prefixes = [t.response_ids[:prefix_len] for t, (_, prefix_len) in zip(originals, picks)]
+    prefix_texts = [tokenizer.decode(p, skip_special_tokens=True) for p in prefixes]   # the refiner reads text
+    suffixes = refiner.continue_from([t.question for t in originals], prefix_texts, n=attempts,
+                                     max_tokens=[max_new_tokens - len(p) for p in prefixes], seed=seed)
+    end_id = turn_end_id(tokenizer)  # what ends the assistant turn of the policy's prompt (choice 3)
+    accepted: dict[int, Trajectory] = {}  # index of the original -> its repaired trajectory
+    traces = []
+    for t, (index, _), prefix, prefix_text, tries in zip(originals, picks, prefixes, prefix_texts, suffixes):
+        spliced = [splice(prefix, s.text, tokenizer, max_new_tokens=max_new_tokens, eos_id=end_id,
+                          finished=s.finished) for s in tries]   # (response_ids, offpolicy_mask) per attempt
+        texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in spliced]
+        verdicts = [bool(grade_fn(text, t.answer)) for text in texts]   # reward recomputation with the grader
+        if any(verdicts):
+            k = verdicts.index(True)   # the first correct attempt
+            accepted[index] = repaired(t, *spliced[k], texts[k], len(prefix), end_id)
+        traces.append(_trace(t, len(prefix), prefix_text, tries, verdicts, accepted.get(index)))
+    return merge_into(trajs, accepted, merge), traces
+
+
 def splice(prefix_ids: list[int], suffix_text: str, tokenizer, *, max_new_tokens: int,
            eos_id: int | None, finished: bool = True) -> tuple[list[int], list[int]]:
     """(response_ids, offpolicy_mask): the original prefix ids untouched + the suffix in POLICY tokens (+ END).
@@ -128,35 +142,18 @@ def splice(prefix_ids: list[int], suffix_text: str, tokenizer, *, max_new_tokens
     # END SOLUTION
 
 
-def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, tokenizer, *, attempts: int = 2,
-            merge: str = "replace", max_new_tokens: int, grade_fn, seed: int | None = None,
-            ) -> tuple[list[Trajectory], list[dict]]:
-    """Repair the picked failures, recompute their rewards, merge the accepted ones.
-
-    picks: (index into trajs, prefix_len in tokens) per selected failure. `tokenizer` is the POLICY's.
-    Returns (new list, one trace dict per pick; "step" is left for the caller to fill).
-    """
-    _check_picks(trajs, picks, attempts, merge, max_new_tokens)   # a public entry point: one-line errors
-    if not picks:
-        return list(trajs), []
-    originals = [trajs[index] for index, _ in picks]
-    prefixes = [t.response_ids[:prefix_len] for t, (_, prefix_len) in zip(originals, picks)]
-    prefix_texts = [tokenizer.decode(p, skip_special_tokens=True) for p in prefixes]   # the refiner reads text
-    suffixes = refiner.continue_from([t.question for t in originals], prefix_texts, n=attempts,
-                                     max_tokens=[max_new_tokens - len(p) for p in prefixes], seed=seed)
-    end_id = turn_end_id(tokenizer)  # what ends the assistant turn of the policy's prompt (choice 3)
-    accepted: dict[int, Trajectory] = {}  # index of the original -> its repaired trajectory
-    traces = []
-    for t, (index, _), prefix, prefix_text, tries in zip(originals, picks, prefixes, prefix_texts, suffixes):
-        spliced = [splice(prefix, s.text, tokenizer, max_new_tokens=max_new_tokens, eos_id=end_id,
-                          finished=s.finished) for s in tries]   # (response_ids, offpolicy_mask) per attempt
-        texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids, _ in spliced]
-        verdicts = [bool(grade_fn(text, t.answer)) for text in texts]   # reward recomputation with the grader
-        if any(verdicts):
-            k = verdicts.index(True)   # the first correct attempt
-            accepted[index] = _repaired(t, *spliced[k], texts[k], len(prefix), end_id)
-        traces.append(_trace(t, len(prefix), prefix_text, tries, verdicts, accepted.get(index)))
-    return merge_into(trajs, accepted, merge), traces
+def repaired(t: Trajectory, response_ids: list[int], mask: list[int], text: str, prefix_len: int,
+              end_id: int | None) -> Trajectory:
+    """The accepted repair of failure `t`: reward 1.0 (source "rectified", or "replaced" for an empty prefix), the
+    refiner's tokens marked, the PRM facts copied from the original so the logs show what was salvaged, the
+    sampler's log-probs of the kept prefix only."""
+    return Trajectory(
+        question=t.question, answer=t.answer, group=t.group, prompt_ids=list(t.prompt_ids),
+        response_ids=response_ids, text=text, reward=1.0, correct=True, offpolicy_mask=mask,
+        source="rectified" if prefix_len else "replaced", steps=_copy(t.steps), step_scores=_copy(t.step_scores),
+        cut=t.cut, keep_ratio=t.keep_ratio, prefix_len=prefix_len, keep_ratio_tokens=t.keep_ratio_tokens,
+        finished=bool(response_ids) and response_ids[-1] == end_id,
+        sampler_logp=None if t.sampler_logp is None else list(t.sampler_logp[:prefix_len]))
 
 
 def merge_into(trajs: list[Trajectory], accepted: dict[int, Trajectory], merge: str) -> list[Trajectory]:
@@ -171,8 +168,15 @@ def merge_into(trajs: list[Trajectory], accepted: dict[int, Trajectory], merge: 
     return out
 
 
+def zero_repair_advantages(trajs: list[Trajectory], advantages):
+    """--repair-advantage zero, the phantom-success control: the accepted repairs already counted in their groups'
+    means; here their own advantage becomes 0, so no gradient flows through their tokens while the group's other
+    rollouts keep the shifted baseline. advantages: (N,) tensor."""
+    return advantages * advantages.new_tensor([t.source == "policy" for t in trajs])   # (N,)
+
+
 # ---------------------------------------------------------------------------------------------------
-# Plumbing: rectify's input checks, the repaired record, the trace
+# Plumbing: rectify's input checks, the trace
 # ---------------------------------------------------------------------------------------------------
 def _check_picks(trajs: list[Trajectory], picks: list[tuple[int, int]], attempts: int, merge: str,
                  max_new_tokens: int) -> None:
@@ -191,19 +195,6 @@ def _check_picks(trajs: list[Trajectory], picks: list[tuple[int, int]], attempts
         if index in seen:
             raise ValueError(f"rectify: trajectory {index} is picked twice")
         seen.add(index)
-
-
-def _repaired(t: Trajectory, response_ids: list[int], mask: list[int], text: str, prefix_len: int,
-              end_id: int | None) -> Trajectory:
-    """The accepted repair of failure `t`: reward 1.0, the refiner's tokens marked, the PRM facts copied from the
-    original so the logs show what was salvaged, the sampler's log-probs of the kept prefix only."""
-    return Trajectory(
-        question=t.question, answer=t.answer, group=t.group, prompt_ids=list(t.prompt_ids),
-        response_ids=response_ids, text=text, reward=1.0, correct=True, offpolicy_mask=mask,
-        source="rectified" if prefix_len else "replaced", steps=_copy(t.steps), step_scores=_copy(t.step_scores),
-        cut=t.cut, keep_ratio=t.keep_ratio, prefix_len=prefix_len, keep_ratio_tokens=t.keep_ratio_tokens,
-        finished=bool(response_ids) and response_ids[-1] == end_id,
-        sampler_logp=None if t.sampler_logp is None else list(t.sampler_logp[:prefix_len]))
 
 
 def _trace(t: Trajectory, prefix_len: int, prefix_text: str, tries: list[Suffix], verdicts: list[bool],

@@ -96,7 +96,7 @@ import time
 
 import torch
 
-from refine import Suffix
+from harness.generate import Suffix
 
 VERSION = 3  # bump when a change to this file should invalidate cached warm starts
 EOS = "<|endoftext|>"
@@ -519,7 +519,7 @@ class ToyPRM:
 class OracleRefiner:
     """Writes the remaining steps correctly from the prefix's last value (choice 3), in the style of the
     prefix's last operation step (style 0 without one, choice 10); deterministic.
-    Same continue_from as refine.Refiner: `refine.Suffix`es (unfinished when cut at max_tokens), in the toy
+    Same continue_from as refine.Refiner: `generate.Suffix`es (unfinished when cut at max_tokens), in the toy
     tokenizer's vocabulary.
 
     `style` = k (scope.py --toy-refiner-style k) writes every suffix in style k whatever the prefix's style:

@@ -1,15 +1,13 @@
-"""wiring.py — what scope.py needs before its first step and after its last: the pre-flight, the run folder,
-the models, the logs, the closing summary. Nothing here is SCOPE; it is the plumbing that lets scope.py's loop
-read as the method.
+"""wiring.py — the engine around scope.py's step: the pre-flight, the run folder, the models, the `run.*` verbs
+of each step, the logs, the closing summary. Nothing here is SCOPE; it lets scope.py's loop read as the method.
 
-`start(args)` runs the pre-flight (every refusal one line, exit 2, before anything loads), opens the run folder
-(lock, resume, config.json) and loads the policy, its rollout engine, the PRM and the refiner, returning a `Run`
-the loop calls back into: `run.eval_before_training()`, `run.evaluate()`, `run.log(metrics, traces)`,
-`run.checkpoint(step)`, `run.finish()`.
-Under torchrun (harness/dist.py) every rank runs `start` and the loop; rank 0 alone takes the lock, writes the
-folder and prints, and `run.dist` says which groups of each step are this rank's. `calm_interrupt(args)` turns
-Ctrl-C or a SIGTERM into one line naming the last complete checkpoint and the command that resumes it (before the
-first checkpoint: that nothing was saved yet, and the command that starts the run again).
+`start(args, paper)` runs the pre-flight (every refusal one line, exit 2, before anything loads), opens the run
+folder (lock, resume, config.json) and loads the policy, its rollout engine, the PRM and the refiner, returning a
+`Run`: `run.steps()`, `run.rollout`, `run.phase(name)` (timers, PRM offload, the toy reseed, autocast, vLLM sleep),
+`run.push_weights()`, `run.end_step(...)` (gather, metrics, eval, log, checkpoint), `run.finish()`. `paper` holds
+the pieces of the five top-level files the engine builds and calls (this package imports none of them). Under
+torchrun (harness/dist.py) every rank runs the loop; rank 0 alone writes and prints. `calm_interrupt(args)` turns
+Ctrl-C or SIGTERM into one line naming the last checkpoint and the command that resumes it.
 """
 import atexit
 import contextlib
@@ -19,21 +17,21 @@ import random
 import signal
 import sys
 import time
+import zlib
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 import torch
 from tqdm import tqdm
 
-from eval import evaluate
 from harness import dist, preflight
-from harness.generate import HFGenerator, load_causal_lm, load_tokenizer, vllm_importable
+from harness.generate import (GeneratorUnavailable, HFGenerator, format_prompt, load_causal_lm, load_tokenizer,
+                              vllm_importable)
 from harness.preflight import MODEL_ALIASES
 from harness import trackers
 from harness.runs import (acquire_lock, append_change, clear_run, environment, format_changes, read_changes, read_log,
                           recover_checkpoint, release_lock, restore_rng, resume_hint, save_checkpoint, stop,
                           truncate_jsonl)
-from refine import Refiner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
 CACHE_DIR = os.path.join(ROOT, "cache")        # toy warm starts (gitignored but for the shipped ones)
@@ -108,21 +106,21 @@ def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, worl
     return HFGenerator(policy, tokenizer, micro_batch_size=args.gen_batch_size)
 
 
-def load_prm(args, device: str):
-    """The process reward model, or the toy world's rule-based stand-in; None with --prm none."""
+def load_prm(args, device: str, prm_class):
+    """The process reward model (`prm_class`: prm.ProcessRewardModel), or the toy world's rule-based stand-in;
+    None with --prm none."""
     if args.prm == "none":
         return None
     if args.toy:   # the toy PRM's noise has its own RNG: the loop reseeds it from (seed, step) so resume is exact
         from harness import toy
         return toy.ToyPRM(args.toy_prm_noise, seed=args.seed)
-    from prm import ProcessRewardModel
     with loading(args.prm):
-        return ProcessRewardModel(args.prm, device=device,
+        return prm_class(args.prm, device=device,
                                   dtype=torch.bfloat16 if device.startswith("cuda") else None)
 
 
-def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
-    """The refiner of --mode scope/replace (None otherwise): the policy itself, a served model (--refiner-url),
+def load_refiner(args, generator, tokenizer, device: str, run_dir: str, Refiner):
+    """The refiner of --mode scope/replace (None otherwise; `Refiner`: refine.Refiner): the policy itself, a served model (--refiner-url),
     the toy oracle, a separate model on its own `vllm serve` (when vLLM is installed: refiner work never goes
     through HF generate then; generate.serve_with_vllm), or, without vLLM, a separate model through HF generate.
     A server that does not start falls back to HF generate only where preflight.check_refiner_fallback finds
@@ -312,9 +310,20 @@ def calm_interrupt(args):
         signal.signal(signal.SIGTERM, previous)
 
 
+@dataclass(frozen=True)
+class Paper:
+    """The pieces of the five top-level files that the engine builds or calls; scope.py passes them to `start`."""
+    trajectory: type               # refine.Trajectory: what `Run.rollout` returns
+    refiner: type                  # refine.Refiner: drives a generator for the refiner (`load_refiner`)
+    prm: type                      # prm.ProcessRewardModel (`load_prm`)
+    evaluate: object               # eval.evaluate: the periodic held-out accuracy (`Run.evaluate`)
+    near_miss_at_k: object         # eval.near_miss_at_k and ...
+    discarded_valid_share: object  # ... eval.discarded_valid_share: two of the step's metrics (`step_metrics`)
+
+
 @dataclass
 class Run:
-    """One training run as the loop sees it: its settings, models and open logs."""
+    """One training run as the loop sees it: its settings, models and open logs, and the verbs of one step."""
     args: object
     run_dir: str
     device: str
@@ -337,6 +346,11 @@ class Run:
     dist: object = field(default_factory=dist.Dist)     # this process's rank under torchrun (harness/dist.py)
     model: object = None                             # the module the update trains: policy, DDP or FSDP2
     prm_offload: bool = False                         # the PRM waits in CPU memory between its uses
+    paper: Paper = None                               # what the engine calls from the five top-level files
+    step: int = 0                                     # the step being run, its phase times, its start time, and
+    times: dict = field(default_factory=dict)         # whether a served refiner stopped answering in it
+    t0: float = 0.0
+    unavailable: bool = False
 
     def amp(self):
         """bfloat16 autocast on CUDA (float32 master weights), nothing on the CPU."""
@@ -367,10 +381,114 @@ class Run:
             torch.cuda.empty_cache()   # hand its 14 GiB back to the allocator's pool for the update
 
     def steps(self):
-        """The steps still to run, with a progress bar on a terminal."""
+        """(step, the step's B problems, this rank's groups) for each step still to run, with a progress bar on a
+        terminal; first the evaluation before training (step 0) of a new run. Each step's torch seed and its
+        problems (drawn with replacement only when there are fewer than B) derive from (seed, step) alone."""
         a = self.args
-        return tqdm(range(self.start_step, a.steps + 1), initial=self.start_step - 1, total=a.steps, desc="steps",
-                    disable=not sys.stderr.isatty() or not self.dist.main)
+        B, mine = a.prompts_per_step, self.dist.groups(a.prompts_per_step)   # this rank's whole groups of the B
+        if self.start_step == 1 and a.eval_every:
+            self.eval_before_training()   # step 0 of metrics.jsonl: the "before" of the closing summary
+        for step in tqdm(range(self.start_step, a.steps + 1), initial=self.start_step - 1, total=a.steps,
+                         desc="steps", disable=not sys.stderr.isatty() or not self.dist.main):
+            self.step, self.times, self.t0, self.unavailable = step, {}, time.time(), False
+            torch.manual_seed(self.seed("torch"))
+            rng, n = np.random.default_rng(self.seed("prompts")), len(self.train_problems)
+            yield step, [self.train_problems[i] for i in rng.choice(n, size=B, replace=n < B)], mine
+
+    def seed(self, phase: str, items: list | None = None) -> int:
+        """A seed for one random phase of this step, from (seed, step, phase) only, so that a resume is exact;
+        with `items` (this rank's picks), plus how many the lower torchrun ranks hold (their global index)."""
+        return seed_for(self.args.seed, self.step, phase) + (0 if items is None else self.dist.offset(len(items)))
+
+    @contextlib.contextmanager
+    def phase(self, name: str, items: list | None = None):
+        """Time the block as time_<name>. "prm": the PRM on the GPU (--prm-offload) and the toy PRM's noise
+        reseeded from (seed, step). "refine": autocast around an HF refiner; yields the phase's seed (`seed`);
+        a served refiner that stops answering (GeneratorUnavailable) ends the block with a warning and the
+        step goes on without repairs. "update": vLLM asleep (--rollout-sleep: its weights and KV cache freed),
+        FSDP2's gathered weights dropped, the policy in train mode for the block."""
+        t0 = time.time()
+        if name == "prm":
+            with self.prm_on_device():
+                if self.args.toy and self.prm:
+                    self.prm.reseed(self.seed("prm"))
+                yield
+        elif name == "refine":
+            seed = self.seed("refine", items)
+            try:
+                with self.amp_for(getattr(self.refiner, "generator", None)):
+                    yield seed
+            except GeneratorUnavailable as err:
+                tqdm.write(f"warning: the refiner did not answer, no rectification this step: {err}")
+                self.unavailable = True
+        elif name == "update":
+            if self.use_vllm and self.args.rollout_sleep:
+                self.generator.sleep()   # sync_weights wakes the weights, the next rollout the KV cache
+            dist.reshard(self.policy)   # FSDP2: drop the full weights a generation left gathered
+            self.policy.train()
+            yield
+            self.policy.eval()
+        else:
+            yield
+        self.times[name] = time.time() - t0
+
+    def rollout(self, problems: list[dict], groups: range) -> list:
+        """Step 1: G samples per prompt of `groups` at the rollout temperature, one batched call, kept as token
+        ids (paper.trajectory each). vLLM seeds prompt i with seed + i, so a rank samples its slice alone; HF
+        generate draws one stream for the whole call, so each rank samples all B prompts and keeps its groups."""
+        with self.phase("rollout"):
+            a = self.args
+            todo = groups if self.use_vllm else range(len(problems))
+            prompts = [format_prompt(self.tokenizer, problems[b]["question"]) for b in todo]
+            self.policy.eval()
+            with self.amp_for(self.generator):   # autocast for HF generate only, never around vLLM
+                completions = self.generator.generate(prompts, n=a.group_size, temperature=a.temperature,
+                                                      max_tokens=a.max_new_tokens, seed=self.seed("rollout") + todo.start)
+            return [self.paper.trajectory(question=problems[b]["question"], answer=problems[b]["answer"], group=b,
+                                          prompt_ids=prompt, response_ids=list(c.ids), text=c.text,
+                                          finished=c.finished, sampler_logp=c.logprobs)
+                    for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
+
+    @property
+    def pad_id(self) -> int:
+        return pad_or_eos(self.tokenizer)
+
+    def sampler_logp(self, trajs: list) -> list | None:
+        """The sampler's log-probs of each trajectory for the truncated importance weight: vLLM rollouts with
+        --tis-cap > 0 only (HF generate returns none)."""
+        return [t.sampler_logp for t in trajs] if self.args.tis_cap > 0 and any(t.sampler_logp for t in trajs) else None
+
+    def on_device(self, batch: dict) -> dict:
+        return {k: v.to(self.device) for k, v in batch.items()}
+
+    def update_engine(self) -> dict:
+        """grpo.update_epoch's engine settings: micro-batches, the gradient clip at 1.0, the log-softmax chunk,
+        bf16 autocast around each forward (update_amp), the KL reference, the truncated importance weight's cap,
+        the rollout temperature (log-probs of the distribution the rollouts came from), torchrun."""
+        a = self.args
+        return dict(micro_batch_size=a.micro_batch_size, max_grad_norm=1.0, chunk_tokens=a.logprob_chunk,
+                    amp=self.update_amp, ref_model=self.ref_model, tis_cap=a.tis_cap, temperature=a.temperature,
+                    dist=self.dist if self.dist.world > 1 else None)
+
+    def push_weights(self) -> None:
+        """Step 8: the updated weights into the vLLM rollout engine (FSDP2: every rank gathers the full tensors
+        for its own engine); nothing with HF generate, which samples from the policy itself."""
+        with self.phase("sync"):
+            if self.use_vllm:
+                self.generator.sync_weights(dist.FullView(self.policy) if self.args.fsdp else self.policy)
+
+    def end_step(self, step: int, trajs: list, merged: list, traces: list[dict], stats: dict) -> None:
+        """Step 9: every rank's rows gathered, the step's metrics, the periodic eval, the log line, the
+        checkpoint every --save-every steps and after the last."""
+        a = self.args
+        trajs, merged, traces, unavailable = self.dist.gather(trajs, merged, traces, [self.unavailable])
+        m, traces = step_metrics(step, a, trajs, merged, traces, stats, self.times, any(unavailable), self.paper)
+        if a.eval_every and (step % a.eval_every == 0 or step == a.steps):
+            m["eval_acc"] = self.evaluate()
+        m["time_step"] = time.time() - self.t0
+        self.log(m, traces)   # metrics.jsonl, traces.jsonl, the step's line
+        if step % a.save_every == 0 or step == a.steps:
+            self.checkpoint(step)
 
     def evaluate(self) -> float:
         """Accuracy (avg@eval_n at temperature 0.6, up to --eval-max-new-tokens) on the held-out problems. Under
@@ -380,7 +498,7 @@ class Run:
         a, problems = self.args, self.eval_problems
         share = self.dist.block(len(problems)) if self.use_vllm and self.dist.world > 1 else range(len(problems))
         with self.amp_for(self.generator):
-            result = evaluate(self.generator, self.tokenizer, problems[share.start:share.stop], n=a.eval_n,
+            result = self.paper.evaluate(self.generator, self.tokenizer, problems[share.start:share.stop], n=a.eval_n,
                               temperature=EVAL_TEMPERATURE, max_new_tokens=a.eval_max_new_tokens, seed=a.seed + share.start,
                               batch_size=64)
         if len(share) == len(problems):
@@ -436,8 +554,8 @@ class Run:
         return summary
 
 
-def start(args) -> Run | None:
-    """The pre-flight, then the run folder and the models; None after a --dry-run."""
+def start(args, paper: Paper) -> Run:
+    """The pre-flight, then the run folder and the models; a --dry-run exits after the pre-flight."""
     t_start = time.time()
     d = dist.init(args.dist_timeout)                                  # torchrun: the process group; else rank 0 of 1
     if not d.main:
@@ -458,7 +576,7 @@ def start(args) -> Run | None:
     preflight.check_memory(args, device, use_vllm)                    # printed; stops on a GPU too small
     if args.dry_run:
         preflight.print_dry_run(args, run_dir, notes + hub_notes)
-        return None
+        raise SystemExit(0)
 
     d.barrier()                                                       # every rank checked the folder before rank 0 writes
     ckpt, start_step = d.broadcast(open_run(args, run_dir, resume_step) if d.main else None)
@@ -472,8 +590,8 @@ def start(args) -> Run | None:
     policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
     model = dist.wrap(policy, d, args.fsdp)                           # DDP or FSDP2 under torchrun; else the policy
     generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
-    prm = load_prm(args, device)
-    refiner = load_refiner(args, generator, tokenizer, device, run_dir)
+    prm = load_prm(args, device, paper.prm)
+    refiner = load_refiner(args, generator, tokenizer, device, run_dir, paper.refiner)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr,   # after wrap: FSDP2's parameters are shards
                                   fused=args.fused_adamw and device.startswith("cuda"))   # fused: same update
     prm_offload = prm is not None and not args.toy and preflight.prm_offloaded(args, device, use_vllm)
@@ -488,11 +606,59 @@ def start(args) -> Run | None:
     run = Run(args, run_dir, device, use_vllm, policy, tokenizer, ref_model, generator, prm, refiner, optimizer,
               train_problems, eval_problems, start_step, *logs, t_start,
               trackers.open_tracker(args.report_to, run_dir, asdict(args), start_step) if d.main else None,
-              summary={"run_dir": run_dir}, dist=d, model=model, prm_offload=prm_offload)
+              summary={"run_dir": run_dir}, dist=d, model=model, prm_offload=prm_offload, paper=paper)
     n_params = sum(p.numel() for p in policy.parameters())
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")
     return run
+
+
+def step_metrics(step: int, args, rollouts: list, trained: list, traces: list[dict], stats: dict, times: dict,
+                 unavailable: bool, paper: Paper) -> tuple[dict, list[dict]]:
+    """Everything logged about one step, computed once after it: the policy's own rollouts (comparable across
+    modes), the PRM's view of the failures, the repairs, the update, the time per phase (docs/metrics.md). Traces
+    get the group's rewards before repair."""
+    from harness import toy
+    B, G = args.prompts_per_step, args.group_size
+    passed = np.array([t.correct for t in rollouts]).reshape(B, G)
+    failed_scored = [t for t in rollouts if not t.correct and t.step_scores is not None]
+    accepted = [tr for tr in traces if tr["accepted"]]
+    m = {"step": step, "mode": args.mode,
+         "reward_mean": float(passed.mean()), "frac_all_fail": float((~passed.any(1)).mean()),
+         "frac_all_pass": float(passed.all(1).mean()),
+         "response_len": float(np.mean([len(t.response_ids) for t in rollouts])),
+         "trunc_frac": float(np.mean([not t.finished for t in rollouts])),   # hit max_new_tokens without a stop
+         "near_miss_frac": paper.near_miss_at_k([(len(t.steps), t.cut) for t in failed_scored], k=1) if failed_scored else None,
+         "discarded_valid_frac": paper.discarded_valid_share([t.keep_ratio for t in failed_scored]) if failed_scored else None,
+         "refiner_unavailable": int(unavailable), "rectify_tried": len(traces), "rectify_accepted": len(accepted),
+         # κ of what was actually kept: a whole-solution repair (mode replace, or a cut at step 0) keeps nothing
+         "keep_ratio_steps": mean(tr["keep_ratio"] if tr["mode"] == "scope" else 0.0 for tr in accepted),
+         "keep_ratio_tokens": mean(tr["keep_ratio_tokens"] if tr["mode"] == "scope" else 0.0 for tr in accepted),
+         "rectify_all_fail": sum(not passed[tr["group"]].any() for tr in accepted),   # repairs in all-fail groups
+         "reward_merged": float(np.mean([t.reward for t in trained])),
+         "entropy": stats["entropy_policy"],   # mean over policy-written tokens, before the step
+         "loss": stats["loss"], "grad_norm": stats["grad_norm"], "skipped": stats["skipped"],
+         "clip_frac": stats.get("clip_frac"), "offpolicy_share": stats.get("offpolicy_share"),
+         "tis_weight_mean": stats.get("tis_weight_mean"), "tis_capped_frac": stats.get("tis_capped_frac"),
+         "pad_share": stats.get("pad_share"),   # padding share of the positions the update computed
+         **{f"time_{k}": v for k, v in times.items()}}
+    if args.toy_styles > 1:   # styles of the policy's own correct rollouts, before repair (toy.style_stats)
+        styles = toy.style_stats([t.text for t in rollouts if t.correct], args.toy_styles)
+        m.update(style_entropy_correct=styles["entropy"], style_share_correct=styles["share"],
+                 style_other_correct=styles["other"])
+    if args.toy and (args.toy_refiner_style != "prefix" or args.select_tiebreak != "length"
+                     or args.repair_advantage != "keep"):   # every style, of all the policy's own rollouts
+        styles = toy.style_stats([t.text for t in rollouts], len(toy.STYLES))
+        m.update(style_share_all=styles["share"], style_other_all=styles["other"])
+    rewards = {b: [t.reward for t in rollouts if t.group == b] for b in range(B)}
+    traces = [{**tr, "group_rewards": rewards[tr["group"]], "group_all_fail": bool(not passed[tr["group"]].any())}
+              for tr in traces]
+    return m, traces
+
+
+def seed_for(seed: int, step: int, phase: str) -> int:
+    """A seed for one random phase of one step, derived from (seed, step, phase) only: resume is exact."""
+    return int(np.random.SeedSequence([seed, step, zlib.crc32(phase.encode())]).generate_state(1)[0] % 2**31)
 
 
 def summary_line(m: dict) -> str:

@@ -7,6 +7,7 @@ functions are checked one by one on a hand-built step (a character tokenizer: on
 every span below is a count of characters), in seconds, as soon as problems 1–5 are written; the end-to-end
 runs of scope.py are its separate, slow check (the handout's "End-to-end check" line).
 """
+import contextlib
 import math
 import types
 
@@ -16,8 +17,11 @@ import torch
 import scope
 from conftest import make_bpe_tokenizer, make_char_tokenizer
 from grpo import clipped_surrogate, group_advantages, policy_loss
+from harness import wiring
 from harness.generate import GeneratorUnavailable
-from refine import Suffix, Trajectory, splice
+from harness.grader import grade
+from prm import locate_first_errors, select_failures
+from refine import Suffix, Trajectory, rectify, splice
 
 LN = math.log
 
@@ -152,7 +156,7 @@ def test_locate_first_errors_sets_the_cut_and_the_kept_tokens():
     characters + EOS); c: cut 2, κ = 2/3, 36 tokens; d: cut 0, nothing kept. b succeeded: not scored."""
     tok = make_char_tokenizer()
     trajs, prm, args = step_world(tok)
-    scope.locate_first_errors(trajs, prm, args, tok)
+    locate_first_errors(trajs, prm, tok, args.tau, args.mode, args.prm_reward_coef)
     a, b, c, d = trajs
     assert a.steps == [S1, S2, S3] and a.step_scores == [0.9, 0.2, 0.1]
     assert (a.cut, c.cut, d.cut) == (1, 2, 0)
@@ -162,7 +166,7 @@ def test_locate_first_errors_sets_the_cut_and_the_kept_tokens():
     assert a.keep_ratio_tokens == 18 / 46 and d.keep_ratio_tokens == 0.0
     assert b.steps is None and b.cut is None, "a rollout that succeeded is not scored (mode scope)"
     trajs, prm, args = step_world(tok, mode="prm-reward")
-    scope.locate_first_errors(trajs, prm, args, tok)
+    locate_first_errors(trajs, prm, tok, args.tau, args.mode, args.prm_reward_coef)
     assert trajs[1].step_scores == [0.9, 0.9], "mode prm-reward scores every rollout"
 
 
@@ -174,34 +178,37 @@ def test_select_failures_one_pick_per_eligible_group():
                 ("replace", "any"): [(0, 0), (2, 0)], ("grpo", "any"): []}
     for (mode, groups), want in expected.items():
         trajs, prm, args = step_world(tok, mode=mode, rectify_groups=groups)
-        scope.locate_first_errors(trajs, prm, args, tok)
-        got = [tuple(p) for p in scope.select_failures(trajs, range(2), args)]
+        locate_first_errors(trajs, prm, tok, args.tau, args.mode, args.prm_reward_coef)
+        got = [tuple(p) for p in select_failures(trajs, range(2), args.mode, args.rectify_groups, args.select_tiebreak)]
         assert got == want, f"mode {mode}, --rectify-groups {groups}: picks {got}, expected {want}"
 
 
 def test_repair_keeps_the_prefix_ids_and_survives_a_stopped_refiner():
     tok = make_char_tokenizer()
     trajs, prm, args = step_world(tok)
-    scope.locate_first_errors(trajs, prm, args, tok)
-    picks = scope.select_failures(trajs, range(2), args)
+    locate_first_errors(trajs, prm, tok, args.tau, args.mode, args.prm_reward_coef)
+    picks = select_failures(trajs, range(2), args.mode, args.rectify_groups, args.select_tiebreak)
     refiner = FakeRefiner()
-    run = types.SimpleNamespace(args=args, refiner=refiner, tokenizer=tok,
-                                amp_for=lambda generator: __import__("contextlib").nullcontext())
-    merged, traces, unavailable = scope.rectify_failures(run, trajs, picks, seed=0)
-    assert not unavailable and len(merged) == 4 and len(traces) == 2
+    merged, traces = rectify(trajs, picks, refiner, tok, attempts=1, merge="replace", max_new_tokens=400,
+                             grade_fn=grade, seed=0)
+    assert len(merged) == 4 and len(traces) == 2
     assert refiner.calls == [[S1, S1 + S2]], "the refiner continues the decoded kept prefix"
     fixed = merged[0]
     assert fixed.source == "rectified" and fixed.reward == 1.0 and fixed.group == 0
     assert fixed.response_ids[:18] == trajs[0].response_ids[:18], "the policy's prefix ids are kept verbatim"
     n_suffix = len(fixed.response_ids) - 18
     assert fixed.offpolicy_mask == [0] * 18 + [1] * n_suffix
-    trajs, prm, args = step_world(tok)
-    run.refiner = FakeRefiner(down=True)
-    merged, traces, unavailable = scope.rectify_failures(run, trajs, [(0, 18)], seed=0)
-    assert unavailable and traces == [] and merged == trajs, "a stopped refiner: the step goes on with the rollouts"
+    trajs, prm, args = step_world(tok)   # scope.main's step 5 with a refiner that stopped answering
+    run = types.SimpleNamespace(args=args, refiner=FakeRefiner(down=True), times={}, unavailable=False,
+                                seed=lambda phase, items=None: 0, amp_for=lambda generator: contextlib.nullcontext())
+    merged, traces = trajs, []
+    with wiring.Run.phase(run, "refine", [(0, 18)]) as seed:
+        merged, traces = rectify(trajs, [(0, 18)], run.refiner, tok, attempts=1, merge="replace", max_new_tokens=400,
+                                 grade_fn=grade, seed=seed)
+    assert run.unavailable and traces == [] and merged is trajs, "a stopped refiner: the step goes on with the rollouts"
 
 
-def test_batch_advantages_per_ragged_group():
+def test_group_advantages_per_ragged_group():
     """--merge append: group 0 = rewards [0, 1, 1] (mean 2/3) → [−2/3, 1/3, 1/3]; group 1 = [0, 0] → [0, 0];
     with adv_std group 0's std is 1/√3: [−2/√3·…]; a group of one gets 0."""
     def t(group, reward):
@@ -209,9 +216,9 @@ def test_batch_advantages_per_ragged_group():
                           reward=reward)
 
     batch = [t(0, 0.0), t(1, 0.0), t(0, 1.0), t(1, 0.0), t(0, 1.0), t(2, 1.0)]
-    adv = scope.batch_advantages(batch, range(3), scale_std=False)
+    adv = group_advantages([t.reward for t in batch], groups=[t.group for t in batch], scale_std=False)
     assert torch.allclose(adv, torch.tensor([-2 / 3, 0.0, 1 / 3, 0.0, 1 / 3, 0.0]))
-    adv = scope.batch_advantages(batch, range(3), scale_std=True)
+    adv = group_advantages([t.reward for t in batch], groups=[t.group for t in batch], scale_std=True)
     s = math.sqrt(1 / 3)   # unbiased std of [0, 1, 1]
     assert not torch.isnan(adv).any()
     assert torch.allclose(adv, torch.tensor([-2 / 3 / s, 0.0, 1 / 3 / s, 0.0, 1 / 3 / s, 0.0]), atol=1e-5)
@@ -221,10 +228,10 @@ def test_repair_append_grows_the_group():
     """--merge append: each repair joins its group as one more member; the failures stay."""
     tok = make_char_tokenizer()
     trajs, prm, args = step_world(tok, merge="append")
-    scope.locate_first_errors(trajs, prm, args, tok)
-    run = types.SimpleNamespace(args=args, refiner=FakeRefiner(), tokenizer=tok,
-                                amp_for=lambda generator: __import__("contextlib").nullcontext())
-    merged, _, _ = scope.rectify_failures(run, trajs, scope.select_failures(trajs, range(2), args), seed=0)
+    locate_first_errors(trajs, prm, tok, args.tau, args.mode, args.prm_reward_coef)
+    picks = select_failures(trajs, range(2), args.mode, args.rectify_groups, args.select_tiebreak)
+    merged, _ = rectify(trajs, picks, FakeRefiner(), tok, attempts=1, merge="append", max_new_tokens=400,
+                        grade_fn=grade, seed=0)
     assert len(merged) == 6 and all(t in merged for t in trajs)
     assert sorted(t.group for t in merged if t.source == "rectified") == [0, 1]
     assert [sum(t.group == g for t in merged) for g in (0, 1)] == [3, 3]

@@ -201,6 +201,15 @@ def test_reading_guide_names_exist_in_their_files():
     assert not missing, "the reading guide names functions its files do not define: " + ", ".join(missing)
 
 
+def test_reading_guide_rows_are_short_and_name_their_file():
+    """Each row of the reading guide fits in 200 characters and names the .py file that holds its concept."""
+    rows = [line for line in reading_guide().splitlines() if line.startswith("| ") and not line.startswith("| paper")]
+    assert len(rows) >= 10
+    long = [f"{len(row)}: {row[:60]}" for row in rows if len(row) > 200]
+    assert not long, "reading-guide rows over 200 characters:\n" + "\n".join(long)
+    assert all(re.search(r"`[\w/]+\.py[: ]", row.split("|")[2]) for row in rows), "a row names no file"
+
+
 def test_reading_guide_tests_exist():
     """Every `tests/test_x.py::test_y` (and the `::test_z` continuing it in the same cell) is a test."""
     missing = []
@@ -229,7 +238,7 @@ def test_every_file_and_name_cited_in_readme_and_docs_exists():
 
 def test_every_flag_of_the_choices_table_is_a_field_of_args():
     """docs/choices.md's flag column names `scope.py` flags only (Args is the one source of truth)."""
-    src = read(os.path.join(ROOT, "scope.py"))
+    src = read(os.path.join(ROOT, "scope.py")) + read(os.path.join(ROOT, "harness", "config.py"))   # Args, EngineArgs
     fields = set(re.findall(r"^    (\w+): [\w |]+ = arg\(", src, re.MULTILINE))
     assert len(fields) > 20, "could not read the fields of scope.Args"
     rows = [line.split("|") for line in read(os.path.join(DOCS, "choices.md")).splitlines()

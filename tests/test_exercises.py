@@ -600,10 +600,10 @@ def test_depends_on_is_computed_from_what_the_checks_call():
     and nothing of the update side; a check file's plain helpers count, its unrelated tests do not."""
     deps = {e.name: e.depends for e in exercises.EXERCISES}
     assert "logprob_entropy" in deps["policy_loss"]
-    assert deps["scope_step"] == ("split_steps", "step_token_spans", "first_error", "splice", "group_advantages")
+    assert deps["scope_step"] == ("split_steps", "step_token_spans", "first_error", "splice")
     assert deps["clipped_surrogate"] == () and deps["group_advantages"] == ()
-    assert exercises.reached_exercises([exercises.CHECKS + "test_batch_advantages_per_ragged_group"]) == \
-        {"scope_step", "group_advantages"}
+    assert exercises.reached_exercises([exercises.CHECKS + "test_group_advantages_per_ragged_group"]) == \
+        {"group_advantages"}
     assert "| 11 | `policy_loss` |" in exercises.table() and \
         exercises.table().split("| 11 | `policy_loss` |")[1].split("\n")[0].rstrip(" |").endswith(
             ", ".join(deps["policy_loss"]))
@@ -645,7 +645,7 @@ def test_loading_a_copy_leaves_no_module_bound_to_it(tmp_path):
             "import refine, scope\nfrom harness import toy, wiring\n"
             "assert copy.refine is not refine and copy.refine.__file__.startswith(sys.argv[2]), copy.refine.__file__\n"
             "assert refine.__file__.startswith(sys.argv[1]) and not refine.__file__.startswith(sys.argv[2])\n"
-            "assert wiring.Refiner is refine.Refiner and toy.Suffix is refine.Suffix and scope.wiring is wiring\n")
+            "assert scope.refine is refine and toy.Suffix is refine.Suffix and scope.wiring is wiring\n")
     proc = subprocess.run([sys.executable, "-c", code, ROOT, str(tmp_path)], capture_output=True, text=True,
                           timeout=300, cwd=str(tmp_path))
     assert proc.returncode == 0, proc.stderr[-2000:]
@@ -654,18 +654,13 @@ def test_loading_a_copy_leaves_no_module_bound_to_it(tmp_path):
 # what a student writes into problem 12's scaffold: the reference's own lines
 UPDATE_FILL = '''\
 with amp():
-    logp, entropy = _forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
-                                      entropy_grad=entropy_coef != 0, keep=keep, chunk_tokens=chunk_tokens,
-                                      temperature=temperature)
-    old_logp = part.get("old_logp")
-    if old_logp is None:
-        old_logp = logp.detach()
-    ref_logp = _reference_logprobs(part, ref_model, kl_coef, mb, chunk_tokens, temperature)
-    is_weight, is_mask = _sampler_weights(part, old_logp, tis_cap)
+    logp, entropy = step.forward(part, entropy_grad=entropy_coef != 0)
+    old_logp = part.get("old_logp", logp.detach())
     loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"], part["offpolicy_mask"],
-                              clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=z, ref_logp=ref_logp,
-                              kl_coef=kl_coef, entropy=entropy, entropy_coef=entropy_coef,
-                              offpolicy_credit=offpolicy_credit, is_weight=is_weight)
+                              clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=step.z,
+                              ref_logp=step.reference_logprobs(part), kl_coef=kl_coef, entropy=entropy,
+                              entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
+                              is_weight=step.sampler_weight(part, old_logp))
 '''
 
 
@@ -679,7 +674,7 @@ def test_problem_12_scaffold_filled_with_the_reference_lines_passes_every_update
     text = (out / "grpo.py").read_text()
     stub = next(ln for ln in text.splitlines() if "raise NotImplementedError(" in ln and "exercise 12 (update)" in ln)
     indent = stub[:len(stub) - len(stub.lstrip())]
-    assert "_micro_batch(batch, micro_batches, i, extents, device)" in text and "_gradient_exchange(model" in text
+    assert "for part in step.micro_batches():" in text and "step.backward(loss, terms)" in text
     filled = "".join(indent + ln + "\n" if ln else "\n" for ln in UPDATE_FILL.splitlines())
     (out / "grpo.py").write_text(text.replace(stub + "\n", filled))
     junit = tmp_path / "junit.xml"

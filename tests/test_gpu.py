@@ -15,7 +15,7 @@ nothing downloaded (docs/gpu-check.md):
    vLLM's reserved share and the CUDA context included), next to the trainer allocator's peak;
 6. where vLLM imports: after a weight push, vLLM's greedy output (the CUDA model runner) equals the updated HF
    model's and differs from the old one. Without vLLM this part is skipped ("not run (no vllm)" in the summary);
-7. grpo.update at the 1.5B shape as train_on runs it: the allocator's peak beside the plan's update rows;
+7. grpo.update at the 1.5B shape as scope.main runs it: the allocator's peak beside the plan's update rows;
 8. one update of a default step's batch (16 x 8 rows, about 100k tokens): seconds and MFU;
 9. a random-weight PRM of Qwen2.5-Math-PRM-7B's shape scoring 64 failures of 1,280 tokens: seconds and peak.
 
@@ -323,7 +323,7 @@ def amp_of(device: str):
 
 
 def update_peak(shape: dict, device: str, rows: int, tokens: int, micro: int) -> dict:
-    """grpo.update as train_on runs it (autocast around each forward, fused AdamW, checkpointing): the second
+    """grpo.update as scope.main runs it (autocast around each forward, fused AdamW, checkpointing): the second
     step's allocator peak (AdamW's state exists) beside the plan's update rows for that micro-batch."""
     import grpo
     from harness import preflight
@@ -421,7 +421,7 @@ TINY_UPDATE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, nu
 @pytest.mark.gpu
 @no_cuda
 def test_update_peak_memory_matches_the_plan():
-    """grpo.update at the real Qwen2.5-1.5B shape on CUDA as train_on runs it (random weights, fp32 master,
+    """grpo.update at the real Qwen2.5-1.5B shape on CUDA as scope.main runs it (random weights, fp32 master,
     bf16 autocast around each forward, fused AdamW, gradient checkpointing, two micro-batches of 4 x 1,280
     tokens): the allocator peak of the second step against the plan's update rows. Fails beyond 15 %."""
     figures = update_peak(QWEN25_15B, "cuda", rows=8, tokens=1280, micro=4)

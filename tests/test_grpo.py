@@ -10,10 +10,10 @@ import torch
 from torch.testing import assert_close
 
 from conftest import make_char_tokenizer, make_tiny_causal_lm
-from grpo import (build_batch, chunked_logprobs_and_entropy, clipped_surrogate, entropy_from_logprobs,
-                  group_advantages, length_sorted_micro_batches, logprobs_and_entropy, loss_metrics,
-                  padding_share, loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs,
-                  truncated_is_weight, update)
+from grpo import (build_batch, clipped_surrogate, entropy_from_logprobs, group_advantages, logprobs_and_entropy,
+                  loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs, update)
+from harness.trainer import (chunked_logprobs_and_entropy, length_sorted_micro_batches, loss_metrics, padding_share,
+                             truncated_is_weight)
 
 LN = math.log
 
@@ -579,7 +579,7 @@ def test_chunked_logprobs_equal_the_whole_log_softmax(entropy_grad):
     weights = torch.randn(2, 7, generator=g, dtype=torch.float64)  # (n, T) any downstream use
     grads = []
     for chunk in (3, 0):   # 0: one chunk, no recomputation
-        taken, ent = chunked_logprobs_and_entropy(logits, targets, entropy_grad, chunk_tokens=chunk)
+        taken, ent = chunked_logprobs_and_entropy(logits, targets, logprobs_and_entropy, entropy_grad, chunk_tokens=chunk)
         assert ent.requires_grad == entropy_grad
         out = (taken * weights).sum() + ((ent * weights).sum() if entropy_grad else 0.0)
         grads.append((taken.detach(), ent.detach(), torch.autograd.grad(out, logits)[0]))
@@ -597,12 +597,12 @@ def test_logprobs_at_the_rollout_temperature_by_hand():
     z = torch.tensor([[[0.0, LN(3)]] * 3], dtype=torch.float64, requires_grad=True)  # (1, 3, 2)
     targets = torch.ones(1, 3, dtype=torch.long)
     for chunk in (1, 0):
-        taken, ent = chunked_logprobs_and_entropy(z, targets, chunk_tokens=chunk, temperature=0.5)
+        taken, ent = chunked_logprobs_and_entropy(z, targets, logprobs_and_entropy, chunk_tokens=chunk, temperature=0.5)
         assert_close(taken, torch.full((1, 3), LN(0.9), dtype=torch.float64), rtol=1e-12, atol=1e-12)
         assert_close(ent, torch.full((1, 3), -(0.1 * LN(0.1) + 0.9 * LN(0.9)), dtype=torch.float64))
         grad, = torch.autograd.grad(taken.sum(), z)
         assert_close(grad, torch.tensor([[[-0.1 / 0.5, 0.1 / 0.5]] * 3], dtype=torch.float64))
-    plain, _ = chunked_logprobs_and_entropy(z, targets, chunk_tokens=0)   # T = 1: (0.25, 0.75)
+    plain, _ = chunked_logprobs_and_entropy(z, targets, logprobs_and_entropy, chunk_tokens=0)   # T = 1: (0.25, 0.75)
     assert_close(plain.detach(), torch.full((1, 3), LN(0.75), dtype=torch.float64))
 
 
@@ -771,7 +771,7 @@ def test_one_update_per_batch_is_update_on_the_whole_batch():
 
 def test_group_mini_batches_keep_groups_whole():
     """5 groups (ragged: group 3 has 3 rows) in 2 mini-batches: groups {0, 1, 2} then {3, 4}; every row once."""
-    from grpo import group_mini_batches
+    from harness.trainer import group_mini_batches
 
     groups = [0, 0, 1, 1, 2, 2, 3, 3, 3, 4, 4]
     batch = build_batch([[0]] * 11, [[1]] * 11, [None] * 11, torch.arange(11.0), pad_id=0)

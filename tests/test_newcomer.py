@@ -289,7 +289,11 @@ def write_metrics(run_dir, rows):
 
 
 def toy_args(**kw):
-    return scope.Args(**{**scope.asdict(scope.Args()), **scope.TOY_DEFAULTS, "toy": True, **kw})
+    from dataclasses import asdict
+
+    from harness.config import TOY_DEFAULTS
+
+    return scope.Args(**{**asdict(scope.Args()), **TOY_DEFAULTS, "toy": True, **kw})
 
 
 def closing_lines(capsys, run_dir, args, refiner, n_eval):

@@ -397,6 +397,7 @@ def test_a_refiner_server_that_fails_for_memory_stops_instead_of_loading_7b(monk
     import torch
 
     from harness import generate, wiring
+    from refine import Refiner
 
     def fail(*a, **kw):
         raise RuntimeError("the server exited during start-up (exit code 1); last lines:\nCUDA out of memory")
@@ -410,11 +411,11 @@ def test_a_refiner_server_that_fails_for_memory_stops_instead_of_loading_7b(monk
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GIB, 80 * GIB))
     args = scope.Args(model="Qwen2.5-1.5B", gen_batch_size=48)
     with pytest.raises(SystemExit) as exc:
-        wiring.load_refiner(args, None, None, "cuda:0", str(tmp_path))
+        wiring.load_refiner(args, None, None, "cuda:0", str(tmp_path), Refiner)
     assert exc.value.code == 2 and loaded == []
     err = [x for x in capsys.readouterr().err.strip().splitlines() if x]
     assert len(err) == 1 and "--refiner policy" in err[0] and "refiner_server.log" in err[0], err
-    refiner = wiring.load_refiner(args, None, None, "cpu", str(tmp_path))   # the CPU: HF generate is safe
+    refiner = wiring.load_refiner(args, None, None, "cpu", str(tmp_path), Refiner)   # the CPU: HF generate is safe
     assert loaded == [args.refiner] and refiner.generator == ("hf", 48)
 
 
@@ -426,8 +427,7 @@ def test_grpo_mode_loads_no_prm_unless_one_is_named(monkeypatch):
 
     grpo_args = scope.parse_args(["--model", "Qwen2.5-1.5B", "--mode", "grpo"])
     assert grpo_args.prm == "none"
-    monkeypatch.setattr("prm.ProcessRewardModel", lambda *a, **k: pytest.fail("loaded a PRM for --mode grpo"))
-    assert wiring.load_prm(grpo_args, "cpu") is None
+    assert wiring.load_prm(grpo_args, "cpu", lambda *a, **k: pytest.fail("loaded a PRM for --mode grpo")) is None
     named = scope.parse_args(["--mode", "grpo", "--prm", "Qwen/Qwen2.5-Math-PRM-7B"])
     assert named.prm == "Qwen/Qwen2.5-Math-PRM-7B"                    # asked for by name: kept
     for mode in ("scope", "replace", "prm-reward"):
@@ -436,16 +436,17 @@ def test_grpo_mode_loads_no_prm_unless_one_is_named(monkeypatch):
 
 
 def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
-    """Guards the plan fitted to another layout than the run's: scope.train_on wrapped the whole update (every
+    """Guards the plan fitted to another layout than the run's: the update step wrapped the whole update (every
     micro-batch, backward, clipping, AdamW.step) in one autocast region, so autocast's bf16 copies of the fp32
     weights lived through the step, while tools/bench_memory.py traces autocast around each micro-batch's
-    forward and loss. train_on through a Run whose amp() is a real (CPU) bf16 autocast: the model's forwards
+    forward and loss. scope.main's step 7 through a Run whose amp() is a real (CPU) bf16 autocast: the model's forwards
     run under autocast, backward and AdamW.step outside it."""
     from types import SimpleNamespace
 
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    from grpo import build_batch, update_epoch
     from harness import wiring
     from refine import Trajectory
 
@@ -469,7 +470,13 @@ def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
     run = AutocastRun(args, "", "cpu", False, model, SimpleNamespace(pad_token_id=0, eos_token_id=0), None, None,
                       None, None, Recording(model.parameters(), lr=1e-3), [], [], 1, None, None, 0.0, model=model)
     trajs = [Trajectory("q", "1", g, [1, 2, 3], [4 + g, 5, 6], "", reward=float(g % 2)) for g in range(4)]
-    stats = scope.train_on(run, trajs, torch.tensor([0.5, -0.5, 0.5, -0.5]))
+    with run.phase("update"):   # as scope.main runs step 7
+        batch = build_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
+                            [t.offpolicy_mask for t in trajs], torch.tensor([0.5, -0.5, 0.5, -0.5]), run.pad_id,
+                            run.sampler_logp(trajs))
+        stats = update_epoch(run.model, run.optimizer, run.on_device(batch), [t.group for t in trajs],
+                             **run.update_engine(), updates_per_batch=args.updates_per_batch,
+                             max_new_tokens=args.max_new_tokens)
     assert stats["skipped"] == 0.0 and stats["grad_norm"] > 0
     # --updates-per-batch 2 (the real default): the π_old pass (two micro-batches of 2 rows), then one optimizer
     # step per mini-batch of 2 groups (one micro-batch each): every forward under autocast

@@ -371,6 +371,7 @@ def test_empty_failed_response_keeps_nothing():
     """Regression: an empty failed response (split_steps → no steps, cut 0) got prefix_len = len(response_ids): a
     bare EOS was kept as the "prefix", trained on-policy with positive advantage, the refiner's tokens followed
     an EOS, and keep_ratio_tokens logged 1.0."""
+    import prm
     from refine import Trajectory
 
     class PRM:
@@ -384,10 +385,10 @@ def test_empty_failed_response_keeps_nothing():
     eos = 3
     trajs = [Trajectory(question="q", answer="1", group=0, prompt_ids=[1], response_ids=[eos], text="")]
     trajs[0].correct = False
-    scope.locate_first_errors(trajs, PRM(), scope.Args(toy=True), Tok())
+    prm.locate_first_errors(trajs, PRM(), Tok(), tau=0.5)
     assert trajs[0].prefix_len == 0 and trajs[0].keep_ratio_tokens == 0.0
-    assert scope.kept_tokens([], 0, 1) == 0
-    assert scope.kept_tokens([(0, 4), (4, 9)], 1, 12) == 4 and scope.kept_tokens([(0, 4)], 1, 12) == 12
+    assert prm.kept_tokens([], 0, 1) == 0
+    assert prm.kept_tokens([(0, 4), (4, 9)], 1, 12) == 4 and prm.kept_tokens([(0, 4)], 1, 12) == 12
 
 
 def test_pad_id_falls_back_to_eos():

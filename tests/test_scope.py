@@ -123,12 +123,13 @@ def test_real_path_on_cpu_with_self_refinement(tmp_path, tiny_prm_dir):
 
 def test_argument_precedence(tmp_path):
     import scope
+    from harness.config import TOY_DEFAULTS
 
     assert scope.parse_args([]).mode == "scope" and scope.parse_args([]).lr == 1e-6
     toy_args = scope.parse_args(["--toy"])
-    assert toy_args.steps == scope.TOY_DEFAULTS["steps"] and toy_args.model == "toy"
+    assert toy_args.steps == TOY_DEFAULTS["steps"] and toy_args.model == "toy"
     assert scope.parse_args(["--toy", "--steps", "7"]).steps == 7        # a typed flag beats a toy default
-    assert scope.parse_args(["--toy", "--steps", str(scope.TOY_DEFAULTS["steps"])]).steps == scope.TOY_DEFAULTS["steps"]
+    assert scope.parse_args(["--toy", "--steps", str(TOY_DEFAULTS["steps"])]).steps == TOY_DEFAULTS["steps"]
     run = tmp_path / "runs" / "x"
     run.mkdir(parents=True)
     (run / "config.json").write_text(json.dumps({**vars(toy_args), "steps": 5, "seed": 3}))

@@ -273,18 +273,22 @@ def test_a_phantom_repair_counts_in_its_group_mean_but_gets_advantage_zero():
     """Group 0 all-fail (8 × 0), one failure replaced by an accepted repair (reward 1): the group mean is 1/8.
     keep: A_repair = 7/8, A_fail = −1/8. zero: A_repair = 0, the 7 failures still −1/8 (the mean moved).
     Group 1 (rewards 1, 0, 0, 0, 0, 0, 0, 0, no repair) is untouched: 7/8 and −1/8."""
-    import scope
+    from grpo import group_advantages
+    from refine import zero_repair_advantages
+
+    def advantages(trajs):
+        return group_advantages([t.reward for t in trajs], groups=[t.group for t in trajs])
 
     batch = [_traj(0, 0.0) for _ in range(7)] + [_traj(0, 1.0, "rectified")]
     batch += [_traj(1, 1.0)] + [_traj(1, 0.0) for _ in range(7)]
-    keep = scope.batch_advantages(batch, range(2), scale_std=False)
+    keep = advantages(batch)
     assert keep[7].item() == pytest.approx(7 / 8) and keep[:7].tolist() == pytest.approx([-1 / 8] * 7)
-    zero = scope.zero_repair_advantages(batch, keep)
+    zero = zero_repair_advantages(batch, keep)
     assert zero[7].item() == 0.0 and zero[:7].tolist() == pytest.approx([-1 / 8] * 7)
     assert zero[8:].tolist() == pytest.approx([7 / 8] + [-1 / 8] * 7)
     assert len(zero) == len(batch) == 16          # N unchanged: the repair stays in the batch (and in Z)
     replaced = [_traj(0, 1.0, "replaced")] + [_traj(0, 0.0)] * 3   # whole replacement, a group of 4
-    assert scope.zero_repair_advantages(replaced, scope.batch_advantages(replaced, range(1), False)).tolist() \
+    assert zero_repair_advantages(replaced, advantages(replaced)).tolist() \
         == pytest.approx([0.0, -0.25, -0.25, -0.25])
 
 
@@ -303,8 +307,9 @@ def test_the_index_tie_break_picks_by_position():
 
 
 def test_select_failures_passes_the_tie_break():
-    """scope.select_failures on one group of three failures, all cut after 1 of 2 steps, lengths 30 / 10 / 20."""
+    """prm.select_failures on one group of three failures, all cut after 1 of 2 steps, lengths 30 / 10 / 20."""
     import scope
+    from prm import select_failures
     from refine import Trajectory
 
     trajs = [Trajectory(question="q", answer="1", group=0, prompt_ids=[1], response_ids=[2] * n, text="t")
@@ -313,7 +318,7 @@ def test_select_failures_passes_the_tie_break():
         t.steps, t.step_scores, t.cut, t.keep_ratio, t.prefix_len = ["a", "b"], [1.0, 0.0], 1, 0.5, 3
     for tiebreak, pick in (("length", 1), ("index", 0)):
         args = scope.parse_args(["--toy", "--select-tiebreak", tiebreak])
-        assert scope.select_failures(trajs, range(1), args) == [(pick, 3)]
+        assert select_failures(trajs, range(1), args.mode, args.rectify_groups, args.select_tiebreak) == [(pick, 3)]
 
 
 def test_new_switches_default_off_and_leave_the_commands_unchanged():

@@ -16,7 +16,7 @@ from the traces this tool runs; run it to see traced beside planned, per compone
 How: PyTorch's FakeTensorMode builds the model from its real config.json (the alias table in preflight when
 offline) with fake tensors (shapes and dtypes, no storage: nothing is allocated, no weights are needed), and
 torch.distributed._tools.mem_tracker.MemTracker records every tensor's bytes by category while our own code
-runs: grpo's micro-batch step as `grpo.update` runs it (`_forward_logprobs` → `policy_loss` → backward, for
+runs: grpo's micro-batch step as `grpo.update` runs it (`trainer.forward_logprobs` → `policy_loss` → backward, for
 two micro-batches so that the first one's gradients exist during the second, then clip_grad_norm_ and
 AdamW.step with its state already there, as from the second step on), under the run's bfloat16 autocast and
 with the run's gradient checkpointing and log-prob chunk; and the PRM's bf16 scoring forward of one batch.
@@ -102,6 +102,7 @@ def trace_update(cfg: dict, rows: int, tokens: int, *, checkpointing: bool, chun
     from torch.distributed._tools.mem_tracker import MemTracker
 
     import grpo
+    from harness import trainer
 
     with FakeTensorMode():
         model = fake_model(cfg)
@@ -115,8 +116,9 @@ def trace_update(cfg: dict, rows: int, tokens: int, *, checkpointing: bool, chun
         with tracker:
             for _ in range(2):
                 with torch.autocast("cpu", dtype=torch.bfloat16):
-                    logp, entropy = grpo._forward_logprobs(model, ids, attn, resp, entropy_grad=entropy_coef != 0,
-                                                           keep=tokens, chunk_tokens=chunk_tokens)
+                    logp, entropy = trainer.forward_logprobs(model, ids, attn, resp, grpo.logprobs_and_entropy,
+                                                             entropy_grad=entropy_coef != 0, keep=tokens,
+                                                             chunk_tokens=chunk_tokens)
                     loss, _ = grpo.policy_loss(logp, logp.detach(), adv, resp, torch.zeros_like(resp), z=rows * tokens,
                                                entropy=entropy, entropy_coef=entropy_coef)
                 loss.backward()
@@ -144,6 +146,7 @@ def trace_fsdp_update(cfg: dict, world: int, rows: int, tokens: int, *, checkpoi
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import grpo
+    from harness import trainer
     from harness import dist
 
     if not tdist.is_initialized():
@@ -160,8 +163,8 @@ def trace_fsdp_update(cfg: dict, world: int, rows: int, tokens: int, *, checkpoi
         tracker.track_inputs((ids, attn, resp))
         with tracker:
             for _ in range(2):
-                logp, entropy = grpo._forward_logprobs(model, ids, attn, resp, entropy_grad=False, keep=tokens,
-                                                       chunk_tokens=chunk_tokens)
+                logp, entropy = trainer.forward_logprobs(model, ids, attn, resp, grpo.logprobs_and_entropy,
+                                                         entropy_grad=False, keep=tokens, chunk_tokens=chunk_tokens)
                 loss, _ = grpo.policy_loss(logp, logp.detach(), adv, resp, torch.zeros_like(resp), z=rows * tokens,
                                            entropy=entropy)
                 loss.backward()

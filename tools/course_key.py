@@ -56,17 +56,10 @@ RUBRICS = [
 REDACTIONS = [
     # Q1: the peak of the shaping weight and why it matters
     ("grpo.py",
-     "Gradients worth knowing (the tests check them in closed form): an off-policy token gives\n"
-     "dL/dlogp = −A·γπ/(π+γ)² / Z, largest at π = γ, so low-probability refiner tokens are not ignored the\n"
-     "way a plain π-weighted term would ignore them; an on-policy token inside the clip range gives −A·ρ / Z,\n"
-     "and a clipped one gives 0.",
-     "Gradients worth knowing (the tests check them in closed form): an on-policy token inside the clip range\n"
-     "gives dL/dlogp = −A·ρ / Z, and a clipped one gives 0; the off-policy token's is the handout's Q1."),
-    ("grpo.py",
-     "Returns (per-token loss, f(π)), both (N, L) and 0 where `mask` is 0. Its gradient w.r.t. logp is\n"
-     "    −A γπ/(π+γ)², largest at π = γ; the unit-weight variant is `unit_offpolicy_loss`.",
-     "Returns (per-token loss, f(π)), both (N, L) and 0 where `mask` is 0; the unit-weight variant is\n"
-     "    `unit_offpolicy_loss`."),
+     "Gradients (tested in closed form): a refiner token gives dL/dlogp = −A·γπ/(π+γ)² / Z, largest at π = γ, so\n"
+     "unlikely refiner tokens still teach; a policy token inside the clip range gives −A·ρ / Z, and a clipped one 0.",
+     "Gradients (tested in closed form): a policy token inside the clip range gives dL/dlogp = −A·ρ / Z, and a\n"
+     "clipped one 0; the refiner token's is the handout's Q1."),
     ("docs/choices.md",
      "its weight γπ/(π+γ)² is ≤ 0.25 and peaks at π = γ, so unlikely refiner tokens are not ignored. `unit` = "
      "−A·log π, as if the policy had sampled them. In the toy study's traces the corrected token sits at π ≈ "
@@ -96,9 +89,8 @@ REDACTIONS = [
      "(Dr. GRPO; LUFFY's `loss_remove_token_mean`); `token-mean` divides by the number of response tokens "
      "(how they differ: the handout's Q6)."),
     # pointers to the teacher's tools, which the copy does not hold
-    ("grpo.py", "weights, metrics, micro-batches, mini-batches). The `# BEGIN SOLUTION` / `# END SOLUTION` comments mark what\n"
-                "`tools/exercises.py` turns into student exercises.",
-     "weights, metrics, micro-batches, mini-batches)."),
+    ("grpo.py", "of docs/choices.md (\"6 advantages\", \"7 update\"). `# BEGIN/END SOLUTION` mark the course's exercises.",
+     "of docs/choices.md (\"6 advantages\", \"7 update\")."),
     ("tools/__init__.py", "study), `python -m tools.exercises` (the course assignment), `python -m tools.bench_step`",
      "study), `python -m tools.bench_step`"),
     # toy-study results in the regime tool's docstring

@@ -109,11 +109,11 @@ SCOPE_RUNS = ("tests/test_scope.py::test_each_mode_runs_two_toy_steps",
               "tests/test_newcomer.py::test_ctrl_c_before_the_first_checkpoint_gives_a_command_that_starts_again",
               "tests/test_study_flags.py::test_phantom_foreign_and_index_runs_log_every_style",
               "tests/test_gpu.py::test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu")
-# the torchrun gradient check and scope.train_on's autocast check run build_batch, the log-probs, policy_loss and
+# the torchrun gradient check and the update's autocast check run build_batch, the log-probs, policy_loss and
 # update, no other exercise
 DIST_GRADIENTS = ("tests/test_dist.py::test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient",
                   "tests/test_preflight.py::test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced")
-# scope.locate_first_errors on an empty failed response: split_steps, cut_point, keep_ratio, step_token_spans
+# prm.locate_first_errors on an empty failed response: split_steps, cut_point, keep_ratio, step_token_spans
 FIRST_ERRORS = ("tests/test_runs.py::test_empty_failed_response_keeps_nothing",)
 POLICY_LOSS_TESTS = ("tests/test_grpo.py::test_policy_loss_hand_computed",
                      "tests/test_grpo.py::test_policy_loss_without_clipping_is_luffy_ratio",
@@ -140,14 +140,14 @@ UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch"
                 "tests/test_grpo.py::test_one_update_per_batch_is_update_on_the_whole_batch")
 CHECKS = "tests/test_course_checks.py::"   # checks that teach: each catches a classic mistake of its problem
 # problem 6's four functions one by one (seconds): locate, select and the two repairs run split_steps,
-# step_token_spans and first_error; the repairs run splice; batch_advantages runs group_advantages
+# step_token_spans and first_error; the repairs run splice
 SCOPE_UNITS = tuple(CHECKS + t for t in ("test_locate_first_errors_sets_the_cut_and_the_kept_tokens",
                                          "test_select_failures_one_pick_per_eligible_group",
                                          "test_repair_keeps_the_prefix_ids_and_survives_a_stopped_refiner",
-                                         "test_repair_append_grows_the_group",
-                                         "test_batch_advantages_per_ragged_group"))
-# the study switches' unit tests: the phantom repair runs batch_advantages (group_advantages); the tie-break
-# tests run select_candidate, one of them through scope.select_failures
+                                         "test_repair_append_grows_the_group"))
+RAGGED = CHECKS + "test_group_advantages_per_ragged_group"
+# the study switches' unit tests: the phantom repair runs group_advantages; the tie-break tests run
+# select_candidate, one of them through prm.select_failures
 PHANTOM = "tests/test_study_flags.py::test_a_phantom_repair_counts_in_its_group_mean_but_gets_advantage_zero"
 TIEBREAK = ("tests/test_study_flags.py::test_the_index_tie_break_picks_by_position",
             "tests/test_study_flags.py::test_select_failures_passes_the_tie_break")
@@ -261,22 +261,20 @@ EXERCISES = [
               "tests/test_grpo.py::test_group_advantages_ragged_and_edges",
               CHECKS + "test_groups_of_one_with_scale_std_get_zero_not_nan"), 1, 4,
              "A = r - mean of its group (optionally / (std + 1e-6)); `r` is the (B, G) view",
-             breaks=SCOPE_RUNS + SCOPE_UNITS[4:] + (PHANTOM,), hints=("A group of one has no std: its advantage is 0 (no NaN).",)),
-    Exercise("scope_step", ("scope.py:locate_first_errors", "scope.py:select_failures", "scope.py:rectify_failures",
-                            "scope.py:batch_advantages"),
-             "the SCOPE step, steps 3–6 of the loop: localise, select, rectify and merge, re-advantage",
+             breaks=SCOPE_RUNS + (RAGGED, PHANTOM),
+             hints=("A group of one has no std: its advantage is 0 (no NaN).",
+                    "With `--merge append` groups become ragged (`groups=`): each group is computed on its own, "
+                    "through your function.")),
+    Exercise("scope_step", ("prm.py:locate_first_errors", "prm.py:select_failures"),
+             "the SCOPE step, steps 3–4 of the loop: localise the first errors, pick the failure to repair",
              "failed rollouts → split_steps → PRM scores → cut_point, κ, kept tokens (step_token_spans) → per "
-             "eligible group select_candidate → refine.rectify (splice, regrade, merge) → group_advantages per "
-             "merged group",
+             "eligible group select_candidate → (index, tokens to keep), which scope.main passes to refine.rectify",
              SCOPE_UNITS + FIRST_ERRORS, 3, 16,
-             "steps 3-6 of scope.main, each function as its docstring says", breaks=SCOPE_RUNS + (PHANTOM, TIEBREAK[1]),
+             "steps 3-4 of scope.main, each function as its docstring says", breaks=SCOPE_RUNS + (TIEBREAK[1],),
              slow=SCOPE_RUNS,
              hints=("`kept_tokens(spans, cut, n_tokens)` turns a cut step into a token count.",
                     "Mode `grpo` still scores failures (for the logs) but selects nothing; `replace` keeps 0 "
-                    "tokens of the same pick; `--rectify-groups all-fail` skips a group with any success.",
-                    "With `--merge append` groups become ragged: compute each group's advantages on its own.",
-                    "A refiner server that stops answering raises harness.generate.GeneratorUnavailable: the "
-                    "step goes on with the rollouts alone.")),
+                    "tokens of the same pick; `--rectify-groups all-fail` skips a group with any success.")),
     Exercise("build_batch", ("grpo.py:build_batch",),
              "token-space batch layout: prompt + response, response and off-policy (refiner) masks",
              "row i = prompt_i + response_i + pad; response_mask = 1 on the response; offpolicy_mask = 1 on "
@@ -333,26 +331,22 @@ EXERCISES = [
              "for each micro-batch: logp = forward; loss_mb = policy_loss(…, z = Z of the WHOLE batch); "
              "loss_mb.backward()  ⇒  Σ_mb ∇loss_mb = ∇L",
              UPDATE_TESTS, 3, 12,
-             "per micro-batch (the loop is given): the forward's log-probs, old_logp, ref_logp, the loss with the "
-             "whole batch's z",
+             "per micro-batch (the loop is given): the forward's log-probs, old_logp, the loss with the whole "
+             "batch's z",
              breaks=DIST_GRADIENTS + SCOPE_RUNS,
-             expects="inside the given loop, write: logp and entropy of `part` (its first `keep` columns), "
-                     "old_logp, ref_logp, `is_weight, is_mask = _sampler_weights(part, old_logp, tis_cap)` and "
-                     "`loss, terms = policy_loss(…, is_weight=is_weight)`; the given code after it reads loss, "
-                     "terms, is_weight and is_mask, does the backward pass and adds up loss_total and parts",
-             given="the loop over micro-batches (`_micro_batch`: torchrun's zero-weight padding micro-batch), the "
-                   "single gradient exchange (`_gradient_exchange`), the truncated importance weight against "
-                   "vLLM's sampler (`_sampler_weights`) and the backward pass. Optional extension: read "
-                   "harness/dist.py and "
+             expects="inside the given loop, write: logp and entropy of `part` (`step.forward`), old_logp and "
+                     "`loss, terms = policy_loss(…)` with the reference log-probs and the importance weight from "
+                     "`step`; the given code after it reads loss and terms and does the backward pass",
+             given="the loop over micro-batches and everything `harness/trainer.py`'s `Step` does around it "
+                   "(torchrun's zero-weight padding micro-batch, the single gradient exchange, the backward pass, "
+                   "the clip, the non-finite skip, the metrics). Optional extension: read harness/dist.py and "
                    "explain why every rank must run the same number of micro-batches under FSDP",
-             hints=("`_forward_logprobs(model, ids, attention, response_mask, entropy_grad, keep, chunk_tokens, "
-                    "temperature)` is given (log-probs at the rollouts' temperature); `keep = max(extents[j] for j "
-                    "in idx)` trims the micro-batch's trailing padding.",
-                    "Without batch['old_logp'] use this forward's own log-probs, detached.",
-                    "With kl_coef > 0 and no batch['ref_logp'], `_reference_logprobs(part, ref_model, kl_coef, "
-                    "mb, chunk_tokens, temperature)` gives them.",
-                    "Each micro-batch's loss is divided by the WHOLE batch's z (computed above the loop), so the "
-                    "accumulated gradient is the full batch's.")),
+             hints=("`step.forward(part, entropy_grad)` gives (logp, entropy) at the rollouts' temperature.",
+                    "Without part['old_logp'] use this forward's own log-probs, detached.",
+                    "`step.reference_logprobs(part)` (None without KL) and `step.sampler_weight(part, old_logp)` "
+                    "(None without vLLM log-probs) are policy_loss's ref_logp and is_weight.",
+                    "Each micro-batch's loss is divided by the WHOLE batch's z (`step.z`), so the accumulated "
+                    "gradient is the full batch's.")),
 ]
 BY_NAME = {e.name: e for e in EXERCISES}
 
@@ -476,7 +470,7 @@ QUESTIONS = [
      "A group of G = 5 has rewards [1, 1, 0, 0, 0] and its first failure is repaired (reward 1). Compute by "
      "hand the advantages of the group with `--merge replace` (the repair takes the failure's place) and with "
      "`--merge append` (the group grows to 6), without and with `--adv-std`. Check with your "
-     "`scope.batch_advantages`. Which merge gives the repaired trajectory the larger advantage, and what "
+     "`grpo.group_advantages` (`groups=` for the grown group). Which merge gives the repaired trajectory the larger advantage, and what "
      "happens to the other rollouts' advantages?",
      "written; seconds to check", 6,
      "the four advantage vectors (by hand, then the check's output); at most 3 sentences"),
@@ -1131,21 +1125,23 @@ def make_scope_step(rng, ctx):
 
 def run_scope_step(m, ctx, c):
     """Steps 3-6 on stored rollouts, with a fake PRM and refiner: what each function returns and sets."""
+    from harness.grader import grade
     tok = ctx["tokenizer"]
     args = m.scope.Args(toy=True, mode=c["mode"], rectify_groups=c["rectify_groups"], merge=c["merge"], tau=c["tau"],
                         refine_attempts=c["attempts"], max_new_tokens=400, group_size=len(c["trajs"]) // c["n_groups"],
                         prompts_per_step=c["n_groups"], adv_std=c["adv_std"])
     trajs = [m.refine.Trajectory(**{k: (list(v) if isinstance(v, list) else v) for k, v in t.items()}) for t in c["trajs"]]
     prm = FakePRM(c["scores"])
-    m.scope.locate_first_errors(trajs, prm, args, tok)
+    m.prm.locate_first_errors(trajs, prm, tok, args.tau, args.mode, args.prm_reward_coef)
     located = [(t.steps, t.step_scores, t.cut, _graded_float(t.keep_ratio) if t.keep_ratio is not None else None,
                 _graded_float(t.keep_ratio_tokens) if t.keep_ratio_tokens is not None else None, t.prefix_len)
                for t in trajs]
-    picks = [tuple(p) for p in m.scope.select_failures(trajs, range(c["n_groups"]), args)]
-    run = types.SimpleNamespace(args=args, refiner=FakeRefiner(c["suffixes"]), tokenizer=tok,
-                                amp=contextlib.nullcontext, amp_for=lambda generator: contextlib.nullcontext())
-    merged, traces, unavailable = m.scope.rectify_failures(run, trajs, picks, seed=0)
-    adv = m.scope.batch_advantages(merged, range(c["n_groups"]), c["adv_std"])
+    picks = [tuple(p) for p in m.prm.select_failures(trajs, range(c["n_groups"]), args.mode, args.rectify_groups,
+                                                     args.select_tiebreak)]
+    merged, traces = m.refine.rectify(trajs, picks, FakeRefiner(c["suffixes"]), tok, attempts=args.refine_attempts,
+                                      merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=0)
+    unavailable = False   # the engine's (harness/wiring.py Run.phase), not the student's
+    adv = m.grpo.group_advantages([t.reward for t in merged], groups=[t.group for t in merged], scale_std=c["adv_std"])
     merged = [(t.group, t.response_ids, t.offpolicy_mask, t.reward, t.source) for t in merged]
     return {"located": located, "picks": picks, "merged": merged,
             "traces": [(tr["group"], tr["accepted"], tr["mode"]) for tr in traces], "unavailable": unavailable,
@@ -1252,6 +1248,7 @@ def make_policy_loss(rng, ctx):
 
 
 def run_policy_loss(m, ctx, c):
+    from harness.trainer import loss_metrics   # the engine's, not an exercise
     logp = c["logp"].clone().requires_grad_(True)
     ent = None if c["ent"] is None else c["ent"].clone().requires_grad_(True)
     loss, terms = m.grpo.policy_loss(logp, c["old"], c["adv"], c["resp"], c["off"], ref_logp=c["ref"], entropy=ent,
@@ -1259,7 +1256,7 @@ def run_policy_loss(m, ctx, c):
     loss.backward()
     z = m.grpo.loss_normaliser(c["resp"], c["kw"]["loss_agg"], c["kw"]["max_new_tokens"])
     return (loss.detach(), logp.grad, None if ent is None else ent.grad,
-            {k: _graded_float(v) for k, v in m.grpo.loss_metrics(terms).items()}, _graded_float(z))
+            {k: _graded_float(v) for k, v in loss_metrics(terms).items()}, _graded_float(z))
 
 
 def make_update(rng, ctx):
@@ -1469,7 +1466,7 @@ OUTPUT_NAMES = {
                    "picks": "select_failures", "merged": "repair: (group, response_ids, offpolicy_mask, reward, "
                                                           "source) per trajectory",
                    "traces": "repair: traces", "unavailable": "repair: unavailable",
-                   "advantages": "batch_advantages"},
+                   "advantages": "group_advantages over the merged groups"},
 }
 
 

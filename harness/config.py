@@ -1,0 +1,135 @@
+"""config.py — the engine's flags and the command line: `EngineArgs`, which scope.py's `Args` extends, and
+`parse_args`.
+
+scope.py's `Args` holds the paper's knobs (group size, τ, γ, ε, ...); the flags here run it (vLLM, memory,
+torchrun, trackers, offload, evaluation budgets, paths, the toy world). Each field's help text is its
+`--help` line; `--help` lists both, grouped. Precedence and resume: `parse_args`.
+"""
+import argparse
+import difflib
+from dataclasses import asdict, dataclass, field, fields
+
+from harness import preflight
+from harness.runs import read_changes, run_settings
+
+
+def arg(default, help, choices=None):
+    """A dataclass field whose help text (and choices) become its --flag."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass
+class EngineArgs:
+    # --- models and engines
+    refiner_url: str = arg("", "OpenAI-compatible server (e.g. `vllm serve` of --refiner) to refine through")
+    refiner_mem: float = arg(0.25, "GPU memory share of the refiner's own `vllm serve` (started when vLLM is "
+                             "installed and --refiner is a separate model without --refiner-url)")
+    refiner_timeout: float = arg(600.0, "seconds one served-refiner request may take (2 retries; then the step "
+                                 "goes on without rectification)")
+    backend: str = arg("auto", "rollout engine; auto = vLLM when importable and CUDA present", ("auto", "vllm", "hf"))
+    device: str = arg("auto", "auto = cuda when present; 'cpu' runs a real model on the CPU (slow)")
+    # --- evaluation
+    eval_dataset: str = arg("math500", "held-out problems for the periodic evaluation")
+    eval_size: int = arg(500, "number of evaluation problems (0 = all)")
+    eval_n: int = arg(1, "samples per evaluation problem (accuracy = avg@n at temperature 0.6)")
+    eval_max_new_tokens: int = arg(3000, "response budget of the periodic evaluation (clamped to the model context)")
+    eval_every: int = arg(50, "evaluate every N steps (and before the first and after the last); 0 = never")
+    # --- the update's engine
+    micro_batch_size: int = arg(4, "sequences per forward/backward pass of the update")
+    gen_batch_size: int = arg(64, "sequences per HF generate call (rollouts, evaluation, an in-process refiner)")
+    tis_cap: float = arg(2.0, "truncated importance sampling on the policy's tokens with vLLM rollouts: weight "
+                         "min(π_train/π_vLLM, C) with this C (>= 1); 0 = off; no weight with HF generate")
+    # --- memory (docs/memory.md)
+    gradient_checkpointing: bool = arg(True, "recompute each decoder layer in the backward pass (non-reentrant) "
+                                       "instead of keeping its activations; off in the toy world")
+    logprob_chunk: int = arg(512, "tokens per chunk of the update's float32 log-softmax (recomputed in the backward); "
+                             "0 = one chunk, no recomputation (the toy world)")
+    fused_adamw: bool = arg(True, "torch's fused AdamW kernel on CUDA (the same update, fewer kernels and temporaries)")
+    rollout_sleep: bool = arg(True, "put the policy's vLLM engine to sleep during the update (level 2: weights and "
+                              "KV cache freed); its weights are woken for the push, its KV cache for the next rollout")
+    prm_offload: str = arg("auto", "move the PRM to CPU memory between its uses; auto = when the memory plan with "
+                           "the PRM resident does not fit the GPU", ("auto", "on", "off"))
+    # --- the run folder (docs/running.md)
+    save_every: int = arg(100, "checkpoint every N steps (and after the last)")
+    run_name: str = arg("", "logs go to runs/<run_name>; default <mode>-<model>-s<seed>")
+    resume: str = arg("", "continue the run in this folder (runs/<name>) from its checkpoint, with its settings")
+    change_config: bool = arg(False, "with --resume: accept typed flags that change how the run trains (recorded "
+                              "with their step in runs/<name>/changes.jsonl; config.json keeps the start)")
+    report_to: str = arg("none", "also log the metrics to TensorBoard (runs/<name>/tensorboard) or Weights & Biases "
+                         "(offline without network)", ("none", "tensorboard", "wandb"))
+    overwrite: bool = arg(False, "allow starting from step 1 in a folder holding a run (a new run under a used "
+                          "--run-name, or --resume of a folder without checkpoint): its logs are replaced")
+    memory_check: bool = arg(True, "stop before loading when the memory plan (an estimate) exceeds the GPU; "
+                             "--no-memory-check starts anyway")
+    dry_run: bool = arg(False, "run the pre-flight (flags, folder, data, memory plan), print the resolved Args, exit")
+    # --- the toy world (harness/toy.py)
+    toy: bool = arg(False, "the CPU toy world: tiny char-level Qwen2, rule-based PRM, oracle refiner")
+    toy_prm_noise: float = arg(0.0, "toy world: probability that the toy PRM flips a step score")
+    toy_styles: int = arg(1, "toy world: the warm start writes its solutions in this many styles (1-3, "
+                          "harness/toy.py choice 10); > 1 also logs the styles of the correct rollouts")
+    toy_refiner_style: str = arg("prefix", "toy world: the oracle refiner continues in the style of the kept "
+                                 "prefix, or always writes style k (a foreign voice for a one-style policy)",
+                                 ("prefix", "0", "1", "2"))
+    # --- several GPUs (torchrun; docs/scaling.md)
+    fsdp: bool = arg(False, "under torchrun: shard the policy, its gradients and AdamW state over the processes "
+                     "(FSDP2) instead of a full copy per GPU (DDP)")
+    dist_timeout: float = arg(1800.0, "under torchrun: seconds a process waits for the others before the run "
+                              "stops with an error")
+
+
+# Applied with --toy unless the flag is typed. 30 steps take ~0.5 s each on 2 CPU cores once the warm start is cached.
+TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy", eval_dataset="toy", eval_size=200,
+                    backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
+                    lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, eval_max_new_tokens=128,
+                    gradient_checkpointing=False, logprob_chunk=0, updates_per_batch=1)
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse whose refusals are one line naming the culprit and the --help hint, not the 40-line usage."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message} (python scope.py --help lists every flag)\n")
+
+
+def unknown_argument(word: str, flags: list[str]) -> str:
+    """The refusal of a word argparse did not take: the closest flag when one is near ("--step" → "--steps")."""
+    if not word.startswith("-"):
+        near = difflib.get_close_matches("--" + word.replace("_", "-"), flags, n=1, cutoff=0.75)
+        return f"unexpected argument '{word}'" + (f": did you mean {near[0]}?" if near else " (flags start with --)")
+    flag = word.split("=", 1)[0]
+    near = difflib.get_close_matches(flag.replace("_", "-"), flags, n=1, cutoff=0.6)
+    return f"unknown flag {flag}" + (f": did you mean {near[0]}?" if near else "")
+
+
+def parse_args(args_class, argv=None, description: str = ""):
+    """`args_class` (scope.Args) from the command line. Precedence: flags typed > the resumed run's settings
+    (config.json with the accepted changes of changes.jsonl) > --toy defaults > the dataclass defaults; a new
+    --mode grpo run off the toy world gets --prm none unless --prm is typed. On a resume, a typed flag that changes training is refused by
+    the pre-flight unless --change-config confirms it. A mistyped flag is one line naming the closest flag."""
+    toy_line = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TOY_DEFAULTS.items())
+    parser = OneLineErrors(description=description, allow_abbrev=False,
+                           epilog=f"--toy also sets, unless typed: {toy_line}")
+    engine = {f.name for f in fields(EngineArgs)}
+    groups = {False: parser.add_argument_group("the method (scope.py Args)"),
+              True: parser.add_argument_group("the engine (harness/config.py EngineArgs)")}
+    flags = ["--help"]
+    for f in sorted(fields(args_class), key=lambda f: f.name in engine):   # the method's flags first
+        kind = dict(action=argparse.BooleanOptionalAction) if isinstance(f.default, bool) else dict(type=type(f.default))
+        flags += groups[f.name in engine].add_argument(
+            "--" + f.name.replace("_", "-"), help=f"{f.metadata['help']} (default: {f.default!r})",
+            choices=f.metadata["choices"], default=argparse.SUPPRESS, **kind).option_strings
+    known, unknown = parser.parse_known_args(argv)
+    if unknown:
+        parser.error(unknown_argument(unknown[0], flags))
+    typed = vars(known)   # only the flags on the command line (the rest are SUPPRESSed)
+    values = asdict(args_class())
+    if typed.get("resume"):   # a checked config: missing folder/file, bad JSON or foreign keys stop in one line
+        config = preflight.read_run_config(typed["resume"], set(values))   # flags it predates: as the run had them
+        values.update(run_settings(config, read_changes(typed["resume"])))
+        values.update(overwrite=False, dry_run=False, change_config=False)   # never inherited from the resumed run
+    elif typed.get("toy"):
+        values.update(TOY_DEFAULTS)
+    values.update(typed)
+    if values["mode"] == "grpo" and "prm" not in typed and not typed.get("resume") and not values["toy"]:
+        values["prm"] = "none"   # GRPO uses no PRM: the 7B one for the near-miss metrics alone is asked for by name
+    return args_class(**values)

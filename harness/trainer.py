@@ -1,0 +1,318 @@
+"""trainer.py — the engine of one optimizer step, under grpo.update's loop: nothing here is the paper.
+
+`Step` runs what surrounds the loss: length-sorted micro-batches (under torchrun padded with zero-weight ones,
+so every rank runs the same forwards), one gradient exchange per step, the whole batch's Z over the ranks,
+the forward pass in chunks of float32 log-softmax at the rollout temperature, the KL reference's log-probs,
+the truncated importance weight against vLLM's sampler, the gradient norm of DTensor shards, the non-finite
+skip and the metrics. Below it: π_old's no-grad pass and the mini-batches of several steps per rollout batch.
+The per-token log-prob function (grpo.logprobs_and_entropy) is passed in: harness/ imports nothing above it.
+Choices and reasons: docs/choices.md, row "7 update"; memory: docs/memory.md.
+"""
+import contextlib
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+from torch.utils.checkpoint import checkpoint
+
+
+class Step:
+    """One optimizer step on `batch` (N, L), its loop written by the caller: `for part in step.micro_batches()`,
+    `step.forward(part, ...)`, the loss, `step.backward(loss, terms)`, then `step.finish(max_grad_norm)`."""
+
+    def __init__(self, model, optimizer, batch: dict, z: float, *, micro_batch_size: int, logprobs_fn, dist=None,
+                 ref_model=None, kl_coef: float = 0.0, tis_cap: float = 0.0, chunk_tokens: int = 512,
+                 temperature: float = 1.0):
+        if kl_coef > 0 and batch.get("ref_logp") is None and ref_model is None:
+            raise ValueError("update: kl_coef > 0 needs batch['ref_logp'] or ref_model")
+        self.model, self.optimizer, self.batch, self.dist, self.ref_model = model, optimizer, batch, dist, ref_model
+        self.logprobs_fn, self.kl_coef, self.tis_cap = logprobs_fn, kl_coef, tis_cap
+        self.chunk_tokens, self.temperature, self.mb = chunk_tokens, temperature, max(1, int(micro_batch_size))
+        self.extents = row_extents(batch["input_ids"], batch["attention_mask"], batch["response_mask"], "update")
+        self.device = next(model.parameters()).device
+        self.plan = length_sorted_micro_batches(self.extents, self.mb)
+        self.n_micro, self.z = len(self.plan), z
+        if dist is not None:   # Z of the global batch; ÷ world: the ranks' gradients are averaged, not summed
+            self.z = dist.sum(z) / dist.world
+            self.n_micro = int(dist.max(self.n_micro))   # the same count on every rank: FSDP all-gathers in each
+        self.loss_total, self.parts, self.is_mask = 0.0, [], None
+        optimizer.zero_grad(set_to_none=True)
+
+    def micro_batches(self):
+        """Each micro-batch's tensors on the model's device; a rank with fewer than the others gets zero-weight
+        padding ones (row 0 again), so that every rank runs the same forwards."""
+        for self.i in range(self.n_micro):
+            part, self.keep, self.padding = micro_batch(self.batch, self.plan, self.i, self.extents, self.device)
+            yield part
+
+    def gradient_exchange(self):
+        """DDP exchanges gradients once per step, on the last micro-batch (`no_sync` on the others); FSDP2
+        reduce-scatters every micro-batch's gradients into its shards; one process: nothing to hold."""
+        last = self.i == self.n_micro - 1
+        return contextlib.nullcontext() if self.dist is None or last else self.dist.no_sync(self.model)
+
+    def forward(self, part: dict, entropy_grad: bool) -> tuple[Tensor, Tensor]:
+        """(logp, entropy) of this micro-batch, both (n, L), with gradients through logp."""
+        return forward_logprobs(self.model, part["input_ids"], part["attention_mask"], part["response_mask"],
+                                self.logprobs_fn, entropy_grad=entropy_grad, keep=self.keep,
+                                chunk_tokens=self.chunk_tokens, temperature=self.temperature)
+
+    def reference_logprobs(self, part: dict) -> Tensor | None:
+        """ref_logp (n, L) for the KL term: the batch's own, else computed from `ref_model`; None without KL."""
+        if part.get("ref_logp") is not None or self.kl_coef <= 0:
+            return part.get("ref_logp")
+        return token_logprobs(self.ref_model, part["input_ids"], part["attention_mask"], part["response_mask"],
+                              self.mb, self.chunk_tokens, self.temperature, logprobs_fn=self.logprobs_fn)[0]
+
+    def sampler_weight(self, part: dict, old_logp: Tensor) -> Tensor | None:
+        """The truncated importance weight (n, L) of the policy's own tokens whose sampler log-prob is known
+        (vLLM rollouts; `truncated_is_weight`); None with tis_cap 0 or no sampler log-probs."""
+        self.is_mask = None
+        if self.tis_cap <= 0 or "sampler_logp" not in part:
+            return None
+        self.is_mask = part["sampler_mask"].bool() & part["response_mask"].bool() & ~part["offpolicy_mask"].bool()
+        return truncated_is_weight(old_logp, part["sampler_logp"], self.is_mask, self.tis_cap)   # (n, L)
+
+    def backward(self, loss: Tensor, terms: dict) -> None:
+        """The micro-batch's backward pass (a padding one with weight 0) and its share of the metrics."""
+        (loss * 0.0 if self.padding else loss).backward()
+        if not self.padding:
+            self.loss_total += float(loss.detach())
+            extra = {} if self.is_mask is None else {"is_mask": self.is_mask, "is_cap": float(self.tis_cap)}
+            self.parts.append({**terms, **extra})
+
+    def finish(self, max_grad_norm) -> dict:
+        """Clip the gradient to `max_grad_norm` (None: no clipping), step unless the loss or the gradient norm
+        is non-finite on any rank (then parameters and optimizer state stay untouched), and return Python-float
+        metrics: loss, grad_norm, skipped, pad_share and `loss_metrics` of the whole (global) batch."""
+        clip_to = float("inf") if max_grad_norm is None else float(max_grad_norm)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_to)
+        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP2
+        loss_total, terms = self.loss_total, join_terms(self.parts)
+        if self.dist is not None:   # the global batch's loss and metrics; non-finite anywhere skips everywhere
+            loss_total = self.dist.mean(loss_total)
+            terms = join_terms(self.dist.all_gather(terms))
+        skipped = not (math.isfinite(loss_total) and math.isfinite(grad_norm))
+        if not skipped:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped),
+                "pad_share": padding_share(self.extents, self.plan), **loss_metrics(terms)}
+
+
+# ---------------------------------------------------------------------------------------------------
+# Several optimizer steps per rollout batch: π_old, mini-batches of whole groups, their metrics
+# ---------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def old_logprobs(model, batch: dict, logprobs_fn, *, micro_batch_size: int, chunk_tokens: int = 512,
+                 amp=contextlib.nullcontext, dist=None, temperature: float = 1.0) -> Tensor:
+    """π_old: log π(token) of every row (N, L), 0 off the response, in the update's micro-batches and under its
+    `amp`, so that the first step's ρ is 1 up to float noise; under torchrun padded like `Step`."""
+    extents = row_extents(batch["input_ids"], batch["attention_mask"], batch["response_mask"], "old_logprobs")
+    device = next(model.parameters()).device
+    plan = length_sorted_micro_batches(extents, micro_batch_size)
+    n_micro = len(plan) if dist is None else int(dist.max(len(plan)))
+    old = None
+    for i in range(n_micro):
+        part, keep, padding = micro_batch(batch, plan, i, extents, device)
+        with amp():
+            logp, _ = forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
+                                       logprobs_fn, entropy_grad=False, keep=keep, chunk_tokens=chunk_tokens,
+                                       temperature=temperature)  # (n, L)
+        if old is None:
+            old = torch.zeros(batch["input_ids"].shape, dtype=logp.dtype, device=batch["input_ids"].device)
+        if not padding:
+            old[torch.tensor(plan[i], device=old.device)] = logp.to(old.device)
+    return old  # (N, L)
+
+
+def group_mini_batches(batch: dict, groups: list[int], k: int) -> list[dict]:
+    """The rows of `batch` as k mini-batches of whole groups: the distinct groups, in order of first appearance,
+    cut into k runs of near-equal length (the first ones one group longer). Every row appears exactly once."""
+    order = list(dict.fromkeys(groups))
+    if not 1 <= k <= len(order):
+        raise ValueError(f"group_mini_batches: {k} mini-batches of whole groups need 1..{len(order)} (the groups)")
+    sizes = [len(order) // k + (j < len(order) % k) for j in range(k)]
+    out, start = [], 0
+    for size in sizes:
+        chunk = set(order[start:start + size])
+        start += size
+        rows = torch.tensor([i for i, g in enumerate(groups) if g in chunk], device=batch["input_ids"].device)
+        out.append({key: v[rows] if isinstance(v, Tensor) else v for key, v in batch.items()})
+    return out
+
+
+def mean_metrics(steps: list[dict]) -> dict:
+    """The metrics of several `update` steps: each the mean over the steps, `skipped` their count."""
+    out = {k: sum(s[k] for s in steps) / len(steps) for k in steps[0]}
+    out["skipped"] = float(sum(s["skipped"] for s in steps))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------------
+# Token log-probs of a model: the forward pass, chunked float32 log-softmax, the rollout temperature
+# ---------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor, micro_batch_size: int,
+                   chunk_tokens: int = 512, temperature: float = 1.0, *, logprobs_fn) -> tuple[Tensor, Tensor]:
+    """Per-token log-prob of the taken token and per-token entropy, both (N, L), 0 off the response, of
+    softmax(logits / temperature), without gradients, `micro_batch_size` rows at a time; returned on input_ids'
+    device, float32 (float64 for a float64 model)."""
+    extents = row_extents(input_ids, attention_mask, response_mask, "token_logprobs")
+    device = next(model.parameters()).device
+    logps, ents = [], []
+    for s in range(0, input_ids.shape[0], max(1, micro_batch_size)):
+        sl = slice(s, s + max(1, micro_batch_size))
+        logp, ent = forward_logprobs(model, input_ids[sl].to(device), attention_mask[sl].to(device),
+                                     response_mask[sl].to(device), logprobs_fn, entropy_grad=False,
+                                     keep=max(extents[sl]), chunk_tokens=chunk_tokens, temperature=temperature)
+        logps.append(logp.to(input_ids.device))
+        ents.append(ent.to(input_ids.device))
+    return torch.cat(logps), torch.cat(ents)  # (N, L), (N, L)
+
+
+def forward_logprobs(model, input_ids, attention_mask, response_mask, logprobs_fn, entropy_grad: bool, keep: int,
+                     chunk_tokens: int = 512, temperature: float = 1.0):
+    """One forward pass over one micro-batch: (logp, entropy), both (n, L), 0 off the response. Only the first
+    `keep` columns go through the model (a causal model's output at t never depends on later positions)."""
+    n, length = input_ids.shape
+    ids, attn = input_ids[:, :keep], attention_mask[:, :keep]  # (n, K)
+    logits = model(input_ids=ids, attention_mask=attn, use_cache=False).logits  # (n, K, V)
+    taken, ent = chunked_logprobs_and_entropy(logits[:, :-1], ids[:, 1:], logprobs_fn, entropy_grad, chunk_tokens,
+                                              temperature)  # (n, K-1) predicts 1..K-1
+    del logits
+    resp = response_mask[:, :keep].to(taken.dtype)  # (n, K)
+    pad = (1, length - keep)  # position 0 and the trimmed tail are 0
+    logp = F.pad(taken, pad) * F.pad(resp[:, 1:], pad)  # (n, L)
+    entropy = F.pad(ent, pad) * F.pad(resp[:, 1:], pad)  # (n, L)
+    return logp, entropy
+
+
+def chunked_logprobs_and_entropy(logits: Tensor, targets: Tensor, logprobs_fn, entropy_grad: bool = False,
+                                 chunk_tokens: int = 512, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
+    """`logprobs_fn` of softmax(logits / temperature) over (n, T, V) logits, about `chunk_tokens` positions at
+    a time: the same (n, T) results without a float32 (n, T, V) tensor. With gradients on, each chunk is
+    recomputed in the backward pass (non-reentrant checkpointing). chunk_tokens <= 0: one chunk."""
+    n, T = targets.shape
+    if chunk_tokens <= 0:  # one chunk, no recomputation (small vocabularies: the toy world)
+        return tempered(logits, targets, logprobs_fn, entropy_grad, temperature)
+    step = max(1, int(chunk_tokens) // max(1, n))  # positions per chunk
+    track = torch.is_grad_enabled() and logits.requires_grad
+    taken, entropy = [], []
+    for s in range(0, T, step):
+        lg, tg = logits[:, s:s + step], targets[:, s:s + step]  # (n, t, V), (n, t)
+        if track:
+            t, e = checkpoint(tempered, lg, tg, logprobs_fn, entropy_grad, temperature, use_reentrant=False)
+        else:
+            t, e = tempered(lg, tg, logprobs_fn, entropy_grad, temperature)
+        taken.append(t)
+        entropy.append(e)
+    return torch.cat(taken, dim=1), torch.cat(entropy, dim=1)  # (n, T), (n, T)
+
+
+def tempered(logits: Tensor, targets: Tensor, logprobs_fn, entropy_grad: bool, temperature: float):
+    """`logprobs_fn` of softmax(logits / temperature), the distribution vLLM and HF generate sample from.
+    Low-precision logits are upcast first and divided in place (one float32 copy, as at temperature 1)."""
+    if temperature != 1.0 and logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float().div_(temperature)
+    elif temperature != 1.0:
+        logits = logits / temperature
+    return logprobs_fn(logits, targets, entropy_grad)
+
+
+# ---------------------------------------------------------------------------------------------------
+# Importance weights, metrics, micro-batches, shape checks
+# ---------------------------------------------------------------------------------------------------
+def truncated_is_weight(train_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
+    """Truncated importance weight of each token for the sampler / trainer mismatch (docs/choices.md):
+    w = min(π_train / π_sampler, C) = min(exp(train_logp − sampler_logp), C), detached; 1 where `mask` is 0.
+
+    train_logp, sampler_logp, mask: (N, L); cap C >= 1. The log-ratio is zeroed off the mask before exp."""
+    if cap < 1:
+        raise ValueError(f"truncated_is_weight: cap must be >= 1 (a cap below 1 scales every token down), got {cap}")
+    mask = mask.bool()  # (N, L)
+    log_ratio = torch.where(mask, train_logp.detach() - sampler_logp.to(train_logp.dtype), torch.zeros_like(train_logp))
+    return torch.clamp(torch.exp(log_ratio), max=cap)  # (N, L) truncated IS weight
+
+
+def loss_metrics(terms: dict) -> dict:
+    """Python-float metrics of `policy_loss`'s terms (one batch, or micro-batches joined by `join_terms`):
+    clip fraction and mean ratio over the policy's tokens, mean f(π) over the refiner's, the refiner's share
+    of response tokens, KL and entropy as means over response tokens, entropy_policy over the policy's
+    tokens only (0 where a set is empty); with importance weights, their mean and the share of policy tokens
+    at the cap, over the policy tokens that carry one (`is_mask`)."""
+    on, off = terms["on"], terms["off"]
+    resp = on | off
+
+    def mean_over(x, mask):
+        return float(x[mask].sum() / mask.sum()) if x is not None and mask.any() else 0.0
+
+    metrics = {"clip_frac": mean_over(terms["clipped"].double(), on), "ratio_mean": mean_over(terms["ratio"], on),
+               "shaped_mean": mean_over(terms["shaped"], off), "offpolicy_share": mean_over(off.double(), resp),
+               "kl": mean_over(terms["kl"], resp), "entropy": mean_over(terms["entropy"], resp),
+               "entropy_policy": mean_over(terms["entropy"], on)}
+    if terms.get("is_weight") is not None and terms.get("is_mask") is not None:
+        weighted, w = terms["is_mask"].bool() & on, terms["is_weight"]
+        metrics.update(tis_weight_mean=mean_over(w, weighted),
+                       tis_capped_frac=mean_over((w >= terms["is_cap"]).double(), weighted))
+    return metrics
+
+
+def join_terms(parts: list[dict]) -> dict:
+    """The terms of micro-batches (or of ranks), concatenated along the batch dimension; a shorter sequence
+    dimension is padded with zeros (False), which every mask leaves out. Non-tensor entries (the TIS cap)
+    are the same in every part."""
+    width = max(p["on"].shape[1] for p in parts)
+    return {k: torch.cat([F.pad(p[k].cpu(), (0, width - p[k].shape[1])) for p in parts])
+            if isinstance(parts[0][k], Tensor) else parts[0][k] for k in parts[0]}
+
+
+def row_extents(input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor, who: str) -> list[int]:
+    """Per row, the last attended position + 1 (1 for a row with no attended position), as Python ints."""
+    if input_ids.shape != attention_mask.shape or input_ids.shape != response_mask.shape:
+        raise ValueError(f"{who}: input_ids {tuple(input_ids.shape)}, attention_mask "
+                         f"{tuple(attention_mask.shape)}, response_mask {tuple(response_mask.shape)} differ")
+    if response_mask[:, 0].any():
+        raise ValueError(f"{who}: response_mask is 1 at position 0, which no token predicts; "
+                         "every row needs at least one prompt token")
+    positions = torch.arange(1, input_ids.shape[1] + 1, device=attention_mask.device)  # (L,)
+    return (attention_mask.bool() * positions).amax(dim=1).clamp(min=1).tolist()  # (N,)
+
+
+def length_sorted_micro_batches(lengths: list[int], micro_batch_size: int) -> list[list[int]]:
+    """Row indices in micro-batches of at most `micro_batch_size`, longest rows first, so that rows of similar
+    length share a forward pass (ties keep their order). Every index appears exactly once."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    mb = max(1, int(micro_batch_size))
+    return [order[s:s + mb] for s in range(0, len(order), mb)]
+
+
+def padding_share(lengths: list[int], micro_batches: list[list[int]]) -> float:
+    """Share of the computed positions that are padding: 1 − Σ lengths / Σ (rows × longest row) over the
+    micro-batches."""
+    computed = sum(len(idx) * max(lengths[i] for i in idx) for idx in micro_batches)
+    return 1.0 - sum(lengths[i] for idx in micro_batches for i in idx) / max(1, computed)
+
+
+def micro_batch(batch: dict, micro_batches: list[list[int]], i: int, extents: list[int], device,
+                ) -> tuple[dict, int, bool]:
+    """(the tensors of micro-batch i on `device`, its columns to compute, padding): past the last micro-batch,
+    row 0 again as a zero-weight padding micro-batch (padding=True)."""
+    idx, padding = (micro_batches[i], False) if i < len(micro_batches) else ([0], True)
+    rows = torch.tensor(idx, device=batch["input_ids"].device)
+    part = {k: v[rows].to(device) for k, v in batch.items() if isinstance(v, Tensor)}
+    return part, max(extents[j] for j in idx), padding
+
+
+def check_loss_inputs(logp: Tensor, advantages: Tensor, offpolicy_credit: str, **per_token) -> None:
+    """`policy_loss`'s one-line errors: every per-token tensor given (not None) has logp's (N, L) shape, the
+    advantages are (N,), the credit is known."""
+    shape = tuple(logp.shape)
+    for name, t in per_token.items():
+        if t is not None and tuple(t.shape) != shape:
+            raise ValueError(f"policy_loss: {name} has shape {tuple(t.shape)}, logp has {shape}")
+    if tuple(advantages.shape) != shape[:1]:
+        raise ValueError(f"policy_loss: advantages must be ({shape[0]},), got {tuple(advantages.shape)}")
+    if offpolicy_credit not in ("shaped", "unit"):
+        raise ValueError(f"policy_loss: offpolicy_credit must be 'shaped' or 'unit', got {offpolicy_credit!r}")
