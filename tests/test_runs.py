@@ -301,7 +301,8 @@ def test_the_data_is_checked_before_the_run_folder(run_copy):
 # that write, inside the training loop) until a signal ends it: the signal can never arrive after the run has
 # gone on to save or finish, however slow the test is to read the line
 PAUSING = """
-import os, runpy, sys, time
+import os, runpy, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)   # as at a terminal, even if the tests' launcher ignored it
 target, pause_at = sys.argv[1], os.environ["PAUSE_AT"]
 
 

@@ -32,15 +32,19 @@ README's results section) and docs/course.md (HANDOUT.md is its student part).
     python -m tools.exercises --rubric                       # teacher: the written questions' rubric
     python -m tools.exercises --fixtures held_out --seed 7   # teacher: inputs + reference outputs per problem
     python -m tools.exercises --grade ../assignment --fixtures held_out     # points per problem; exit 1 unless full
-    python -m tools.exercises --grade submission.tar.gz --fixtures held_out --verbose
+    python -m tools.exercises --grade submission.tar.gz --fixtures held_out --verbose --for-credit
     python -m tools.exercises --time-checks                  # each problem's own check, timed
 
 Held-out grading: `--fixtures` draws fresh inputs from the teacher's seed (and trains a byte-level BPE
 tokenizer on a corpus drawn from it) and stores them with the reference's outputs, one file per problem.
-`--grade` grades each problem in its own process (`grade_problem`): a folder holding the student's modules
-with every other problem's functions swapped for the reference's (`mixed_source`), the reference's harness/,
-this file and the inputs, never the expected outputs; with Landlock the process can read nothing else. It
-writes its answers to a file that the parent loads as plain data and compares; stdout is never read. A
+`--grade` grades each problem in its own sealed process (`grade_problem`): a folder holding the student's
+modules with the functions of the problems its own call swapped for the reference's and every other
+problem's stubbed (`grading_folder`, `mixed_source`), the reference's harness/, this file and the inputs,
+never the expected outputs; its own user, PID, network, IPC and mount namespaces (`SEAL`), so nothing it
+starts outlives it or reaches another grading; Landlock, so it can read nothing else; an allow-listed
+environment. Where the machine cannot seal (`seal_missing`) it grades unsealed with a warning, and
+`--for-credit` refuses. It writes its answers to a file that the parent loads as plain data and compares;
+stdout is never read. A
 problem scores its points only when every case matches (float tolerance 1e-4 relative), so one wrong
 exercise costs exactly its own points. Every problem's cases have outputs that differ from one another and
 from zero, so an all-zero or constant answer scores 0 (the contract test checks this).
