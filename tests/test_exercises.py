@@ -531,7 +531,7 @@ WRONG = {
                        [("grpo.py", "    log_ratio = torch.where(mask, logp - old_logp.detach(), torch.zeros_like(logp))  # (N, L)\n"
                                     "    ratio = torch.exp(log_ratio)",
                          "    ratio = torch.where(mask, torch.exp(logp - old_logp.detach()), torch.ones_like(logp))")],
-                       [C + "test_clipped_surrogate_junk_off_the_mask_stays_out", C + "test_policy_loss_junk_outside_the_response_gives_a_finite_gradient"]),
+                       [C + "test_clipped_surrogate_junk_off_the_mask_stays_out"]),   # and problem 11's junk check
     "old_logp_not_detached_in_the_surrogate": (("clipped_surrogate",), [DETACH_IN_SURROGATE],
                                                [C + "test_clipped_surrogate_leaves_old_logp_out_of_the_gradient"]),
     "old_logp_not_detached_in_update": (("update",), [DETACH_IN_UPDATE],
@@ -641,7 +641,7 @@ def test_wrong_solutions_lose_points_held_out_and_fail_their_own_check(wrong, he
     for p in problems:
         r = results[p]
         assert r["points"] == 0 and r["passed"] < r["cases"], (p, r)
-        assert re.match(r"case \d+: ", r["error"]) and ("got " in r["error"] or "Error" in r["error"]), r["error"]
+        assert re.match(r"case \d+: (.*got .*, expected |\w+: )", r["error"]), r["error"]   # what differs, or what it raised
     assert sorted(n for n, (failed, _, skipped) in checked.items() if failed and not skipped) == sorted(own), checked
 
 
