@@ -78,11 +78,11 @@ Choices and departures (numbered):
    easy for the tiny model: style 2 states the result before the operation. The shipped K = 3 warm start
    (same SFT otherwise) writes each style in about a third of its samples at T = 1.0 but solves 5 % of its
    style-2 samples against 20 % of styles 0 and 1; overall 15.1 % on the ladder (the one-style start:
-   21.9 %), 28 % of G = 8 groups all-fail (20 %), and its first errors front-loaded (2115 / 848 / 511 /
+   21.9 %), and its first errors front-loaded (2115 / 848 / 511 /
    383 / 215 failures with the first error in each fifth of the chain; the one-style start: 920 / 643 /
    819 / 850 / 514), measured as `python -m tools.experiment --describe` measures the starts. The K = 2
    warm start (styles 0 and 1, also shipped) has no hard style: 29.7 % of either style's samples are
-   correct, 29.4 % on the ladder, 12 % of groups all-fail, first errors spread over the chain (556 / 636 /
+   correct, 29.4 % on the ladder, first errors spread over the chain (556 / 636 /
    777 / 880 / 542); a stronger start than the one-style one (the SFT outcome moves with its settings,
    choice 4).
 """

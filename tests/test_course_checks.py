@@ -16,7 +16,8 @@ import torch
 
 import scope
 from conftest import make_bpe_tokenizer, make_char_tokenizer
-from grpo import clipped_surrogate, group_advantages, policy_loss
+import grpo
+from grpo import clipped_surrogate, group_advantages, logprobs_and_entropy, policy_loss
 from harness import wiring
 from harness.generate import GeneratorUnavailable
 from harness.grader import grade
@@ -41,6 +42,19 @@ def test_splice_keeps_special_token_text_plain():
     assert ids[-1] == tok.eos_token_id and tok.decode(ids[2:-1]) == "so <|im_start|> x"
 
 
+def test_splice_a_finished_suffix_that_fills_the_budget_gets_no_eos():
+    """max_new_tokens counts the whole response: a prefix of 2 and a suffix of exactly the 3 tokens left leave no
+    room for EOS (the response must not grow past the budget); with one token more of budget, EOS fits."""
+    tok = make_bpe_tokenizer()
+    suffix = tok("so x = 3", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    budget = 2 + len(suffix)
+    ids, mask = splice([5, 6], "so x = 3", tok, max_new_tokens=budget, eos_id=tok.eos_token_id, finished=True)
+    assert len(ids) <= budget, f"{len(ids)} tokens for max_new_tokens={budget}: EOS only when it fits"
+    assert ids == [5, 6] + suffix and mask == [0, 0] + [1] * len(suffix)
+    ids, _ = splice([5, 6], "so x = 3", tok, max_new_tokens=budget + 1, eos_id=tok.eos_token_id, finished=True)
+    assert ids == [5, 6] + suffix + [tok.eos_token_id]
+
+
 # ---------------------------------------------------------------------------------------------------
 # problem 5: group_advantages
 # ---------------------------------------------------------------------------------------------------
@@ -49,6 +63,21 @@ def test_groups_of_one_with_scale_std_get_zero_not_nan():
     adv = group_advantages([1.0, 0.0, 0.5], 1, scale_std=True)
     assert not torch.isnan(adv).any(), "a group of one gave NaN: the std of one value is undefined, use 0"
     assert adv.tolist() == [0.0, 0.0, 0.0]
+
+
+# ---------------------------------------------------------------------------------------------------
+# problem 8: logprobs_and_entropy
+# ---------------------------------------------------------------------------------------------------
+def test_logprobs_are_normalised_over_the_vocabulary():
+    """Two positions over a vocabulary of 3 (not a symmetric case: softmax over the positions gives other
+    numbers): logits [0, ln 2, ln 5] → π = [1/8, 2/8, 5/8], target 2; [ln 3, 0, 0] → [3/5, 1/5, 1/5],
+    target 0. log π = [ln 5/8, ln 3/5]; H = −Σ π ln π per position."""
+    logits = torch.tensor([[[0.0, LN(2), LN(5)], [LN(3), 0.0, 0.0]]], dtype=torch.float64)
+    logp, ent = logprobs_and_entropy(logits, torch.tensor([[2, 0]]))
+    assert torch.allclose(logp, torch.tensor([[LN(5 / 8), LN(3 / 5)]], dtype=torch.float64)), \
+        f"log π {logp.tolist()}: normalise over the vocabulary, the last dimension (log_softmax(dim=-1))"
+    h = [-sum(p * LN(p) for p in ps) for ps in ((1 / 8, 2 / 8, 5 / 8), (3 / 5, 1 / 5, 1 / 5))]
+    assert torch.allclose(ent, torch.tensor([h], dtype=torch.float64))
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -69,8 +98,14 @@ def test_clipped_surrogate_keeps_the_pessimistic_branch():
     adv = torch.tensor([-1.0, 1.0, 1.0, -1.0], dtype=torch.float64)
     loss, ratio, clipped = clipped_surrogate(logp, old, adv, torch.ones(4, 1), clip_eps=0.2)
     assert torch.allclose(ratio.detach().reshape(-1), rho)
+    got = loss.detach().reshape(-1).tolist()
+    bounds = (-got[2] / 1.0, got[3] / 1.0)   # rows 3 and 4 take the clipped branch: −clip(ρ)·A
+    assert math.isclose(bounds[0], 1.2, abs_tol=1e-9) and math.isclose(bounds[1], 0.8, abs_tol=1e-9), \
+        f"the clipped rows give ρ clipped to {bounds[0]:.4f} (ρ = 1.5) and {bounds[1]:.4f} (ρ = 0.5), expected " \
+        f"1 + ε = 1.2 and 1 − ε = 0.8: clip the ratio ρ itself to [1 − ε, 1 + ε] (clipping log ρ to ±ε gives " \
+        f"e^±0.2 = 1.2214, 0.8187)"
     assert torch.allclose(loss.detach().reshape(-1), torch.tensor([1.5, -0.5, -1.2, 0.8], dtype=torch.float64)), \
-        f"loss {loss.detach().reshape(-1).tolist()}: take −min(ρA, clip(ρ, 1−ε, 1+ε)A), not the clipped term alone"
+        f"loss {got}: take −min(ρA, clip(ρ, 1−ε, 1+ε)A), not the clipped term alone"
     assert clipped.reshape(-1).tolist() == [False, False, True, True]
     loss.sum().backward()
     assert torch.allclose(logp.grad.reshape(-1), torch.tensor([1.5, -0.5, 0.0, 0.0], dtype=torch.float64))
@@ -94,6 +129,18 @@ def test_clipped_surrogate_junk_off_the_mask_stays_out():
     assert logp.grad.tolist() == [[0.0, 0.0, 0.0, 0.0]]
 
 
+def test_clipped_surrogate_leaves_old_logp_out_of_the_gradient():
+    """π_old is a constant of the update: an old_logp that arrives with requires_grad (attached to some graph)
+    must get no gradient. An old_logp differentiated along with logp cancels it: with old_logp = logp, ρ is 1
+    for autograd too and the policy gradient is exactly zero."""
+    logp = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[-1.0, -2.0]], dtype=torch.float64, requires_grad=True)
+    loss, _, _ = clipped_surrogate(logp, old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 2), 0.2)
+    loss.sum().backward()
+    assert old.grad is None or not old.grad.any(), "old_logp got a gradient: detach it (old_logp.detach())"
+    assert logp.grad.tolist() == [[-1.0, -1.0]]   # ρ = 1, A = 1: d(−ρA)/d logp = −1
+
+
 # ---------------------------------------------------------------------------------------------------
 # problem 11: policy_loss (the same mistake seen one level up)
 # ---------------------------------------------------------------------------------------------------
@@ -109,6 +156,31 @@ def test_policy_loss_junk_outside_the_response_gives_a_finite_gradient():
     loss.backward()
     assert torch.isfinite(logp.grad).all()
     assert torch.allclose(logp.grad, torch.tensor([[0.0, -1 / 6, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------------------------------------
+# problem 12: update
+# ---------------------------------------------------------------------------------------------------
+def test_update_hands_policy_loss_a_detached_old_logp(monkeypatch):
+    """Without batch["old_logp"] (one optimizer step per rollout batch) π_old is this forward's own log-probs,
+    detached. Left attached, it cancels the policy gradient in any surrogate that differentiates it."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    seen, real = [], grpo.policy_loss
+
+    def spy(logp, old_logp, *args, **kwargs):
+        seen.append(old_logp.requires_grad)
+        return real(logp, old_logp, *args, **kwargs)
+
+    monkeypatch.setattr(grpo, "policy_loss", spy)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                                         bos_token_id=None, eos_token_id=1, pad_token_id=0))
+    batch = grpo.build_batch([[3, 4], [5]], [[6, 7, 8], [9, 10]], [None, None], [0.5, -0.5], 0)
+    grpo.update(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, micro_batch_size=1, max_new_tokens=4)
+    assert seen, "update did not call policy_loss"
+    assert not any(seen), "update passed policy_loss an old_logp that requires grad: use logp.detach()"
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -16,17 +16,23 @@ README = os.path.join(ROOT, "README.md")
 DOCS = os.path.join(ROOT, "docs")
 
 
+# what a folder without git (a course copy) gains by being used: run folders, caches, environments
+NOT_TRACKED_DIRS = {".git", "runs", "__pycache__", ".pytest_cache", ".hypothesis", ".cache", "figures"}
+
+
 @functools.lru_cache(maxsize=1)
 def tracked_files() -> tuple[str, ...]:
-    """Repository-relative paths of the tracked files (git ls-files), else every file under ROOT but .git."""
+    """Repository-relative paths of the tracked files (git ls-files), else every file under ROOT but what
+    using it adds (run folders, caches, a virtual environment, .gitignore's entries)."""
     try:
         out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True, timeout=20)
         return tuple(p for p in out.stdout.decode().split("\0") if p)
     except (OSError, subprocess.SubprocessError):
         paths = []
         for d, dirs, files in os.walk(ROOT):
-            dirs[:] = [x for x in dirs if x != ".git"]
-            paths += [os.path.relpath(os.path.join(d, f), ROOT) for f in files]
+            dirs[:] = [x for x in dirs if x not in NOT_TRACKED_DIRS and not x.startswith(".venv")
+                       and not x.endswith(".egg-info") and not os.path.isfile(os.path.join(d, x, "pyvenv.cfg"))]
+            paths += [os.path.relpath(os.path.join(d, f), ROOT) for f in files if not f.endswith((".pyc", ".tar.gz"))]
         return tuple(paths)
 
 

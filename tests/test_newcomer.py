@@ -260,18 +260,11 @@ def test_ctrl_c_before_the_first_checkpoint_gives_a_command_that_starts_again(to
     flags = ["--toy", "--model", toy_model_dir, "--steps", "4", "--prompts-per-step", "2", "--group-size", "2",
              "--max-new-tokens", "96", "--micro-batch-size", "4", "--eval-size", "4", "--eval-every", "0",
              "--save-every", "3", "--run-name", "r"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scope.py"), *flags], cwd=tmp_path, env=env,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        for line in proc.stdout:
-            if line.startswith("step    1 |"):
-                proc.send_signal(signal.SIGINT)   # step 2 under way; the first checkpoint comes after step 3
-                break
-        _, stderr = proc.communicate(timeout=120)
-    finally:
-        proc.kill()
-    assert proc.returncode == 130, stderr
+    from test_runs import scope_until
+
+    # held at step 1's line when the signal arrives: the first checkpoint comes after step 3
+    code, _, stderr = scope_until(flags, tmp_path, "step    1 |", signal.SIGINT)
+    assert code == 130, stderr
     said = [line for line in stderr.splitlines() if line.startswith("interrupted")]
     again = "python scope.py " + " ".join(flags) + " --overwrite"
     assert said == [f"interrupted: nothing was saved yet (the first checkpoint comes after step 3); start the run "

@@ -314,17 +314,54 @@ def test_the_data_is_checked_before_the_run_folder(run_copy):
     assert proc.returncode == 2 and "--dataset no_such.jsonl" in proc.stderr and "already holds" not in proc.stderr
 
 
+# scope.py run with a stdout that, once it has written a line starting with PAUSE_AT, holds the run there (in
+# that write, inside the training loop) until a signal ends it: the signal can never arrive after the run has
+# gone on to save or finish, however slow the test is to read the line
+PAUSING = """
+import os, runpy, signal, sys, time
+signal.signal(signal.SIGINT, signal.default_int_handler)   # as at a terminal, even if the tests' launcher ignored it
+target, pause_at = sys.argv[1], os.environ["PAUSE_AT"]
+
+
+class Pausing:
+    def __init__(self, stream):
+        self.stream, self.line = stream, ""
+
+    def write(self, text):
+        n = self.stream.write(text)
+        self.stream.flush()
+        self.line += text
+        while "\\n" in self.line:
+            line, self.line = self.line.split("\\n", 1)
+            if line.startswith(pause_at):
+                while True:
+                    time.sleep(1)
+        return n
+
+    def __getattr__(self, name):
+        return getattr(self.stream, name)
+
+
+sys.stdout = Pausing(sys.stdout)
+sys.argv = sys.argv[1:]
+sys.path.insert(0, os.path.dirname(os.path.abspath(target)))
+runpy.run_path(target, run_name="__main__")
+"""
+
+
 def scope_until(args, cwd, line_start, sig):
-    """Start scope.py, send `sig` once a stdout line starts with `line_start`; (returncode, stdout, stderr)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scope.py"), *args], cwd=cwd, env=env, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    """Start scope.py, send `sig` once a stdout line starts with `line_start` (the run held at that line until
+    the signal arrives, `PAUSING`); (returncode, stdout, stderr)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONUNBUFFERED": "1",
+           "PAUSE_AT": line_start}
+    proc = subprocess.Popen([sys.executable, "-c", PAUSING, os.path.join(ROOT, "scope.py"), *args], cwd=cwd, env=env,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     out = []
     try:
         for line in proc.stdout:
             out.append(line)
             if line.startswith(line_start):
-                proc.send_signal(sig)   # mid-run: the next step is under way (or its checkpoint being saved)
+                proc.send_signal(sig)   # mid-run: held at this line of the step loop
                 break
         stdout, stderr = proc.communicate(timeout=120)
     finally:

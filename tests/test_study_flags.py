@@ -382,7 +382,10 @@ def test_stopping_a_study_stops_its_workers_and_their_runs(tmp_path, sig):
 
     (tmp_path / "leakjob.py").write_text(LEAK_JOB)
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    code = (f"import sys, time, argparse; sys.path[:0] = [{root!r}, {str(tmp_path)!r}]\n"
+    # Ctrl-C's KeyboardInterrupt, as at a terminal, whatever SIGINT's disposition the test run inherited (a
+    # shell starts a background job with SIGINT ignored, and Python then installs no KeyboardInterrupt)
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+            f"import sys, time, argparse; sys.path[:0] = [{root!r}, {str(tmp_path)!r}]\n"
             "from tools import experiment as ex\nimport leakjob\n"
             "ex.run_all([{'i': i} for i in range(4)], argparse.Namespace(jobs=2), time.time(), worker=leakjob.work)\n")
     study = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "LEAK_DIR": str(tmp_path)},

@@ -5,11 +5,15 @@
 - REDACTIONS: (file, text in the reference, text in the copy). Docstrings, comments, docs rows and test
   helpers of the reference that answer a written question, hold a toy-study result, or contain a stubbed
   problem's solution. The generator applies each to the copy and stops with a one-line error when a text is
-  no longer in the reference (it changed: update the row here).
+  no longer in the reference (it changed: update the row here). A row whose text is a regular expression
+  replaces its one match, or nothing (text that may already have been reworded); ANSWER_PHRASES still
+  stops a copy that carries the answer.
 - ANSWER_PHRASES: marked phrases of the answers. The generator refuses to write a copy in which any of them
   appears (case-insensitive), wherever it comes from: a new docstring that answers a question fails the
   generator's test instead of reaching the students.
 """
+
+import re
 
 RUBRICS = [
     # Q1 the shaping gradient
@@ -42,15 +46,24 @@ RUBRICS = [
     "sampler's, so ρ is not 1 and the on-policy PPO term trains on text the policy did not write (a "
     "distribution shift the clip hides).",
     # Q6 length normalisation
-    "2: constant: each token weight 1/(N·max_new_tokens), the same for every length; token-mean: "
-    "1/(Σ_i n_i), shared by the batch (per-sequence token-mean 1/n_i is the length-biased one, and either "
-    "reading with its consequence is accepted). 2: with a negative advantage a per-sequence mean penalises "
-    "each token of a long response less, so long wrong answers are favoured. 2: response_len from both runs.",
+    "2: constant: each token's weight is 1/(N·max_new_tokens); token-mean: 1/(Σ_j n_j), the batch's response "
+    "tokens (grpo.loss_normaliser): under both every token of a batch gets the same weight, so a sequence's "
+    "total weight is proportional to its length and neither favours long or short responses within a batch "
+    "(that bias belongs to a per-sequence mean, 1/n_i; an answer that credits it to this code's token-mean "
+    "loses these 2 points unless it says the code does not do that). 2: what differs is the scale across "
+    "batches: token-mean's per-token weight grows as the batch's responses get shorter (a batch of short "
+    "responses takes a larger step per token), the constant's never changes; with a negative advantage "
+    "token-mean pushes a short batch's tokens down harder. 2: response_len at the start and the end of both "
+    "runs, read honestly (one seed: say whether the difference is larger than the noise).",
     # Q7 credit on refiner tokens
     "2: the table of the 4 runs (entropy, final accuracy). 2: relates γ to Q1's weight γπ/(π+γ)²: a small γ "
-    "puts the largest weight on unlikely tokens (the refiner's corrections) and almost none on likely ones; a "
-    "large γ weights tokens more evenly; unit credit weights every token by 1 (no bound), which lowers "
-    "entropy fastest. 2: honest about noise with one seed per setting.",
+    "puts the largest weight on unlikely tokens (the refiner's corrections) and little on likely ones; a "
+    "large γ weights tokens more evenly; unit credit weights every token by 1 (no bound). In the toy world "
+    "the four runs end at nearly the same entropy and accuracy (the refiner's tokens are few next to the "
+    "policy's own and mostly likely under the policy, where the credits differ least): an answer that reports "
+    "what its table shows, an ordering or none, and explains it from the weights earns these points; one that "
+    "asserts an ordering its table does not show (e.g. unit credit lowering entropy fastest) does not. 2: "
+    "honest about noise with one seed per setting.",
 ]
 
 REDACTIONS = [
@@ -93,10 +106,65 @@ REDACTIONS = [
      "of docs/choices.md (\"6 advantages\", \"7 update\")."),
     ("tools/__init__.py", "study), `python -m tools.exercises` (the course assignment), `python -m tools.bench_step`",
      "study), `python -m tools.bench_step`"),
+    # Q2/Q3: the study's findings in the because stage's docstring (patterns: that text is being reworded)
+    ("tools/because.py", re.compile(r"; (?:52 %|about half) of (?:its )?G = 8 groups all-fail"), ""),
+    ("tools/because.py", re.compile(r"(?:The regime map\s+found the strong start's only interval|On this start the\s+"
+                                    r"regime map's only SCOPE cell).*?sit at GRPO's level.*?\.\s", re.DOTALL), ""),
     # toy-study results in the regime tool's docstring
     ("tools/regime.py", "whose G = 8 groups are 20 %, 52 % and 59 % all-fail at the start, as measured by choice 2",
      "whose all-fail share at the start is measured by choice 2"),
     ("tools/regime.py", " (two such starts here)", ""),
+    ("tools/experiment.py", "{} = the main warm start, whose 6-operation groups are\n    only ~28 % all-fail;",
+     "{} = the main warm start, a stronger\n    one;"),
+    # Q1: the bound on the shaped gradient
+    ("grpo.py", "where the shaping gives −A γπ/(π+γ)² ≤ A/4 (≈ 0.10 A at π = 0.77, γ = 0.1). logp, mask: (N, L);",
+     "where the shaping's gradient is the handout's Q1. logp, mask: (N, L);"),
+    # Q1: a finished autograd check of the shaped gradient
+    ("tests/test_study_flags.py",
+     "    assert logp.grad.tolist()[0] == pytest.approx([-0.125, -0.125, -0.125], rel=1e-6)\n\n"
+     "    logp2 = pi.log().clone().requires_grad_(True)\n"
+     "    loss2, _ = grpo.policy_loss(logp2, **kw, shaping_gamma=0.1)   # default: shaped\n"
+     "    want2 = (-0.5 - 0.5 * 0.77 / 0.87 - 0.5 * 0.97 / 1.07) / 4\n"
+     "    assert loss2.item() == pytest.approx(want2, rel=1e-6)\n"
+     "    loss2.backward()\n"
+     "    # the corrected token at π = 0.77 gets γπ/(π+γ)² ≈ 0.102 of the unit gradient\n"
+     "    assert logp2.grad[0, 1].item() == pytest.approx(-0.5 * 0.1 * 0.77 / 0.87 ** 2 / 4, rel=1e-5)\n"
+     "    assert logp2.grad[0, 1].item() / logp.grad[0, 1].item() == pytest.approx(0.1017, abs=1e-3)\n",
+     "    assert logp.grad.tolist()[0] == pytest.approx([-0.125, -0.125, -0.125], rel=1e-6)\n"),
+    ("tests/test_study_flags.py", "unit: ℓ = −A·log π, dℓ/dlogp = −A; shaped: ℓ = −A·π/(π+γ).",
+     "unit: ℓ = −A·log π, dℓ/dlogp = −A."),
+    # Q5: the counterexample (a prefix whose text re-encodes to other ids); the copy's test watches what the
+    # splice encodes instead
+    ("tests/test_refine.py",
+     '''    """Guards the bug of splicing text instead of ids: 'L','e','t' sampled one by one decode to 'Let',
+    which the BPE would re-encode as one token, shifting every on-policy log-prob after it."""
+    singles = [bpe_tokenizer.convert_tokens_to_ids(ch) for ch in "Let"]
+    assert bpe_tokenizer.encode("Let", add_special_tokens=False) != singles  # re-tokenising would differ
+    ids, mask = splice(singles, " x = 3", bpe_tokenizer, max_new_tokens=50, eos_id=bpe_tokenizer.eos_token_id)
+    assert ids[:3] == singles and mask[:3] == [0, 0, 0]
+''',
+     '''    """Guards the bug of splicing text instead of ids: the splice encodes the suffix, never the prefix's text."""
+    class Watched:   # the tokenizer, recording every text it is asked to encode
+        def __init__(self, tok):
+            self.tok, self.texts = tok, []
+
+        def __getattr__(self, name):
+            return getattr(self.tok, name)
+
+        def __call__(self, text, **kw):
+            self.texts.append(text)
+            return self.tok(text, **kw)
+
+        def encode(self, text, **kw):
+            self.texts.append(text)
+            return self.tok.encode(text, **kw)
+
+    prefix = bpe_tokenizer.encode("Let a = 2", add_special_tokens=False)
+    tok = Watched(bpe_tokenizer)
+    ids, mask = splice(prefix, " x = 3", tok, max_new_tokens=50, eos_id=bpe_tokenizer.eos_token_id)
+    assert ids[:len(prefix)] == prefix and mask[:len(prefix)] == [0] * len(prefix)
+    assert tok.texts and not [t for t in tok.texts if "Let" in t], f"the prefix's text was encoded: {tok.texts}"
+'''),
     # problem 8's solution in a test helper: the plain pass uses the student's own logprobs_and_entropy
     ("tests/test_grpo.py",
      "    lp_all = torch.log_softmax(logits[:, :-1], -1)  # (N, L-1, V)\n"
@@ -114,4 +182,9 @@ ANSWER_PHRASES = [
     "largest at π = γ", "peaks at π = γ", "refiner tokens are not ignored", "GRPO gets no gradient from",
     "(1−m)+(0−m)", "no length bias", "[0.4, 0.4, 0.4, −0.6, −0.6]", "0.730, 0.730",
     "97.6 % accepted", "+0.000 [−0.024", "52 % and 59 %", "lp_all.gather(", "(lp_all.exp() * lp_all)",
+    # Q1's bound and a finished autograd check of it; Q5's counterexample
+    "≤ A/4", "≈ 0.102 of the unit gradient", "re-tokenising would differ",
+    # Q2/Q3: the study's findings and its starts' all-fail shares
+    "sit at GRPO's level", "ends at GRPO's level", "% of G = 8 groups all-fail",
+    "% all-fail",
 ]

