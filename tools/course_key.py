@@ -18,7 +18,7 @@ import re
 RUBRICS = [
     # Q1 the shaping gradient
     "4: the chain rule through π = exp(log π) gives −A·γπ/(π+γ)². 3: the magnitude γπ/(π+γ)² has its maximum at "
-    "π = γ (derivative (γ(π+γ) − 2γπ)/(π+γ)³ = 0), value γ²/(4γ²) = 1/4, hence ≤ |A|/4. 2: unit credit weights "
+    "π = γ (derivative (γ(π+γ) − 2γπ)/(π+γ)³ = 0), value γ²/(4γ²) = 1/4, hence ≤ A/4 in size (≤ |A|/4 for any sign of A). 2: unit credit weights "
     "every token by 1 (ignores none); the plain importance weight −Aπ ignores unlikely tokens (π → 0), exactly "
     "the corrected tokens a refiner adds; shaping keeps them (weight γπ/(π+γ)² is largest near π = γ) while "
     "damping tokens the policy already predicts (π → 1: γ/(1+γ)² ≈ 0.083 for γ = 0.1). 1: the autograd check "
@@ -116,9 +116,6 @@ REDACTIONS = [
     ("tools/regime.py", " (two such starts here)", ""),
     ("tools/experiment.py", "{} = the main warm start, whose 6-operation groups are\n    only ~28 % all-fail;",
      "{} = the main warm start, a stronger\n    one;"),
-    # Q1: the bound on the shaped gradient
-    ("grpo.py", "where the shaping gives −A γπ/(π+γ)² ≤ A/4 (≈ 0.10 A at π = 0.77, γ = 0.1). logp, mask: (N, L);",
-     "where the shaping's gradient is the handout's Q1. logp, mask: (N, L);"),
     # Q1: a finished autograd check of the shaped gradient
     ("tests/test_study_flags.py",
      "    assert logp.grad.tolist()[0] == pytest.approx([-0.125, -0.125, -0.125], rel=1e-6)\n\n"
