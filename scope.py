@@ -87,6 +87,8 @@ class Args:
     temperature: float = arg(1.0, "rollout sampling temperature")
     tau: float = arg(0.5, "PRM threshold: the first step scored below it is the first error")
     refine_attempts: int = arg(2, "refiner attempts per selected failure (one batched call); first correct wins")
+    refiner_max_tokens: int = arg(640, "most new tokens a refiner suffix may take (and at most --max-new-tokens minus "
+                                  "the kept prefix); a suffix cut there is graded like any other, and rejected")
     refine_prompt: str = arg("continue", "refiner prompt: continue the prefix, or hint that a mistake follows",
                              ("continue", "hint"))
     merge: str = arg("replace", "a repaired trajectory replaces the failure, or joins the group",
@@ -246,7 +248,8 @@ def rectify_failures(run, trajs: list[Trajectory], picks: list[tuple[int, int]],
     try:
         with run.amp_for(getattr(run.refiner, "generator", None)):
             merged, traces = refine.rectify(trajs, picks, run.refiner, run.tokenizer, attempts=a.refine_attempts,
-                                            merge=a.merge, max_new_tokens=a.max_new_tokens, grade_fn=grade, seed=seed)
+                                            merge=a.merge, max_new_tokens=a.max_new_tokens, grade_fn=grade, seed=seed,
+                                            refiner_max_tokens=a.refiner_max_tokens)
         return merged, traces, False
     except GeneratorUnavailable as err:
         tqdm.write(f"warning: the refiner did not answer, no rectification this step: {err}")

@@ -80,7 +80,7 @@ def check_args(args) -> None:
             stop(f"--{flag} {getattr(args, flag.replace('-', '_'))!r}: must be {valid}")
 
     for flag in ("steps", "prompts-per-step", "max-new-tokens", "refine-attempts", "micro-batch-size", "save-every",
-                 "eval-n", "gen-batch-size", "eval-max-new-tokens"):
+                 "eval-n", "gen-batch-size", "eval-max-new-tokens", "refiner-max-tokens"):
         need(getattr(args, flag.replace("-", "_")) >= 1, flag, "an integer >= 1")
     need(args.group_size >= 2, "group-size", ">= 2 (advantages are centred within a group: one rollout per "
                                              "prompt gives zero loss and zero gradient)")

@@ -137,3 +137,91 @@ def test_run_goes_on_without_rectification_when_the_refiner_server_stops(tmp_pat
     out = proc.stdout + proc.stderr
     assert "REFINER UNAVAILABLE" in out and f"the refiner did not answer on {len(down)} of 3 steps" in out
     assert "Traceback" not in out
+
+
+# ---- per-pick refiner budgets
+
+
+class BudgetRecorder:
+    """A generator stand-in that records each call's max_tokens and answers a finished "ok" per sample."""
+
+    def __init__(self, tokenizer, per_prompt_budgets: bool):
+        from harness.generate import Completion
+
+        self.tokenizer, self.calls, self.Completion = tokenizer, [], Completion
+        if per_prompt_budgets:
+            self.per_prompt_budgets = True
+
+    def generate(self, prompts, *, n, temperature, top_p, max_tokens, seed):
+        self.calls.append(max_tokens)
+        return [[self.Completion(ids=[1], text="ok", finished=True) for _ in range(n)] for _ in prompts]
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_rectify_sends_each_pick_its_own_budget_to_a_served_refiner(char_tokenizer, served):
+    """A served (or in-process vLLM) refiner gets one budget per pick: max_new_tokens - its prefix, capped by
+    refiner_max_tokens, so no pick decodes past its own. HF generate gets the largest (one random stream: the
+    toy world's records stay as they were) and clips each pick to its own."""
+    from refine import Refiner, Trajectory, rectify
+
+    trajs = [Trajectory(question="1+1?", answer="2", group=g, prompt_ids=[5], response_ids=list(range(7, 7 + 30)),
+                        text="x") for g in range(3)]
+    gen = BudgetRecorder(char_tokenizer, per_prompt_budgets=served)
+    rectify(trajs, [(0, 0), (1, 10), (2, 25)], Refiner(gen, char_tokenizer), char_tokenizer, attempts=2,
+            max_new_tokens=40, grade_fn=lambda text, answer: False, refiner_max_tokens=35)
+    assert gen.calls == ([[35, 30, 15]] if served else [35])
+
+
+def test_openai_sends_a_request_per_budget_all_at_once(tmp_path, char_tokenizer):
+    """Per-pick budgets on a served refiner: one request per distinct budget, all in flight together (the server
+    batches them), each prompt's completions back in input order."""
+    from harness.generate import OpenAIGenerator
+
+    with fake_server(tmp_path, "--startup-delay", "0").start() as server:
+        gen = OpenAIGenerator(server.url, "fake", char_tokenizer, timeout=10, max_model_len=4096)
+        prompts = [[5, 6], [7], [8, 9, 10]]
+        bodies = gen.requests(prompts, [12, 30, 12], n=2, temperature=0.7, top_p=1.0, seed=3)
+        assert [(b["max_tokens"], b["prompt"], b["seed"]) for b in bodies] == [(12, [[5, 6], [8, 9, 10]], 3),
+                                                                              (30, [[7]], 3)]
+        out = gen.generate(prompts, n=2, temperature=0.7, max_tokens=[12, 30, 12], seed=3)
+        assert [len(row) for row in out] == [2, 2, 2] and all(c.finished for row in out for c in row)
+        with pytest.raises(ValueError, match="2 max_tokens for 3 prompts"):
+            gen.generate(prompts, n=1, max_tokens=[1, 2])
+
+
+# ---- the in-process vLLM engine's seeds and the evaluation call (a recording stand-in for vllm.LLM)
+
+from test_generate import RecordingLLM, fake_vllm  # noqa: E402,F401  (the fixture, imported for these tests)
+
+
+def test_vllm_seeds_never_collide_across_prompts(bpe_tokenizer, fake_vllm, monkeypatch, tmp_path):
+    """vLLM seeds child j of a request seeded s with s + j: prompt i must take seed + i·n, or prompt 1's first sample
+    repeats prompt 0's second (seed + 1) whenever the prompts agree. Greedy copies (n = 1 each) take + c."""
+    monkeypatch.setattr(RecordingLLM, "vocab_rows", len(bpe_tokenizer))
+    from harness.generate import VLLMGenerator
+
+    gen = VLLMGenerator(str(tmp_path), tokenizer=bpe_tokenizer)
+    gen.generate([[1, 2], [1, 2], [3]], n=4, temperature=1.0, max_tokens=5, seed=10)
+    gen.generate([[1, 2], [3]], n=3, temperature=0.0, max_tokens=5, seed=10)
+    sampled, greedy = (call[1][1] for call in fake_vllm[0].calls)
+    assert [p.seed for p in sampled] == [10, 14, 18] and all(p.n == 4 for p in sampled)
+    children = [p.seed + j for p in sampled for j in range(p.n)]
+    assert len(set(children)) == len(children) == 12
+    assert [p.seed for p in greedy] == [10, 11, 12, 13, 14, 15] and all(p.n == 1 for p in greedy)
+    assert all(p.logprobs == 0 for p in sampled)   # the rollouts' TIS weight needs the sampler's log-probs
+
+
+def test_evaluation_under_vllm_is_one_call_without_logprobs(bpe_tokenizer, fake_vllm, monkeypatch, tmp_path):
+    """Eight sequential calls of 64 prompts would each wait for their own longest answer: under vLLM evaluate sends
+    every prompt in one call, and asks for no log-probs (it uses none). HF generate keeps its batches."""
+    monkeypatch.setattr(RecordingLLM, "vocab_rows", len(bpe_tokenizer))
+    from eval import evaluate
+    from harness.generate import VLLMGenerator
+
+    gen = VLLMGenerator(str(tmp_path), tokenizer=bpe_tokenizer)
+    problems = [{"id": str(k), "question": f"{k} + 1?", "answer": str(k + 1)} for k in range(5)]
+    result = evaluate(gen, bpe_tokenizer, problems, n=2, batch_size=2, max_new_tokens=6, seed=0)
+    calls = [c for c in fake_vllm[0].calls if c[0] == "generate"]
+    assert len(calls) == 1 and len(calls[0][1][0]) == 5 and result["num_problems"] == 5
+    assert all(p.logprobs is None and p.max_tokens == 6 for p in calls[0][1][1])
+    assert [p.seed for p in calls[0][1][1]] == [0, 2, 4, 6, 8]
