@@ -448,3 +448,23 @@ def test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu():
     assert timed["seconds"] > 0 and 6 * 8 + 6 * 4 <= timed["tokens"] <= 6 * 40 and timed["mfu"] is None
     scored = prm_time({**TINY_UPDATE, "tie_word_embeddings": False}, "cpu", failures=5, tokens=48, steps=3)
     assert scored["seconds"] > 0 and scored["failures"] == 5
+
+
+# ---------------------------------------------------------------------------------------------------------- step time
+def test_the_step_time_table_of_docs_is_the_models():
+    """docs/scaling.md's table is harness/steptime.py's output (a changed assumption changes both), and the model
+    moves the way its bytes say: a longer refiner tail or a slower card costs SCOPE time, GRPO has no PRM or refiner."""
+    from harness import steptime
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    doc = open(os.path.join(root, "docs", "scaling.md"), encoding="utf-8").read()
+    assert steptime.table() in doc
+    for name, gain in steptime.levers():
+        assert f"- {name}: {gain:.2f} s" in doc
+    grpo, scope = steptime.estimate("grpo"), steptime.estimate("scope")
+    assert "prm" not in grpo and "refine" not in grpo and scope["total"] > grpo["total"]
+    longer = steptime.estimate("scope", w=steptime.Workload(refiner_tail=1024))
+    assert longer["refine"] > scope["refine"] and longer["total"] - scope["total"] == pytest.approx(
+        longer["refine"] - scope["refine"])
+    assert steptime.estimate("scope", steptime.H200)["refine"] < scope["refine"]   # more bandwidth, shorter tail
+    assert steptime.estimate("scope", mps_overlap=True)["total"] < scope["total"]
