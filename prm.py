@@ -262,11 +262,12 @@ class ProcessRewardModel:
     `max_length` is capped at the model's `max_position_embeddings`.
     """
 
-    def __init__(self, name_or_path, device="cpu", dtype=None, max_length=4096, micro_batch_size=4):
+    def __init__(self, name_or_path, device="cpu", dtype=None, max_length=4096, micro_batch_size=4, served=None):
         from harness.prm_checkpoint import load_prm
 
         self.name = str(name_or_path)
-        self.model, self.tokenizer, config = load_prm(self.name, device, dtype)   # no remote code
+        # no remote code; `served`: the PRM on vLLM's pooling runner instead (harness/served_prm.py)
+        self.model, self.tokenizer, config = load_prm(self.name, device, dtype, served=served)
         self.device = device
         self.micro_batch_size = int(micro_batch_size)
         if self.micro_batch_size < 1:

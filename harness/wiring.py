@@ -107,14 +107,20 @@ def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, worl
     return HFGenerator(policy, tokenizer, micro_batch_size=args.gen_batch_size)
 
 
-def load_prm(args, device: str):
-    """The process reward model, or the toy world's rule-based stand-in; None with --prm none."""
+def load_prm(args, device: str, use_vllm: bool = False, run_dir: str = ""):
+    """The process reward model, or the toy world's rule-based stand-in; None with --prm none. With vLLM on a GPU a
+    Qwen2.5-Math-PRM runs on its own `vllm serve --runner pooling` (harness/served_prm.py), else in this process."""
     if args.prm == "none":
         return None
     if args.toy:   # the toy PRM's noise has its own RNG: the loop reseeds it from (seed, step) so resume is exact
         from harness import toy
         return toy.ToyPRM(args.toy_prm_noise, seed=args.seed)
-    from prm import ProcessRewardModel
+    from prm import SEPARATOR, ProcessRewardModel
+    if device.startswith("cuda") and preflight.prm_served(args, use_vllm, torch.cuda.get_device_properties(
+            torch.device(device)).total_memory / preflight.GIB):
+        from harness.served_prm import start_for_run
+        with loading(args.prm):   # all failures of a step in one request: the server schedules them
+            return ProcessRewardModel(args.prm, micro_batch_size=1024, served=start_for_run(args, run_dir, SEPARATOR))
     with loading(args.prm):
         return ProcessRewardModel(args.prm, device=device,
                                   dtype=torch.bfloat16 if device.startswith("cuda") else None)
@@ -470,7 +476,7 @@ def start(args) -> Run | None:
     policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
     model = dist.wrap(policy, d, args.fsdp)                           # DDP or FSDP2 under torchrun; else the policy
     generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
-    prm = load_prm(args, device)
+    prm = load_prm(args, device, use_vllm, run_dir)
     refiner = load_refiner(args, generator, tokenizer, device, run_dir)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr,   # after wrap: FSDP2's parameters are shards
                                   fused=args.fused_adamw and device.startswith("cuda"))   # fused: same update

@@ -225,3 +225,102 @@ def test_evaluation_under_vllm_is_one_call_without_logprobs(bpe_tokenizer, fake_
     assert len(calls) == 1 and len(calls[0][1][0]) == 5 and result["num_problems"] == 5
     assert all(p.logprobs is None and p.max_tokens == 6 for p in calls[0][1][1])
     assert [p.seed for p in calls[0][1][1]] == [0, 2, 4, 6, 8]
+
+
+# ---- the PRM on vLLM's pooling runner (harness/served_prm.py), against a stand-in /pooling endpoint
+
+
+def pooling_stand_in(score_fn):
+    """A /pooling endpoint in a thread: each input's reply rows are score_fn(ids) (its [P(wrong), P(correct)] per
+    separator, as vLLM's STEP pooling answers); records every body. Returns (url, bodies, close)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bodies = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append((self.path, body))
+            data = [{"index": k, "object": "pooling", "data": score_fn(ids)} for k, ids in enumerate(body["input"])]
+            raw = json.dumps({"id": "pool-1", "object": "list", "created": 0, "model": body["model"], "data": data,
+                              "usage": {"prompt_tokens": 1, "total_tokens": 1}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{httpd.server_address[1]}", bodies, httpd.shutdown
+
+
+SOLUTIONS = [("What is 12 * 4 - 5?", ["First, 12 * 4 = 48.\n\n", "Next, 48 - 5 = 43.\n\n", "So \\boxed{43}."]),
+             ("Compute 1/2 + 1/3.", ["We have \\frac{1}{2} + \\frac{1}{3} = \\frac{5}{6}."]),
+             ("Area of a circle of radius 3?", ["The area is \\pi r^2 = 9\\pi.\n\n", "So \\boxed{9\\pi}."])]
+
+
+def test_a_served_prm_scores_like_the_in_process_one(tmp_path):
+    """prm.ProcessRewardModel with `served`: the same inputs (token ids, separators intact) go to /pooling in one
+    request, and the probabilities at each separator come back as the step scores, in order, for every solution.
+    The stand-in answers with the in-process model's own softmax, so any misplaced row, lost separator or
+    reordered reply changes the scores. A reply with a separator missing is one error naming the server."""
+    import conftest
+    import real_layout_prm
+    from harness.generate import OpenAIGenerator
+    from harness.served_prm import PooledStepScores
+    from prm import ProcessRewardModel
+
+    if conftest.qwen_tokenizer_file() is None:
+        pytest.skip(conftest.QWEN_SKIP)
+    import torch
+
+    path = real_layout_prm.write_qwen2_prm(str(tmp_path / "prm"), conftest.make_qwen_tokenizer(prm=True), layers=2)
+    hf = ProcessRewardModel(path)
+
+    def softmax_at_separators(ids):
+        with torch.no_grad():
+            logits = hf.model(input_ids=torch.tensor([ids]))
+        logits = logits if torch.is_tensor(logits) else logits.logits
+        probs = torch.softmax(logits[0].float(), -1)
+        return [probs[t].tolist() for t, token in enumerate(ids) if token == hf.sep_id]
+
+    url, bodies, close = pooling_stand_in(softmax_at_separators)
+    try:
+        client = OpenAIGenerator(url, "prm", hf.tokenizer, timeout=10, max_model_len=4096)
+        served = ProcessRewardModel(path, micro_batch_size=1024, served=PooledStepScores(client, "prm", hf.sep_id))
+        questions, steps = [q for q, _ in SOLUTIONS], [s for _, s in SOLUTIONS]
+        mine, theirs = hf.score_batch(questions, steps), served.score_batch(questions, steps)
+        assert [len(s) for s in theirs] == [3, 1, 2] and all(x is not None for s in theirs for x in s)
+        assert theirs == [pytest.approx(s, abs=1e-6) for s in mine]
+        (where, body), = bodies   # one request for every solution
+        assert where == "/pooling" and body["task"] == "token_classify" and body["add_special_tokens"] is False
+        assert sorted(body["input"]) == sorted(hf.build_input(q, s)[0] for q, s in SOLUTIONS)
+        broken = PooledStepScores(client, "prm", hf.sep_id)
+        broken.client = OpenAIGenerator(pooling_stand_in(lambda ids: softmax_at_separators(ids)[:-1])[0], "prm",
+                                        hf.tokenizer, timeout=10, max_model_len=4096)
+        with pytest.raises(RuntimeError, match=r"/pooling: input 0 has \d+ separators .* --runner pooling"):
+            ProcessRewardModel(path, micro_batch_size=1024, served=broken).score_batch(questions, steps)
+    finally:
+        close()
+
+
+def test_the_served_prm_is_chosen_only_where_vllm_serves_it_and_it_fits():
+    """The PRM goes to its own vllm serve only with vLLM, for Qwen2ForProcessRewardModel, when the plan with it fits;
+    a 48 GB card keeps it in the trainer (offloaded in the update). A served PRM is never offloaded."""
+    import scope
+    from harness import preflight
+
+    args = scope.Args(model="Qwen2.5-1.5B")
+    assert preflight.prm_served(args, True, 79.2) and not preflight.prm_offloaded(args, "cpu", True, 79.2)
+    assert not preflight.prm_served(args, False, 79.2)   # no vLLM: HF in the trainer
+    assert not preflight.prm_served(scope.Args(model="Qwen2.5-1.5B", backend="hf"), True, 79.2)
+    refine_self = scope.Args(model="Qwen2.5-1.5B", refiner="policy")
+    assert not preflight.prm_served(refine_self, True, 47.5) and preflight.prm_offloaded(refine_self, "cpu", True, 47.5)
+    rows = preflight.memory_plan(args, 79.2, True)[0]
+    served = [gib for name, gib, phase in rows if name.startswith("PRM: its own vllm serve") and phase == "all"]
+    assert served == [pytest.approx(preflight.prm_server_need(args)[1])] and 16 < served[0] < 18
