@@ -146,10 +146,9 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
     originals = [trajs[index] for index, _ in picks]
     prefixes = [t.response_ids[:prefix_len] for t, (_, prefix_len) in zip(originals, picks)]
     prefix_texts = [tokenizer.decode(p, skip_special_tokens=True) for p in prefixes]   # the refiner reads text
+    cap = max_new_tokens if refiner_max_tokens is None else refiner_max_tokens
     suffixes = refiner.continue_from([t.question for t in originals], prefix_texts, n=attempts,
-                                     max_tokens=[min(max_new_tokens - len(p), max_new_tokens if refiner_max_tokens is None
-                                                     else refiner_max_tokens)
-                                                 for p in prefixes], seed=seed)
+                                     max_tokens=[min(max_new_tokens - len(p), cap) for p in prefixes], seed=seed)
     end_id = turn_end_id(tokenizer)  # what ends the assistant turn of the policy's prompt (choice 3)
     accepted: dict[int, Trajectory] = {}  # index of the original -> its repaired trajectory
     traces = []

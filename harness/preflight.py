@@ -574,7 +574,8 @@ def prm_offloaded(args, device: str, use_vllm: bool, gpu_gib: float | None = Non
 
 
 def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_offload: bool | None = None,
-                world: int | None = None, prm_serve: bool | None = None) -> tuple[list[tuple[str, float, str]], list[str]]:
+                world: int | None = None, prm_serve: bool | None = None,
+                ) -> tuple[list[tuple[str, float, str]], list[str]]:
     """([(row, GiB, phase)], notes): the GPU memory one process of a run with these Args needs, by phase.
 
     phase "all": held the whole step; "update": only during the update; "other": only outside it (rollout,

@@ -31,22 +31,24 @@ def pooling_body(model: str, inputs: list[list[int]]) -> dict:
             "add_special_tokens": False, "use_activation": True, "encoding_format": "float"}
 
 
-def step_rows(reply, inputs: list[list[int]], sep_id: int, url: str = "the PRM server") -> list[list[list[float]]]:
+def step_rows(reply, inputs: list[list[int]], sep_id: int, url: str = "") -> list[list[list[float]]]:
     """Per input, its [P(wrong), P(correct)] rows, one per separator in order; a reply of another shape (a
     different count of inputs or of separators, not 2 classes, not probabilities) is one RuntimeError naming it."""
     data = reply.get("data") if isinstance(reply, dict) else None
     if not isinstance(data, list) or len(data) != len(inputs):
         got = len(data) if isinstance(data, list) else "no"
-        raise RuntimeError(f"{url}/pooling returned {got} results for {len(inputs)} inputs")
+        raise RuntimeError(f"the PRM server {url} (/pooling) returned {got} results for {len(inputs)} inputs")
     out = []
     for k, item in enumerate(sorted(data, key=lambda d: d.get("index", 0))):
         rows, want = item.get("data"), inputs[k].count(sep_id)
         if not isinstance(rows, list) or len(rows) != want or any(
                 not isinstance(r, list) or len(r) != 2 for r in rows):
-            raise RuntimeError(f"{url}/pooling: input {k} has {want} separators (id {sep_id}) but the reply holds "
-                               f"{_shape(rows)}; is the server started with --runner pooling and this step_tag_id?")
+            raise RuntimeError(f"the PRM server {url} (/pooling): input {k} has {want} separators (id {sep_id}) but "
+                               f"the reply holds {_shape(rows)}; is the server started with --runner pooling and "
+                               "this step_tag_id?")
         if any(abs(sum(r) - 1) > 1e-3 or min(r) < 0 for r in rows):
-            raise RuntimeError(f"{url}/pooling: input {k}'s rows are not probabilities (softmax activation off?)")
+            raise RuntimeError(f"the PRM server {url} (/pooling): input {k}'s rows are not probabilities "
+                               "(softmax activation off?)")
         out.append(rows)
     return out
 
@@ -71,7 +73,7 @@ class PooledStepScores:
         rows = [ids[m.bool()].tolist() for ids, m in zip(input_ids.cpu(), mask.cpu())]  # right-padded: the prefix
         reply = self.client._request("/pooling", pooling_body(self.model, rows))
         self.requests += 1
-        probs = step_rows(reply, rows, self.sep_id, getattr(self.client, "url", "the PRM server"))
+        probs = step_rows(reply, rows, self.sep_id, getattr(self.client, "url", ""))
         out = torch.zeros(*input_ids.shape, 2)  # (b, T, 2) log-probabilities at the separators, 0 elsewhere
         for b, (ids, p) in enumerate(zip(rows, probs)):
             where = [t for t, token in enumerate(ids) if token == self.sep_id]

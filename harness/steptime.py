@@ -61,7 +61,7 @@ class Workload:
     picks: int = 16  # one failure per group with a failure (--rectify-groups any): every group, at this accuracy
     attempts: int = 2  # --refine-attempts, one request with n = 2 (one prefill per pick)
     kept_prefix: int = 300  # mean tokens kept before the first error
-    refiner_tail: int = 640  # decode steps of the refiner's longest suffix: --refiner-max-tokens (some attempt reaches it)
+    refiner_tail: int = 640  # the refiner's longest suffix in decode steps: --refiner-max-tokens (an attempt reaches it)
     updates: int = 2  # optimizer steps per batch; the pi_old pass covers every row (two steps: ratios differ from 1)
     checkpointing: bool = True  # --gradient-checkpointing: the backward recomputes the forward
     push_fixed: float = 0.25  # s: sleep(2), wake weights, reload's per-tensor calls, reset, wake KV (not measured)
@@ -133,7 +133,8 @@ def table(hws=(H100, H200), w: Workload = Workload()) -> str:
     for phase in PHASES:
         cells = [f"{e[phase]:.2f}" if phase in e else "—" for trio in est for e in trio]
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
-    ratios = [cell for g, s, f in est for cell in ("", f"{s['total'] / g['total']:.2f}", f"{f['total'] / g['total']:.2f}")]
+    ratios = [cell for g, s, f in est
+              for cell in ("", f"{s['total'] / g['total']:.2f}", f"{f['total'] / g['total']:.2f}")]
     lines.append("| SCOPE / GRPO | " + " | ".join(ratios) + " |")
     return "\n".join(lines)
 

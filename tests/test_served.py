@@ -303,7 +303,8 @@ def test_a_served_prm_scores_like_the_in_process_one(tmp_path):
         broken = PooledStepScores(client, "prm", hf.sep_id)
         broken.client = OpenAIGenerator(pooling_stand_in(lambda ids: softmax_at_separators(ids)[:-1])[0], "prm",
                                         hf.tokenizer, timeout=10, max_model_len=4096)
-        with pytest.raises(RuntimeError, match=r"/pooling: input 0 has \d+ separators .* --runner pooling"):
+        with pytest.raises(RuntimeError, match=r"127\.0\.0\.1:\d+ \(/pooling\): input 0 has \d+ separators .* "
+                                               r"--runner pooling"):
             ProcessRewardModel(path, micro_batch_size=1024, served=broken).score_batch(questions, steps)
     finally:
         close()
