@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from eval import discarded_valid_share, near_miss_at_k
 from grpo import build_batch, group_advantages, update_epoch
-from harness import dist, preflight, toy, wiring
+from harness import dist, phase_memory, preflight, toy, wiring
 from harness.generate import GeneratorUnavailable, format_prompt
 from harness.grader import grade
 from harness.runs import read_changes, run_settings
@@ -410,6 +410,7 @@ def main(args: Args) -> dict:
         if args.eval_every and (step % args.eval_every == 0 or step == args.steps):
             m["eval_acc"] = run.evaluate()
         m["time_step"] = time.time() - t0
+        m.update(phase_memory.step_record())
         run.log(m, traces)   # metrics.jsonl, traces.jsonl, the step's line
         if step % args.save_every == 0 or step == args.steps:
             run.checkpoint(step)
@@ -476,7 +477,8 @@ def seed_for(seed: int, step: int, phase: str) -> int:
 @contextmanager
 def timed(times: dict, phase: str):
     t0 = time.time()
-    yield
+    with phase_memory.phase(phase):   # on a GPU: the phase's peak memory, against the plan (harness/phase_memory.py)
+        yield
     times[phase] = time.time() - t0
 
 

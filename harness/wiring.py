@@ -26,7 +26,7 @@ import torch
 from tqdm import tqdm
 
 from eval import evaluate
-from harness import dist, preflight
+from harness import dist, phase_memory, preflight
 from harness.generate import HFGenerator, load_causal_lm, load_tokenizer, vllm_importable
 from harness.preflight import MODEL_ALIASES
 from harness import trackers
@@ -286,6 +286,8 @@ def finish(summary: dict, run_dir: str, t_start: float, start_step: int, refiner
               f"trained without rectification (metrics.jsonl: refiner_unavailable)")
     for line in format_changes(read_changes(run_dir)):
         print(f"config changed {line} ({run_dir}/changes.jsonl; config.json: the flags it started with)")
+    for line in phase_memory.off_plan(history):   # GPU runs: each phase's measured peak against the memory plan
+        print(line)
     has_traces = bool(read_log(os.path.join(run_dir, "traces.jsonl")))
     print(f"logs: {run_dir}/metrics.jsonl" + (f", {run_dir}/traces.jsonl" if has_traces else "")
           + f"; checkpoint: {run_dir}/checkpoint\nplot: python -m tools.report --plot {run_dir}"
@@ -460,6 +462,9 @@ def start(args) -> Run | None:
     train_problems, eval_problems = preflight.load_data(args, offline, notes)  # non-empty, before any model
     resume_step = preflight.check_run_dir(args, run_dir)              # no clobbering, no resume below the checkpoint
     preflight.check_memory(args, device, use_vllm)                    # printed; stops on a GPU too small
+    if device.startswith("cuda"):                                     # each phase's peak, against the plan
+        phase_memory.start(preflight.memory_plan(args, torch.cuda.get_device_properties(torch.device(device))
+                                                 .total_memory / preflight.GIB, use_vllm)[0], torch.cuda)
     if args.dry_run:
         preflight.print_dry_run(args, run_dir, notes + hub_notes)
         return None

@@ -658,3 +658,47 @@ def test_the_step_time_table_of_docs_is_the_models():
         longer["refine"] - scope["refine"])
     assert steptime.estimate("scope", steptime.H200)["refine"] < scope["refine"]   # more bandwidth, shorter tail
     assert steptime.estimate("scope", mps_overlap=True)["total"] < scope["total"]
+
+
+# ---------------------------------------------------------------------------------------------------------- memory per phase
+def test_each_phase_peak_goes_to_the_metrics_next_to_the_plan():
+    """Every GPU run checks the plan for its user: scope.timed resets the allocator's peak before each phase and
+    reads it after (here a stand-in for torch.cuda), the step's metrics get the measured and planned GiB per phase,
+    and the closing summary names each phase more than 10 % off the plan, either way (and no other)."""
+    import scope
+    from harness import phase_memory, preflight
+
+    class Allocator:   # torch.cuda's four calls, over a peak the test sets
+        def __init__(self):
+            self.peak, self.resets = 0, 0
+
+        def reset_peak_memory_stats(self):
+            self.resets, self.peak = self.resets + 1, 0
+
+        def max_memory_allocated(self):
+            return self.peak
+
+        def max_memory_reserved(self):
+            return self.peak + 2 ** 30
+
+    rows = preflight.memory_plan(scope.Args(model="Qwen2.5-1.5B"), 79.2, True)[0]
+    plan = phase_memory.plan_by_phase(rows)
+    mine = sum(gib for name, gib, phase in rows if phase in ("all", "update") and not name.startswith(
+        ("refiner:", "PRM: its own", "CUDA context")))
+    assert plan["update"] == pytest.approx(mine) and plan["other"] < plan["update"]
+    cuda, times = Allocator(), {}
+    phase_memory.start(rows, cuda)
+    try:
+        for name, share in (("rollout", 1.05), ("prm", 0.5), ("update", 1.3)):
+            with scope.timed(times, name):
+                cuda.peak = int(share * plan["update" if name == "update" else "other"] * 2 ** 30)
+        record = phase_memory.step_record()
+    finally:
+        phase_memory.start([], None)
+    assert cuda.resets == 3 and set(times) == {"rollout", "prm", "update"}
+    assert record["mem_update_planned_gib"] == pytest.approx(plan["update"], abs=1e-3)
+    assert record["mem_rollout_allocated_gib"] == pytest.approx(1.05 * plan["other"], abs=1e-3)
+    assert record["mem_prm_reserved_gib"] == pytest.approx(record["mem_prm_allocated_gib"] + 1, abs=1e-3)
+    lines = phase_memory.off_plan([record, {"step": 2}])
+    assert len(lines) == 2 and "+30% in the update phase" in lines[1] and "-50% in the prm phase" in lines[0]
+    assert phase_memory.step_record() == {}   # nothing measured without a GPU
