@@ -702,3 +702,22 @@ def test_each_phase_peak_goes_to_the_metrics_next_to_the_plan():
     lines = phase_memory.off_plan([record, {"step": 2}])
     assert len(lines) == 2 and "+30% in the update phase" in lines[1] and "-50% in the prm phase" in lines[0]
     assert phase_memory.step_record() == {}   # nothing measured without a GPU
+
+
+def test_the_readme_and_vllm_page_agree_with_scaling_md():
+    """The README's torchrun line is one of docs/scaling.md's commands (64 prompts: 8 per GPU, not 16 = 2 groups per
+    rank), and docs/vllm.md quotes GRPO's step and rollout seconds from the step-time model, not a stale figure."""
+    import re
+
+    from harness import steptime
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    read = lambda *p: open(os.path.join(root, *p), encoding="utf-8").read()   # noqa: E731
+    scaling = read("docs", "scaling.md")
+    commands = [line.split("#")[0].strip() for line in read("README.md").splitlines() if line.startswith("torchrun")]
+    assert commands and all(c in scaling for c in commands), commands
+    grpo = steptime.estimate("grpo")
+    page = read("docs", "vllm.md")
+    said = re.search(r"GRPO's whole\s+step takes about (\d+) s on an H100 \((\d+\.\d) s of it the vLLM rollouts", page)
+    assert said and int(said[1]) == round(grpo["total"]) and float(said[2]) == round(grpo["rollout"], 1)
+    assert "~30 s" not in page
