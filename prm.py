@@ -23,13 +23,12 @@ The paper's method section is not public, so the step unit, where separators and
 the PRM input format, unscored steps, the cut and the choice of the failure to repair are ours; each is
 one row of docs/choices.md (rows "3 PRM" and "4 select"), with its reason.
 
-The PRM runs in the trainer's process: our own module (transformers' Qwen2Model + the 2-layer score head,
-the layout vLLM 0.32 loads as `Qwen2ForProcessRewardModel`), not the hub's remote code (which does not run
-on transformers 5 and is code we would have to trust) and not a served vLLM pooling model
-(`vllm serve --runner pooling`, POST /pooling). The trainer already owns the GPU, vLLM allows one engine
-per process, and a second server would need its own memory share and start-up for what is one forward
-pass over a few failed rollouts per step. The head runs in float32, as vLLM's pooling runner does by
-default; tests/test_vllm.py checks our step probabilities against vLLM's own implementation.
+The PRM is our own module (transformers' Qwen2Model + the 2-layer score head, the layout vLLM loads as
+`Qwen2ForProcessRewardModel`), not the hub's remote code (which does not run on transformers 5 and is code we
+would have to trust). With vLLM on a GPU the same inputs go to vLLM's pooling runner instead
+(`ProcessRewardModel(..., served=...)`, harness/served_prm.py: its own `vllm serve --runner pooling`, in bf16).
+The head runs in float32, as vLLM's pooling runner does by default; tests/test_vllm.py checks our step
+probabilities against vLLM's own implementation, in-process and served.
 """
 import codecs
 

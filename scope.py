@@ -173,7 +173,7 @@ TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy",
 
 def rollout(run, problems: list[dict], groups: range, seed: int) -> list[Trajectory]:
     """Step 1: G samples per prompt of `groups` (this rank's; all B in one process) at the rollout temperature,
-    one batched call, kept as token ids. vLLM seeds prompt i with seed + i, so a rank samples its slice alone;
+    one batched call, kept as token ids. vLLM seeds prompt i with seed + i·G, so a rank samples its slice alone;
     HF generate draws one stream for the whole call, so each rank samples all B prompts and keeps its groups."""
     a = run.args
     todo = groups if run.use_vllm else range(len(problems))
@@ -181,7 +181,7 @@ def rollout(run, problems: list[dict], groups: range, seed: int) -> list[Traject
     run.policy.eval()
     with run.amp_for(run.generator):   # autocast for HF generate only, never around vLLM
         completions = run.generator.generate(prompts, n=a.group_size, temperature=a.temperature,
-                                             max_tokens=a.max_new_tokens, seed=seed + todo.start)
+                                             max_tokens=a.max_new_tokens, seed=seed + todo.start * a.group_size)
     return [Trajectory(question=problems[b]["question"], answer=problems[b]["answer"], group=b, prompt_ids=prompt,
                        response_ids=list(c.ids), text=c.text, finished=c.finished, sampler_logp=c.logprobs)
             for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]

@@ -387,7 +387,8 @@ class Run:
         share = self.dist.block(len(problems)) if self.use_vllm and self.dist.world > 1 else range(len(problems))
         with self.amp_for(self.generator):
             result = evaluate(self.generator, self.tokenizer, problems[share.start:share.stop], n=a.eval_n,
-                              temperature=EVAL_TEMPERATURE, max_new_tokens=a.eval_max_new_tokens, seed=a.seed + share.start,
+                              temperature=EVAL_TEMPERATURE, max_new_tokens=a.eval_max_new_tokens,
+                              seed=a.seed + share.start * a.eval_n,   # vLLM: problem i takes seed + i·n
                               batch_size=64)
         if len(share) == len(problems):
             return result["acc"]

@@ -203,7 +203,9 @@ def test_vllm_seeds_never_collide_across_prompts(bpe_tokenizer, fake_vllm, monke
     gen = VLLMGenerator(str(tmp_path), tokenizer=bpe_tokenizer)
     gen.generate([[1, 2], [1, 2], [3]], n=4, temperature=1.0, max_tokens=5, seed=10)
     gen.generate([[1, 2], [3]], n=3, temperature=0.0, max_tokens=5, seed=10)
-    sampled, greedy = (call[1][1] for call in fake_vllm[0].calls)
+    gen.generate([[3]], n=4, temperature=1.0, max_tokens=5, seed=10 + 2 * 4)   # a torchrun rank holding prompt 2 only
+    sampled, greedy, rank = (call[1][1] for call in fake_vllm[0].calls)
+    assert [p.seed for p in rank] == [18] == [p.seed for p in sampled[2:]]   # the one-process run's seeds
     assert [p.seed for p in sampled] == [10, 14, 18] and all(p.n == 4 for p in sampled)
     children = [p.seed + j for p in sampled for j in range(p.n)]
     assert len(set(children)) == len(children) == 12
