@@ -240,7 +240,8 @@ def test_the_check_at_a_tiny_shape_on_the_cpu(tmp_path):
     from the stub server and trained on, the weights moved. Guards the check itself from rotting where no GPU is."""
     figures = run_check(tmp_path, "cpu", TINY, dict(hidden=64, layers=1),
                         ["--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "16",
-                         "--micro-batch-size", "4"], timeout=300)
+                         "--micro-batch-size", "4"], timeout=300, compare_grpo=True)
+    assert {"rollout", "update", "step"} <= set(figures["grpo_phases"]) and figures["step_ratio"] > 0
     report(figures)
 
 
