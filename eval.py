@@ -244,19 +244,22 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     """
     from tqdm.auto import tqdm
 
-    from harness.generate import format_prompt
+    from harness.generate import VLLMGenerator, format_prompt
 
     if not problems:
         raise ValueError("evaluate: `problems` is empty")
     if n < 1:
         raise ValueError(f"evaluate: n must be >= 1, got {n}")
     per_problem, n_truncated, n_tokens = [], 0, 0
+    # vLLM schedules all prompts itself: one call (no batch waits on another's longest answer), no log-probs asked
+    whole = isinstance(generator, VLLMGenerator)
+    batch_size, extra = (len(problems), {"logprobs": False}) if whole else (batch_size, {})
     bar = tqdm(total=len(problems), desc="eval", unit="problem", disable=len(problems) <= batch_size)
     for start in range(0, len(problems), batch_size):
         batch = problems[start:start + batch_size]
         prompts = [format_prompt(tokenizer, p["question"]) for p in batch]
         outputs = generator.generate(prompts, n=n, temperature=temperature, top_p=top_p,
-                                     max_tokens=max_new_tokens,
+                                     max_tokens=max_new_tokens, **extra,
                                      seed=None if seed is None else seed + start)  # [prompt][sample]
         for problem, completions in zip(batch, outputs):
             marks = [grade(c.text, problem["answer"]) for c in completions]

@@ -300,17 +300,20 @@ class ProcessRewardModel:
 
     Loading (harness/prm_checkpoint.py, chosen by the `architectures` of config.json, no remote code):
     Qwen2.5-Math-PRM through our own module on transformers' Qwen2Model, or any 2-label token classifier.
-    `max_length` is capped at the model's `max_position_embeddings`. It runs in the trainer's process, not as the
-    hub's remote code (it does not run on transformers 5) nor a served vLLM pooling model (vLLM allows one engine
-    per process; a second server needs its own memory for one forward over a few failures per step); the head
-    runs in float32 as vLLM's pooling runner does, and tests/test_vllm.py checks the scores against vLLM's own.
+    `max_length` is capped at the model's `max_position_embeddings`. Not the hub's remote code (it does not run on
+    transformers 5). With vLLM on a GPU, `served` (harness/served_prm.py: `vllm serve --runner pooling`, bf16) takes
+    the same inputs instead of the module; the head runs in float32 as vLLM's pooling runner does, and
+    tests/test_vllm.py checks the scores against vLLM's own, in-process and served.
     """
 
-    def __init__(self, name_or_path, device="cpu", dtype=None, max_length=4096, micro_batch_size=4):
+    separator = SEPARATOR   # the step tag whose positions are scored
+
+    def __init__(self, name_or_path, device="cpu", dtype=None, max_length=4096, micro_batch_size=4, served=None):
         from harness.prm_checkpoint import load_prm
 
         self.name = str(name_or_path)
-        self.model, self.tokenizer, config = load_prm(self.name, device, dtype)   # no remote code
+        # no remote code; `served`: the PRM on vLLM's pooling runner instead (harness/served_prm.py)
+        self.model, self.tokenizer, config = load_prm(self.name, device, dtype, served=served)
         self.device = device
         self.micro_batch_size = int(micro_batch_size)
         if self.micro_batch_size < 1:

@@ -77,9 +77,12 @@ class Refiner:
         if not questions:
             return []
         prompts = [self.prompt_ids(q, p) for q, p in zip(questions, prefixes)]
+        # a served or vLLM refiner takes each item's own budget (no item decodes past it); HF generate gets the largest
+        # and each item is clipped to its own (its one random stream, and so the toy world's records, stay as they are)
+        per_item = getattr(self.generator, "per_prompt_budgets", False)
         outs = self.generator.generate(prompts, n=n, temperature=self.temperature, top_p=self.top_p,
-                                       max_tokens=max(max(budgets), 0), seed=seed)
-        # one call with the largest budget; clip each item to its own budget
+                                       max_tokens=[max(b, 0) for b in budgets] if per_item else max(max(budgets), 0),
+                                       seed=seed)
         return [[Suffix(c.text, c.finished) if len(c.ids) <= b
                  else Suffix(self.tokenizer.decode(c.ids[:max(b, 0)], skip_special_tokens=True), False)
                  for c in row] for row, b in zip(outs, budgets)]
@@ -87,12 +90,13 @@ class Refiner:
 
 def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, tokenizer, *, attempts: int = 2,
             merge: str = "replace", max_new_tokens: int, grade_fn, seed: int | None = None,
-            ) -> tuple[list[Trajectory], list[dict]]:
+            refiner_max_tokens: int | None = None) -> tuple[list[Trajectory], list[dict]]:
     """Step 5: repair the picked failures, recompute their rewards, merge the accepted ones.
 
     picks: (index into trajs, prefix_len in tokens) per selected failure. `tokenizer` is the POLICY's. Every
     attempt is graded (the trace records each); the first correct one is accepted (`repaired`); a rejected
-    pick leaves the list holding the very same Trajectory object. Returns (new list, one trace per pick).
+    pick leaves the list holding the very same Trajectory object. Each pick's suffix gets max_new_tokens minus
+    its prefix, at most `refiner_max_tokens` (None: no cap). Returns (new list, one trace per pick).
     """
     _check_picks(trajs, picks, attempts, merge, max_new_tokens)   # a public entry point: one-line errors
     if not picks:
@@ -100,8 +104,9 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
     originals = [trajs[index] for index, _ in picks]
     prefixes = [t.response_ids[:prefix_len] for t, (_, prefix_len) in zip(originals, picks)]
     prefix_texts = [tokenizer.decode(p, skip_special_tokens=True) for p in prefixes]   # the refiner reads text
+    cap = max_new_tokens if refiner_max_tokens is None else refiner_max_tokens
     suffixes = refiner.continue_from([t.question for t in originals], prefix_texts, n=attempts,
-                                     max_tokens=[max_new_tokens - len(p) for p in prefixes], seed=seed)
+                                     max_tokens=[min(max_new_tokens - len(p), cap) for p in prefixes], seed=seed)
     end_id = turn_end_id(tokenizer)  # what ends the assistant turn of the policy's prompt (choice 3)
     accepted: dict[int, Trajectory] = {}  # index of the original -> its repaired trajectory
     traces = []

@@ -43,7 +43,8 @@ def main(args: "Args") -> dict:
         merged, traces = trajs, []   # also what a refiner that stopped answering leaves (a warning, no repair)
         with run.phase("refine", picks) as seed:   # seed: from (seed, step) and the picks' global index
             merged, traces = rectify(trajs, picks, run.refiner, run.tokenizer, attempts=args.refine_attempts,
-                                     merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=seed)
+                                     merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=seed,
+                                     refiner_max_tokens=args.refiner_max_tokens)
         # ---------------------------------------------- 6. advantages over each merged group: A = r − mean(r)
         groups = [t.group for t in merged]
         advantages = group_advantages([t.reward for t in merged], groups=groups, scale_std=args.adv_std)
@@ -98,6 +99,8 @@ class Args(config.EngineArgs):
                                "prefix's oracle style is then drawn from the warm start's styles)",
                                ("length", "index"))
     refine_attempts: int = arg(2, "refiner attempts per selected failure (one batched call); first correct wins")
+    refiner_max_tokens: int = arg(640, "most new tokens a refiner suffix may take (and at most --max-new-tokens minus "
+                                  "the kept prefix); a suffix cut there is graded like any other, and rejected")
     refine_prompt: str = arg("continue", "refiner prompt: continue the prefix, or hint that a mistake follows",
                              ("continue", "hint"))
     merge: str = arg("replace", "a repaired trajectory replaces the failure, or joins the group",

@@ -55,6 +55,12 @@ if run:
                f"weights moved: {run['tensors_changed']}/{run['tensors_compared']} tensors, "
                f"max |change| {run['max_abs_change']:.1e}",
                f"step s {run['step_seconds']} (rollout {run['rollout_seconds']}, update {run['update_seconds']})"]
+    if "grpo_phases" in run:
+        phases = lambda d: ", ".join(f"{k} {v:.2f}" for k, v in d.items() if k != "step")
+        fields.append(f"seconds per phase at the check's shape: SCOPE {phases(run['scope_phases'])}; GRPO "
+                      f"{phases(run['grpo_phases'])}; step ratio SCOPE/GRPO {run['step_ratio']:.2f} (docs/scaling.md's "
+                      f"table, default configuration on an H100: {run['table_ratio_h100']:.2f}); PRM "
+                      f"{'on its own vllm serve (pooling runner)' if run['prm_served'] else 'in the trainer (HF)'}")
     if "device_peak_used_gib" in run:
         fields.append(f"device memory peak {run['device_peak_used_gib']:.1f} of {run['device_total_gib']:.1f} GiB "
                       f"used ({run['device_used_before_gib']:.1f} before the run; allocator peak "
@@ -74,7 +80,10 @@ if where == "cuda":
     fields.append(f"7B-shaped PRM scoring {scored['failures']} x {scored['tokens']} tokens: {scored['seconds']:.2f} s, "
                   f"peak {scored['peak_gib']:.1f} GiB" if scored else "PRM: not timed")
     if "vllm" in parts:
-        fields.append("vLLM greedy follows the weight push: yes")
+        v = parts["vllm"]
+        fields.append(f"vLLM as the run builds it (sleep mode, CUDA graphs, {v['surplus_rows']} surplus rows banned): "
+                      f"greedy follows sleep -> push -> wake: yes; TIS weight {v['tis_weight']:.4f} over "
+                      f"{v['tokens']} sampled tokens (max per token {v['tis_max']:.3f})")
     elif "vllm is not installed" in log:
         fields.append("vLLM greedy follows the weight push: not run (no vllm)")
     else:

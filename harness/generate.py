@@ -162,6 +162,17 @@ def token_budget(index: int, prompt: list[int], max_tokens: int, context: int | 
     return min(max_tokens, context - len(prompt))
 
 
+def token_budgets(prompts: list[list[int]], max_tokens: int | list[int], context: int | None) -> list[int]:
+    """One budget per prompt: `max_tokens` (one for all, or one per prompt), each clamped to `context`."""
+    wanted = [max_tokens] * len(prompts) if isinstance(max_tokens, int) else list(max_tokens)
+    if len(wanted) != len(prompts):
+        raise ValueError(f"{len(wanted)} max_tokens for {len(prompts)} prompts")
+    for i, m in enumerate(wanted):
+        if m < 0:
+            raise ValueError(f"max_tokens must be >= 0, got {m} for prompt {i}")
+    return [token_budget(i, p, m, context) for i, (p, m) in enumerate(zip(prompts, wanted))]
+
+
 def load_tokenizer(name_or_path: str, **kw):
     """AutoTokenizer, except for a folder whose tokenizer was saved as a plain `tokenizers` pipeline (the toy
     char tokenizer, the tests' tokenizers): transformers 5.20 maps a folder holding a qwen2 config.json to
@@ -349,27 +360,36 @@ class VLLMGenerator:
         # tokenizer cannot decode (docs/choices.md, "ids beyond the tokenizer"; docs/vllm.md)
         self.ban = surplus_ban(len(tokenizer), self.llm.model_config.get_vocab_size())
 
+    # vLLM schedules every request of a call itself: callers send all their prompts in one call (eval.py), and a
+    # budget per prompt (refine.py) costs nothing
+    per_prompt_budgets = True
+
     def generate(self, prompts: list[list[int]], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-                 max_tokens: int = 256, seed: int | None = None) -> list[list[Completion]]:
-        """One batched `llm.generate` call; returns [prompt][sample] Completions of new tokens only."""
+                 max_tokens: int | list[int] = 256, seed: int | None = None,
+                 logprobs: bool = True) -> list[list[Completion]]:
+        """One batched `llm.generate` call; returns [prompt][sample] Completions of new tokens only.
+        `max_tokens`: one budget for all prompts or one per prompt; `logprobs=False` asks vLLM for none (evaluation
+        uses no log-probs; Completion.logprobs is then None)."""
         from vllm import SamplingParams, TokensPrompt
 
-        check_sampling(n, temperature, top_p, max_tokens)
+        budgets = token_budgets(prompts, max_tokens, self.context)
+        check_sampling(n, temperature, top_p, min(budgets, default=0))
         self.wake()
-        budgets = [token_budget(i, p, max_tokens, self.context) for i, p in enumerate(prompts)]
         out = [[Completion(ids=[], text="", finished=False) for _ in range(n)] for _ in prompts]
         todo = [i for i, b in enumerate(budgets) if b > 0]
         if not todo:
             return out
         # vLLM refuses n > 1 with greedy decoding: then each prompt goes n times with n = 1
         copies, per_request = (n, 1) if temperature == 0 else (1, n)
-        # one SamplingParams per request: the budgets differ once clamped; seed + i keeps a repeated prompt
-        # from repeating its samples. max_tokens is always set (vLLM's default is 16).
+        # one SamplingParams per request: the budgets differ (clamped, or one per prompt). vLLM seeds child j of a
+        # request seeded s with s + j, so prompt i takes seed + i * n (copy c of a greedy prompt: + c): no two samples
+        # of a call share a seed, even for a repeated prompt. max_tokens is always set (vLLM's default is 16).
         # logprobs=0: the sampled token's log-prob only (docs/choices.md); PLAIN_SAMPLING: the plain distribution
         params = [SamplingParams(n=per_request, temperature=temperature, top_p=top_p, max_tokens=budgets[i],
-                                 seed=None if seed is None else seed + i, stop_token_ids=sorted(self.stop),
-                                 logit_bias=self.ban, detokenize=False, logprobs=0, **PLAIN_SAMPLING)
-                  for i in todo for _ in range(copies)]
+                                 seed=None if seed is None else seed + i * n + c, stop_token_ids=sorted(self.stop),
+                                 logit_bias=self.ban, detokenize=False, logprobs=0 if logprobs else None,
+                                 **PLAIN_SAMPLING)
+                  for i in todo for c in range(copies)]
         requests = [TokensPrompt(prompt_token_ids=list(prompts[i])) for i in todo for _ in range(copies)]
         results = self.llm.generate(requests, params, use_tqdm=False)  # in request order
         for k, i in enumerate(todo):
@@ -498,23 +518,24 @@ class OpenAIGenerator:
         self._context = max_model_len
         self._context_known = max_model_len is not None
 
+    # the server schedules concurrent requests together: a budget per prompt (refine.py) costs one more request,
+    # sent at the same time as the others
+    per_prompt_budgets = True
+
     def generate(self, prompts: list[list[int]], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
-                 max_tokens: int = 256, seed: int | None = None) -> list[list[Completion]]:
-        check_sampling(n, temperature, top_p, max_tokens)
+                 max_tokens: int | list[int] = 256, seed: int | None = None) -> list[list[Completion]]:
         context = self.context()
-        budgets = [token_budget(i, p, max_tokens, context) for i, p in enumerate(prompts)]
+        budgets = token_budgets(prompts, max_tokens, context)
+        check_sampling(n, temperature, top_p, min(budgets, default=0))
         out = [[Completion(ids=[], text="", finished=False) for _ in range(n)] for _ in prompts]
-        # one request per distinct budget (a single request unless clamping split them)
-        for budget in sorted(set(b for b in budgets if b > 0)):
-            members = [i for i, b in enumerate(budgets) if b == budget]
-            # the plain distribution (docs/choices.md) and our stop ids (docs/choices.md): the server would otherwise use the
-            # checkpoint's generation_config and only the EOS of its own tokenizer
-            body = {"model": self.model, "prompt": [list(prompts[i]) for i in members], "n": n,
-                    "temperature": temperature, "top_p": top_p, "max_tokens": budget, **PLAIN_SAMPLING,
-                    "stop_token_ids": sorted(self.stop)}
-            if seed is not None:
-                body["seed"] = seed
-            reply = self._request("/v1/completions", body)
+        bodies = self.requests(prompts, budgets, n=n, temperature=temperature, top_p=top_p, seed=seed)
+        groups = [[i for i, b in enumerate(budgets) if b == body["max_tokens"]] for body in bodies]
+        # all requests at once (one thread each): the server batches them, so the call ends with its longest request
+        from concurrent.futures import ThreadPoolExecutor
+
+        with ThreadPoolExecutor(max_workers=max(1, min(len(bodies), 32))) as pool:
+            replies = list(pool.map(lambda body: self._request("/v1/completions", body), bodies))
+        for members, reply in zip(groups, replies):
             choices = reply.get("choices") if isinstance(reply, dict) else None
             usage = reply.get("usage") if isinstance(reply, dict) else None
             self.completion_tokens += usage.get("completion_tokens") or 0 if isinstance(usage, dict) else 0
@@ -525,6 +546,22 @@ class OpenAIGenerator:
             for k, choice in enumerate(sorted(choices, key=lambda c: c.get("index", 0))):  # prompt-major
                 out[members[k // n]][k % n] = self._to_completion(choice)
         return out
+
+    def requests(self, prompts: list[list[int]], budgets: list[int], *, n: int, temperature: float, top_p: float,
+                 seed: int | None) -> list[dict]:
+        """The /v1/completions bodies of one call: one per distinct budget (> 0), its prompts in input order. The
+        plain distribution (docs/choices.md) and our stop ids are sent: the server would otherwise use the
+        checkpoint's generation_config and only the EOS of its own tokenizer. Every request carries `seed`: vLLM's
+        server gives each prompt of a request that seed (child j: seed + j), so splitting by budget changes no seed."""
+        bodies = []
+        for budget in sorted(set(b for b in budgets if b > 0)):
+            body = {"model": self.model, "prompt": [list(p) for p, b in zip(prompts, budgets) if b == budget], "n": n,
+                    "temperature": temperature, "top_p": top_p, "max_tokens": budget, **PLAIN_SAMPLING,
+                    "stop_token_ids": sorted(self.stop)}
+            if seed is not None:
+                body["seed"] = seed
+            bodies.append(body)
+        return bodies
 
     def _to_completion(self, choice: dict) -> Completion:
         text = choice.get("text") or ""

@@ -80,7 +80,7 @@ def check_args(args) -> None:
             stop(f"--{flag} {getattr(args, flag.replace('-', '_'))!r}: must be {valid}")
 
     for flag in ("steps", "prompts-per-step", "max-new-tokens", "refine-attempts", "micro-batch-size", "save-every",
-                 "eval-n", "gen-batch-size", "eval-max-new-tokens"):
+                 "eval-n", "gen-batch-size", "eval-max-new-tokens", "refiner-max-tokens"):
         need(getattr(args, flag.replace("-", "_")) >= 1, flag, "an integer >= 1")
     need(args.group_size >= 2, "group-size", ">= 2 (advantages are centred within a group: one rollout per "
                                              "prompt gives zero loss and zero gradient)")
@@ -528,24 +528,55 @@ def rollout_kv_need(args, world: int | None = None) -> tuple[int | None, int]:
     return max(tokens, max_len) * kv_bytes_per_token(cfg), max_len   # vLLM needs room for one full-length request
 
 
+PRM_SERVED_KV_TOKENS = 32768   # the served PRM's KV cache: ~36 failures of 900 tokens in one prefill wave
+
+
+def prm_served(args, use_vllm: bool, gpu_gib: float | None = None, world: int | None = None) -> bool:
+    """The PRM runs on its own `vllm serve --runner pooling` (harness/served_prm.py): with vLLM on a GPU, for a
+    PRM whose config.json names Qwen2ForProcessRewardModel (a pooling model vLLM has natively), when the plan
+    with it fits the card (`gpu_gib`, None: not known yet). Otherwise the PRM runs in this process, where it
+    can wait in CPU memory during the update (--prm-offload)."""
+    if args.prm == "none" or args.toy or not use_vllm or getattr(args, "backend", "") == "hf":
+        return False
+    cfg = model_config(args.prm)
+    if cfg is None or cfg.get("head") != "prm":
+        return False
+    rows = memory_plan(args, gpu_gib, use_vllm, prm_offload=False, world=world, prm_serve=True)[0]
+    return gpu_gib is None or plan_total(rows) <= FIT_SHARE * gpu_gib
+
+
+def prm_server_need(args) -> tuple[int, float]:
+    """(KV cache bytes, GiB in all) of the served PRM: bf16 weights, a KV cache of PRM_SERVED_KV_TOKENS tokens, the
+    activations of one 4,096-token prefill (PRM_FIT, traced on our HF module: vLLM's own are smaller) and a CUDA
+    context. Its `--gpu-memory-utilization` is this over the card."""
+    cfg = model_config(args.prm)
+    kv = PRM_SERVED_KV_TOKENS * kv_bytes_per_token(cfg)
+    return kv, (2 * n_params(cfg) + kv + prm_scoring_bytes(cfg, 4096)) / GIB + CUDA_CONTEXT_GIB
+
+
 def prm_offloaded(args, device: str, use_vllm: bool, gpu_gib: float | None = None, world: int | None = None) -> bool:
     """--prm-offload on/off, or auto: offload when the plan with the PRM resident does not fit the GPU (the plan
-    of one process of `world`, None: world_size())."""
+    of one process of `world`, None: world_size()). A served PRM (prm_served) is never offloaded: its memory is
+    its server's."""
     if args.prm == "none" or args.toy or args.prm_offload == "off":
         return False
-    if args.prm_offload == "on":
-        return True
     if gpu_gib is None and device.startswith("cuda"):
         import torch
 
         gpu_gib = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
+    if prm_served(args, use_vllm, gpu_gib, world):
+        return False
+    if args.prm_offload == "on":
+        return True
     if gpu_gib is None:
         return False
-    return plan_total(memory_plan(args, gpu_gib, use_vllm, prm_offload=False, world=world)[0]) > FIT_SHARE * gpu_gib
+    rows = memory_plan(args, gpu_gib, use_vllm, prm_offload=False, world=world, prm_serve=False)[0]
+    return plan_total(rows) > FIT_SHARE * gpu_gib
 
 
 def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_offload: bool | None = None,
-                world: int | None = None) -> tuple[list[tuple[str, float, str]], list[str]]:
+                world: int | None = None, prm_serve: bool | None = None,
+                ) -> tuple[list[tuple[str, float, str]], list[str]]:
     """([(row, GiB, phase)], notes): the GPU memory one process of a run with these Args needs, by phase.
 
     phase "all": held the whole step; "update": only during the update; "other": only outside it (rollout,
@@ -554,7 +585,8 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
     activations and temporaries from traced constants (UPDATE_FIT); KL reference fp32 (all);
     rollout engine: vLLM's bf16 weights + the KV cache of all B·G sequences (rollout_kv_need), asleep during
     the update with --rollout-sleep; HF generate: the KV cache of one micro-batch; PRM: bf16 weights, with
-    --prm-offload only outside the update, + its scoring activations (PRM_FIT); a refiner on its own
+    --prm-offload only outside the update, + its scoring activations (PRM_FIT), or its own `vllm serve` (prm_served:
+    prm_server_need, all step); a refiner on its own
     `vllm serve`: --refiner-mem of the card (its weights and KV cache when no card is known); CUDA context.
     Under torchrun (world: the processes, None = world_size(); each process owns one GPU) the rollout engine
     holds the KV cache of the rank's own groups; with --fsdp the policy's weights, AdamW state and gradients are
@@ -571,8 +603,10 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
     if cfg is None:
         return [], [f"no config for '{args.model}' (not local, not cached, not an alias): no memory plan"]
     p, T = n_params(cfg), PROMPT_TOKENS + args.max_new_tokens
+    if prm_serve is None:
+        prm_serve = prm_served(args, use_vllm, gpu_gib, world)
     if prm_offload is None:
-        prm_offload = prm_offloaded(args, "cpu", use_vllm, gpu_gib, world)
+        prm_offload = not prm_serve and prm_offloaded(args, "cpu", use_vllm, gpu_gib, world)
     ckpt = bool(getattr(args, "gradient_checkpointing", False))
     shards = world if getattr(args, "fsdp", False) and world > 1 else 1
     sharded = f", sharded over {shards} processes (FSDP2)" if shards > 1 else ""
@@ -608,7 +642,10 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
     else:
         rows.append((f"rollout KV cache (HF generate, {args.gen_batch_size} sequences)",
                      args.gen_batch_size * T * kv_bytes_per_token(cfg) / GIB, "other"))
-    if args.prm != "none":
+    if prm_serve:
+        rows.append((f"PRM: its own vllm serve (pooling runner, bf16 weights, KV of {PRM_SERVED_KV_TOKENS} tokens, "
+                     f"one prefill's activations, its CUDA context)", prm_server_need(args)[1], "all"))
+    elif args.prm != "none":
         prm_cfg = model_config(args.prm)
         if prm_cfg is None:
             notes.append(f"no config for PRM '{args.prm}': left out of the plan")

@@ -18,10 +18,11 @@ import torch
 PRM_ARCHITECTURE = "Qwen2ForProcessRewardModel"  # config.json `architectures` of Qwen2.5-Math-PRM-7B / -72B
 
 
-def load_prm(name_or_path: str, device="cpu", dtype=None) -> tuple[torch.nn.Module, object, object]:
+def load_prm(name_or_path: str, device="cpu", dtype=None, served=None) -> tuple[torch.nn.Module, object, object]:
     """(model in eval mode on `device`, tokenizer, config) of a PRM checkpoint: a folder or a hub id. A missing
     folder, file or network becomes one RuntimeError naming the PRM; an unsupported or damaged checkpoint a
-    ValueError."""
+    ValueError. With `served` (harness/served_prm.PooledStepScores: the PRM on vLLM's pooling runner) no weight
+    is loaded here: the model is `served`, the tokenizer and config are the checkpoint's."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
     from harness.generate import load_tokenizer
@@ -32,6 +33,11 @@ def load_prm(name_or_path: str, device="cpu", dtype=None) -> tuple[torch.nn.Modu
     try:
         archs = _config_json(name).get("architectures") or []
         tokenizer = load_tokenizer(name)
+        if served is not None:
+            if PRM_ARCHITECTURE not in archs:
+                raise ValueError(f"PRM {name!r}: vLLM's pooling runner serves {PRM_ARCHITECTURE}; config.json "
+                                 f"names {archs}")
+            return served, tokenizer, AutoConfig.from_pretrained(name)
         if PRM_ARCHITECTURE in archs:
             folder = name
             if not os.path.isdir(folder):

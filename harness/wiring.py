@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from harness import dist, preflight
+from harness import dist, phase_memory, preflight
 from harness.generate import (GeneratorUnavailable, HFGenerator, format_prompt, load_causal_lm, load_tokenizer,
                               vllm_importable)
 from harness.preflight import MODEL_ALIASES
@@ -106,17 +106,23 @@ def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, worl
     return HFGenerator(policy, tokenizer, micro_batch_size=args.gen_batch_size)
 
 
-def load_prm(args, device: str, prm_class):
-    """The process reward model (`prm_class`: prm.ProcessRewardModel), or the toy world's rule-based stand-in;
-    None with --prm none."""
+def load_prm(args, device: str, prm_class, use_vllm: bool = False, run_dir: str = ""):
+    """The process reward model (`prm_class`: prm.ProcessRewardModel), or the toy world's rule-based stand-in; None
+    with --prm none. With vLLM on a GPU a Qwen2.5-Math-PRM runs on its own `vllm serve --runner pooling`
+    (harness/served_prm.py), else in this process."""
     if args.prm == "none":
         return None
     if args.toy:   # the toy PRM's noise has its own RNG: the loop reseeds it from (seed, step) so resume is exact
         from harness import toy
         return toy.ToyPRM(args.toy_prm_noise, seed=args.seed)
+    if device.startswith("cuda") and preflight.prm_served(args, use_vllm, torch.cuda.get_device_properties(
+            torch.device(device)).total_memory / preflight.GIB):
+        from harness.served_prm import start_for_run
+        with loading(args.prm):   # all failures of a step in one request: the server schedules them
+            return prm_class(args.prm, micro_batch_size=1024,
+                             served=start_for_run(args, run_dir, prm_class.separator))
     with loading(args.prm):
-        return prm_class(args.prm, device=device,
-                                  dtype=torch.bfloat16 if device.startswith("cuda") else None)
+        return prm_class(args.prm, device=device, dtype=torch.bfloat16 if device.startswith("cuda") else None)
 
 
 def load_refiner(args, generator, tokenizer, device: str, run_dir: str, Refiner):
@@ -280,6 +286,8 @@ def finish(summary: dict, run_dir: str, t_start: float, start_step: int, refiner
               f"trained without rectification (metrics.jsonl: refiner_unavailable)")
     for line in format_changes(read_changes(run_dir)):
         print(f"config changed {line} ({run_dir}/changes.jsonl; config.json: the flags it started with)")
+    for line in phase_memory.off_plan(history):   # GPU runs: each phase's measured peak against the memory plan
+        print(line)
     has_traces = bool(read_log(os.path.join(run_dir, "traces.jsonl")))
     print(f"logs: {run_dir}/metrics.jsonl" + (f", {run_dir}/traces.jsonl" if has_traces else "")
           + f"; checkpoint: {run_dir}/checkpoint\nplot: python -m tools.report --plot {run_dir}"
@@ -408,6 +416,11 @@ class Run:
         step goes on without repairs. "update": vLLM asleep (--rollout-sleep: its weights and KV cache freed),
         FSDP2's gathered weights dropped, the policy in train mode for the block."""
         t0 = time.time()
+        with phase_memory.phase(name):   # on a GPU: the phase's peak memory, against the plan (harness/phase_memory.py)
+            yield from self._phase(name, items)
+        self.times[name] = time.time() - t0
+
+    def _phase(self, name: str, items: list | None):
         if name == "prm":
             with self.prm_on_device():
                 if self.args.toy and self.prm:
@@ -430,11 +443,10 @@ class Run:
             self.policy.eval()
         else:
             yield
-        self.times[name] = time.time() - t0
 
     def rollout(self, problems: list[dict], groups: range) -> list:
         """Step 1: G samples per prompt of `groups` at the rollout temperature, one batched call, kept as token
-        ids (paper.trajectory each). vLLM seeds prompt i with seed + i, so a rank samples its slice alone; HF
+        ids (paper.trajectory each). vLLM seeds prompt i with seed + i·G, so a rank samples its slice alone; HF
         generate draws one stream for the whole call, so each rank samples all B prompts and keeps its groups."""
         with self.phase("rollout"):
             a = self.args
@@ -443,7 +455,8 @@ class Run:
             self.policy.eval()
             with self.amp_for(self.generator):   # autocast for HF generate only, never around vLLM
                 completions = self.generator.generate(prompts, n=a.group_size, temperature=a.temperature,
-                                                      max_tokens=a.max_new_tokens, seed=self.seed("rollout") + todo.start)
+                                                      max_tokens=a.max_new_tokens,
+                                                      seed=self.seed("rollout") + todo.start * a.group_size)
             return [self.paper.trajectory(question=problems[b]["question"], answer=problems[b]["answer"], group=b,
                                           prompt_ids=prompt, response_ids=list(c.ids), text=c.text,
                                           finished=c.finished, sampler_logp=c.logprobs)
@@ -486,6 +499,7 @@ class Run:
         if a.eval_every and (step % a.eval_every == 0 or step == a.steps):
             m["eval_acc"] = self.evaluate()
         m["time_step"] = time.time() - self.t0
+        m.update(phase_memory.step_record())   # GPU runs: each phase's peak memory next to the plan's figure
         self.log(m, traces)   # metrics.jsonl, traces.jsonl, the step's line
         if step % a.save_every == 0 or step == a.steps:
             self.checkpoint(step)
@@ -499,7 +513,8 @@ class Run:
         share = self.dist.block(len(problems)) if self.use_vllm and self.dist.world > 1 else range(len(problems))
         with self.amp_for(self.generator):
             result = self.paper.evaluate(self.generator, self.tokenizer, problems[share.start:share.stop], n=a.eval_n,
-                              temperature=EVAL_TEMPERATURE, max_new_tokens=a.eval_max_new_tokens, seed=a.seed + share.start,
+                                         temperature=EVAL_TEMPERATURE, max_new_tokens=a.eval_max_new_tokens,
+                                         seed=a.seed + share.start * a.eval_n,   # vLLM: problem i takes seed + i·n
                               batch_size=64)
         if len(share) == len(problems):
             return result["acc"]
@@ -574,6 +589,9 @@ def start(args, paper: Paper) -> Run:
     train_problems, eval_problems = preflight.load_data(args, offline, notes)  # non-empty, before any model
     resume_step = preflight.check_run_dir(args, run_dir)              # no clobbering, no resume below the checkpoint
     preflight.check_memory(args, device, use_vllm)                    # printed; stops on a GPU too small
+    if device.startswith("cuda"):                                     # each phase's peak, against the plan
+        phase_memory.start(preflight.memory_plan(args, torch.cuda.get_device_properties(torch.device(device))
+                                                 .total_memory / preflight.GIB, use_vllm)[0], torch.cuda)
     if args.dry_run:
         preflight.print_dry_run(args, run_dir, notes + hub_notes)
         raise SystemExit(0)
@@ -590,7 +608,7 @@ def start(args, paper: Paper) -> Run:
     policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
     model = dist.wrap(policy, d, args.fsdp)                           # DDP or FSDP2 under torchrun; else the policy
     generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
-    prm = load_prm(args, device, paper.prm)
+    prm = load_prm(args, device, paper.prm, use_vllm, run_dir)
     refiner = load_refiner(args, generator, tokenizer, device, run_dir, paper.refiner)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr,   # after wrap: FSDP2's parameters are shards
                                   fused=args.fused_adamw and device.startswith("cuda"))   # fused: same update

@@ -13,8 +13,13 @@ nothing downloaded (docs/gpu-check.md):
 4. the weights moved: the float32 checkpoint differs from the saved starting weights;
 5. memory is read for the whole device (`torch.cuda.mem_get_info`, sampled every 20 ms in the run's process:
    vLLM's reserved share and the CUDA context included), next to the trainer allocator's peak;
-6. where vLLM imports: after a weight push, vLLM's greedy output (the CUDA model runner) equals the updated HF
-   model's and differs from the old one. Without vLLM this part is skipped ("not run (no vllm)" in the summary);
+6. where vLLM imports: the engine built as scope.py builds it (sleep mode on, CUDA graphs on, an embedding with
+   more rows than the tokenizer, the surplus banned) goes through the run's order, sleep(level 2) -> push -> wake;
+   its greedy output then equals greedy HF on the pushed weights (a taught pair of tiny policies, so the push
+   changes it), and the TIS weight of 16 samples at T = 1 is 1 within 2 %. A push that skips a tensor fails this
+   (`test_part_6_fails_on_a_push_that_skips_a_tensor`, on the CPU with EngineDouble for vLLM). Part 1 also runs
+   --mode grpo and reports both modes' seconds per phase and their ratio next to docs/scaling.md's estimate.
+   Without vLLM this part is skipped ("not run (no vllm)" in the summary);
 7. grpo.update at the 1.5B shape as scope.main runs it: the allocator's peak beside the plan's update rows;
 8. one update of a default step's batch (16 x 8 rows, about 100k tokens): seconds and MFU;
 9. a random-weight PRM of Qwen2.5-Math-PRM-7B's shape scoring 64 failures of 1,280 tokens: seconds and peak.
@@ -139,8 +144,18 @@ def weight_change(start_dir: str, checkpoint: str) -> tuple[int, int, float, set
     return changed, compared, largest, dtypes
 
 
-def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: list[str], timeout: int) -> dict:
-    """Parts 1-5 of the module docstring; returns the figures (asserting what must hold)."""
+def phase_seconds(rows: list[dict]) -> dict[str, float]:
+    """Median seconds per phase (the time_* fields of metrics.jsonl) over the logged steps."""
+    import statistics
+
+    keys = sorted({k for r in rows for k in r if k.startswith("time_")})
+    return {k[5:]: round(statistics.median(r[k] for r in rows if k in r), 2) for k in keys}
+
+
+def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: list[str], timeout: int,
+              compare_grpo: bool = False) -> dict:
+    """Parts 1-5 of the module docstring; returns the figures (asserting what must hold). With compare_grpo the same
+    steps run again in --mode grpo (no PRM, no refiner), and the figures hold both modes' seconds per phase."""
     from harness.generate import ServedModel, free_port
 
     from harness.prm_checkpoint import Qwen2ProcessRewardModel
@@ -154,9 +169,10 @@ def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: 
     port = free_port()
     server = ServedModel([sys.executable, FAKE, "--port", str(port), "--text", GOLD_TEXT],
                          url=f"http://127.0.0.1:{port}", log_path=str(tmp_path / "refiner.log"), startup_timeout=30)
-    argv = ["--model", paths["policy"], "--prm", paths["prm"], "--refiner", paths["policy"],
-            "--refiner-url", server.url, "--device", device, "--dataset", str(data), "--eval-dataset", str(data),
-            "--eval-every", "0", "--steps", "2", "--save-every", "100", "--run-name", "check", *steps_flags]
+    common = ["--model", paths["policy"], "--device", device, "--dataset", str(data), "--eval-dataset", str(data),
+              "--eval-every", "0", "--steps", "2", "--save-every", "100", *steps_flags]
+    argv = common + ["--prm", paths["prm"], "--refiner", paths["policy"], "--refiner-url", server.url,
+                     "--run-name", "check"]
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if device == "cpu":
         env["OMP_NUM_THREADS"] = "1"
@@ -179,12 +195,23 @@ def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: 
     assert compared > 0 and changed >= 0.5 * compared and largest > 0, (changed, compared, largest)
     memory = json.loads(proc.stdout.split("MEMORY", 1)[1].splitlines()[0])
     figures = dict(part="run", device=memory.get("device_name", "cpu"), tokenizer=which,
-                   prm="Qwen2ForProcessRewardModel layout through harness.prm_checkpoint.Qwen2ProcessRewardModel",
+                   prm="Qwen2ForProcessRewardModel layout, " + ("on its own vllm serve --runner pooling"
+                                                                  if os.path.isfile(run / "prm_server.log") else
+                                                                  "in the trainer (harness.prm_checkpoint)"),
                    rectify_accepted=accepted, rectify_tried=tried, offpolicy_share=offpolicy,
                    tensors_changed=changed, tensors_compared=compared, max_abs_change=largest,
                    step_seconds=[round(r["time_step"], 1) for r in rows],
                    rollout_seconds=[round(r["time_rollout"], 1) for r in rows],
-                   update_seconds=[round(r["time_update"], 1) for r in rows])
+                   update_seconds=[round(r["time_update"], 1) for r in rows], scope_phases=phase_seconds(rows),
+                   prm_served=os.path.isfile(run / "prm_server.log"))
+    if compare_grpo:
+        grpo_argv = common + ["--mode", "grpo", "--prm", "none", "--run-name", "check-grpo"]
+        proc = subprocess.run([sys.executable, "-c", CHILD.format(root=ROOT, device=device, argv=grpo_argv)],
+                              cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+        grpo_rows = [json.loads(line) for line in open(tmp_path / "runs" / "check-grpo" / "metrics.jsonl")]
+        figures["grpo_phases"] = phase_seconds(grpo_rows)
+        figures["step_ratio"] = round(figures["scope_phases"]["step"] / figures["grpo_phases"]["step"], 2)
     if device == "cuda":
         assert memory["peak_used"] >= memory["allocator_peak"] > 0
         figures.update(device_total_gib=memory["total"] / 2**30, device_used_before_gib=memory["before"] / 2**30,
@@ -197,9 +224,13 @@ def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: 
 @no_cuda
 def test_two_real_shape_steps_on_the_gpu(tmp_path):
     """Parts 1-5 at Qwen2.5-1.5B's shape on CUDA."""
+    from harness import steptime
+
     figures = run_check(tmp_path, "cuda", QWEN25_15B, dict(hidden=512, layers=2, heads=8, kv_heads=2),
                         ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "64",
-                         "--micro-batch-size", "4"], timeout=420)
+                         "--micro-batch-size", "4"], timeout=420, compare_grpo=True)
+    h100 = (steptime.estimate("grpo"), steptime.estimate("scope"))
+    figures["table_ratio_h100"] = round(h100[1]["total"] / h100[0]["total"], 2)   # docs/scaling.md, default config
     report(figures)
 
 
@@ -209,7 +240,8 @@ def test_the_check_at_a_tiny_shape_on_the_cpu(tmp_path):
     from the stub server and trained on, the weights moved. Guards the check itself from rotting where no GPU is."""
     figures = run_check(tmp_path, "cpu", TINY, dict(hidden=64, layers=1),
                         ["--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "16",
-                         "--micro-batch-size", "4"], timeout=300)
+                         "--micro-batch-size", "4"], timeout=300, compare_grpo=True)
+    assert {"rollout", "update", "step"} <= set(figures["grpo_phases"]) and figures["step_ratio"] > 0
     report(figures)
 
 
@@ -232,45 +264,204 @@ def teach(model, tok, text: str, steps: int = 80, lr: float = 3e-3):
     return model.eval()
 
 
-def vllm_follows_the_push(root: str, device: str) -> dict:
-    """Greedy vLLM == greedy HF before a weight push, and == the updated HF model's (!= the old) after it."""
+SURPLUS_ROWS = 64   # embedding rows beyond the tokenizer, as every Qwen2.5 checkpoint has (151,936 rows, 151,665 ids)
+
+
+def taught_pair(tok, device: str):
+    """(before, after): a tiny Qwen2 taught to recite PROMPT + BEFORE, and a copy of it taught PROMPT + AFTER. Both
+    are peaked (greedy recites, sampled log-probs near 0), so a push that leaves any tensor at its old value moves
+    the engine's greedy output or its log-probs, and with them the TIS weight."""
     from transformers import GenerationConfig, Qwen2Config, Qwen2ForCausalLM
 
-    from harness.generate import HFGenerator, VLLMGenerator
-
-    tok, _, which = tokenizers()
-    cfg = Qwen2Config(vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=2,
+    cfg = Qwen2Config(vocab_size=len(tok) + SURPLUS_ROWS, hidden_size=256, intermediate_size=512, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                       tie_word_embeddings=True, bos_token_id=None, eos_token_id=tok.eos_token_id,
                       pad_token_id=tok.pad_token_id)
     torch.manual_seed(0)
-    model = teach(Qwen2ForCausalLM(cfg).to(device), tok, PROMPT + BEFORE)
-    model.generation_config = GenerationConfig(eos_token_id=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
-    path = os.path.join(root, "pushed")
-    model.save_pretrained(path)
+    before = teach(Qwen2ForCausalLM(cfg).to(device), tok, PROMPT + BEFORE)
+    before.generation_config = GenerationConfig(eos_token_id=[tok.eos_token_id], pad_token_id=tok.pad_token_id)
+    after = teach(copy.deepcopy(before), tok, PROMPT + AFTER)
+    return before, after
+
+
+def push_check(engine, before, after, tok, sleep: bool = True) -> dict:
+    """Part 6 on any engine with VLLMGenerator's interface: greedy engine == greedy HF on the starting weights; then
+    the run's order (sleep(level 2) -> push (wakes the weights) -> generate (wakes the KV cache)); then greedy
+    engine == greedy HF on the pushed weights (!= the old), and the TIS weight of 16 samples at T = 1 (the
+    trainer's probability over the sampler's, per token, as grpo.truncated_is_weight forms it) is 1 to 2 %.
+    Returns the figures; an AssertionError names what differs."""
+    from harness.generate import HFGenerator
+
     prompt = [tok.encode(PROMPT, add_special_tokens=False)]
 
     def greedy(gen):
         return gen.generate(prompt, n=1, temperature=0.0, max_tokens=24)[0][0].ids
 
-    engine = VLLMGenerator(path, tokenizer=tok, gpu_memory_utilization=0.2, max_model_len=256, seed=0,
-                           enforce_eager=True)
     old = greedy(engine)
-    assert old == greedy(HFGenerator(model, tok))
-    new_model = teach(copy.deepcopy(model), tok, PROMPT + AFTER)
-    want = greedy(HFGenerator(new_model, tok))
-    assert want != old
-    engine.sync_weights(new_model)
-    assert greedy(engine) == want
-    return dict(part="vllm", tokenizer=which, old=tok.decode(old), new=tok.decode(want))
+    assert old == greedy(HFGenerator(before, tok)), "greedy engine != greedy HF on the starting weights"
+    want = greedy(HFGenerator(after, tok))
+    assert want != old, "the taught pair recites the same text: nothing for the push to change"
+    if sleep:
+        engine.sleep()
+    engine.sync_weights(after)
+    got = greedy(engine)
+    assert got == want, (f"after sleep -> push -> wake, greedy engine {tok.decode(got)!r} != greedy HF on the pushed "
+                         f"weights {tok.decode(want)!r}")
+    samples = engine.generate(prompt, n=16, temperature=1.0, max_tokens=24, seed=0)[0]
+    ratios = []
+    with torch.no_grad():
+        for c in samples:
+            assert c.logprobs is not None and len(c.logprobs) == len(c.ids)
+            ids = torch.tensor([prompt[0] + c.ids], device=next(after.parameters()).device)
+            logits = after(ids).logits[0, len(prompt[0]) - 1:-1, :len(tok)].float()   # the banned sampler's support
+            trainer = logits.log_softmax(-1).gather(1, ids[0, len(prompt[0]):, None])[:, 0].cpu()
+            ratios += (trainer - torch.tensor(c.logprobs)).exp().tolist()
+    weight = sum(ratios) / len(ratios)
+    assert abs(weight - 1) < 0.02 and max(ratios) < 1.5, (f"TIS weight {weight:.3f} (max per token {max(ratios):.2f}):"
+                                                          " the engine samples from other weights than the trainer's")
+    return dict(part="vllm", old=tok.decode(old), new=tok.decode(want), tis_weight=weight,
+                tis_max=max(ratios), tokens=len(ratios))
+
+
+def vllm_follows_the_push(root: str, device: str) -> dict:
+    """Part 6 on vLLM built as scope.py builds its rollout engine: sleep mode on, CUDA graphs on (no
+    enforce_eager), an embedding with more rows than the tokenizer (the surplus banned), then push_check."""
+    import time
+
+    from harness.generate import VLLMGenerator
+
+    tok, _, which = tokenizers()
+    before, after = taught_pair(tok, device)
+    path = os.path.join(root, "pushed")
+    before.save_pretrained(path)
+    t0 = time.time()
+    engine = VLLMGenerator(path, tokenizer=tok, gpu_memory_utilization=0.2, max_model_len=256, seed=0,
+                           sleep_mode=True)
+    assert engine.can_sleep and engine.ban is not None and len(engine.ban) == SURPLUS_ROWS
+    from vllm.config import CUDAGraphMode
+
+    config = engine.llm.llm_engine.vllm_config   # enforce_eager (or a platform without graphs) would make it NONE
+    assert not config.model_config.enforce_eager and config.compilation_config.cudagraph_mode != CUDAGraphMode.NONE
+    built = time.time() - t0
+    figures = push_check(engine, before, after, tok)
+    return dict(figures, tokenizer=which, engine_seconds=round(built, 1), sleep_mode=True, cuda_graphs=True,
+                surplus_rows=SURPLUS_ROWS)
 
 
 @pytest.mark.gpu
 @no_cuda
 def test_vllm_greedy_follows_the_weight_push_on_cuda(tmp_path):
-    """Part 6: vLLM's CUDA model runner (not the CPU one of the vLLM stage) takes the pushed weights."""
+    """Part 6: vLLM's CUDA model runner (not the CPU one of the vLLM stage), built as the run builds it, takes the
+    pushed weights through sleep -> push -> wake."""
     pytest.importorskip("vllm", reason="vllm is not installed (not run: no vllm)")
     report(vllm_follows_the_push(str(tmp_path), "cuda"))
+
+
+class EngineDouble:
+    """Stands in for vllm.LLM on the CPU, for part 6's own logic: it holds the checkpoint as an HF model, samples
+    from it with the request's logit_bias, temperature, seed and stop ids, returns processed log-probs, loads pushed
+    (name, tensor) pairs in reload_weights, and sleep(level=2) overwrites every weight with noise (vLLM discards
+    them): only a push of every tensor restores the model."""
+
+    def __init__(self, model, **kwargs):
+        from types import SimpleNamespace
+
+        from transformers import Qwen2ForCausalLM
+
+        self.model = Qwen2ForCausalLM.from_pretrained(model, dtype=torch.float32).eval()
+        rows = self.model.config.vocab_size
+        self.model_config = SimpleNamespace(max_model_len=kwargs.get("max_model_len") or 256, dtype=torch.float32,
+                                            get_vocab_size=lambda: rows)
+
+    @torch.no_grad()
+    def generate(self, prompts, params, use_tqdm=False):
+        from types import SimpleNamespace
+
+        results = []
+        for prompt, p in zip(prompts, params):
+            outputs = []
+            for j in range(p.n):
+                rng = torch.Generator().manual_seed((p.seed or 0) + j)
+                ids, new, logprobs = list(prompt["prompt_token_ids"]), [], []
+                for _ in range(p.max_tokens):
+                    logits = self.model(torch.tensor([ids])).logits[0, -1].float()
+                    for token, bias in (p.logit_bias or {}).items():
+                        logits[token] += bias
+                    logp = (logits / (p.temperature or 1.0)).log_softmax(-1)
+                    token = int(logits.argmax()) if p.temperature == 0 else int(
+                        torch.multinomial(logp.exp(), 1, generator=rng))
+                    ids.append(token)
+                    new.append(token)
+                    logprobs.append({token: SimpleNamespace(logprob=float(logp[token]))})
+                    if token in p.stop_token_ids:
+                        break
+                outputs.append(SimpleNamespace(index=j, token_ids=new,
+                                               logprobs=logprobs if p.logprobs is not None else None))
+            results.append(SimpleNamespace(outputs=outputs))
+        return results
+
+    def sleep(self, level=1):
+        if level == 2:
+            with torch.no_grad():
+                for parameter in self.model.parameters():
+                    parameter.normal_()
+
+    def wake_up(self, tags=None):
+        return True
+
+    def collective_rpc(self, method, kwargs=None):
+        assert method == "reload_weights"
+        state = self.model.state_dict()
+        with torch.no_grad():
+            for name, tensor in kwargs["weights_iterator"]:
+                state[name].copy_(tensor)
+        return [None]
+
+    def apply_model(self, fn):
+        return [fn(self.model)]
+
+    def reset_prefix_cache(self):
+        return True
+
+
+@pytest.fixture
+def engine_double(monkeypatch):
+    """A `vllm` module whose LLM is EngineDouble on a CUDA-like platform (sleep mode on)."""
+    from types import ModuleType, SimpleNamespace
+
+    vllm = ModuleType("vllm")
+    vllm.LLM = EngineDouble
+    vllm.SamplingParams = lambda **kw: SimpleNamespace(**kw)
+    vllm.TokensPrompt = lambda **kw: dict(kw)
+    platforms = ModuleType("vllm.platforms")
+    platforms.current_platform = SimpleNamespace(is_cpu=lambda: False)
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+
+@pytest.mark.parametrize("skipped", [None, "model.layers.1.mlp.down_proj.weight", "model.norm.weight"])
+def test_part_6_fails_on_a_push_that_skips_a_tensor(tmp_path, engine_double, bpe_tokenizer, skipped):
+    """Part 6's check (push_check) through the real VLLMGenerator and generate.sync_weights, with EngineDouble for
+    vLLM on the CPU: a complete push passes (TIS weight 1), and a push that skips one tensor (one MLP matrix, or the
+    final norm's 256 numbers) fails it: after sleep(level 2) that tensor is noise, and greedy output or the TIS
+    weight shows it."""
+    from harness.generate import VLLMGenerator
+
+    before, after = taught_pair(bpe_tokenizer, "cpu")
+    path = str(tmp_path / "pushed")
+    before.save_pretrained(path)
+    engine = VLLMGenerator(path, tokenizer=bpe_tokenizer, max_model_len=256, seed=0, sleep_mode=True)
+    assert engine.can_sleep and len(engine.ban) == SURPLUS_ROWS
+    if skipped is not None:
+        full = after.state_dict
+        after.state_dict = lambda *a, **k: {n: t for n, t in full(*a, **k).items() if n != skipped}
+    if skipped is None:
+        figures = push_check(engine, before, after, bpe_tokenizer)
+        assert abs(figures["tis_weight"] - 1) < 1e-3 and figures["tokens"] >= 16
+    else:
+        with pytest.raises(AssertionError, match="greedy engine .* != greedy HF on the pushed|TIS weight"):
+            push_check(engine, before, after, bpe_tokenizer)
 
 
 def test_the_script_skips_cleanly_without_cuda(tmp_path):
@@ -448,3 +639,86 @@ def test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu():
     assert timed["seconds"] > 0 and 6 * 8 + 6 * 4 <= timed["tokens"] <= 6 * 40 and timed["mfu"] is None
     scored = prm_time({**TINY_UPDATE, "tie_word_embeddings": False}, "cpu", failures=5, tokens=48, steps=3)
     assert scored["seconds"] > 0 and scored["failures"] == 5
+
+
+# ---------------------------------------------------------------------------------------------------------- step time
+def test_the_step_time_table_of_docs_is_the_models():
+    """docs/scaling.md's table is harness/steptime.py's output (a changed assumption changes both), and the model
+    moves the way its bytes say: a longer refiner tail or a slower card costs SCOPE time, GRPO has no PRM or refiner."""
+    from harness import steptime
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    doc = open(os.path.join(root, "docs", "scaling.md"), encoding="utf-8").read()
+    assert steptime.table() in doc
+    for name, gain in steptime.levers():
+        assert f"- {name}: {gain:.2f} s" in doc
+    grpo, scope = steptime.estimate("grpo"), steptime.estimate("scope")
+    assert "prm" not in grpo and "refine" not in grpo and scope["total"] > grpo["total"]
+    longer = steptime.estimate("scope", w=steptime.Workload(refiner_tail=1024))
+    assert longer["refine"] > scope["refine"] and longer["total"] - scope["total"] == pytest.approx(
+        longer["refine"] - scope["refine"])
+    assert steptime.estimate("scope", steptime.H200)["refine"] < scope["refine"]   # more bandwidth, shorter tail
+    assert steptime.estimate("scope", mps_overlap=True)["total"] < scope["total"]
+
+
+# ---------------------------------------------------------------------------------------------------------- memory per phase
+def test_each_phase_peak_goes_to_the_metrics_next_to_the_plan():
+    """Every GPU run checks the plan for its user: scope.timed resets the allocator's peak before each phase and
+    reads it after (here a stand-in for torch.cuda), the step's metrics get the measured and planned GiB per phase,
+    and the closing summary names each phase more than 10 % off the plan, either way (and no other)."""
+    import scope
+    from harness import phase_memory, preflight
+
+    class Allocator:   # torch.cuda's four calls, over a peak the test sets
+        def __init__(self):
+            self.peak, self.resets = 0, 0
+
+        def reset_peak_memory_stats(self):
+            self.resets, self.peak = self.resets + 1, 0
+
+        def max_memory_allocated(self):
+            return self.peak
+
+        def max_memory_reserved(self):
+            return self.peak + 2 ** 30
+
+    rows = preflight.memory_plan(scope.Args(model="Qwen2.5-1.5B"), 79.2, True)[0]
+    plan = phase_memory.plan_by_phase(rows)
+    mine = sum(gib for name, gib, phase in rows if phase in ("all", "update") and not name.startswith(
+        ("refiner:", "PRM: its own", "CUDA context")))
+    assert plan["update"] == pytest.approx(mine) and plan["other"] < plan["update"]
+    cuda, times = Allocator(), {}
+    phase_memory.start(rows, cuda)
+    try:
+        for name, share in (("rollout", 1.05), ("prm", 0.5), ("update", 1.3)):
+            with scope.timed(times, name):
+                cuda.peak = int(share * plan["update" if name == "update" else "other"] * 2 ** 30)
+        record = phase_memory.step_record()
+    finally:
+        phase_memory.start([], None)
+    assert cuda.resets == 3 and set(times) == {"rollout", "prm", "update"}
+    assert record["mem_update_planned_gib"] == pytest.approx(plan["update"], abs=1e-3)
+    assert record["mem_rollout_allocated_gib"] == pytest.approx(1.05 * plan["other"], abs=1e-3)
+    assert record["mem_prm_reserved_gib"] == pytest.approx(record["mem_prm_allocated_gib"] + 1, abs=1e-3)
+    lines = phase_memory.off_plan([record, {"step": 2}])
+    assert len(lines) == 2 and "+30% in the update phase" in lines[1] and "-50% in the prm phase" in lines[0]
+    assert phase_memory.step_record() == {}   # nothing measured without a GPU
+
+
+def test_the_readme_and_vllm_page_agree_with_scaling_md():
+    """The README's torchrun line is one of docs/scaling.md's commands (64 prompts: 8 per GPU, not 16 = 2 groups per
+    rank), and docs/vllm.md quotes GRPO's step and rollout seconds from the step-time model, not a stale figure."""
+    import re
+
+    from harness import steptime
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    read = lambda *p: open(os.path.join(root, *p), encoding="utf-8").read()   # noqa: E731
+    scaling = read("docs", "scaling.md")
+    commands = [line.split("#")[0].strip() for line in read("README.md").splitlines() if line.startswith("torchrun")]
+    assert commands and all(c in scaling for c in commands), commands
+    grpo = steptime.estimate("grpo")
+    page = read("docs", "vllm.md")
+    said = re.search(r"GRPO's whole\s+step takes about (\d+) s on an H100 \((\d+\.\d) s of it the vLLM rollouts", page)
+    assert said and int(said[1]) == round(grpo["total"]) and float(said[2]) == round(grpo["rollout"], 1)
+    assert "~30 s" not in page

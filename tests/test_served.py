@@ -137,3 +137,193 @@ def test_run_goes_on_without_rectification_when_the_refiner_server_stops(tmp_pat
     out = proc.stdout + proc.stderr
     assert "REFINER UNAVAILABLE" in out and f"the refiner did not answer on {len(down)} of 3 steps" in out
     assert "Traceback" not in out
+
+
+# ---- per-pick refiner budgets
+
+
+class BudgetRecorder:
+    """A generator stand-in that records each call's max_tokens and answers a finished "ok" per sample."""
+
+    def __init__(self, tokenizer, per_prompt_budgets: bool):
+        from harness.generate import Completion
+
+        self.tokenizer, self.calls, self.Completion = tokenizer, [], Completion
+        if per_prompt_budgets:
+            self.per_prompt_budgets = True
+
+    def generate(self, prompts, *, n, temperature, top_p, max_tokens, seed):
+        self.calls.append(max_tokens)
+        return [[self.Completion(ids=[1], text="ok", finished=True) for _ in range(n)] for _ in prompts]
+
+
+@pytest.mark.parametrize("served", [True, False])
+def test_rectify_sends_each_pick_its_own_budget_to_a_served_refiner(char_tokenizer, served):
+    """A served (or in-process vLLM) refiner gets one budget per pick: max_new_tokens - its prefix, capped by
+    refiner_max_tokens, so no pick decodes past its own. HF generate gets the largest (one random stream: the
+    toy world's records stay as they were) and clips each pick to its own."""
+    from refine import Refiner, Trajectory, rectify
+
+    trajs = [Trajectory(question="1+1?", answer="2", group=g, prompt_ids=[5], response_ids=list(range(7, 7 + 30)),
+                        text="x") for g in range(3)]
+    gen = BudgetRecorder(char_tokenizer, per_prompt_budgets=served)
+    rectify(trajs, [(0, 0), (1, 10), (2, 25)], Refiner(gen, char_tokenizer), char_tokenizer, attempts=2,
+            max_new_tokens=40, grade_fn=lambda text, answer: False, refiner_max_tokens=35)
+    assert gen.calls == ([[35, 30, 15]] if served else [35])
+
+
+def test_openai_sends_a_request_per_budget_all_at_once(tmp_path, char_tokenizer):
+    """Per-pick budgets on a served refiner: one request per distinct budget, all in flight together (the server
+    batches them), each prompt's completions back in input order."""
+    from harness.generate import OpenAIGenerator
+
+    with fake_server(tmp_path, "--startup-delay", "0").start() as server:
+        gen = OpenAIGenerator(server.url, "fake", char_tokenizer, timeout=10, max_model_len=4096)
+        prompts = [[5, 6], [7], [8, 9, 10]]
+        bodies = gen.requests(prompts, [12, 30, 12], n=2, temperature=0.7, top_p=1.0, seed=3)
+        assert [(b["max_tokens"], b["prompt"], b["seed"]) for b in bodies] == [(12, [[5, 6], [8, 9, 10]], 3),
+                                                                              (30, [[7]], 3)]
+        out = gen.generate(prompts, n=2, temperature=0.7, max_tokens=[12, 30, 12], seed=3)
+        assert [len(row) for row in out] == [2, 2, 2] and all(c.finished for row in out for c in row)
+        with pytest.raises(ValueError, match="2 max_tokens for 3 prompts"):
+            gen.generate(prompts, n=1, max_tokens=[1, 2])
+
+
+# ---- the in-process vLLM engine's seeds and the evaluation call (a recording stand-in for vllm.LLM)
+
+from test_generate import RecordingLLM, fake_vllm  # noqa: E402,F401  (the fixture, imported for these tests)
+
+
+def test_vllm_seeds_never_collide_across_prompts(bpe_tokenizer, fake_vllm, monkeypatch, tmp_path):
+    """vLLM seeds child j of a request seeded s with s + j: prompt i must take seed + i·n, or prompt 1's first sample
+    repeats prompt 0's second (seed + 1) whenever the prompts agree. Greedy copies (n = 1 each) take + c."""
+    monkeypatch.setattr(RecordingLLM, "vocab_rows", len(bpe_tokenizer))
+    from harness.generate import VLLMGenerator
+
+    gen = VLLMGenerator(str(tmp_path), tokenizer=bpe_tokenizer)
+    gen.generate([[1, 2], [1, 2], [3]], n=4, temperature=1.0, max_tokens=5, seed=10)
+    gen.generate([[1, 2], [3]], n=3, temperature=0.0, max_tokens=5, seed=10)
+    gen.generate([[3]], n=4, temperature=1.0, max_tokens=5, seed=10 + 2 * 4)   # a torchrun rank holding prompt 2 only
+    sampled, greedy, rank = (call[1][1] for call in fake_vllm[0].calls)
+    assert [p.seed for p in rank] == [18] == [p.seed for p in sampled[2:]]   # the one-process run's seeds
+    assert [p.seed for p in sampled] == [10, 14, 18] and all(p.n == 4 for p in sampled)
+    children = [p.seed + j for p in sampled for j in range(p.n)]
+    assert len(set(children)) == len(children) == 12
+    assert [p.seed for p in greedy] == [10, 11, 12, 13, 14, 15] and all(p.n == 1 for p in greedy)
+    assert all(p.logprobs == 0 for p in sampled)   # the rollouts' TIS weight needs the sampler's log-probs
+
+
+def test_evaluation_under_vllm_is_one_call_without_logprobs(bpe_tokenizer, fake_vllm, monkeypatch, tmp_path):
+    """Eight sequential calls of 64 prompts would each wait for their own longest answer: under vLLM evaluate sends
+    every prompt in one call, and asks for no log-probs (it uses none). HF generate keeps its batches."""
+    monkeypatch.setattr(RecordingLLM, "vocab_rows", len(bpe_tokenizer))
+    from eval import evaluate
+    from harness.generate import VLLMGenerator
+
+    gen = VLLMGenerator(str(tmp_path), tokenizer=bpe_tokenizer)
+    problems = [{"id": str(k), "question": f"{k} + 1?", "answer": str(k + 1)} for k in range(5)]
+    result = evaluate(gen, bpe_tokenizer, problems, n=2, batch_size=2, max_new_tokens=6, seed=0)
+    calls = [c for c in fake_vllm[0].calls if c[0] == "generate"]
+    assert len(calls) == 1 and len(calls[0][1][0]) == 5 and result["num_problems"] == 5
+    assert all(p.logprobs is None and p.max_tokens == 6 for p in calls[0][1][1])
+    assert [p.seed for p in calls[0][1][1]] == [0, 2, 4, 6, 8]
+
+
+# ---- the PRM on vLLM's pooling runner (harness/served_prm.py), against a stand-in /pooling endpoint
+
+
+def pooling_stand_in(score_fn):
+    """A /pooling endpoint in a thread: each input's reply rows are score_fn(ids) (its [P(wrong), P(correct)] per
+    separator, as vLLM's STEP pooling answers); records every body. Returns (url, bodies, close)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    bodies = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            bodies.append((self.path, body))
+            data = [{"index": k, "object": "pooling", "data": score_fn(ids)} for k, ids in enumerate(body["input"])]
+            raw = json.dumps({"id": "pool-1", "object": "list", "created": 0, "model": body["model"], "data": data,
+                              "usage": {"prompt_tokens": 1, "total_tokens": 1}}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    return f"http://127.0.0.1:{httpd.server_address[1]}", bodies, httpd.shutdown
+
+
+SOLUTIONS = [("What is 12 * 4 - 5?", ["First, 12 * 4 = 48.\n\n", "Next, 48 - 5 = 43.\n\n", "So \\boxed{43}."]),
+             ("Compute 1/2 + 1/3.", ["We have \\frac{1}{2} + \\frac{1}{3} = \\frac{5}{6}."]),
+             ("Area of a circle of radius 3?", ["The area is \\pi r^2 = 9\\pi.\n\n", "So \\boxed{9\\pi}."])]
+
+
+def test_a_served_prm_scores_like_the_in_process_one(tmp_path):
+    """prm.ProcessRewardModel with `served`: the same inputs (token ids, separators intact) go to /pooling in one
+    request, and the probabilities at each separator come back as the step scores, in order, for every solution.
+    The stand-in answers with the in-process model's own softmax, so any misplaced row, lost separator or
+    reordered reply changes the scores. A reply with a separator missing is one error naming the server."""
+    import conftest
+    import real_layout_prm
+    from harness.generate import OpenAIGenerator
+    from harness.served_prm import PooledStepScores
+    from prm import ProcessRewardModel
+
+    if conftest.qwen_tokenizer_file() is None:
+        pytest.skip(conftest.QWEN_SKIP)
+    import torch
+
+    path = real_layout_prm.write_qwen2_prm(str(tmp_path / "prm"), conftest.make_qwen_tokenizer(prm=True), layers=2)
+    hf = ProcessRewardModel(path)
+
+    def softmax_at_separators(ids):
+        with torch.no_grad():
+            logits = hf.model(input_ids=torch.tensor([ids]))
+        logits = logits if torch.is_tensor(logits) else logits.logits
+        probs = torch.softmax(logits[0].float(), -1)
+        return [probs[t].tolist() for t, token in enumerate(ids) if token == hf.sep_id]
+
+    url, bodies, close = pooling_stand_in(softmax_at_separators)
+    try:
+        client = OpenAIGenerator(url, "prm", hf.tokenizer, timeout=10, max_model_len=4096)
+        served = ProcessRewardModel(path, micro_batch_size=1024, served=PooledStepScores(client, "prm", hf.sep_id))
+        questions, steps = [q for q, _ in SOLUTIONS], [s for _, s in SOLUTIONS]
+        mine, theirs = hf.score_batch(questions, steps), served.score_batch(questions, steps)
+        assert [len(s) for s in theirs] == [3, 1, 2] and all(x is not None for s in theirs for x in s)
+        assert theirs == [pytest.approx(s, abs=1e-6) for s in mine]
+        (where, body), = bodies   # one request for every solution
+        assert where == "/pooling" and body["task"] == "token_classify" and body["add_special_tokens"] is False
+        assert sorted(body["input"]) == sorted(hf.build_input(q, s)[0] for q, s in SOLUTIONS)
+        broken = PooledStepScores(client, "prm", hf.sep_id)
+        broken.client = OpenAIGenerator(pooling_stand_in(lambda ids: softmax_at_separators(ids)[:-1])[0], "prm",
+                                        hf.tokenizer, timeout=10, max_model_len=4096)
+        with pytest.raises(RuntimeError, match=r"127\.0\.0\.1:\d+ \(/pooling\): input 0 has \d+ separators .* "
+                                               r"--runner pooling"):
+            ProcessRewardModel(path, micro_batch_size=1024, served=broken).score_batch(questions, steps)
+    finally:
+        close()
+
+
+def test_the_served_prm_is_chosen_only_where_vllm_serves_it_and_it_fits():
+    """The PRM goes to its own vllm serve only with vLLM, for Qwen2ForProcessRewardModel, when the plan with it fits;
+    a 48 GB card keeps it in the trainer (offloaded in the update). A served PRM is never offloaded."""
+    import scope
+    from harness import preflight
+
+    args = scope.Args(model="Qwen2.5-1.5B")
+    assert preflight.prm_served(args, True, 79.2) and not preflight.prm_offloaded(args, "cpu", True, 79.2)
+    assert not preflight.prm_served(args, False, 79.2)   # no vLLM: HF in the trainer
+    assert not preflight.prm_served(scope.Args(model="Qwen2.5-1.5B", backend="hf"), True, 79.2)
+    refine_self = scope.Args(model="Qwen2.5-1.5B", refiner="policy")
+    assert not preflight.prm_served(refine_self, True, 47.5) and preflight.prm_offloaded(refine_self, "cpu", True, 47.5)
+    rows = preflight.memory_plan(args, 79.2, True)[0]
+    served = [gib for name, gib, phase in rows if name.startswith("PRM: its own vllm serve") and phase == "all"]
+    assert served == [pytest.approx(preflight.prm_server_need(args)[1])] and 16 < served[0] < 18

