@@ -417,32 +417,8 @@ class Run:
         FSDP2's gathered weights dropped, the policy in train mode for the block."""
         t0 = time.time()
         with phase_memory.phase(name):   # on a GPU: the phase's peak memory, against the plan (harness/phase_memory.py)
-            yield from self._phase(name, items)
+            yield from _phase_steps(self, name, items)
         self.times[name] = time.time() - t0
-
-    def _phase(self, name: str, items: list | None):
-        if name == "prm":
-            with self.prm_on_device():
-                if self.args.toy and self.prm:
-                    self.prm.reseed(self.seed("prm"))
-                yield
-        elif name == "refine":
-            seed = self.seed("refine", items)
-            try:
-                with self.amp_for(getattr(self.refiner, "generator", None)):
-                    yield seed
-            except GeneratorUnavailable as err:
-                tqdm.write(f"warning: the refiner did not answer, no rectification this step: {err}")
-                self.unavailable = True
-        elif name == "update":
-            if self.use_vllm and self.args.rollout_sleep:
-                self.generator.sleep()   # sync_weights wakes the weights, the next rollout the KV cache
-            dist.reshard(self.policy)   # FSDP2: drop the full weights a generation left gathered
-            self.policy.train()
-            yield
-            self.policy.eval()
-        else:
-            yield
 
     def rollout(self, problems: list[dict], groups: range) -> list:
         """Step 1: G samples per prompt of `groups` at the rollout temperature, one batched call, kept as token
@@ -629,6 +605,32 @@ def start(args, paper: Paper) -> Run:
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")
     return run
+
+
+def _phase_steps(run, name: str, items: list | None):
+    """The body of `Run.phase` for one phase (a generator: it yields where the block runs)."""
+    if name == "prm":
+        with run.prm_on_device():
+            if run.args.toy and run.prm:
+                run.prm.reseed(run.seed("prm"))
+            yield
+    elif name == "refine":
+        seed = run.seed("refine", items)
+        try:
+            with run.amp_for(getattr(run.refiner, "generator", None)):
+                yield seed
+        except GeneratorUnavailable as err:
+            tqdm.write(f"warning: the refiner did not answer, no rectification this step: {err}")
+            run.unavailable = True
+    elif name == "update":
+        if run.use_vllm and run.args.rollout_sleep:
+            run.generator.sleep()   # sync_weights wakes the weights, the next rollout the KV cache
+        dist.reshard(run.policy)   # FSDP2: drop the full weights a generation left gathered
+        run.policy.train()
+        yield
+        run.policy.eval()
+    else:
+        yield
 
 
 def step_metrics(step: int, args, rollouts: list, trained: list, traces: list[dict], stats: dict, times: dict,

@@ -688,10 +688,16 @@ def test_each_phase_peak_goes_to_the_metrics_next_to_the_plan():
         ("refiner:", "PRM: its own", "CUDA context")))
     assert plan["update"] == pytest.approx(mine) and plan["other"] < plan["update"]
     cuda, times = Allocator(), {}
+    import contextlib
+    import types
+
+    from harness import wiring
+    run = types.SimpleNamespace(times=times, args=scope.Args(model="Qwen2.5-1.5B"), prm=None, use_vllm=False,
+                                policy=torch.nn.Linear(1, 1), prm_on_device=contextlib.nullcontext)
     phase_memory.start(rows, cuda)
     try:
         for name, share in (("rollout", 1.05), ("prm", 0.5), ("update", 1.3)):
-            with scope.timed(times, name):
+            with wiring.Run.phase(run, name):   # the run's own phase timer and its memory record
                 cuda.peak = int(share * plan["update" if name == "update" else "other"] * 2 ** 30)
         record = phase_memory.step_record()
     finally:
