@@ -245,13 +245,14 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     from tqdm.auto import tqdm
 
     from harness.generate import format_prompt
+    from harness.progress import bar_disabled   # a bar only on a terminal: no carriage returns in a log file
 
     if not problems:
         raise ValueError("evaluate: `problems` is empty")
     if n < 1:
         raise ValueError(f"evaluate: n must be >= 1, got {n}")
     per_problem, n_truncated, n_tokens = [], 0, 0
-    bar = tqdm(total=len(problems), desc="eval", unit="problem", disable=len(problems) <= batch_size)
+    bar = tqdm(total=len(problems), desc="eval", unit="problem", disable=len(problems) <= batch_size or bar_disabled())
     for start in range(0, len(problems), batch_size):
         batch = problems[start:start + batch_size]
         prompts = [format_prompt(tokenizer, p["question"]) for p in batch]

@@ -39,7 +39,7 @@ from tqdm import tqdm
 
 from eval import discarded_valid_share, near_miss_at_k
 from grpo import build_batch, group_advantages, update_epoch
-from harness import dist, preflight, toy, wiring
+from harness import dist, preflight, progress, toy, wiring
 from harness.generate import GeneratorUnavailable, format_prompt
 from harness.grader import grade
 from harness.runs import read_changes, run_settings
@@ -408,6 +408,8 @@ def main(args: Args) -> dict:
             m["eval_acc"] = run.evaluate()
         m["time_step"] = time.time() - t0
         run.log(m, traces)   # metrics.jsonl, traces.jsonl, the step's line
+        if run.dist.main:    # a few of the step's own rollouts, whole (harness/progress.py: rollouts.jsonl)
+            progress.log_rollouts(run.run_dir, step, trajs, seed=seed_for(args.seed, step, "logged"))
         if step % args.save_every == 0 or step == args.steps:
             run.checkpoint(step)
     return run.finish()

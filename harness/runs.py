@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 RUN_FILES = ("config.json", "changes.jsonl", "metrics.jsonl", "traces.jsonl", "checkpoint", "checkpoint.tmp",
-             "checkpoint.old")
+             "checkpoint.old", "rollouts.jsonl", "model", "model.tmp", "curves.png", "summary.txt")
 
 
 def stop(message: str, code: int = 2):

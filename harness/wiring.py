@@ -30,6 +30,7 @@ from harness import dist, preflight
 from harness.generate import HFGenerator, load_causal_lm, load_tokenizer, vllm_importable
 from harness.preflight import MODEL_ALIASES
 from harness import trackers
+from harness import progress   # step k/N + ETA, rollouts.jsonl, and what a run leaves: curves.png, summary.txt, model/
 from harness.runs import (acquire_lock, append_change, clear_run, format_changes, read_changes, read_log, recover_checkpoint,
                           release_lock, restore_rng, resume_hint, save_checkpoint, stop, truncate_jsonl)
 from refine import Refiner
@@ -198,7 +199,7 @@ def open_run(args, run_dir: str, resume_step: int | None) -> tuple[str | None, i
     atexit.register(release_lock, acquire_lock(run_dir))
     if resume_step is not None:
         ckpt, step = recover_checkpoint(run_dir)
-        for name in ("metrics.jsonl", "traces.jsonl"):   # drop what was logged after the checkpoint
+        for name in ("metrics.jsonl", "traces.jsonl", "rollouts.jsonl"):   # drop what was logged after the checkpoint
             truncate_jsonl(os.path.join(run_dir, name), step)
         changes = preflight.resume_changes(args, run_dir)
         if changes:
@@ -335,6 +336,7 @@ class Run:
     dist: object = field(default_factory=dist.Dist)     # this process's rank under torchrun (harness/dist.py)
     model: object = None                             # the module the update trains: policy, DDP or FSDP2
     prm_offload: bool = False                         # the PRM waits in CPU memory between its uses
+    clock: object = None                             # step k/N and ETA of the step lines (harness/progress.py)
 
     def amp(self):
         """bfloat16 autocast on CUDA (float32 master weights), nothing on the CPU."""
@@ -367,6 +369,7 @@ class Run:
     def steps(self):
         """The steps still to run, with a progress bar on a terminal."""
         a = self.args
+        self.clock = progress.StepClock(self.start_step, a.steps)   # the step lines' k/N and ETA, terminal or not
         return tqdm(range(self.start_step, a.steps + 1), initial=self.start_step - 1, total=a.steps, desc="steps",
                     disable=not sys.stderr.isatty() or not self.dist.main)
 
@@ -408,7 +411,7 @@ class Run:
                 self.traces_file.write(json.dumps({"step": step, **tr}) + "\n")
             self.traces_file.flush()
             self.record(m)
-            tqdm.write(summary_line(m))
+            tqdm.write(self.clock.line(summary_line(m), step) if self.clock else summary_line(m))
 
     def checkpoint(self, step: int) -> None:
         """runs/<name>/checkpoint in one format for one process, DDP and FSDP2 (rank 0 writes; under FSDP2
@@ -428,8 +431,12 @@ class Run:
                 log.close()
         if self.tracker is not None:
             self.tracker.close()
-        summary = finish(self.summary, self.run_dir, self.t_start, self.start_step, self.refiner, self.args,
-                         len(self.eval_problems), self.dist.main)
+        # the closing summary also as summary.txt; then curves.png and model/ (harness/progress.py, export.py)
+        with progress.summary_to_file(os.path.join(self.run_dir, "summary.txt"), self.dist.main):
+            summary = finish(self.summary, self.run_dir, self.t_start, self.start_step, self.refiner, self.args,
+                             len(self.eval_problems), self.dist.main)
+            if self.dist.main:
+                summary.update(progress.closing_outputs(self.run_dir))
         dist.close()
         return summary
 
@@ -437,6 +444,7 @@ class Run:
 def start(args) -> Run | None:
     """The pre-flight, then the run folder and the models; None after a --dry-run."""
     t_start = time.time()
+    progress.bars_only_on_a_terminal()                                # a log file gets lines, not carriage returns
     d = dist.init(args.dist_timeout)                                  # torchrun: the process group; else rank 0 of 1
     if not d.main:
         sys.stdout = open(os.devnull, "w")                            # rank 0 prints; errors still reach stderr
