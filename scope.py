@@ -28,6 +28,7 @@ described in docs/running.md; the logged metrics in docs/metrics.md.
 """
 import argparse
 import difflib
+import sys
 import time
 import zlib
 from contextlib import contextmanager
@@ -39,7 +40,7 @@ from tqdm import tqdm
 
 from eval import discarded_valid_share, near_miss_at_k
 from grpo import build_batch, group_advantages, update_epoch
-from harness import dist, preflight, progress, toy, wiring
+from harness import cli, dist, preflight, progress, toy, wiring
 from harness.generate import GeneratorUnavailable, format_prompt
 from harness.grader import grade
 from harness.runs import read_changes, run_settings
@@ -151,6 +152,8 @@ class Args:
                           "--run-name, or --resume of a folder without checkpoint): its logs are replaced")
     memory_check: bool = arg(True, "stop before loading when the memory plan (an estimate) exceeds the GPU; "
                              "--no-memory-check starts anyway")
+    config: str = arg("", "a YAML file of flags (keys: these flag names, with dashes or underscores); flags typed on "
+                      "the command line override it; its values are recorded in config.json like typed ones")
     dry_run: bool = arg(False, "run the pre-flight (flags, folder, data, memory plan), print the resolved Args, exit")
     # --- several GPUs (torchrun; docs/scaling.md)
     fsdp: bool = arg(False, "under torchrun: shard the policy, its gradients and AdamW state over the processes "
@@ -450,9 +453,10 @@ def parse_args(argv=None) -> Args:
         flags += parser.add_argument("--" + f.name.replace("_", "-"), help=f"{f.metadata['help']} (default: "
                                      f"{f.default!r})", choices=f.metadata["choices"], default=argparse.SUPPRESS,
                                      **kind).option_strings
+    argv = cli.expand_config(list(sys.argv[1:] if argv is None else argv), asdict(Args()))   # --config FILE's flags first
     known, unknown = parser.parse_known_args(argv)
-    if unknown:
-        parser.error(unknown_argument(unknown[0], flags))
+    if unknown:   # TRL's name for one of our flags gets ours (harness/cli.py)
+        parser.error(cli.trl_hint(unknown[0]) or unknown_argument(unknown[0], flags))
     typed = vars(known)   # only the flags on the command line (the rest are SUPPRESSed)
     values = asdict(Args())
     if typed.get("resume"):   # a checked config: missing folder/file, bad JSON or foreign keys stop in one line
