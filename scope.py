@@ -94,6 +94,9 @@ class Args:
                      ("replace", "append"))
     rectify_groups: str = arg("any", "groups eligible for rectification: any group with a failure, or only "
                               "groups where every rollout failed", ("any", "all-fail"))
+    grader: str = arg("ours", "who grades the periodic evaluation (the accuracy of the closing summary and the model "
+                      "card): our grader or Math-Verify, the paper's tables' convention (pip install "
+                      "math-verify==0.9.0); rewards are always ours (docs/grader.md)", ("ours", "math-verify"))
     prm_reward_coef: float = arg(0.5, "λ of --mode prm-reward: reward = outcome + λ · mean PRM step score")
     # --- the update
     lr: float = arg(1e-6, "AdamW learning rate")

@@ -150,7 +150,8 @@ def accuracy_line(records: list[dict], config: dict) -> str:
     first, last = evals[0], evals[-1]
     size = config.get("eval_size") or "all"
     setting = (f"{config.get('eval_dataset')}, {size} problems × {config.get('eval_n', 1)} sample(s) at "
-               f"T = {EVAL_TEMPERATURE}, up to {config.get('eval_max_new_tokens')} new tokens")
+               f"T = {EVAL_TEMPERATURE}, up to {config.get('eval_max_new_tokens')} new tokens, graded by "
+               + ("Math-Verify" if config.get("grader") == "math-verify" else "the SCOPE grader"))
     return (f"Accuracy (avg@{config.get('eval_n', 1)}): {first['eval_acc']:.3f} at step {first['step']} → "
             f"{last['eval_acc']:.3f} at step {last['step']} ({setting}).")
 

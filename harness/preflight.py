@@ -44,7 +44,7 @@ MODES_WITH_PRM = ("scope", "replace", "prm-reward")
 MODES_WITH_REFINER = ("scope", "replace")
 PROMPT_TOKENS = 256       # assumed prompt length (system prompt + a MATH question) for the plan
 COMMAND_ONLY = ("resume", "overwrite", "dry_run", "change_config", "run_name", "config")   # how this process was started
-BOOKKEEPING = ("steps", "eval_every", "save_every", "memory_check", "report_to", "dist_timeout")   # not the training
+BOOKKEEPING = ("steps", "eval_every", "save_every", "memory_check", "report_to", "dist_timeout", "grader")   # not the training
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 
 # The published config.json fields the plan needs, for the aliases (so --dry-run works offline).

@@ -30,7 +30,7 @@ from harness import dist, preflight
 from harness.generate import HFGenerator, load_causal_lm, load_tokenizer, vllm_importable
 from harness.preflight import MODEL_ALIASES
 from harness import trackers
-from harness import progress   # step k/N + ETA, rollouts.jsonl, and what a run leaves: curves.png, summary.txt, model/
+from harness import mathverify, progress   # step k/N + ETA, rollouts.jsonl, and what a run leaves: curves.png, summary.txt, model/
 from harness.runs import (acquire_lock, append_change, clear_run, format_changes, read_changes, read_log, recover_checkpoint,
                           release_lock, restore_rng, resume_hint, save_checkpoint, stop, truncate_jsonl)
 from refine import Refiner
@@ -336,6 +336,7 @@ class Run:
     dist: object = field(default_factory=dist.Dist)     # this process's rank under torchrun (harness/dist.py)
     model: object = None                             # the module the update trains: policy, DDP or FSDP2
     prm_offload: bool = False                         # the PRM waits in CPU memory between its uses
+    grade: object = None                             # --grader of the periodic evaluation (harness/mathverify.py)
     clock: object = None                             # step k/N and ETA of the step lines (harness/progress.py)
 
     def amp(self):
@@ -383,7 +384,7 @@ class Run:
         with self.amp_for(self.generator):
             result = evaluate(self.generator, self.tokenizer, problems[share.start:share.stop], n=a.eval_n,
                               temperature=EVAL_TEMPERATURE, max_new_tokens=a.eval_max_new_tokens, seed=a.seed + share.start,
-                              batch_size=64)
+                              batch_size=64, grade_fn=self.grade)
         if len(share) == len(problems):
             return result["acc"]
         return self.dist.sum(result["acc"] * len(share)) / len(problems)   # avg@n: a mean over problems
@@ -454,6 +455,7 @@ def start(args) -> Run | None:
     if args.fsdp and d.world == 1:
         stop("--fsdp shards the policy over torchrun processes: launch with torchrun --nproc_per_node N")
     preflight.check_args(args)                                        # every flag: one line and exit 2
+    grade = mathverify.for_name(args.grader)                          # the evaluation's grader; missing: one line
     preflight.check_resume(args)                                      # the record kept; a finished run: exit 0
     run_dir = preflight.run_dir_of(args)
     device, use_vllm, notes = preflight.choose_device(args)           # the GPU before the data
@@ -494,7 +496,7 @@ def start(args) -> Run | None:
     run = Run(args, run_dir, device, use_vllm, policy, tokenizer, ref_model, generator, prm, refiner, optimizer,
               train_problems, eval_problems, start_step, *logs, t_start,
               trackers.open_tracker(args.report_to, run_dir, asdict(args), start_step) if d.main else None,
-              summary={"run_dir": run_dir}, dist=d, model=model, prm_offload=prm_offload)
+              summary={"run_dir": run_dir}, dist=d, model=model, prm_offload=prm_offload, grade=grade)
     n_params = sum(p.numel() for p in policy.parameters())
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")
