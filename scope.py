@@ -456,7 +456,7 @@ def parse_args(argv=None) -> Args:
         flags += parser.add_argument("--" + f.name.replace("_", "-"), help=f"{f.metadata['help']} (default: "
                                      f"{f.default!r})", choices=f.metadata["choices"], default=argparse.SUPPRESS,
                                      **kind).option_strings
-    argv = cli.expand_config(list(sys.argv[1:] if argv is None else argv), asdict(Args()))   # --config FILE's flags first
+    argv = cli.expand_config(list(sys.argv[1:] if argv is None else argv), asdict(Args()))   # --config's flags first
     known, unknown = parser.parse_known_args(argv)
     if unknown:   # TRL's name for one of our flags gets ours (harness/cli.py)
         parser.error(cli.trl_hint(unknown[0]) or unknown_argument(unknown[0], flags))

@@ -30,7 +30,7 @@ from harness import dist, preflight
 from harness.generate import HFGenerator, load_causal_lm, load_tokenizer, vllm_importable
 from harness.preflight import MODEL_ALIASES
 from harness import trackers
-from harness import mathverify, progress   # step k/N + ETA, rollouts.jsonl, and what a run leaves: curves.png, summary.txt, model/
+from harness import mathverify, progress   # --grader; step k/N + ETA, rollouts.jsonl, curves.png, summary.txt, model/
 from harness.runs import (acquire_lock, append_change, clear_run, format_changes, read_changes, read_log, recover_checkpoint,
                           release_lock, restore_rng, resume_hint, save_checkpoint, stop, truncate_jsonl)
 from refine import Refiner

@@ -203,7 +203,7 @@ def test_ctrl_c_before_the_first_checkpoint_gives_a_command_that_starts_again(to
                             text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     try:
         for line in proc.stdout:
-            if line.startswith("step    1 |"):
+            if line.startswith("step 1/4,"):
                 proc.send_signal(signal.SIGINT)   # step 2 under way; the first checkpoint comes after step 3
                 break
         _, stderr = proc.communicate(timeout=120)
