@@ -33,7 +33,7 @@ import sys
 import torch
 
 from harness.generate import DEFAULT_SYSTEM, format_prompt, load_tokenizer
-from harness.preflight import MODEL_ALIASES
+from harness.preflight import COMMAND_ONLY, MODEL_ALIASES
 from harness.problems import BENCHMARKS
 from harness.runs import read_log
 
@@ -156,6 +156,16 @@ def accuracy_line(records: list[dict], config: dict) -> str:
             f"{last['eval_acc']:.3f} at step {last['step']} ({setting}).")
 
 
+def flag_words(name: str, value) -> str:
+    """One flag as typed: --adv-std / --no-adv-std for a boolean, --lr 1e-06, --refiner-url ''."""
+    import shlex
+
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    return f"{flag} {shlex.quote(str(value))}"
+
+
 def model_card(config: dict, records: list[dict], chat: bool, folder_name: str = "model") -> str:
     """The README.md of model/: front matter, what was trained how, accuracy, prompt format, how to load it."""
     toy = bool(config.get("toy"))
@@ -178,8 +188,8 @@ def model_card(config: dict, records: list[dict], chat: bool, folder_name: str =
     steps = max((r.get("step", 0) for r in records), default=0)
     started = ("the toy world's warm start (a tiny char-level Qwen2, not on the Hub)" if toy
                else f"`{base or config.get('model')}`")
-    flags = "\n".join(f"--{k.replace('_', '-')} {json.dumps(v) if isinstance(v, str) else v}"
-                      for k, v in sorted(config.items()) if not isinstance(v, (dict, list)))
+    flags = "\n".join(flag_words(k, v) for k, v in sorted(config.items())
+                      if k not in COMMAND_ONLY or k == "run_name" if not isinstance(v, (dict, list)))
     if chat:
         prompt = (f"Chat template of the tokenizer, with this system prompt:\n\n> {DEFAULT_SYSTEM}\n\n"
                   "and the problem as the user turn. The final answer is the last `\\boxed{...}` of the reply.")
@@ -216,7 +226,7 @@ transformers:
 ```python
 from transformers import pipeline
 generate = pipeline("text-generation", model="{folder_name}", dtype="bfloat16")
-print(generate({messages}, max_new_tokens=256)[0]["generated_text"][-1]["content"])
+print(generate({messages}, max_new_tokens={config.get('eval_max_new_tokens', 1024)})[0]["generated_text"][-1]["content"])
 ```
 
 vLLM (an OpenAI-compatible server):

@@ -69,7 +69,7 @@ def test_the_model_card(exported):
     assert "0.250 at step 0 → 0.375 at step 2" in card and "toy, 200 problems × 1 sample(s) at T = 0.6" in card
     assert "Question: <problem>" in card and "\\boxed{<answer>}" in card
     assert 'pipeline("text-generation"' in card and "vllm serve" in card
-    assert "--lr 0.0001" in card and "--mode \"scope\"" in card
+    assert "\n--lr 0.0001\n" in card and "\n--mode scope\n" in card and "\n--toy\n" in card
 
 
 def test_the_card_of_a_hub_model_names_base_model_dataset_and_system_prompt():
