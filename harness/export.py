@@ -22,7 +22,7 @@ fails stops the export with the text that did not.
 Run:
     python -m harness.export runs/NAME            # writes runs/NAME/model/ from runs/NAME/checkpoint/
     python -m harness.export runs/NAME --out DIR  # somewhere else
-scope.py calls `export_run` after a run's last checkpoint.
+A run calls `export_run` after its last checkpoint (harness/progress.closing_outputs, from Run.finish).
 """
 import argparse
 import json
