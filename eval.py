@@ -16,6 +16,7 @@ How to run:
   python eval.py --model runs/NAME/checkpoint --benchmarks toy --n 4      # a toy-world checkpoint
   python eval.py --model ckpt --benchmarks my_problems.jsonl --limit 50    # any local JSONL file
   python eval.py --diversity --model ckpt --benchmarks aime24 --n 10 --temperature 1.0   # Table 4
+  python eval.py --model runs/NAME/model --benchmarks math500 --grader math-verify   # graded as the paper's tables
   python eval.py --grader-bench
 
 The metric definitions are written out in docs/metrics.md; the choices the paper leaves open (avg@n at
@@ -231,12 +232,13 @@ def median_p10_p90(values: list[float]) -> tuple[float, float, float]:
 
 def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperature: float = 0.6,
              top_p: float = 1.0, max_new_tokens: int = 1024, seed: int | None = 0, batch_size: int = 64,
-             keep_samples: bool = False) -> dict:
+             keep_samples: bool = False, grade_fn=None) -> dict:
     """avg@n accuracy and unbiased pass@k of `generator` on `problems` ({"id", "question", "answer"}).
 
     Prompts come from `generate.format_prompt` (chat template + "put your answer in \\boxed{}" when the
     tokenizer has one), n samples per problem in one generate call per `batch_size` problems, each
-    sample graded by `grade` (multiple-choice answers are letters, which `grade` compares as such).
+    sample graded by `grade` (multiple-choice answers are letters, which `grade` compares as such) or by
+    `grade_fn` (`--grader math-verify`: harness/mathverify.py).
     Returns {"acc": mean over problems of c/n (avg@n), "pass@k": {k: mean pass_at_k(n, c, k)} for
     k in pass_ks(n), "n", "num_problems", "truncated": share of samples cut at max_new_tokens,
     "response_len": mean sampled tokens, "per_problem": [{"id", "correct": c, "n"}]}; with
@@ -245,6 +247,7 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     from tqdm.auto import tqdm
 
     from harness.generate import VLLMGenerator, format_prompt
+    from harness.progress import bar_disabled   # a bar only on a terminal: no carriage returns in a log file
 
     if not problems:
         raise ValueError("evaluate: `problems` is empty")
@@ -254,7 +257,7 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     # vLLM schedules all prompts itself: one call (no batch waits on another's longest answer), no log-probs asked
     whole = isinstance(generator, VLLMGenerator)
     batch_size, extra = (len(problems), {"logprobs": False}) if whole else (batch_size, {})
-    bar = tqdm(total=len(problems), desc="eval", unit="problem", disable=len(problems) <= batch_size)
+    bar = tqdm(total=len(problems), desc="eval", unit="problem", disable=len(problems) <= batch_size or bar_disabled())
     for start in range(0, len(problems), batch_size):
         batch = problems[start:start + batch_size]
         prompts = [format_prompt(tokenizer, p["question"]) for p in batch]
@@ -262,7 +265,7 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
                                      max_tokens=max_new_tokens, **extra,
                                      seed=None if seed is None else seed + start)  # [prompt][sample]
         for problem, completions in zip(batch, outputs):
-            marks = [grade(c.text, problem["answer"]) for c in completions]
+            marks = [(grade_fn or grade)(c.text, problem["answer"]) for c in completions]
             row = {"id": problem["id"], "correct": sum(marks), "n": len(completions)}
             if keep_samples:
                 row["samples"] = [c.text for c in completions]
@@ -399,6 +402,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--save-samples", action="store_true", help="keep every sampled text in the results JSON")
     p.add_argument("--diversity", action="store_true",
                    help="also print the Table-4 diversity table (needs --n >= 2; paper: --n 10 --temperature 1.0)")
+    p.add_argument("--grader", choices=["ours", "math-verify"], default="ours",
+                   help="who grades: our grader (docs/grader.md) or Math-Verify, the paper's tables' convention "
+                        "(pip install math-verify==0.9.0; LaTeX extraction only, in a child process)")
     p.add_argument("--grader-bench", action="store_true", help="time the grader on generated pairs and exit")
     args = p.parse_args(argv)
     if not (args.grader_bench or args.model):
@@ -435,11 +441,13 @@ def run_evaluation(args: argparse.Namespace) -> dict:
     groups = {"benchmarks": args.benchmarks, "ood": args.ood}
     problems = {group: {name.strip(): load_problems(name.strip(), limit=args.limit)
                         for name in names.split(",") if name.strip()} for group, names in groups.items()}
+    from harness.mathverify import for_name
+    grade_fn = for_name(args.grader)   # a missing math-verify stops here, before the model loads
     generator, tokenizer = make_generator(args.model, args.backend, seed=args.seed, vllm_mem=args.vllm_mem)
     model_name = os.path.basename(os.path.normpath(args.model))
     settings = dict(n=args.n, temperature=args.temperature, top_p=args.top_p,
                     max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size)
-    report = {"model": args.model, **settings, "limit": args.limit}
+    report = {"model": args.model, **settings, "limit": args.limit, "grader": args.grader}
     changes = run_changes(args.model)
     if changes:   # the checkpoint was trained under settings that changed on a resume: say so with the numbers
         report["run_config_changes"] = changes
@@ -448,7 +456,7 @@ def run_evaluation(args: argparse.Namespace) -> dict:
     for group, benchmarks in problems.items():
         results = {}
         for name, items in benchmarks.items():
-            result = evaluate(generator, tokenizer, items, keep_samples=keep, **settings)
+            result = evaluate(generator, tokenizer, items, keep_samples=keep, grade_fn=grade_fn, **settings)
             if args.diversity:
                 result["diversity"] = diversity_summary(result["per_problem"])
             if keep and not args.save_samples:
@@ -457,7 +465,7 @@ def run_evaluation(args: argparse.Namespace) -> dict:
             results[name] = result
         if results:
             title = "math benchmarks" if group == "benchmarks" else "out-of-domain benchmarks"
-            print(f"\n{title} ({args.model}, n={args.n}, T={args.temperature}; accuracy in %)")
+            print(f"\n{title} ({args.model}, n={args.n}, T={args.temperature}, grader {args.grader}; accuracy in %)")
             print(accuracy_table(results))
             if args.diversity:
                 print("\ndiversity across prompts: median [p10, p90] (paper Table 4)")

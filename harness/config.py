@@ -7,9 +7,10 @@ torchrun, trackers, offload, evaluation budgets, paths, the toy world). Each fie
 """
 import argparse
 import difflib
+import sys
 from dataclasses import asdict, dataclass, field, fields
 
-from harness import preflight
+from harness import cli, preflight
 from harness.runs import read_changes, run_settings
 
 
@@ -33,6 +34,9 @@ class EngineArgs:
     eval_size: int = arg(500, "number of evaluation problems (0 = all)")
     eval_n: int = arg(1, "samples per evaluation problem (accuracy = avg@n at temperature 0.6)")
     eval_max_new_tokens: int = arg(3000, "response budget of the periodic evaluation (clamped to the model context)")
+    grader: str = arg("ours", "who grades the periodic evaluation (the accuracy of the closing summary and the model "
+                      "card): our grader or Math-Verify, the paper's tables' convention (pip install "
+                      "math-verify==0.9.0); rewards are always ours (docs/grader.md)", ("ours", "math-verify"))
     eval_every: int = arg(50, "evaluate every N steps (and before the first and after the last); 0 = never")
     # --- the update's engine
     micro_batch_size: int = arg(4, "sequences per forward/backward pass of the update")
@@ -52,6 +56,8 @@ class EngineArgs:
     # --- the run folder (docs/running.md)
     save_every: int = arg(100, "checkpoint every N steps (and after the last)")
     run_name: str = arg("", "logs go to runs/<run_name>; default <mode>-<model>-s<seed>")
+    config: str = arg("", "a YAML file of flags (keys: these flag names, with dashes or underscores); flags typed on "
+                      "the command line override it; its values are recorded in config.json like typed ones")
     resume: str = arg("", "continue the run in this folder (runs/<name>) from its checkpoint, with its settings")
     change_config: bool = arg(False, "with --resume: accept typed flags that change how the run trains (recorded "
                               "with their step in runs/<name>/changes.jsonl; config.json keeps the start)")
@@ -118,9 +124,10 @@ def parse_args(args_class, argv=None, description: str = ""):
         flags += groups[f.name in engine].add_argument(
             "--" + f.name.replace("_", "-"), help=f"{f.metadata['help']} (default: {f.default!r})",
             choices=f.metadata["choices"], default=argparse.SUPPRESS, **kind).option_strings
+    argv = cli.expand_config(list(sys.argv[1:] if argv is None else argv), asdict(args_class()))   # --config's flags first
     known, unknown = parser.parse_known_args(argv)
-    if unknown:
-        parser.error(unknown_argument(unknown[0], flags))
+    if unknown:   # TRL's name for one of our flags gets ours (harness/cli.py)
+        parser.error(cli.trl_hint(unknown[0]) or unknown_argument(unknown[0], flags))
     typed = vars(known)   # only the flags on the command line (the rest are SUPPRESSed)
     values = asdict(args_class())
     if typed.get("resume"):   # a checked config: missing folder/file, bad JSON or foreign keys stop in one line

@@ -43,8 +43,8 @@ MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
 MODES_WITH_PRM = ("scope", "replace", "prm-reward")
 MODES_WITH_REFINER = ("scope", "replace")
 PROMPT_TOKENS = 256       # assumed prompt length (system prompt + a MATH question) for the plan
-COMMAND_ONLY = ("resume", "overwrite", "dry_run", "change_config", "run_name")   # how this process was started
-BOOKKEEPING = ("steps", "eval_every", "save_every", "memory_check", "report_to", "dist_timeout")   # not the training
+COMMAND_ONLY = ("resume", "overwrite", "dry_run", "change_config", "run_name", "config")   # how this process was started
+BOOKKEEPING = ("steps", "eval_every", "save_every", "memory_check", "report_to", "dist_timeout", "grader")   # not the training
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 
 # The published config.json fields the plan needs, for the aliases (so --dry-run works offline).

@@ -38,7 +38,7 @@ import torch
 
 CONFIG_RECORDS = ("environment",)   # config.json keys that record how the run ran; not flags, never compared
 RUN_FILES = ("config.json", "changes.jsonl", "metrics.jsonl", "traces.jsonl", "checkpoint", "checkpoint.tmp",
-             "checkpoint.old")
+             "checkpoint.old", "rollouts.jsonl", "model", "model.tmp", "curves.png", "summary.txt")
 
 
 def stop(message: str, code: int = 2):

@@ -29,6 +29,7 @@ from harness.generate import (GeneratorUnavailable, HFGenerator, format_prompt, 
                               vllm_importable)
 from harness.preflight import MODEL_ALIASES
 from harness import trackers
+from harness import mathverify, progress   # --grader; step k/N + ETA, rollouts.jsonl, curves.png, summary.txt, model/
 from harness.runs import (acquire_lock, append_change, clear_run, environment, format_changes, read_changes, read_log,
                           recover_checkpoint, release_lock, restore_rng, resume_hint, save_checkpoint, stop,
                           truncate_jsonl)
@@ -204,7 +205,7 @@ def open_run(args, run_dir: str, resume_step: int | None) -> tuple[str | None, i
     atexit.register(release_lock, acquire_lock(run_dir))
     if resume_step is not None:
         ckpt, step = recover_checkpoint(run_dir)
-        for name in ("metrics.jsonl", "traces.jsonl"):   # drop what was logged after the checkpoint
+        for name in ("metrics.jsonl", "traces.jsonl", "rollouts.jsonl"):   # drop what was logged after the checkpoint
             truncate_jsonl(os.path.join(run_dir, name), step)
         changes = preflight.resume_changes(args, run_dir)
         if changes:
@@ -359,6 +360,8 @@ class Run:
     times: dict = field(default_factory=dict)         # whether a served refiner stopped answering in it
     t0: float = 0.0
     unavailable: bool = False
+    grade: object = None                              # --grader of the periodic evaluation (harness/mathverify.py)
+    clock: object = None                              # step k/N and ETA of the step lines (harness/progress.py)
 
     def amp(self):
         """bfloat16 autocast on CUDA (float32 master weights), nothing on the CPU."""
@@ -393,6 +396,7 @@ class Run:
         terminal; first the evaluation before training (step 0) of a new run. Each step's torch seed and its
         problems (drawn with replacement only when there are fewer than B) derive from (seed, step) alone."""
         a = self.args
+        self.clock = progress.StepClock(self.start_step, a.steps)   # the step lines' k/N and ETA, terminal or not
         B, mine = a.prompts_per_step, self.dist.groups(a.prompts_per_step)   # this rank's whole groups of the B
         if self.start_step == 1 and a.eval_every:
             self.eval_before_training()   # step 0 of metrics.jsonl: the "before" of the closing summary
@@ -477,6 +481,8 @@ class Run:
         m["time_step"] = time.time() - self.t0
         m.update(phase_memory.step_record())   # GPU runs: each phase's peak memory next to the plan's figure
         self.log(m, traces)   # metrics.jsonl, traces.jsonl, the step's line
+        if self.dist.main:    # a few of the step's own rollouts, whole (harness/progress.py: rollouts.jsonl)
+            progress.log_rollouts(self.run_dir, step, trajs, seed=seed_for(a.seed, step, "logged"))
         if step % a.save_every == 0 or step == a.steps:
             self.checkpoint(step)
 
@@ -491,7 +497,7 @@ class Run:
             result = self.paper.evaluate(self.generator, self.tokenizer, problems[share.start:share.stop], n=a.eval_n,
                                          temperature=EVAL_TEMPERATURE, max_new_tokens=a.eval_max_new_tokens,
                                          seed=a.seed + share.start * a.eval_n,   # vLLM: problem i takes seed + i·n
-                              batch_size=64)
+                                         batch_size=64, grade_fn=self.grade)
         if len(share) == len(problems):
             return result["acc"]
         return self.dist.sum(result["acc"] * len(share)) / len(problems)   # avg@n: a mean over problems
@@ -519,7 +525,7 @@ class Run:
                 self.traces_file.write(json.dumps({"step": step, **tr}) + "\n")
             self.traces_file.flush()
             self.record(m)
-            tqdm.write(summary_line(m))
+            tqdm.write(self.clock.line(summary_line(m), step) if self.clock else summary_line(m))
 
     def checkpoint(self, step: int) -> None:
         """runs/<name>/checkpoint in one format for one process, DDP and FSDP2 (rank 0 writes; under FSDP2
@@ -539,8 +545,12 @@ class Run:
                 log.close()
         if self.tracker is not None:
             self.tracker.close()
-        summary = finish(self.summary, self.run_dir, self.t_start, self.start_step, self.refiner, self.args,
-                         len(self.eval_problems), self.dist.main)
+        # the closing summary also as summary.txt; then curves.png and model/ (harness/progress.py, export.py)
+        with progress.summary_to_file(os.path.join(self.run_dir, "summary.txt"), self.dist.main):
+            summary = finish(self.summary, self.run_dir, self.t_start, self.start_step, self.refiner, self.args,
+                             len(self.eval_problems), self.dist.main)
+            if self.dist.main:
+                summary.update(progress.closing_outputs(self.run_dir))
         dist.close()
         return summary
 
@@ -548,6 +558,7 @@ class Run:
 def start(args, paper: Paper) -> Run:
     """The pre-flight, then the run folder and the models; a --dry-run exits after the pre-flight."""
     t_start = time.time()
+    progress.bars_only_on_a_terminal()                                # a log file gets lines, not carriage returns
     d = dist.init(args.dist_timeout)                                  # torchrun: the process group; else rank 0 of 1
     if not d.main:
         sys.stdout = open(os.devnull, "w")                            # rank 0 prints; errors still reach stderr
@@ -557,6 +568,7 @@ def start(args, paper: Paper) -> Run:
     if args.fsdp and d.world == 1:
         stop("--fsdp shards the policy over torchrun processes: launch with torchrun --nproc_per_node N")
     preflight.check_args(args)                                        # every flag: one line and exit 2
+    grade = mathverify.for_name(args.grader)                          # the evaluation's grader; missing: one line
     preflight.check_resume(args)                                      # the record kept; a finished run: exit 0
     run_dir = preflight.run_dir_of(args)
     device, use_vllm, notes = preflight.choose_device(args)           # the GPU before the data
@@ -600,7 +612,8 @@ def start(args, paper: Paper) -> Run:
     run = Run(args, run_dir, device, use_vllm, policy, tokenizer, ref_model, generator, prm, refiner, optimizer,
               train_problems, eval_problems, start_step, *logs, t_start,
               trackers.open_tracker(args.report_to, run_dir, asdict(args), start_step) if d.main else None,
-              summary={"run_dir": run_dir}, dist=d, model=model, prm_offload=prm_offload, paper=paper)
+              summary={"run_dir": run_dir}, dist=d, model=model, prm_offload=prm_offload, paper=paper,
+              grade=grade)
     n_params = sum(p.numel() for p in policy.parameters())
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")

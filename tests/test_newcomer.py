@@ -263,7 +263,7 @@ def test_ctrl_c_before_the_first_checkpoint_gives_a_command_that_starts_again(to
     from test_runs import scope_until
 
     # held at step 1's line when the signal arrives: the first checkpoint comes after step 3
-    code, _, stderr = scope_until(flags, tmp_path, "step    1 |", signal.SIGINT)
+    code, _, stderr = scope_until(flags, tmp_path, "step 1/4,", signal.SIGINT)
     assert code == 130, stderr
     said = [line for line in stderr.splitlines() if line.startswith("interrupted")]
     again = "python scope.py " + " ".join(flags) + " --overwrite"

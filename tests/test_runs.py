@@ -382,8 +382,8 @@ def test_interrupt_says_how_to_resume_and_the_resume_is_exact(toy_model_dir, tmp
     flags = ["--toy", "--model", toy_model_dir, *TINY, "--steps", "5", "--eval-every", "2"]
     full = run_scope([*flags, "--run-name", "full"], tmp_path)
     run = tmp_path / "runs" / "r"
-    for command, line_start, sig in ((["--run-name", "r", *flags], "step    2 |", signal.SIGINT),
-                                     (["--resume", "runs/r"], "step    3 |", signal.SIGTERM)):
+    for command, line_start, sig in ((["--run-name", "r", *flags], "step 2/5,", signal.SIGINT),
+                                     (["--resume", "runs/r"], "step 3/5,", signal.SIGTERM)):
         code, stdout, stderr = scope_until(command, tmp_path, line_start, sig)
         assert code == 130, (code, stdout, stderr)
         step = runs.find_checkpoint(str(run))[1]
@@ -398,7 +398,8 @@ def test_interrupt_says_how_to_resume_and_the_resume_is_exact(toy_model_dir, tmp
 
     def summary(text):   # the closing lines but the time
         lines = text[text.index("\ndone in"):].strip().splitlines()
-        return [lines[0].split(". ", 1)[1]] + [line for line in lines[1:] if not line.startswith(("logs:", "plot:"))]
+        return [lines[0].split(". ", 1)[1]] + [line for line in lines[1:]
+                                                if not line.startswith(("logs:", "plot:", "written:"))]
     assert summary(resumed.stdout) == summary(full.stdout)
     assert "before n/a" not in resumed.stdout and "resumed at step" in resumed.stdout
 

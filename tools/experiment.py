@@ -76,6 +76,8 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")   # before torch is imported, here
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
+from harness.progress import StudyClock  # noqa: E402
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
 DIVERSITY = ["distinct_1", "distinct_4", "one_minus_self_bleu", "one_minus_self_rouge", "div_score"]
 GRID = {"grpo": "--mode grpo",
@@ -427,11 +429,13 @@ def run_all(jobs: list[dict], args, t0: float, worker=None) -> list[dict]:
     pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_group)
     try:
         futures = [pool.submit(worker or run_job, j, args) for j in jobs]
+        clock = StudyClock(len(jobs))   # "run k/N, ETA ..." (harness/progress.py)
         for future in futures:
             r = future.result()
             results.append(r)
             cool = f" acc@T0.6 {r['eval']['acc_t06']:.3f}" if r["eval"].get("acc_t06") is not None else ""
-            print(f"[{time.time() - t0:5.0f}s] {r['name']}: acc@T1 {r['eval']['acc_t1']:.3f}{cool} "
+            where = clock.finished(sum(r.get("wall_s", {}).values()))
+            print(f"[{time.time() - t0:5.0f}s] {where} | {r['name']}: acc@T1 {r['eval']['acc_t1']:.3f}{cool} "
                   f"pass@16 {r['eval'].get('pass@16', float('nan')):.3f} "
                   f"(train {r['wall_s']['train']:.0f}s, eval {r['wall_s']['eval']:.0f}s)", flush=True)
     except BaseException:   # Ctrl-C, SIGTERM, a failed run: stop the workers, which stop their scope.py children

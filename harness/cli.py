@@ -1,0 +1,113 @@
+"""cli.py — the command line's conveniences for people coming from TRL: `--config FILE` and TRL's flag names.
+
+- `config_argv(path, defaults)`: a YAML file of flags (`--config recipe.yaml`, as TRL's recipes are run) turned
+  into the command-line words it stands for, so argparse checks its values exactly as typed ones (types,
+  choices) and a flag typed on the command line after it wins. Keys are our flag names, with dashes or
+  underscores (`group_size: 8` or `group-size: 8`); a boolean is `true`/`false`. A key we do not have stops
+  in one line naming the file and the key, with our name when the key is TRL's (`num_generations` → group_size).
+  The values land in the run's config.json as every flag does, so `--resume` continues with them.
+- `trl_hint(word)`: the one-line refusal of a TRL flag name (`--num_generations` → `--group-size`), or None for
+  a word that is not one. The table is TRL_NAMES (docs/running.md shows it).
+"""
+import os
+
+# TRL (GRPOConfig / TrainingArguments / ModelConfig) name → (our flag, what differs; "" = the same meaning)
+TRL_NAMES = {
+    "num_generations": ("--group-size", "rollouts per prompt (G)"),
+    "learning_rate": ("--lr", ""),
+    "output_dir": ("--run-name", "the run folder is runs/<run-name>"),
+    "model_name_or_path": ("--model", ""),
+    "per_device_train_batch_size": ("--prompts-per-step", "ours counts prompts (B); TRL's counts completions, "
+                                    "B × G per device"),
+    "gradient_accumulation_steps": ("--micro-batch-size", "ours sets sequences per forward/backward pass; each "
+                                    "mini-batch is one optimizer step"),
+    "max_completion_length": ("--max-new-tokens", ""),
+    "beta": ("--kl-coef", "β of the k3 KL penalty; 0 = no reference model"),
+    "epsilon": ("--clip-eps", "symmetric: [1 − ε, 1 + ε]"),
+    "epsilon_high": ("--clip-eps", "ours is symmetric; no separate upper ε"),
+    "num_iterations": ("--updates-per-batch", "ours takes that many optimizer steps on one rollout batch, one per "
+                       "mini-batch of whole groups"),
+    "num_train_epochs": ("--steps", "ours counts rollout steps, not epochs"),
+    "max_steps": ("--steps", ""),
+    "loss_type": ("--loss-agg", "dr_grpo = constant; token-mean as DAPO's"),
+    "scale_rewards": ("--adv-std", "divide advantages by the group's std (--no-adv-std: mean-centred only)"),
+    "save_steps": ("--save-every", ""),
+    "eval_steps": ("--eval-every", ""),
+    "resume_from_checkpoint": ("--resume", "takes the run folder runs/NAME"),
+    "dataset_name": ("--dataset", ""),
+    "use_vllm": ("--backend", "--backend vllm (auto: vLLM when installed and CUDA is present)"),
+    "vllm_gpu_memory_utilization": ("--refiner-mem", "the policy's engine is sized by need; this is the served "
+                                    "refiner's share"),
+    "top_entropy_quantile": (None, "no token-entropy masking here"),
+    "max_prompt_length": (None, "prompts are not truncated here (a prompt past the context stops the run)"),
+    "logging_steps": (None, "every step is logged (metrics.jsonl and one line)"),
+    "bf16": (None, "bfloat16 autocast on CUDA always, float32 master weights"),
+    "max_grad_norm": (None, "the gradient norm is clipped at 1.0"),
+    "lr_scheduler_type": (None, "the learning rate is constant"),
+    "warmup_ratio": (None, "the learning rate is constant, no warm-up"),
+}
+
+
+def trl_hint(word: str) -> str | None:
+    """The refusal of a TRL flag name ("--num_generations", "num-generations"), naming ours; None otherwise."""
+    name = word.split("=", 1)[0].lstrip("-").replace("-", "_")
+    if name not in TRL_NAMES:
+        return None
+    ours, note = TRL_NAMES[name]
+    shown = word.split("=", 1)[0]
+    if ours is None:
+        return f"unknown flag {shown}: TRL's name; no such flag here ({note})"
+    return f"unknown flag {shown}: TRL's name; did you mean {ours}?" + (f" ({note})" if note else "")
+
+
+def _fail(message: str):
+    raise SystemExit(f"error: {message}")
+
+
+def config_argv(path: str, defaults: dict) -> list[str]:
+    """The command-line words for the flags in the YAML file `path`; `defaults` (flag name → default value) says
+    which flags exist and which are booleans. Every problem is one line naming the file (and the key)."""
+    import yaml
+
+    if not os.path.isfile(path):
+        _fail(f"--config {path}: no such file")
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1})" if mark is not None else ""
+        _fail(f"--config {path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}")
+    if data is None:
+        return []
+    if not isinstance(data, dict):
+        _fail(f"--config {path}: expected a mapping of flag: value, got a {type(data).__name__}")
+    argv = []
+    for key, value in data.items():
+        name = str(key).replace("-", "_")
+        if name in ("config", "resume"):
+            _fail(f"--config {path}: key '{key}' belongs on the command line, not in a config file")
+        if name not in defaults:
+            hint = trl_hint(str(key))
+            _fail(f"--config {path}: key '{key}': " + (hint.split(": ", 1)[1] if hint else "no such flag "
+                  "(python scope.py --help lists every flag; keys are its names with dashes or underscores)"))
+        flag = "--" + name.replace("_", "-")
+        if isinstance(defaults[name], bool):
+            if not isinstance(value, bool):
+                _fail(f"--config {path}: key '{key}': {value!r} is not true or false")
+            argv.append(flag if value else "--no-" + flag[2:])
+        elif isinstance(value, (dict, list)) or value is None:
+            _fail(f"--config {path}: key '{key}': {value!r} is not a single value")
+        else:
+            argv += [flag, str(value)]
+    return argv
+
+
+def expand_config(argv: list[str], defaults: dict) -> list[str]:
+    """argv with the words of its `--config FILE` (if any) put first, so every flag typed after wins."""
+    for i, word in enumerate(argv):
+        if word == "--config" and i + 1 < len(argv):
+            return config_argv(argv[i + 1], defaults) + argv
+        if word.startswith("--config="):
+            return config_argv(word.split("=", 1)[1], defaults) + argv
+    return argv

@@ -1,0 +1,322 @@
+"""export.py — a run's trained policy as a model folder the ecosystem loads: runs/NAME/model/.
+
+runs/NAME/checkpoint/ is for `--resume`: float32 weights beside the AdamW state and the RNG states. model/ is
+for everyone else: the weights in bfloat16 (save_pretrained), the tokenizer with its chat template,
+generation_config.json (the evaluation's sampling settings) and a README.md model card (YAML front matter for
+the Hub; the flags of the run; accuracy before → after where the run evaluated; the system prompt and answer
+format; how to load it with transformers and `vllm serve`). `transformers.AutoTokenizer`,
+`AutoModelForCausalLM` and `pipeline` read the folder as it was trained, the toy model included.
+
+Why the toy tokenizer is rewritten here: it is a char-level `tokenizers` pipeline (WordLevel, one token per
+character, harness/toy.py). transformers 5 lists `qwen2` among the model types whose saved tokenizer class it
+does not trust, so `AutoTokenizer` on a folder whose config.json says qwen2 builds `Qwen2Tokenizer` from the
+saved vocabulary: byte-level BPE with Qwen's pre-tokenizer. There the space is the byte-level symbol "Ġ" and
+the newline "Ċ"; the toy vocabulary holds " " and "\\n", so every space and newline vanished
+("Question:Startat1,add9."). The export writes the same ids under their byte-level names as a BPE without merges,
+with Qwen's pre-tokenizer and byte-level decoder: what `Qwen2Tokenizer` rebuilds from it is the same
+tokenizer, one token per character. It has no chat template, so the export adds one that renders the plain
+layout the toy policy was trained on ("Question: ...\\nSolution:\\n"). Every export ends by loading the
+folder's tokenizer through `AutoTokenizer` and checking that sample texts come back exactly; a folder that
+fails stops the export with the text that did not.
+
+Run:
+    python -m harness.export runs/NAME            # writes runs/NAME/model/ from runs/NAME/checkpoint/
+    python -m harness.export runs/NAME --out DIR  # somewhere else
+A run calls `export_run` after its last checkpoint (harness/progress.closing_outputs, from Run.finish).
+"""
+import argparse
+import json
+import os
+import shutil
+import sys
+
+import torch
+
+from harness.generate import DEFAULT_SYSTEM, format_prompt, load_tokenizer
+from harness.preflight import COMMAND_ONLY, MODEL_ALIASES
+from harness.problems import BENCHMARKS
+from harness.runs import read_log
+
+EVAL_TEMPERATURE = 0.6   # the periodic evaluation's sampling temperature (harness/wiring.py), written as the default
+PLAIN_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'user' %}Question: {{ message['content'] }}\n"
+                  "{% endif %}{% endfor %}{% if add_generation_prompt %}Solution:\n{% endif %}")
+SAMPLE_TEXTS = ("Question: Start at 7, add 5, times 3.\nSolution:\nSo 7 + 5 = 12.\n\nSo 12 * 3 = 36.\n\n\\boxed{36}",
+                "Let $x = 2$. Then $x^2 + 1 = 5$, so the answer is \\boxed{5}.")
+
+
+def byte_level_names() -> dict[int, str]:
+    """GPT-2's byte → printable-character table, the names byte-level BPE gives bytes (space → "Ġ", "\\n" → "Ċ")."""
+    visible = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    names, extra = {}, 0
+    for b in range(256):
+        if b in visible:
+            names[b] = chr(b)
+        else:
+            names[b] = chr(256 + extra)
+            extra += 1
+    return names
+
+
+def is_char_level(tokenizer) -> bool:
+    """True for a WordLevel tokenizer whose ordinary tokens are single characters (the toy tokenizer)."""
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    if state["model"]["type"] != "WordLevel":
+        return False
+    specials = {t["content"] for t in state.get("added_tokens", [])} | set(tokenizer.all_special_tokens)
+    return all(len(tok) == 1 for tok in state["model"]["vocab"] if tok not in specials)
+
+
+def byte_level_char_tokenizer(tokenizer):
+    """The char-level tokenizer rewritten as a byte-level BPE without merges: the same id for every character
+    and special token, the pre-tokenizer and decoder Qwen2Tokenizer builds, so AutoTokenizer reads it as saved."""
+    from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
+
+    names = byte_level_names()
+    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    specials = {t["content"] for t in state.get("added_tokens", [])} | set(tokenizer.all_special_tokens)
+    vocab = {}
+    for tok, i in state["model"]["vocab"].items():
+        if tok in specials:
+            vocab[tok] = i
+        elif len(tok.encode()) == 1:
+            vocab[names[tok.encode()[0]]] = i
+        else:
+            raise ValueError(f"export: the character {tok!r} is not one byte; a byte-level vocabulary cannot hold it")
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, continuing_subword_prefix="",
+                                end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
+    core.normalizer = normalizers.NFC()
+    core.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(PRETOKENIZE_REGEX), behavior="isolated", invert=False),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)])
+    core.decoder = decoders.ByteLevel()
+    core.add_special_tokens([AddedToken(s, special=True) for s in sorted(specials, key=lambda s: vocab[s])])
+    extra = [s for s in tokenizer.all_special_tokens
+             if s not in (tokenizer.eos_token, tokenizer.pad_token, tokenizer.unk_token, tokenizer.bos_token)]
+    return PreTrainedTokenizerFast(tokenizer_object=core, eos_token=tokenizer.eos_token,
+                                   pad_token=tokenizer.pad_token, unk_token=tokenizer.unk_token,
+                                   additional_special_tokens=extra)
+
+
+def portable_tokenizer(tokenizer):
+    """The tokenizer to save in model/: a char-level one rewritten (module docstring), and a chat template
+    (the plain "Question:/Solution:" layout where the tokenizer has none)."""
+    out = byte_level_char_tokenizer(tokenizer) if is_char_level(tokenizer) else tokenizer
+    if not getattr(out, "chat_template", None):
+        out.chat_template = PLAIN_TEMPLATE
+    return out
+
+
+def check_round_trip(folder: str, original, texts=SAMPLE_TEXTS) -> None:
+    """AutoTokenizer on `folder` must give the original tokenizer's ids and decode them to the same text, and
+    its chat template must render the prompt the policy was trained with; raises ValueError naming the text."""
+    from transformers import AutoTokenizer
+
+    loaded = AutoTokenizer.from_pretrained(folder)
+    for text in texts:
+        if is_char_level(original) and any(ch not in original.get_vocab() for ch in text):
+            continue   # a character the toy vocabulary lacks maps to <unk> in both: no round trip to check
+        ids = loaded.encode(text, add_special_tokens=False)
+        back = loaded.decode(ids)
+        if ids != original.encode(text, add_special_tokens=False) or back != text:
+            raise ValueError(f"export: AutoTokenizer on {folder} does not read the tokenizer as trained: "
+                             f"{text!r} came back as {back!r}")
+    question = "Start at 7, add 5."
+    system = None if getattr(original, "chat_template", None) is None else DEFAULT_SYSTEM
+    want = format_prompt(original, question, system)
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": question}]
+    got = loaded.encode(loaded.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+                        add_special_tokens=False)
+    if got != want:
+        raise ValueError(f"export: the chat template in {folder} does not render the training prompt")
+
+
+def hub_id(name: str) -> str | None:
+    """A Hugging Face id for a model or dataset name of the run, None for the toy world or a local path."""
+    name = MODEL_ALIASES.get(name, name)
+    if name in BENCHMARKS:
+        return BENCHMARKS[name]["hf_id"]
+    if name.count("/") == 1 and not os.path.exists(name) and not name.startswith((".", "/")):
+        return name.split(":")[0]
+    return None
+
+
+def accuracy_line(records: list[dict], config: dict) -> str:
+    """Accuracy before → after from metrics.jsonl's eval_acc records, with the setting; or why there is none."""
+    evals = [r for r in records if r.get("eval_acc") is not None]
+    if not evals:
+        return "No evaluation was logged (--eval-every 0, or the run stopped before its first)."
+    first, last = evals[0], evals[-1]
+    size = config.get("eval_size") or "all"
+    setting = (f"{config.get('eval_dataset')}, {size} problems × {config.get('eval_n', 1)} sample(s) at "
+               f"T = {EVAL_TEMPERATURE}, up to {config.get('eval_max_new_tokens')} new tokens, graded by "
+               + ("Math-Verify" if config.get("grader") == "math-verify" else "the SCOPE grader"))
+    return (f"Accuracy (avg@{config.get('eval_n', 1)}): {first['eval_acc']:.3f} at step {first['step']} → "
+            f"{last['eval_acc']:.3f} at step {last['step']} ({setting}).")
+
+
+def flag_words(name: str, value) -> str:
+    """One flag as typed: --adv-std / --no-adv-std for a boolean, --lr 1e-06, --refiner-url ''."""
+    import shlex
+
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    return f"{flag} {shlex.quote(str(value))}"
+
+
+def model_card(config: dict, records: list[dict], chat: bool, folder_name: str = "model") -> str:
+    """The README.md of model/: front matter, what was trained how, accuracy, prompt format, how to load it."""
+    toy = bool(config.get("toy"))
+    base = None if toy else hub_id(config.get("model", ""))
+    data = [d for d in (hub_id(config.get("dataset", "")), hub_id(config.get("eval_dataset", ""))) if d]
+    mode = config.get("mode", "scope")
+    front = ["---"]
+    if base:
+        front.append(f"base_model: {base}")
+    tags = dict.fromkeys(["scope", mode, "grpo", "math", "reinforcement-learning"] + (["toy"] if toy else []))
+    front += ["library_name: transformers", "pipeline_tag: text-generation", "tags:"] + [f"- {t}" for t in tags]
+    if data:
+        front += ["datasets:"] + [f"- {d}" for d in dict.fromkeys(data)]
+    front.append("---")
+    what = {"scope": "SCOPE (GRPO whose failed rollouts are repaired from their first wrong step: the policy's "
+                     "prefix kept, a refiner's suffix trained off-policy)",
+            "grpo": "GRPO (the on-policy baseline: no PRM, no refiner)",
+            "replace": "GRPO with whole-solution replacement of failures by a refiner",
+            "prm-reward": "GRPO with a dense PRM reward added to the outcome reward"}.get(mode, mode)
+    steps = max((r.get("step", 0) for r in records), default=0)
+    started = ("the toy world's warm start (a tiny char-level Qwen2, not on the Hub)" if toy
+               else f"`{base or config.get('model')}`")
+    flags = "\n".join(flag_words(k, v) for k, v in sorted(config.items())
+                      if k not in COMMAND_ONLY or k == "run_name" if not isinstance(v, (dict, list)))
+    if chat:
+        prompt = (f"Chat template of the tokenizer, with this system prompt:\n\n> {DEFAULT_SYSTEM}\n\n"
+                  "and the problem as the user turn. The final answer is the last `\\boxed{...}` of the reply.")
+        messages = (f'[{{"role": "system", "content": {json.dumps(DEFAULT_SYSTEM)}}},\n'
+                    f'            {{"role": "user", "content": "What is 7 * 6?"}}]')
+    else:
+        prompt = ("No system prompt. The prompt is `Question: <problem>\\nSolution:\\n` (the tokenizer's chat "
+                  "template renders a user turn that way); the solution is one step per paragraph and ends with "
+                  "`\\boxed{<answer>}`.")
+        messages = '[{"role": "user", "content": "Start at 7, add 5, times 3."}]'
+    gen = f"do_sample=True, temperature={EVAL_TEMPERATURE}, max_new_tokens={config.get('eval_max_new_tokens', 1024)}"
+    return "\n".join(front) + f"""
+
+# {os.path.basename(os.path.normpath(config.get('run_name') or 'SCOPE run'))}
+
+Trained with {what}, {steps} steps, starting from {started}; the training problems: `{config.get('dataset')}`.
+Code: the SCOPE reimplementation (scope.py, "Recycling Failures: Salvaging Exploration in RLVR via Fine-Grained
+Off-Policy Guidance", arXiv 2602.24110). Weights in bfloat16.
+
+## Accuracy
+
+{accuracy_line(records, config)}
+
+## Prompt and answer format
+
+{prompt}
+
+`generation_config.json` holds the evaluation's sampling settings ({gen}).
+
+## Load with
+
+transformers:
+
+```python
+from transformers import pipeline
+generate = pipeline("text-generation", model="{folder_name}", dtype="bfloat16")
+print(generate({messages}, max_new_tokens={config.get('eval_max_new_tokens', 1024)})[0]["generated_text"][-1]["content"])
+```
+
+vLLM (an OpenAI-compatible server):
+
+```bash
+vllm serve {folder_name} --dtype bfloat16
+```
+
+## Flags of the run
+
+```
+{flags}
+```
+"""
+
+
+def export_model(model, tokenizer, out: str, config: dict, records: list[dict]) -> str:
+    """Write `out`: bfloat16 weights, the portable tokenizer, generation_config.json, README.md; then check that
+    AutoTokenizer reads the tokenizer back exactly. `model` is not changed (a bfloat16 copy is saved)."""
+    import copy
+
+    from transformers import GenerationConfig
+
+    tmp = out.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    os.makedirs(tmp)
+    half = copy.deepcopy(model).to(torch.bfloat16)
+    half.config.dtype = "bfloat16"
+    from transformers.utils import logging as hf_logging
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()   # "Writing model shards" would be a carriage-return bar in a run's log
+    half.save_pretrained(tmp)
+    if bars:
+        hf_logging.enable_progress_bar()
+    del half
+    portable = portable_tokenizer(tokenizer)
+    portable.save_pretrained(tmp)
+    GenerationConfig(do_sample=True, temperature=EVAL_TEMPERATURE, top_p=1.0,
+                     max_new_tokens=config.get("eval_max_new_tokens", 1024), eos_token_id=tokenizer.eos_token_id,
+                     pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
+                     else tokenizer.eos_token_id).save_pretrained(tmp)
+    with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
+        f.write(model_card(config, records, chat=bool(getattr(tokenizer, "chat_template", None)),
+                           folder_name=out))
+    try:
+        check_round_trip(tmp, tokenizer)
+    except ValueError:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def export_run(run_dir: str, out: str | None = None, quiet: bool = False) -> str:
+    """runs/NAME/model/ (or `out`) from runs/NAME/checkpoint/, config.json and metrics.jsonl."""
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    ckpt = os.path.join(run_dir, "checkpoint")
+    if not os.path.isfile(os.path.join(ckpt, "config.json")):
+        raise SystemExit(f"error: {run_dir}: no checkpoint/ to export (a run writes it every --save-every steps)")
+    config_path = os.path.join(run_dir, "config.json")
+    config = json.load(open(config_path)) if os.path.isfile(config_path) else {}
+    config.setdefault("run_name", os.path.basename(os.path.normpath(run_dir)))
+    records = read_log(os.path.join(run_dir, "metrics.jsonl"))
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
+    if bars:
+        hf_logging.enable_progress_bar()
+    out = export_model(model, load_tokenizer(ckpt), out or os.path.join(run_dir, "model"), config, records)
+    if not quiet:
+        print(f"model: {out} (bfloat16, tokenizer, generation_config.json, README.md); "
+              f"load: AutoModelForCausalLM.from_pretrained('{out}') or vllm serve {out}")
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description="Write runs/NAME/model/: bf16 weights, tokenizer, model card.")
+    p.add_argument("run_dir", help="a run folder holding checkpoint/ (runs/NAME)")
+    p.add_argument("--out", default=None, help="where to write the model folder (default: RUN_DIR/model)")
+    args = p.parse_args(argv)
+    try:
+        export_run(args.run_dir, args.out)
+    except ValueError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,147 @@
+"""The exported model folder (harness/export.py): transformers' Auto classes and pipeline read it as trained."""
+import json
+import os
+import shutil
+
+import pytest
+import torch
+
+from harness import export
+from harness.generate import format_prompt, load_causal_lm, load_tokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOY_CONFIG = {"toy": True, "mode": "scope", "model": "toy", "dataset": "toy", "eval_dataset": "toy", "eval_size": 200,
+              "eval_n": 1, "eval_max_new_tokens": 128, "steps": 2, "lr": 1e-4, "run_name": "scope-toy-s0"}
+
+
+def toy_run(tmp_path) -> str:
+    """A run folder as scope.py leaves it: config.json, metrics.jsonl, checkpoint/ (the shipped toy warm start)."""
+    from harness import toy
+
+    run = tmp_path / "scope-toy-s0"
+    shutil.copytree(toy.cache_path(os.path.join(ROOT, "cache"), seed=0), run / "checkpoint")
+    (run / "config.json").write_text(json.dumps(TOY_CONFIG))
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 0, "eval_acc": 0.25}) + "\n"
+                                       + json.dumps({"step": 1, "reward_mean": 0.5}) + "\n"
+                                       + json.dumps({"step": 2, "reward_mean": 0.6, "eval_acc": 0.375}) + "\n")
+    return str(run)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    run = toy_run(tmp_path_factory.mktemp("export"))
+    return run, export.export_run(run, quiet=True)
+
+
+def test_the_toy_checkpoints_tokenizer_is_what_autotokenizer_misreads():
+    """Regression: AutoTokenizer on a qwen2 folder rebuilds the tokenizer as Qwen2Tokenizer (byte-level), which
+    drops the toy vocabulary's " " and "\\n". This is why the export rewrites it; if transformers stops doing
+    this, the rewrite may go."""
+    from harness import toy
+    from transformers import AutoTokenizer
+
+    path = toy.cache_path(os.path.join(ROOT, "cache"), seed=0)
+    text = "Question: Start at 1, add 9.\nSolution:\n"
+    auto = AutoTokenizer.from_pretrained(path)
+    assert auto.decode(auto.encode(text, add_special_tokens=False)) == "Question:Startat1,add9.Solution:"
+    ours = load_tokenizer(path)
+    assert ours.decode(ours.encode(text, add_special_tokens=False)) == text
+
+
+def test_the_folder_holds_bf16_weights_tokenizer_generation_config_and_card(exported):
+    run, out = exported
+    assert out == os.path.join(run, "model")
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "generation_config.json",
+            "README.md"} <= set(os.listdir(out))
+    assert not os.path.exists(os.path.join(out, "optimizer.pt"))
+    from safetensors import safe_open
+    with safe_open(os.path.join(out, "model.safetensors"), "pt") as f:
+        assert {f.get_tensor(k).dtype for k in f.keys()} == {torch.bfloat16}
+    gen = json.load(open(os.path.join(out, "generation_config.json")))
+    assert gen["temperature"] == 0.6 and gen["do_sample"] and gen["max_new_tokens"] == 128 and gen["eos_token_id"] == 0
+
+
+def test_the_model_card(exported):
+    _, out = exported
+    card = open(os.path.join(out, "README.md")).read()
+    front = card.split("---")[1]
+    assert "library_name: transformers" in front and "- scope" in front and "- toy" in front
+    assert "0.250 at step 0 → 0.375 at step 2" in card and "toy, 200 problems × 1 sample(s) at T = 0.6" in card
+    assert "Question: <problem>" in card and "\\boxed{<answer>}" in card
+    assert 'pipeline("text-generation"' in card and "vllm serve" in card
+    assert "\n--lr 0.0001\n" in card and "\n--mode scope\n" in card and "\n--toy\n" in card
+
+
+def test_the_card_of_a_hub_model_names_base_model_dataset_and_system_prompt():
+    config = {"model": "Qwen2.5-1.5B", "dataset": "math-train", "eval_dataset": "math500", "mode": "grpo",
+              "eval_n": 4, "eval_size": 500, "eval_max_new_tokens": 3000}
+    card = export.model_card(config, [], chat=True)
+    front = card.split("---")[1]
+    assert "base_model: Qwen/Qwen2.5-1.5B" in front
+    assert "- DigitalLearningGmbH/MATH-lighteval" in front and "- HuggingFaceH4/MATH-500" in front
+    assert "Please reason step by step, and put your final answer within \\boxed{}." in card
+    assert "No evaluation was logged" in card
+
+
+def test_auto_classes_and_pipeline_round_trip_the_toy_model(exported):
+    from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
+
+    _, out = exported
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    text = "Question: Start at 7, add 5, times 3.\nSolution:\nSo 7 + 5 = 12.\n\nSo 12 * 3 = 36.\n\n\\boxed{36}"
+    trained = load_tokenizer(os.path.join(os.path.dirname(out), "checkpoint"))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert ids == trained.encode(text, add_special_tokens=False) and tokenizer.decode(ids) == text
+    assert tokenizer.eos_token_id == trained.eos_token_id and tokenizer.pad_token_id == trained.pad_token_id
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert model.dtype == torch.bfloat16
+    # greedy text through pipeline + chat messages == the trained model (bf16) on the training prompt
+    reference, _ = load_causal_lm(os.path.join(os.path.dirname(out), "checkpoint"), "cpu", torch.bfloat16)
+    prompt = torch.tensor([format_prompt(trained, "Start at 7, add 5, times 3.")])
+    want = trained.decode(reference.generate(prompt, max_new_tokens=40, do_sample=False)[0, prompt.shape[1]:],
+                          skip_special_tokens=True)
+    generate = pipeline("text-generation", model=out)
+    got = generate([{"role": "user", "content": "Start at 7, add 5, times 3."}], max_new_tokens=40,
+                   do_sample=False)[0]["generated_text"][-1]["content"]
+    assert got == want and " " in got   # spaces kept: the misread tokenizer wrote none
+
+
+def test_qwens_tokenizer_and_chat_template_are_saved_as_they_are(tmp_path, qwen_tokenizer):
+    from conftest import make_tiny_causal_lm
+    from transformers import AutoTokenizer
+
+    model = make_tiny_causal_lm(qwen_tokenizer)
+    out = export.export_model(model, qwen_tokenizer, str(tmp_path / "model"), {"model": "x", "mode": "grpo"}, [])
+    loaded = AutoTokenizer.from_pretrained(out)
+    assert loaded.chat_template == qwen_tokenizer.chat_template
+    text = "We have \\frac{1}{2} + 3 = 7.\n\nSo \\boxed{7}. Naïve ∑"
+    assert loaded.encode(text, add_special_tokens=False) == qwen_tokenizer.encode(text, add_special_tokens=False)
+    assert next(model.parameters()).dtype == torch.float32   # the exported copy is bf16, the model untouched
+
+
+def test_a_tokenizer_that_qwen2tokenizer_would_rebuild_differently_is_refused(tmp_path, bpe_tokenizer):
+    """The tests' BPE has a plain byte-level pre-tokenizer, not Qwen's split: AutoTokenizer on a qwen2 folder
+    rebuilds it as Qwen2Tokenizer with other ids, so the export stops instead of writing a folder vLLM and
+    transformers would misread."""
+    from conftest import make_tiny_causal_lm
+
+    with pytest.raises(ValueError, match="does not read the tokenizer as trained"):
+        export.export_model(make_tiny_causal_lm(bpe_tokenizer), bpe_tokenizer, str(tmp_path / "model"),
+                            {"model": "x"}, [])
+    assert not os.path.exists(tmp_path / "model") and not os.path.exists(tmp_path / "model.tmp")
+
+
+def test_an_export_that_autotokenizer_would_misread_stops(tmp_path, monkeypatch):
+    """Without the byte-level rewrite the round-trip check catches the dropped spaces."""
+    from harness import toy
+
+    model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(ROOT, "cache"), seed=0), "cpu")
+    monkeypatch.setattr(export, "is_char_level", lambda tok: False)
+    with pytest.raises(ValueError, match="does not read the tokenizer as trained"):
+        export.export_model(model, tokenizer, str(tmp_path / "model"), TOY_CONFIG, [])
+    assert not os.path.exists(tmp_path / "model")
+
+
+def test_the_command_refuses_a_folder_without_checkpoint(tmp_path):
+    with pytest.raises(SystemExit, match="no checkpoint/ to export"):
+        export.main([str(tmp_path)])
