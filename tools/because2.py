@@ -230,11 +230,11 @@ def run_one(j: dict, args) -> dict:
     done = recorded(j, args)
     if done is not None:
         return {**j, "result": done, "fresh": False}
-    t0 = time.time()
+    t0, env = time.time(), environment()   # the commit the job starts from
     if j["kind"] == "mechanism":
         res = mechanism(args)
         res["wall_s"] = round(time.time() - t0, 1)
-        res["environment"] = environment()
+        res["environment"] = env
         os.makedirs(os.path.join(args.out, STAGE), exist_ok=True)
         with open(os.path.join(args.out, STAGE, "mechanism.json"), "w") as f:
             json.dump(res, f, indent=1)
@@ -254,7 +254,7 @@ def run_one(j: dict, args) -> dict:
     cmd, settings = record_key(j, args)
     os.makedirs(os.path.dirname(record_path(j, args)), exist_ok=True)
     with open(record_path(j, args), "w") as f:
-        json.dump({"command": cmd, "start": j["start"], "eval_settings": settings, "environment": environment(),
+        json.dump({"command": cmd, "start": j["start"], "eval_settings": settings, "environment": env,
                    "result": r}, f)
     return {**j, "result": r, "fresh": True}
 
