@@ -5,7 +5,7 @@ Not part of the paper's code; its claims are the paper's (Ren et al., arXiv 2602
       solution is out of the policy's distribution;
  (C2) SCOPE keeps solutions diverse BECAUSE partially correct explorations are salvaged, not discarded.
 The regime map (tools/regime.py) cannot test either: the oracle refiner writes the policy's own format (its
-tokens have π ≈ 0.95 under the weak start), any reward-1 trajectory in an all-fail group moves the group
+tokens are likely under the weak start), any reward-1 trajectory in an all-fail group moves the group
 mean off 0 whatever its content, and two fixed biases (the "shorter" tie-break of prm.select_candidate and the
 oracle's style 0 after an empty prefix) point the three-style runs at style 0. This stage adds the controls:
 
@@ -17,7 +17,7 @@ THE PRE-REGISTRATION (written and committed before any run of this stage; the re
 
 Runs, 5 seeds (0-4) x 100 steps each, the regime map's settings (8 prompts x 8 rollouts, final eval on 64
 held-out problems x 16 samples at T = 1.0, in-training eval every 25 steps on 200 problems):
-  weak-ladder start (the lateness-1.5 SFT, one style, on the ladder; 52 % of G = 8 groups all-fail):
+  weak-ladder start (the lateness-1.5 SFT, one style, on the ladder; about half of its G = 8 groups all-fail):
     keep-foreign           SCOPE (paper) any/replace, --toy-refiner-style 1: the refiner writes style 1
                            ("7 add 5 is 12."), which this policy never wrote: a repair = own prefix + a
                            foreign-voice suffix
@@ -66,21 +66,22 @@ records predate per-problem counts, so their runs enter it through the seed draw
       under a Holm correction (two-sided paired t-test p-values). The per-start map numbers were already
       published when this was named; only the pooled number is new.
 Reading rule (fixed now): a contrast SUPPORTS a prediction of a sign when its 95 % t-interval excludes 0 on
-that side; it supports "≈ 0" when the interval lies inside ±0.02 acc (two thirds of the paper row's +0.032
-gain on weak-ladder) or ±0.15 nats; otherwise the toy cannot tell. The t-interval decides; the bootstrap
+that side; it supports "≈ 0" when the interval lies inside ±0.02 acc (two thirds of the paper row's gain over
+GRPO on weak-ladder in the regime map) or ±0.15 nats; otherwise the toy cannot tell. The t-interval decides; the bootstrap
 is reported next to it as a check of the problem-sampling variance the t-interval leaves out.
 Pre-check that must hold for K1 to mean anything (`precheck`, threshold stated before it was computed): the
-weak start's mean π of the oracle's style-1 solution tokens, teacher-forced, must be at most 0.60 (against
-≈ 0.95 in its own style): far below means the policy would write well under two thirds of those tokens. If
+weak start's mean π of the oracle's style-1 solution tokens, teacher-forced, must be at most 0.60 (well below
+its own style's): far below means the policy would write well under two thirds of those tokens. If
 it is not, K1 is reported as "not a test of C1".
 
-ADDED AFTER THE STUDY (the issue's optional cell; named here before its runs, outside K5's Holm family):
+ADDED AFTER THE STUDY (an optional cell, named here before its runs, outside K5's Holm family; chosen after
+the regime map's strong-start numbers were seen, so post hoc):
   main-ladder start (the shipped warm start, the regime map's strongest): whole-append  --mode replace
-      --merge append: the whole repair joins its group instead of replacing the failure. The regime map
-      found the strong start's only interval above 0 in any/append (+0.026), while the paper's row and whole
-      replacement (both --merge replace) sit at GRPO's level and differ by +0.002. A1  whole-append −
-      best any/append: ≈ 0 says the edge belongs to --merge append, not to keeping the prefix; < 0 says
-      keeping the prefix matters once repairs are appended. Also shown: whole-append − grpo.
+      --merge append: the whole repair joins its group instead of replacing the failure. On this start the
+      regime map's only SCOPE cell above GRPO is any/append, and both --merge replace rows (keeping the
+      prefix or not) sit at GRPO's level. A1  whole-append − best any/append: ≈ 0 says the edge belongs to
+      --merge append, not to keeping the prefix; < 0 says keeping the prefix matters once repairs are
+      appended. Also shown: whole-append − grpo.
 
 Choices:
  1. The foreign voice is style 1 for both starts (see above). On the weak start all three styles are foreign
