@@ -123,11 +123,10 @@ def _metrics(path):
 def test_the_hooks_change_nothing_but_what_they_name(tmp_path):
     """A 2-step toy run through scope_run --keep-checkpoints trains exactly as scope.py (same metrics), and keeps
     each checkpoint; --same-dose re-credits its repairs and counts them; the hooks are gone afterwards."""
-    import refine
     import scope
     from harness import wiring
 
-    rectify, checkpoint = refine.rectify, wiring.Run.checkpoint
+    rectify, checkpoint = scope.rectify, wiring.Run.checkpoint
     common = ["--toy", "--steps", "2", "--eval-every", "0", "--save-every", "1"]
     plain, kept, dose = (str(tmp_path / n) for n in ("plain", "kept", "dose"))
     scope.main(scope.parse_args([*common, "--run-name", plain]))
@@ -140,4 +139,4 @@ def test_the_hooks_change_nothing_but_what_they_name(tmp_path):
     accepted = [t for t in traces if t["accepted"]]
     assert counts["repairs"] == sum(t.get("same_dose", False) for t in accepted) > 0
     assert all(t["mode"] == "replace" for t in accepted)
-    assert (refine.rectify, wiring.Run.checkpoint) == (rectify, checkpoint)
+    assert (scope.rectify, wiring.Run.checkpoint) == (rectify, checkpoint)

@@ -19,7 +19,7 @@ the result and harness.runs.environment(). Ctrl-C or SIGTERM stops the workers a
 
 The same-dose cells and the checkpoints of T need two things scope.py has no flag for; `scope_run` runs
 scope.py's own main with them added from outside (`python -m tools.because2 --scope-run ...`):
-  --same-dose         refine.rectify is wrapped: each accepted prefix-keeping repair gets offpolicy_mask 1 on
+  --same-dose         scope.rectify (step 5) is wrapped: each accepted prefix-keeping repair gets offpolicy_mask 1 on
                       every token and source "replaced" (whole-replacement credit), its first kappa steps being
                       the oracle's style-0 text of those steps (the policy's own text where they are equal,
                       which in this world is expected: a correct step is one fixed string; counted in
@@ -115,7 +115,6 @@ def with_same_dose(rectify, counts: dict):
 def scope_run(argv: list[str]) -> None:
     """scope.py's main with --same-dose and/or --keep-checkpoints (module docstring) taken off argv; the hooks
     are removed again when it returns."""
-    import refine
     import scope
     from harness import wiring
 
@@ -123,7 +122,7 @@ def scope_run(argv: list[str]) -> None:
     argv = [a for a in argv if a not in ("--same-dose", "--keep-checkpoints")]
     args = scope.parse_args(argv)
     run_dir = os.path.join("runs", args.run_name)
-    rectify, checkpoint = refine.rectify, wiring.Run.checkpoint
+    rectify, checkpoint = scope.rectify, wiring.Run.checkpoint   # step 5 as scope.main calls it
     if same_dose:
         counts = {"repairs": 0, "prefix_equal": 0}
         credited = with_same_dose(rectify, counts)
@@ -133,7 +132,7 @@ def scope_run(argv: list[str]) -> None:
             with open(os.path.join(run_dir, "same_dose.json"), "w") as f:
                 json.dump(counts, f)
             return out
-        refine.rectify = counted
+        scope.rectify = counted
     if keep:
         def keep_copy(self, step):
             checkpoint(self, step)
@@ -145,7 +144,7 @@ def scope_run(argv: list[str]) -> None:
         with wiring.calm_interrupt(args):
             scope.main(args)
     finally:
-        refine.rectify, wiring.Run.checkpoint = rectify, checkpoint
+        scope.rectify, wiring.Run.checkpoint = rectify, checkpoint
 
 
 # ---------------------------------------------------------------- the plan
@@ -298,23 +297,21 @@ def step1_batch(seed: int, style: str, start_path: str):
     if style != "prefix":
         argv += ["--toy-refiner-style", style]
     args = scope.parse_args(argv)
-    run = wiring.start(args)
-    B, step = args.prompts_per_step, 1
-    mine = run.dist.groups(B)
-    import torch
-    torch.manual_seed(scope.seed_for(args.seed, step, "torch"))
-    rng = np.random.default_rng(scope.seed_for(args.seed, step, "prompts"))
-    n = len(run.train_problems)
-    problems = [run.train_problems[i] for i in rng.choice(n, size=B, replace=n < B)]
-    trajs = scope.rollout(run, problems, mine, seed=scope.seed_for(args.seed, step, "rollout"))
+    run = wiring.start(args, scope.paper())
+    step, problems, mine = next(run.steps())   # step 1: its torch seed and its B problems, as scope.main draws them
+    trajs = run.rollout(problems, mine)
     for t in trajs:
         t.correct = grade(t.text, t.answer)
         t.reward = float(t.correct)
-    run.prm.reseed(scope.seed_for(args.seed, step, "prm"))
-    scope.locate_first_errors(trajs, run.prm, args, run.tokenizer)
-    picks = scope.select_failures(trajs, mine, args)
-    merged, traces, _ = scope.rectify_failures(run, trajs, picks, seed=scope.seed_for(args.seed, step, "refine"))
-    advantages = scope.batch_advantages(merged, mine, args.adv_std)
+    with run.phase("prm"):
+        scope.locate_first_errors(trajs, run.prm, run.tokenizer, args.tau, args.mode, args.prm_reward_coef)
+    picks = scope.select_failures(trajs, mine, args.mode, args.rectify_groups, args.select_tiebreak)
+    with run.phase("refine", picks) as seed:
+        merged, traces = scope.rectify(trajs, picks, run.refiner, run.tokenizer, attempts=args.refine_attempts,
+                                       merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=seed,
+                                       refiner_max_tokens=args.refiner_max_tokens)
+    advantages = scope.group_advantages([t.reward for t in merged], groups=[t.group for t in merged],
+                                        scale_std=args.adv_std)
     all_fail = {b for b in mine if not any(t.correct for t in trajs if t.group == b)}
     for log in (run.metrics_file, run.traces_file):
         log.close()
