@@ -1668,10 +1668,16 @@ def mixed_source(student: str, reference: str, replace: set, path: str) -> str:
 OWN_GRPO = "_own_grpo"   # problem 12's grading: the student's grpo.py as written, for its clipped_surrogate
 
 
+# what a problem's runner calls beyond the problem's own functions: problem 6's runner goes on from the pick to
+# the repair (refine.rectify, which splices) and the advantages over the merged groups, as scope.main does
+RUNNER_CALLS = {"scope_step": ("refine.py::rectify", "grpo.py::group_advantages")}
+
+
 def runner_reaches(problem: str, root: str = ROOT) -> set:
-    """The other exercises whose functions the code of `problem`'s functions calls (statically, through the
-    reference's files and harness/): the only reference solutions its grading process holds."""
-    return reached_exercises([f.replace(":", "::") for f in BY_NAME[problem].functions], root) - {problem}
+    """The other exercises whose functions the code of `problem`'s functions and its runner call (statically,
+    through the reference's files and harness/): the only reference solutions its grading process holds."""
+    calls = [f.replace(":", "::") for f in BY_NAME[problem].functions] + list(RUNNER_CALLS.get(problem, ()))
+    return reached_exercises(calls, root) - {problem}
 
 
 def grading_folder(folder: str, problem: str, dest: str) -> None:
