@@ -234,8 +234,8 @@ def test_a_marked_answer_phrase_in_the_copy_stops_the_generator(tmp_path, monkey
     """The generator refuses a copy that carries a phrase the teacher marked as an answer, naming the file."""
     from tools import course_key
 
-    monkeypatch.setattr(course_key, "ANSWER_PHRASES", course_key.ANSWER_PHRASES + ["Gradients worth knowing"])
-    with pytest.raises(ValueError, match=r"the copy carries a marked answer: grpo\.py: 'Gradients worth knowing'"):
+    monkeypatch.setattr(course_key, "ANSWER_PHRASES", course_key.ANSWER_PHRASES + ["tested in closed form"])
+    with pytest.raises(ValueError, match=r"the copy carries a marked answer: grpo\.py: 'tested in closed form'"):
         exercises.generate(str(tmp_path / "c"), only=["update"])
     monkeypatch.setattr(course_key, "ANSWER_PHRASES", [])
     monkeypatch.setattr(course_key, "REDACTIONS", course_key.REDACTIONS + [("grpo.py", "no such text", "")])
@@ -436,7 +436,9 @@ def test_a_problem_past_its_time_limit_stops_at_the_limit(tmp_path):
     data = torch.load(tmp_path / "fx" / "group_advantages.pt", weights_only=False)
     index = json.loads((tmp_path / "fx" / "index.json").read_text())
     src = open(os.path.join(ROOT, "grpo.py"), encoding="utf-8").read()
-    head = "def group_advantages(rewards, group_size: int, scale_std: bool = False) -> Tensor:\n"
+    head = ("def group_advantages(rewards, group_size: int | None = None, scale_std: bool = False, *, groups=None) "
+            "-> Tensor:\n")
+    assert head in src, "the reference's signature changed: update this test"
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "grpo.py").write_text(src.replace(head, head + "    import time; time.sleep(3600)\n", 1))
     t0 = time.time()
@@ -504,7 +506,7 @@ def clipped_surrogate(logp, old_logp, advantages, mask, clip_eps):
 C = exercises.CHECKS
 DETACH_IN_SURROGATE = ("grpo.py", "logp - old_logp.detach(), torch.zeros_like(logp))  # (N, L)",
                        "logp - old_logp, torch.zeros_like(logp))  # (N, L)")
-DETACH_IN_UPDATE = ("grpo.py", "old_logp = logp.detach()", "old_logp = logp")
+DETACH_IN_UPDATE = ("grpo.py", 'part.get("old_logp", logp.detach())', 'part.get("old_logp", logp)')
 WRONG = {
     "special_ids_from_text": (("splice",), [("refine.py", 'split_special_tokens=True)["input_ids"]',
                                              'split_special_tokens=False)["input_ids"]')],
