@@ -691,14 +691,8 @@ def run_jobs(jobs: list[dict], args, t0: float) -> list[dict]:
                         f"{r['wall_s']['eval']:.0f}s)" if j["kind"] == "run" else f"mechanism ({r['wall_s']:.0f}s)")
                 print(f"[{len(done)}/{len(jobs)}] [{(time.time() - t0) / 60:.1f} min] {j['name']}: {what}; "
                       f"ETA {eta:.0f} min for {left} runs", flush=True)
-    except BaseException:
-        workers = list((getattr(pool, "_processes", None) or {}).values())
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in workers:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in workers:
-            proc.join(timeout=30)
+    except BaseException:   # Ctrl-C, SIGTERM, a failed run: stop the workers and their scope.py runs
+        ex.stop_pool(pool)
         raise
     pool.shutdown(wait=True)
     order = {j["name"]: i for i, j in enumerate(jobs)}

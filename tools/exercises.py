@@ -112,7 +112,8 @@ SCOPE_RUNS = ("tests/test_scope.py::test_each_mode_runs_two_toy_steps",
               "tests/test_toy_styles.py::test_two_steps_with_three_styles_log_the_style_metrics",
               "tests/test_newcomer.py::test_ctrl_c_before_the_first_checkpoint_gives_a_command_that_starts_again",
               "tests/test_study_flags.py::test_phantom_foreign_and_index_runs_log_every_style",
-              "tests/test_gpu.py::test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu")
+              "tests/test_gpu.py::test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu",
+              "tests/test_because2.py::test_the_hooks_change_nothing_but_what_they_name")
 # the torchrun gradient check and the update's autocast check run build_batch, the log-probs, policy_loss and
 # update, no other exercise
 DIST_GRADIENTS = ("tests/test_dist.py::test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient",
@@ -256,7 +257,8 @@ EXERCISES = [
                      "tests/test_scope.py::test_each_mode_runs_two_toy_steps[scope-extra0]",   # not grpo,
                      "tests/test_scope.py::test_each_mode_runs_two_toy_steps[replace-extra2]",  # prm-reward
                      "tests/test_scope.py::test_resume_reproduces_the_next_step",
-                     "tests/test_scope.py::test_real_path_on_cpu_with_self_refinement")
+                     "tests/test_scope.py::test_real_path_on_cpu_with_self_refinement",
+                     "tests/test_served.py::test_rectify_sends_each_pick_its_own_budget_to_a_served_refiner")
              + SCOPE_RUNS[3:] + SCOPE_UNITS[2:4],
              hints=("Never decode and re-encode the prefix: the ids are what the policy sampled.",
                     "The EOS token's text written out in the suffix ends it there; `split_special_tokens=True` "
@@ -290,7 +292,8 @@ EXERCISES = [
              breaks=("tests/test_grpo.py::test_token_logprobs_matches_plain_forward",
                      "tests/test_runs.py::test_pad_id_falls_back_to_eos",
                      "tests/test_grpo.py::test_build_batch_lays_out_sampler_logprobs",
-                     "tests/test_grpo.py::test_group_mini_batches_keep_groups_whole") + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
+                     "tests/test_grpo.py::test_group_mini_batches_keep_groups_whole",
+                     "tests/test_because2.py::test_part_masks_partition_the_response_tokens") + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
              expects="return a dict with keys input_ids, attention_mask, response_mask, offpolicy_mask (int64, "
                      "(N, L)) and advantages (the float32 (N,) tensor above)"),
     Exercise("logprob_entropy", ("grpo.py:logprobs_and_entropy", "grpo.py:entropy_from_logprobs"),

@@ -439,13 +439,7 @@ def run_all(jobs: list[dict], args, t0: float, worker=None) -> list[dict]:
                   f"pass@16 {r['eval'].get('pass@16', float('nan')):.3f} "
                   f"(train {r['wall_s']['train']:.0f}s, eval {r['wall_s']['eval']:.0f}s)", flush=True)
     except BaseException:   # Ctrl-C, SIGTERM, a failed run: stop the workers, which stop their scope.py children
-        workers = list((getattr(pool, "_processes", None) or {}).values())   # the pool's own processes
-        pool.shutdown(wait=False, cancel_futures=True)
-        for proc in workers:
-            if proc.is_alive():
-                proc.terminate()
-        for proc in workers:
-            proc.join(timeout=30)
+        stop_pool(pool)
         raise
     pool.shutdown(wait=True)
     return results
@@ -458,6 +452,17 @@ def t975(df: int) -> float:
     from scipy import stats
 
     return float(stats.t.ppf(0.975, df))
+
+
+def stop_pool(pool) -> None:
+    """Stop a ProcessPoolExecutor's workers now (each stops the scope.py run it started on SIGTERM)."""
+    workers = list((getattr(pool, "_processes", None) or {}).values())   # the pool's own processes
+    pool.shutdown(wait=False, cancel_futures=True)
+    for proc in workers:
+        if proc.is_alive():
+            proc.terminate()
+    for proc in workers:
+        proc.join(timeout=30)
 
 
 def ci95(diffs: list[float]) -> dict:
