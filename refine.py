@@ -53,11 +53,12 @@ class Refiner:
     """Continues kept prefixes with any generator (HF / vLLM / OpenAI) and the REFINER's tokenizer."""
 
     def __init__(self, generator, tokenizer, *, prompt_style: str = "continue", temperature: float = 0.7,
-                 top_p: float = 1.0):
+                 top_p: float = 1.0, max_tokens: int | None = None):
         if prompt_style not in ("continue", "hint"):
             raise ValueError(f"prompt_style must be 'continue' or 'hint', got {prompt_style!r}")
         self.generator, self.tokenizer, self.prompt_style = generator, tokenizer, prompt_style
         self.temperature, self.top_p = temperature, top_p
+        self.max_tokens = max_tokens   # --refiner-max-tokens: no suffix decodes past it (None: the item's budget)
 
     def prompt_ids(self, question: str, prefix: str) -> list[int]:
         """The refiner's prompt: question in its chat template, then the prefix opening the assistant turn."""
@@ -74,6 +75,7 @@ class Refiner:
         budgets = [max_tokens] * len(questions) if isinstance(max_tokens, int) else list(max_tokens)
         if len(budgets) != len(questions):
             raise ValueError(f"continue_from: {len(budgets)} max_tokens for {len(questions)} questions")
+        budgets = budgets if self.max_tokens is None else [min(b, self.max_tokens) for b in budgets]
         if not questions:
             return []
         prompts = [self.prompt_ids(q, p) for q, p in zip(questions, prefixes)]
@@ -90,13 +92,13 @@ class Refiner:
 
 def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, tokenizer, *, attempts: int = 2,
             merge: str = "replace", max_new_tokens: int, grade_fn, seed: int | None = None,
-            refiner_max_tokens: int | None = None) -> tuple[list[Trajectory], list[dict]]:
+            ) -> tuple[list[Trajectory], list[dict]]:
     """Step 5: repair the picked failures, recompute their rewards, merge the accepted ones.
 
     picks: (index into trajs, prefix_len in tokens) per selected failure. `tokenizer` is the POLICY's. Every
     attempt is graded (the trace records each); the first correct one is accepted (`repaired`); a rejected
     pick leaves the list holding the very same Trajectory object. Each pick's suffix gets max_new_tokens minus
-    its prefix, at most `refiner_max_tokens` (None: no cap). Returns (new list, one trace per pick).
+    its prefix (the refiner may cap it lower). Returns (new list, one trace per pick).
     """
     _check_picks(trajs, picks, attempts, merge, max_new_tokens)   # a public entry point: one-line errors
     if not picks:
@@ -104,9 +106,8 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
     originals = [trajs[index] for index, _ in picks]
     prefixes = [t.response_ids[:prefix_len] for t, (_, prefix_len) in zip(originals, picks)]
     prefix_texts = [tokenizer.decode(p, skip_special_tokens=True) for p in prefixes]   # the refiner reads text
-    cap = max_new_tokens if refiner_max_tokens is None else refiner_max_tokens
     suffixes = refiner.continue_from([t.question for t in originals], prefix_texts, n=attempts,
-                                     max_tokens=[min(max_new_tokens - len(p), cap) for p in prefixes], seed=seed)
+                                     max_tokens=[max_new_tokens - len(p) for p in prefixes], seed=seed)
     end_id = turn_end_id(tokenizer)  # what ends the assistant turn of the policy's prompt (choice 3)
     accepted: dict[int, Trajectory] = {}  # index of the original -> its repaired trajectory
     traces = []

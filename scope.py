@@ -43,8 +43,7 @@ def main(args: "Args") -> dict:
         merged, traces = trajs, []   # also what a refiner that stopped answering leaves (a warning, no repair)
         with run.phase("refine", picks) as seed:   # seed: from (seed, step) and the picks' global index
             merged, traces = rectify(trajs, picks, run.refiner, run.tokenizer, attempts=args.refine_attempts,
-                                     merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=seed,
-                                     refiner_max_tokens=args.refiner_max_tokens)
+                                     merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=seed)
         # ---------------------------------------------- 6. advantages over each merged group: A = r − mean(r)
         groups = [t.group for t in merged]
         advantages = group_advantages([t.reward for t in merged], groups=groups, scale_std=args.adv_std)

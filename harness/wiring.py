@@ -135,13 +135,13 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, Refiner)
     if args.mode not in ("scope", "replace"):
         return None
     if args.refiner == "policy":   # self-refinement: the current policy, through the same engine
-        return Refiner(generator, tokenizer, prompt_style=args.refine_prompt)
+        return Refiner(generator, tokenizer, prompt_style=args.refine_prompt, max_tokens=args.refiner_max_tokens)
     if args.refiner_url:           # a refiner served elsewhere (`vllm serve MODEL`); also in the toy world
         from harness.generate import OpenAIGenerator
         with loading(args.refiner):
             refiner_tokenizer = load_tokenizer(args.refiner)
         return Refiner(OpenAIGenerator(args.refiner_url, args.refiner, refiner_tokenizer, args.refiner_timeout),
-                       refiner_tokenizer, prompt_style=args.refine_prompt)
+                       refiner_tokenizer, prompt_style=args.refine_prompt, max_tokens=args.refiner_max_tokens)
     if args.toy and args.refiner == "toy-model":   # a stronger toy model through the real Refiner + HF generate
         from harness import toy
         if args.toy_refiner_style != "prefix":
@@ -149,7 +149,7 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, Refiner)
                              "model refiner writes the styles it was trained on, continuing the prefix's")
         refiner_model, refiner_tokenizer = toy.refiner_model(CACHE_DIR, seed=0, **toy_styles(args))
         return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.gen_batch_size),
-                       refiner_tokenizer, prompt_style=args.refine_prompt)
+                       refiner_tokenizer, prompt_style=args.refine_prompt, max_tokens=args.refiner_max_tokens)
     if args.toy:                   # toy-oracle (or its old name, toy): rule-based, never fails
         from harness import toy
         return toy.OracleRefiner(None if args.toy_refiner_style == "prefix" else int(args.toy_refiner_style),
@@ -165,7 +165,7 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, Refiner)
             served = serve_with_vllm(args.refiner, refiner_tokenizer, log_path=log_path,
                                      cpu=not device.startswith("cuda"), gpu_memory_utilization=args.refiner_mem,
                                      timeout=args.refiner_timeout)
-            return Refiner(served, refiner_tokenizer, prompt_style=args.refine_prompt)
+            return Refiner(served, refiner_tokenizer, prompt_style=args.refine_prompt, max_tokens=args.refiner_max_tokens)
         except RuntimeError as err:   # HF generate only where it fits; else one line with the flags that do
             preflight.check_refiner_fallback(args, device, str(err), log_path)
             print(f"warning: the refiner server did not start, refining through HF generate instead: {err}",
@@ -173,7 +173,7 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, Refiner)
     with loading(args.refiner):    # no vLLM (or its server failed to start where HF generate fits): HF generate
         refiner_model, refiner_tokenizer = load_causal_lm(args.refiner, device)   # bf16 on CUDA
     return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.gen_batch_size),
-                   refiner_tokenizer, prompt_style=args.refine_prompt)
+                   refiner_tokenizer, prompt_style=args.refine_prompt, max_tokens=args.refiner_max_tokens)
 
 
 def restore_checkpoint(ckpt: str, optimizer, device: str, model=None, rank: int = 0) -> None:

@@ -160,15 +160,15 @@ class BudgetRecorder:
 @pytest.mark.parametrize("served", [True, False])
 def test_rectify_sends_each_pick_its_own_budget_to_a_served_refiner(char_tokenizer, served):
     """A served (or in-process vLLM) refiner gets one budget per pick: max_new_tokens - its prefix, capped by
-    refiner_max_tokens, so no pick decodes past its own. HF generate gets the largest (one random stream: the
+    the refiner's max_tokens (--refiner-max-tokens), so no pick decodes past its own. HF generate gets the largest (one random stream: the
     toy world's records stay as they were) and clips each pick to its own."""
     from refine import Refiner, Trajectory, rectify
 
     trajs = [Trajectory(question="1+1?", answer="2", group=g, prompt_ids=[5], response_ids=list(range(7, 7 + 30)),
                         text="x") for g in range(3)]
     gen = BudgetRecorder(char_tokenizer, per_prompt_budgets=served)
-    rectify(trajs, [(0, 0), (1, 10), (2, 25)], Refiner(gen, char_tokenizer), char_tokenizer, attempts=2,
-            max_new_tokens=40, grade_fn=lambda text, answer: False, refiner_max_tokens=35)
+    rectify(trajs, [(0, 0), (1, 10), (2, 25)], Refiner(gen, char_tokenizer, max_tokens=35), char_tokenizer,
+            attempts=2, max_new_tokens=40, grade_fn=lambda text, answer: False)
     assert gen.calls == ([[35, 30, 15]] if served else [35])
 
 

@@ -308,8 +308,7 @@ def step1_batch(seed: int, style: str, start_path: str):
     picks = scope.select_failures(trajs, mine, args.mode, args.rectify_groups, args.select_tiebreak)
     with run.phase("refine", picks) as seed:
         merged, traces = scope.rectify(trajs, picks, run.refiner, run.tokenizer, attempts=args.refine_attempts,
-                                       merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=seed,
-                                       refiner_max_tokens=args.refiner_max_tokens)
+                                       merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=seed)
     advantages = scope.group_advantages([t.reward for t in merged], groups=[t.group for t in merged],
                                         scale_std=args.adv_std)
     all_fail = {b for b in mine if not any(t.correct for t in trajs if t.group == b)}
