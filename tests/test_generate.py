@@ -359,14 +359,21 @@ class RecordingLLM:
 def fake_vllm(monkeypatch):
     """A `vllm` module whose LLM is RecordingLLM and whose SamplingParams / TokensPrompt keep their keywords; the
     platform is CUDA-like (sleep mode on). Yields the list of LLMs built."""
-    import sys
-    from types import ModuleType, SimpleNamespace
-
     built = []
 
     def make_llm(**kwargs):
         built.append(RecordingLLM(**kwargs))
         return built[-1]
+
+    install_vllm_double(monkeypatch, make_llm)
+    yield built
+
+
+def install_vllm_double(monkeypatch, make_llm):
+    """`vllm` (LLM = make_llm, SamplingParams / TokensPrompt keeping their keywords) and a CUDA-like
+    `vllm.platforms` in sys.modules for this test, in-process engine core."""
+    import sys
+    from types import ModuleType, SimpleNamespace
 
     vllm = ModuleType("vllm")
     vllm.LLM = make_llm
@@ -377,7 +384,6 @@ def fake_vllm(monkeypatch):
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
-    yield built
 
 
 def test_vllm_request_bans_the_surplus_rows_within_v2s_cap(qwen_tokenizer, fake_vllm, tmp_path):

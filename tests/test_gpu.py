@@ -427,17 +427,9 @@ class EngineDouble:
 @pytest.fixture
 def engine_double(monkeypatch):
     """A `vllm` module whose LLM is EngineDouble on a CUDA-like platform (sleep mode on)."""
-    from types import ModuleType, SimpleNamespace
+    from test_generate import install_vllm_double
 
-    vllm = ModuleType("vllm")
-    vllm.LLM = EngineDouble
-    vllm.SamplingParams = lambda **kw: SimpleNamespace(**kw)
-    vllm.TokensPrompt = lambda **kw: dict(kw)
-    platforms = ModuleType("vllm.platforms")
-    platforms.current_platform = SimpleNamespace(is_cpu=lambda: False)
-    monkeypatch.setitem(sys.modules, "vllm", vllm)
-    monkeypatch.setitem(sys.modules, "vllm.platforms", platforms)
-    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    install_vllm_double(monkeypatch, EngineDouble)
 
 
 @pytest.mark.parametrize("skipped", [None, "model.layers.1.mlp.down_proj.weight", "model.norm.weight"])

@@ -38,6 +38,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 import numpy as np
 
+from tools import because
 from tools import experiment as ex
 from tools import regime
 
@@ -494,17 +495,9 @@ def sd_ratio(a, b) -> dict:
 
 def verdict(c: dict, planned: int) -> str:
     """The pre-registered reading rule; a contrast short of its planned seeds is partial, without a verdict."""
-    if c["lo"] is None:
-        return "too few seeds"
-    if c["n"] < planned:
+    if c["lo"] is not None and c["n"] < planned:
         return f"partial ({c['n']} of {planned} seeds): no verdict"
-    if c["lo"] > 0:
-        return "> 0"
-    if c["hi"] < 0:
-        return "< 0"
-    if -MARGIN < c["lo"] and c["hi"] < MARGIN:
-        return "≈ 0"
-    return "cannot tell"
+    return because.verdict(c, MARGIN)   # the because study's rule, this study's margin
 
 
 CONTRASTS = {   # name: ({row: coefficient}, planned seeds, primary)
