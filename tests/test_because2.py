@@ -140,3 +140,24 @@ def test_the_hooks_change_nothing_but_what_they_name(tmp_path):
     assert counts["repairs"] == sum(t.get("same_dose", False) for t in accepted) > 0
     assert all(t["mode"] == "replace" for t in accepted)
     assert (scope.rectify, wiring.Run.checkpoint) == (rectify, checkpoint)
+
+
+def test_repair_token_probs_teacher_forces_prefix_and_suffix_one_token_at_a_time(char_tokenizer, tiny_causal_lm):
+    """The π that tracking (T) and the mechanism record read: for each kept-prefix and suffix token, the softmax of
+    the logits one position earlier, here recomputed token by token; the corrected token is the first suffix
+    character that differs from the failed text after the prefix (here 'x' at index 2)."""
+    from harness.generate import format_prompt
+
+    model = tiny_causal_lm(char_tokenizer)
+    trace = {"question": "1+2?", "prefix_text": "a=1", "steps": ["a=1", "b=23"], "suffixes": ["zz", "b=x3"],
+             "attempt_correct": [False, True]}
+    pi, kept, corrected = ex.repair_token_probs(model, char_tokenizer, trace)
+    head = format_prompt(char_tokenizer, "1+2?")
+    ids = head + char_tokenizer.encode("a=1b=x3", add_special_tokens=False)
+    expected = []
+    for k in range(len(head), len(ids)):
+        with torch.no_grad():
+            logits = model(input_ids=torch.tensor([ids[:k]])).logits[0, -1]
+        expected.append(torch.softmax(logits.float(), -1)[ids[k]].item())
+    assert kept == 3 and corrected == 2 and len(pi) == 7
+    assert pi == pytest.approx(expected, rel=1e-5, abs=1e-7)

@@ -430,10 +430,7 @@ def mechanism(args) -> dict:
 def tracking(run_dir: str, start_path: str) -> dict:
     """At the start and at each kept checkpoint t (25, 50, 75): the accepted repairs of steps t+1 .. t+5 of
     traces.jsonl teacher-forced under the policy of step t: mean π of kept, regenerated and corrected tokens."""
-    import torch
-
-    from grpo import logprobs_and_entropy
-    from harness.generate import format_prompt, load_causal_lm
+    from harness.generate import load_causal_lm
 
     traces = [json.loads(line) for line in open(os.path.join(run_dir, "traces.jsonl"))]
     traces = [t for t in traces if t["accepted"]]
@@ -448,20 +445,11 @@ def tracking(run_dir: str, start_path: str) -> dict:
         for t in traces:
             if not step < t["step"] <= step + TRACK_WINDOW:
                 continue
-            suffix = t["suffixes"][t["attempt_correct"].index(True)]
-            head = format_prompt(tok, t["question"])
-            prefix = tok.encode(t["prefix_text"], add_special_tokens=False)
-            body = tok.encode(suffix, add_special_tokens=False)
-            ids = torch.tensor([head + prefix + body])
-            with torch.no_grad():
-                logp, _ = logprobs_and_entropy(model(input_ids=ids).logits[:, :-1], ids[:, 1:])
-            pi = logp[0, len(head) - 1:].exp().tolist()
-            kept += pi[:len(prefix)]
-            regen += pi[len(prefix):]
-            failed = "".join(t["steps"])[len(t["prefix_text"]):]
-            c = next((i for i, ch in enumerate(suffix) if i >= len(failed) or ch != failed[i]), None)
-            if c is not None and c < len(body):
-                corrected.append(pi[len(prefix) + c])
+            pi, n_kept, c = ex.repair_token_probs(model, tok, t)
+            kept += pi[:n_kept]
+            regen += pi[n_kept:]
+            if c is not None and c < len(pi) - n_kept:
+                corrected.append(pi[n_kept + c])
         out[str(step)] = {"repairs": sum(step < t["step"] <= step + TRACK_WINDOW for t in traces),
                           "kept_pi": ex.mean(kept), "regenerated_pi": ex.mean(regen), "corrected_pi": ex.mean(corrected)}
     return out

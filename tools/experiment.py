@@ -663,6 +663,28 @@ def repair_credit(trace: dict, merge: str, pi: list[float], corrected: int | Non
             "corrected_coef": a_repair * weight(pi[corrected]) if corrected is not None else None}
 
 
+
+def repair_token_probs(model, tokenizer, trace: dict) -> tuple[list[float], int, int | None]:
+    """An accepted repair of traces.jsonl teacher-forced under `model`: (π of each token of the kept prefix and
+    the accepted suffix, the prefix's token count, the corrected token's index in the suffix or None). The
+    corrected token is the first suffix character that differs from the failed rollout's text after the prefix
+    (the toy tokenizer is one character per token)."""
+    import torch
+
+    from grpo import logprobs_and_entropy
+    from harness.generate import format_prompt
+
+    suffix = trace["suffixes"][trace["attempt_correct"].index(True)]
+    head = format_prompt(tokenizer, trace["question"])
+    prefix = tokenizer.encode(trace["prefix_text"], add_special_tokens=False)
+    body = tokenizer.encode(suffix, add_special_tokens=False)
+    ids = torch.tensor([head + prefix + body])
+    with torch.no_grad():   # logits at t - 1 produced the token at t
+        logp, _ = logprobs_and_entropy(model(input_ids=ids).logits[:, :-1], ids[:, 1:])   # (1, T - 1)
+    failed = "".join(trace["steps"])[len(trace["prefix_text"]):]
+    corrected = next((i for i, ch in enumerate(suffix) if i >= len(failed) or ch != failed[i]), None)
+    return logp[0, len(head) - 1:].exp().tolist(), len(prefix), corrected
+
 def mechanism(results: list[dict], args) -> dict:
     """From the traces of every SCOPE-like run: where the cuts fell and what was kept (all steps), and, on step 1
     (where the policy IS the starting policy, so π can be recomputed exactly), the gradient coefficient each kind
@@ -670,8 +692,7 @@ def mechanism(results: list[dict], args) -> dict:
     rollout's text after the kept prefix (char-level toy tokenizer: one character = one token)."""
     import torch
 
-    from harness.generate import format_prompt, load_causal_lm
-    from grpo import logprobs_and_entropy
+    from harness.generate import load_causal_lm
 
     torch.set_num_threads(1)
     models, out = {}, {}
@@ -687,25 +708,16 @@ def mechanism(results: list[dict], args) -> dict:
         for r, t in acc:
             if t["step"] != 1:
                 continue
-            suffix = t["suffixes"][t["attempt_correct"].index(True)]
-            prompt = format_prompt(tokenizer, t["question"])
-            prefix = tokenizer.encode(t["prefix_text"], add_special_tokens=False)
-            suffix_ids = tokenizer.encode(suffix, add_special_tokens=False)
-            ids = torch.tensor([prompt + prefix + suffix_ids])
-            with torch.no_grad():   # logits at t - 1 produced the token at t
-                logp, _ = logprobs_and_entropy(model(input_ids=ids).logits[:, :-1], ids[:, 1:])   # (1, T - 1)
-            start = len(prompt) + len(prefix)
-            pi = logp[0, start - 1:].exp().tolist()   # π of each refiner token
-            failed = "".join(t["steps"])[len(t["prefix_text"]):]
-            corrected = next((i for i, ch in enumerate(suffix) if i >= len(failed) or ch != failed[i]), None)
+            pi, kept, corrected = repair_token_probs(model, tokenizer, t)
+            pi = pi[kept:]   # π of each refiner token
             credit = repair_credit(t, flag_value(r["flags"], "--merge", "replace"), pi, corrected,
                                    credit=flag_value(r["flags"], "--offpolicy-credit", "shaped"))
             if flag_value(r["flags"], "--repair-advantage", "keep") == "zero":   # the phantom: no gradient
                 credit.update(a_repair=0.0, refiner_coef=0.0 if pi else None,
                               corrected_coef=0.0 if corrected is not None else None)
             credits.append({**credit,
-                            "kept": len(prefix),
-                            "refiner_tokens": len(suffix_ids)})
+                            "kept": kept,
+                            "refiner_tokens": len(pi)})
         n_steps = [len(t["steps"]) for _, t in acc]
         out[f"{group}: {row}"] = {
             "repairs": len(acc), "per_run": len(acc) / len(rs),
