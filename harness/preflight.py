@@ -125,6 +125,11 @@ def check_args(args) -> None:
             stop(f"--report-to {args.report_to}: the {package} package is not installed (pip install {package})")
     if args.mode in MODES_WITH_PRM and args.prm == "none":
         stop(f"--prm none: --mode {args.mode} needs a PRM (--prm none only suits --mode grpo)")
+    if args.overlap_old_logp == "on" and args.updates_per_batch == 1:
+        stop("--overlap-old-logp on: with --updates-per-batch 1 there is no π_old pass to overlap")
+    if args.overlap_old_logp == "on" and args.fsdp:
+        stop("--overlap-old-logp on: not with --fsdp (a sharded forward is a collective, which the worker thread "
+             "must not run beside the step's own)")
     if args.refiner_url and args.refiner in ("policy", "toy", "toy-oracle", "toy-model"):
         stop(f"--refiner-url {args.refiner_url!r}: needs --refiner NAME of the served model, not {args.refiner!r}")
 

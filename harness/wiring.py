@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from harness import dist, phase_memory, preflight
+from harness import dist, overlap, phase_memory, preflight
 from harness.generate import (GeneratorUnavailable, HFGenerator, format_prompt, load_causal_lm, load_tokenizer,
                               vllm_importable)
 from harness.preflight import MODEL_ALIASES
@@ -328,6 +328,7 @@ class Paper:
     evaluate: object               # eval.evaluate: the periodic held-out accuracy (`Run.evaluate`)
     near_miss_at_k: object         # eval.near_miss_at_k and ...
     discarded_valid_share: object  # ... eval.discarded_valid_share: two of the step's metrics (`step_metrics`)
+    logprobs: object = None        # grpo.logprobs_and_entropy: π_old beside the PRM and refiner (harness/overlap.py)
 
 
 @dataclass
@@ -362,6 +363,7 @@ class Run:
     unavailable: bool = False
     grade: object = None                              # --grader of the periodic evaluation (harness/mathverify.py)
     clock: object = None                              # step k/N and ETA of the step lines (harness/progress.py)
+    old_logp: object = None                           # --overlap-old-logp: this step's π_old pass (overlap.OldLogprobs)
 
     def amp(self):
         """bfloat16 autocast on CUDA (float32 master weights), nothing on the CPU."""
@@ -417,7 +419,7 @@ class Run:
         """Time the block as time_<name>. "prm": the PRM on the GPU (--prm-offload) and the toy PRM's noise
         reseeded from (seed, step). "refine": autocast around an HF refiner; yields the phase's seed (`seed`);
         a served refiner that stops answering (GeneratorUnavailable) ends the block with a warning and the
-        step goes on without repairs. "update": vLLM asleep (--rollout-sleep: its weights and KV cache freed),
+        step goes on without repairs. "update": the π_old pass of --overlap-old-logp finished, vLLM asleep (--rollout-sleep: its weights and KV cache freed),
         FSDP2's gathered weights dropped, the policy in train mode for the block."""
         t0 = time.time()
         with phase_memory.phase(name):   # on a GPU: the phase's peak memory, against the plan (harness/phase_memory.py)
@@ -427,7 +429,8 @@ class Run:
     def rollout(self, problems: list[dict], groups: range) -> list:
         """Step 1: G samples per prompt of `groups` at the rollout temperature, one batched call, kept as token
         ids (paper.trajectory each). vLLM seeds prompt i with seed + i·G, so a rank samples its slice alone; HF
-        generate draws one stream for the whole call, so each rank samples all B prompts and keeps its groups."""
+        generate draws one stream for the whole call, so each rank samples all B prompts and keeps its groups.
+        With --overlap-old-logp, π_old of the rows starts here on a worker thread (harness/overlap.py)."""
         with self.phase("rollout"):
             a = self.args
             todo = groups if self.use_vllm else range(len(problems))
@@ -437,10 +440,15 @@ class Run:
                 completions = self.generator.generate(prompts, n=a.group_size, temperature=a.temperature,
                                                       max_tokens=a.max_new_tokens,
                                                       seed=self.seed("rollout") + todo.start * a.group_size)
-            return [self.paper.trajectory(question=problems[b]["question"], answer=problems[b]["answer"], group=b,
-                                          prompt_ids=prompt, response_ids=list(c.ids), text=c.text,
-                                          finished=c.finished, sampler_logp=c.logprobs)
-                    for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
+            trajs = [self.paper.trajectory(question=problems[b]["question"], answer=problems[b]["answer"], group=b,
+                                           prompt_ids=prompt, response_ids=list(c.ids), text=c.text,
+                                           finished=c.finished, sampler_logp=c.logprobs)
+                     for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
+        if overlap.enabled(a, self.device):   # π_old of these rows, on a worker thread through steps 2-5
+            self.old_logp = overlap.OldLogprobs(
+                self.policy, trajs, self.pad_id, self.paper.logprobs, micro_batch_size=a.micro_batch_size,
+                chunk_tokens=a.logprob_chunk, amp=self.update_amp, temperature=a.temperature)
+        return trajs
 
     @property
     def pad_id(self) -> int:
@@ -452,6 +460,16 @@ class Run:
         return [t.sampler_logp for t in trajs] if self.args.tis_cap > 0 and any(t.sampler_logp for t in trajs) else None
 
     def on_device(self, batch: dict) -> dict:
+        """The update's batch on the device; with --overlap-old-logp, with the π_old that the pass started by
+        `rollout` computed (harness/overlap.py; its time is logged as time_old_logp), so the update skips its own."""
+        if self.old_logp is not None:
+            pending, self.old_logp = self.old_logp, None
+            old = pending.for_batch(batch)
+            self.times["old_logp"] = pending.seconds
+            if old is None:   # no rollout holds some row's policy tokens: the update computes π_old itself
+                tqdm.write("warning: a row's policy tokens are no rollout's prefix; π_old computed in the update")
+            else:
+                batch = {**batch, "old_logp": old}
         return {k: v.to(self.device) for k, v in batch.items()}
 
     def update_engine(self) -> dict:
@@ -636,6 +654,8 @@ def _phase_steps(run, name: str, items: list | None):
             tqdm.write(f"warning: the refiner did not answer, no rectification this step: {err}")
             run.unavailable = True
     elif name == "update":
+        if run.old_logp is not None:   # --overlap-old-logp: its pass ends before the policy leaves eval mode
+            run.old_logp.result()
         if run.use_vllm and run.args.rollout_sleep:
             run.generator.sleep()   # sync_weights wakes the weights, the next rollout the KV cache
         dist.reshard(run.policy)   # FSDP2: drop the full weights a generation left gathered
