@@ -25,6 +25,12 @@ class EngineArgs:
     refiner_url: str = arg("", "OpenAI-compatible server (e.g. `vllm serve` of --refiner) to refine through")
     refiner_mem: float = arg(0.25, "GPU memory share of the refiner's own `vllm serve` (started when vLLM is "
                              "installed and --refiner is a separate model without --refiner-url)")
+    refiner_quantization: str = arg("none", "weights of the refiner's own `vllm serve`: none = its bf16 (the paper's "
+                                    "numerics); fp8 = `--quantization fp8` (W8A8 on Hopper: faster decode, other "
+                                    "samples; docs/choices.md)", ("none", "fp8"))
+    prm_quantization: str = arg("none", "weights of the PRM's own `vllm serve --runner pooling`: none = bf16 (the "
+                                "paper's numerics); fp8 = `--quantization fp8` (faster scoring, other step scores)",
+                                ("none", "fp8"))
     refiner_timeout: float = arg(600.0, "seconds one served-refiner request may take (2 retries; then the step "
                                  "goes on without rectification)")
     backend: str = arg("auto", "rollout engine; auto = vLLM when importable and CUDA present", ("auto", "vllm", "hf"))

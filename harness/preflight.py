@@ -125,6 +125,13 @@ def check_args(args) -> None:
             stop(f"--report-to {args.report_to}: the {package} package is not installed (pip install {package})")
     if args.mode in MODES_WITH_PRM and args.prm == "none":
         stop(f"--prm none: --mode {args.mode} needs a PRM (--prm none only suits --mode grpo)")
+    if args.refiner_quantization != "none" and (args.mode not in ("scope", "replace") or args.toy or args.refiner_url
+                                                or args.refiner == "policy" or args.backend == "hf"):
+        stop(f"--refiner-quantization {args.refiner_quantization}: only for a refiner on its own `vllm serve` "
+             f"(--mode scope or replace, a separate --refiner, no --refiner-url, --toy or --backend hf)")
+    if args.prm_quantization != "none" and (args.prm == "none" or args.toy or args.backend == "hf"):
+        stop(f"--prm-quantization {args.prm_quantization}: only for a PRM on its own `vllm serve --runner pooling` "
+             f"(a --prm, no --toy or --backend hf)")
     if args.overlap_old_logp == "on" and args.updates_per_batch == 1:
         stop("--overlap-old-logp on: with --updates-per-batch 1 there is no π_old pass to overlap")
     if args.overlap_old_logp == "on" and args.fsdp:

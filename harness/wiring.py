@@ -122,6 +122,9 @@ def load_prm(args, device: str, prm_class, use_vllm: bool = False, run_dir: str 
         with loading(args.prm):   # all failures of a step in one request: the server schedules them
             return prm_class(args.prm, micro_batch_size=1024,
                              served=start_for_run(args, run_dir, prm_class.separator))
+    if args.prm_quantization != "none":   # the in-process PRM runs in bf16: not what was asked for
+        stop(f"--prm-quantization {args.prm_quantization}: needs the PRM on its own vllm serve (vLLM installed, a "
+             f"GPU, and room in the memory plan: preflight.prm_served); here it would run in this process in bf16")
     with loading(args.prm):
         return prm_class(args.prm, device=device, dtype=torch.bfloat16 if device.startswith("cuda") else None)
 
@@ -155,7 +158,7 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, Refiner)
         return toy.OracleRefiner(None if args.toy_refiner_style == "prefix" else int(args.toy_refiner_style),
                                  args.toy_styles if args.select_tiebreak == "index" else 1)
     if vllm_importable() and args.backend != "hf":   # the refiner on vLLM: its own `vllm serve` (generate.py)
-        from harness.generate import serve_with_vllm
+        from harness.generate import quantization_flags, serve_with_vllm
         with loading(args.refiner):
             refiner_tokenizer = load_tokenizer(args.refiner)
         rank = f".rank{os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""   # torchrun: one each
@@ -164,12 +167,16 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, Refiner)
         try:
             served = serve_with_vllm(args.refiner, refiner_tokenizer, log_path=log_path,
                                      cpu=not device.startswith("cuda"), gpu_memory_utilization=args.refiner_mem,
-                                     timeout=args.refiner_timeout)
+                                     timeout=args.refiner_timeout, extra=quantization_flags(args.refiner_quantization))
             return Refiner(served, refiner_tokenizer, prompt_style=args.refine_prompt, max_tokens=args.refiner_max_tokens)
         except RuntimeError as err:   # HF generate only where it fits; else one line with the flags that do
             preflight.check_refiner_fallback(args, device, str(err), log_path)
             print(f"warning: the refiner server did not start, refining through HF generate instead: {err}",
                   file=sys.stderr)
+    if args.refiner_quantization != "none":   # HF generate would run it in bf16: not what was asked for
+        stop(f"--refiner-quantization {args.refiner_quantization}: needs the refiner on its own vllm serve, which "
+             f"{'did not start' if vllm_importable() and args.backend != 'hf' else 'needs vLLM installed and --backend auto or vllm'}"
+             f" (--refiner-quantization none refines through HF generate in bf16)")
     with loading(args.refiner):    # no vLLM (or its server failed to start where HF generate fits): HF generate
         refiner_model, refiner_tokenizer = load_causal_lm(args.refiner, device)   # bf16 on CUDA
     return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.gen_batch_size),
