@@ -703,7 +703,7 @@ def test_each_phase_peak_goes_to_the_metrics_next_to_the_plan():
 
     from harness import wiring
     run = types.SimpleNamespace(times=times, args=scope.Args(model="Qwen2.5-1.5B"), prm=None, use_vllm=False,
-                                policy=torch.nn.Linear(1, 1), prm_on_device=contextlib.nullcontext)
+                                policy=torch.nn.Linear(1, 1), prm_on_device=contextlib.nullcontext, old_logp=None)
     phase_memory.start(rows, cuda)
     try:
         for name, share in (("rollout", 1.05), ("prm", 0.5), ("update", 1.3)):

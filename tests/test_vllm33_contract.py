@@ -379,12 +379,12 @@ def test_fp8_flags_reach_vllm033s_engine_args():
     """--refiner-quantization fp8 and --prm-quantization fp8: the served refiner's and PRM's command lines, parsed by
     0.33's serve parser, build EngineArgs with quantization "fp8" (a method 0.33 knows), the PRM's still a bf16
     pooling server; `none` leaves vLLM's default (no quantization: the checkpoint's bf16)."""
+    _need_vllm33()
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 
     from harness.generate import quantization_flags, vllm_serve_command
 
-    _need_vllm33()
     assert "fp8" in QUANTIZATION_METHODS
     prm = EngineArgs.from_cli_args(serve_args("/models/prm", 4242, quantization="fp8"))
     assert prm.quantization == "fp8" and prm.runner == "pooling" and prm.dtype == "bfloat16"
