@@ -50,7 +50,8 @@ class EngineArgs:
     overlap_old_logp: str = arg("auto", "compute π_old (the no-grad pass of --updates-per-batch > 1) on a worker "
                                 "thread while the PRM scores and the refiner decodes, instead of at the start of the "
                                 "update; it saves time only when the GPU runs both at once (CUDA MPS for served "
-                                "models; docs/scaling.md); auto = on with CUDA, --updates-per-batch > 1 and no --fsdp",
+                                "models; docs/scaling.md); auto = on with CUDA, --updates-per-batch > 1, no --fsdp "
+                                "and room in the memory plan for its working set",
                                 ("auto", "on", "off"))
     tis_cap: float = arg(2.0, "truncated importance sampling on the policy's tokens with vLLM rollouts: weight "
                          "min(π_train/π_vLLM, C) with this C (>= 1); 0 = off; no weight with HF generate")

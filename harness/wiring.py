@@ -370,7 +370,8 @@ class Run:
     unavailable: bool = False
     grade: object = None                              # --grader of the periodic evaluation (harness/mathverify.py)
     clock: object = None                              # step k/N and ETA of the step lines (harness/progress.py)
-    old_logp: object = None                           # --overlap-old-logp: this step's π_old pass (overlap.OldLogprobs)
+    overlap_old_logp: bool = False                    # --overlap-old-logp, resolved (preflight.old_logp_overlapped)
+    old_logp: object = None                           # ... and this step's π_old pass (overlap.OldLogprobs)
 
     def amp(self):
         """bfloat16 autocast on CUDA (float32 master weights), nothing on the CPU."""
@@ -451,7 +452,7 @@ class Run:
                                            prompt_ids=prompt, response_ids=list(c.ids), text=c.text,
                                            finished=c.finished, sampler_logp=c.logprobs)
                      for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
-        if overlap.enabled(a, self.device):   # π_old of these rows, on a worker thread through steps 2-5
+        if self.overlap_old_logp:   # π_old of these rows, on a worker thread through steps 2-5
             self.old_logp = overlap.OldLogprobs(
                 self.policy, trajs, self.pad_id, self.paper.logprobs, micro_batch_size=a.micro_batch_size,
                 chunk_tokens=a.logprob_chunk, amp=self.update_amp, temperature=a.temperature)
@@ -638,7 +639,7 @@ def start(args, paper: Paper) -> Run:
               train_problems, eval_problems, start_step, *logs, t_start,
               trackers.open_tracker(args.report_to, run_dir, asdict(args), start_step) if d.main else None,
               summary={"run_dir": run_dir}, dist=d, model=model, prm_offload=prm_offload, paper=paper,
-              grade=grade)
+              grade=grade, overlap_old_logp=preflight.old_logp_overlapped(args, device, use_vllm))
     n_params = sum(p.numel() for p in policy.parameters())
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")

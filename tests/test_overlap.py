@@ -6,7 +6,8 @@
   that replaces its failure, one appended beside it, a whole-solution repair); rows whose policy tokens are no
   rollout's prefix give None (the update computes π_old itself);
 - a failure in the worker thread is one line in the caller's; an interrupted process waits for the thread;
-- `auto` is on only with CUDA, several optimizer steps per batch and no FSDP; `on` where nothing overlaps is refused;
+- `auto` is on only with CUDA, several optimizer steps per batch, no FSDP and room in the memory plan for the
+  pass's working set; `on` where nothing overlaps is refused;
 - two toy steps with the flag on and off log the same numbers (slow).
 """
 import json
@@ -176,3 +177,22 @@ def test_two_toy_steps_log_the_same_numbers_with_the_overlap_on_and_off(tmp_path
             else:
                 assert value == off[key], key
     assert os.path.isdir(tmp_path / "runs" / "on")
+
+
+def test_auto_leaves_the_overlap_off_where_the_plan_would_not_fit_with_it():
+    """On a GPU `auto` also needs room for the pass's working set beside the rollout engine, PRM and refiner (the
+    memory plan's "other" phase): a card just too small for it gets the run without the overlap; `on` keeps it."""
+    import scope
+    from harness import preflight
+
+    has_pass = lambda rows: any(name.startswith(preflight.OLD_LOGP_ROW) for name, _, _ in rows)  # noqa: E731
+    args = scope.Args(model="Qwen2.5-1.5B", refiner="policy")   # 48 GB: the PRM in the trainer, offloaded
+    plan = lambda a, gib: preflight.memory_plan(a, gib, True, prm_offload=True, prm_serve=False)[0]  # noqa: E731
+    assert has_pass(plan(args, 47.5))
+    without = preflight.plan_total(plan(scope.Args(**{**vars(args), "overlap_old_logp": "off"}), 47.5))
+    with_it = preflight.plan_total(plan(scope.Args(**{**vars(args), "overlap_old_logp": "on"}), 47.5))
+    assert with_it - without > 1.5   # the pass's ≈ 2 GiB counts in the peak here ("other" is the larger phase)
+    tight = (without + with_it) / 2 / preflight.FIT_SHARE   # fits without the pass, not with it
+    assert not has_pass(plan(args, tight))
+    assert has_pass(plan(scope.Args(**{**vars(args), "overlap_old_logp": "on"}), tight))
+    assert not has_pass(plan(scope.Args(**{**vars(args), "updates_per_batch": 1}), 47.5))
