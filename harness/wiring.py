@@ -417,10 +417,12 @@ class Run:
             rng, n = np.random.default_rng(self.seed("prompts")), len(self.train_problems)
             yield step, [self.train_problems[i] for i in rng.choice(n, size=B, replace=n < B)], mine
 
-    def seed(self, phase: str, items: list | None = None) -> int:
+    def seed(self, phase: str, items: list | None = None, per_item: int = 1) -> int:
         """A seed for one random phase of this step, from (seed, step, phase) only, so that a resume is exact;
-        with `items` (this rank's picks), plus how many the lower torchrun ranks hold (their global index)."""
-        return seed_for(self.args.seed, self.step, phase) + (0 if items is None else self.dist.offset(len(items)))
+        with `items` (this rank's picks), plus how many the lower torchrun ranks hold (their global index) times
+        the seeds each takes (`per_item`: vLLM seeds item i's n samples seed + i·n ... + i·n + n − 1)."""
+        offset = 0 if items is None else self.dist.offset(len(items)) * per_item
+        return seed_for(self.args.seed, self.step, phase) + offset
 
     @contextlib.contextmanager
     def phase(self, name: str, items: list | None = None):
@@ -654,7 +656,7 @@ def _phase_steps(run, name: str, items: list | None):
                 run.prm.reseed(run.seed("prm"))
             yield
     elif name == "refine":
-        seed = run.seed("refine", items)
+        seed = run.seed("refine", items, per_item=run.args.refine_attempts)   # vLLM: pick i takes seed + i·attempts
         try:
             with run.amp_for(getattr(run.refiner, "generator", None)):
                 yield seed

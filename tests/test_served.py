@@ -381,3 +381,31 @@ def test_fp8_without_a_server_stops_instead_of_running_bf16(monkeypatch, tmp_pat
         wiring.load_prm(scope.Args(prm_quantization="fp8"), "cpu", scope.prm.ProcessRewardModel)
     said = capsys.readouterr().err.strip()
     assert "\n" not in said and "--prm-quantization fp8: needs the PRM on its own vllm serve" in said
+
+
+def test_a_torchrun_ranks_refiner_seeds_follow_the_lower_ranks_attempts():
+    """Regression: the refine phase's seed on a torchrun rank was offset by the lower ranks' pick count, not by their
+    picks × attempts, so with vLLM (pick i's attempts seeded seed + i·n + j) rank 1's first pick repeated rank 0's
+    second attempt. One process (offset 0) keeps its seed: the toy world's records stand."""
+    import types
+
+    import scope
+    from harness import wiring
+
+    class Ranks:
+        def __init__(self, held):
+            self.held, self.rank = held, 0
+
+        def offset(self, n):
+            return sum(self.held[:self.rank])
+
+    dist = Ranks([3, 2])
+    run = types.SimpleNamespace(args=scope.Args(refine_attempts=2), step=5, dist=dist)
+    seeds = []
+    for dist.rank, picks in enumerate(dist.held):
+        base = wiring.Run.seed(run, "refine", list(range(picks)), per_item=2)
+        seeds += [base + i * 2 + j for i in range(picks) for j in range(2)]   # VLLMGenerator: seed + i·n, child + j
+    assert len(set(seeds)) == len(seeds) == 10
+    assert seeds[:6] == [seeds[0] + k for k in range(6)] and seeds[6] == seeds[0] + 6   # one run's seeds, in order
+    one = wiring.Run.seed(types.SimpleNamespace(args=run.args, step=5, dist=Ranks([5])), "refine", [0] * 5, per_item=2)
+    assert one == wiring.seed_for(0, 5, "refine")   # one process: the seed as before
