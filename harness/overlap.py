@@ -70,18 +70,20 @@ class OldLogprobs:
     here; `for_batch` joins it. A failure in the thread is one line in the caller's (`result`). The thread is
     not a daemon: an interrupted run waits for its pass (seconds) before the process exits."""
 
-    def __init__(self, model, trajs: list, pad_id: int, logprobs_fn, **old_logprobs_kwargs):
+    def __init__(self, model, trajs: list, pad_id: int, logprobs_fn, stream=None, **old_logprobs_kwargs):
+        """`stream`: the CUDA stream to run on (the caller keeps one for the run: the caching allocator keeps each
+        stream's freed blocks for that stream); None on the CPU."""
         self.rows = padded_rows([t.prompt_ids for t in trajs], [t.response_ids for t in trajs], pad_id)
         self.value, self.error, self.seconds = None, None, 0.0
-        self.thread = threading.Thread(target=self._run, args=(model, logprobs_fn, old_logprobs_kwargs),
+        self.thread = threading.Thread(target=self._run, args=(model, logprobs_fn, stream, old_logprobs_kwargs),
                                        name="old-logprobs")
         self.thread.start()
 
-    def _run(self, model, logprobs_fn, kwargs) -> None:
+    def _run(self, model, logprobs_fn, stream, kwargs) -> None:
         t0 = time.time()
         try:
-            device = next(model.parameters()).device
-            stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+            if stream is not None:   # after everything queued so far on the default stream (the weights' writers)
+                stream.wait_stream(torch.cuda.default_stream(stream.device))
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 self.value = trainer.old_logprobs(model, self.rows, logprobs_fn, dist=None, **kwargs)  # (N0, L0)
                 if stream is not None:

@@ -371,7 +371,8 @@ class Run:
     grade: object = None                              # --grader of the periodic evaluation (harness/mathverify.py)
     clock: object = None                              # step k/N and ETA of the step lines (harness/progress.py)
     overlap_old_logp: bool = False                    # --overlap-old-logp, resolved (preflight.old_logp_overlapped)
-    old_logp: object = None                           # ... and this step's π_old pass (overlap.OldLogprobs)
+    old_logp: object = None                           # ... this step's π_old pass (overlap.OldLogprobs) and
+    old_logp_stream: object = None                    # the CUDA stream every step's pass runs on
 
     def amp(self):
         """bfloat16 autocast on CUDA (float32 master weights), nothing on the CPU."""
@@ -454,10 +455,13 @@ class Run:
                                            prompt_ids=prompt, response_ids=list(c.ids), text=c.text,
                                            finished=c.finished, sampler_logp=c.logprobs)
                      for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
-        if self.overlap_old_logp:   # π_old of these rows, on a worker thread through steps 2-5
+        if self.overlap_old_logp:   # π_old of these rows, on a worker thread through steps 2-5 (its own stream)
+            if self.old_logp_stream is None and self.device.startswith("cuda"):
+                self.old_logp_stream = torch.cuda.Stream(torch.device(self.device))
             self.old_logp = overlap.OldLogprobs(
-                self.policy, trajs, self.pad_id, self.paper.logprobs, micro_batch_size=a.micro_batch_size,
-                chunk_tokens=a.logprob_chunk, amp=self.update_amp, temperature=a.temperature)
+                self.policy, trajs, self.pad_id, self.paper.logprobs, stream=self.old_logp_stream,
+                micro_batch_size=a.micro_batch_size, chunk_tokens=a.logprob_chunk, amp=self.update_amp,
+                temperature=a.temperature)
         return trajs
 
     @property
