@@ -16,7 +16,7 @@ from functools import partial
 import eval as evaluation   # `eval` would shadow the builtin
 import prm
 import refine
-from grpo import build_batch, group_advantages, update_epoch
+from grpo import build_batch, group_advantages, logprobs_and_entropy, update_epoch
 from harness import config, wiring
 from harness.config import arg
 from harness.grader import grade
@@ -66,7 +66,7 @@ def main(args: "Args") -> dict:
 def paper() -> wiring.Paper:
     """What the engine builds and calls from this layer (harness/ imports nothing from the five top-level files)."""
     return wiring.Paper(refine.Trajectory, refine.Refiner, prm.ProcessRewardModel, evaluation.evaluate,
-                        evaluation.near_miss_at_k, evaluation.discarded_valid_share)
+                        evaluation.near_miss_at_k, evaluation.discarded_valid_share, logprobs_and_entropy)
 
 
 @dataclass

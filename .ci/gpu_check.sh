@@ -59,8 +59,13 @@ if run:
         phases = lambda d: ", ".join(f"{k} {v:.2f}" for k, v in d.items() if k != "step")
         fields.append(f"seconds per phase at the check's shape: SCOPE {phases(run['scope_phases'])}; GRPO "
                       f"{phases(run['grpo_phases'])}; step ratio SCOPE/GRPO {run['step_ratio']:.2f} (docs/scaling.md's "
-                      f"table, default configuration on an H100: {run['table_ratio_h100']:.2f}); PRM "
+                      f"table, default configuration on an H100: {run.get('table_ratio_h100', float('nan')):.2f}); PRM "
                       f"{'on its own vllm serve (pooling runner)' if run['prm_served'] else 'in the trainer (HF)'}")
+        fields.append(f"SCOPE step with --overlap-old-logp on {run['scope_phases']['step']:.2f} s (its π_old pass "
+                      f"{run['scope_phases'].get('old_logp', 0):.2f} s on the worker thread), off "
+                      f"{run['no_overlap_phases']['step']:.2f} s: saves {run['overlap_saving']:.2f} s with MPS "
+                      f"{'running' if run['mps'] else 'not running'} (the table's estimate at the default "
+                      f"configuration on an H100: {run.get('table_overlap_saving_h100', float('nan')):.2f} s)")
     if "device_peak_used_gib" in run:
         fields.append(f"device memory peak {run['device_peak_used_gib']:.1f} of {run['device_total_gib']:.1f} GiB "
                       f"used ({run['device_used_before_gib']:.1f} before the run; allocator peak "

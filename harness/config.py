@@ -25,6 +25,12 @@ class EngineArgs:
     refiner_url: str = arg("", "OpenAI-compatible server (e.g. `vllm serve` of --refiner) to refine through")
     refiner_mem: float = arg(0.25, "GPU memory share of the refiner's own `vllm serve` (started when vLLM is "
                              "installed and --refiner is a separate model without --refiner-url)")
+    refiner_quantization: str = arg("none", "weights of the refiner's own `vllm serve`: none = its bf16 (the paper's "
+                                    "numerics); fp8 = `--quantization fp8` (W8A8 on Hopper: faster decode, other "
+                                    "samples; docs/choices.md)", ("none", "fp8"))
+    prm_quantization: str = arg("none", "weights of the PRM's own `vllm serve --runner pooling`: none = bf16 (the "
+                                "paper's numerics); fp8 = `--quantization fp8` (faster scoring, other step scores)",
+                                ("none", "fp8"))
     refiner_timeout: float = arg(600.0, "seconds one served-refiner request may take (2 retries; then the step "
                                  "goes on without rectification)")
     backend: str = arg("auto", "rollout engine; auto = vLLM when importable and CUDA present", ("auto", "vllm", "hf"))
@@ -41,6 +47,12 @@ class EngineArgs:
     # --- the update's engine
     micro_batch_size: int = arg(4, "sequences per forward/backward pass of the update")
     gen_batch_size: int = arg(64, "sequences per HF generate call (rollouts, evaluation, an in-process refiner)")
+    overlap_old_logp: str = arg("auto", "compute π_old (the no-grad pass of --updates-per-batch > 1) on a worker "
+                                "thread while the PRM scores and the refiner decodes, instead of at the start of the "
+                                "update; it saves time only when the GPU runs both at once (CUDA MPS for served "
+                                "models; docs/scaling.md); auto = on with CUDA, --updates-per-batch > 1, no --fsdp "
+                                "and room in the memory plan for its working set",
+                                ("auto", "on", "off"))
     tis_cap: float = arg(2.0, "truncated importance sampling on the policy's tokens with vLLM rollouts: weight "
                          "min(π_train/π_vLLM, C) with this C (>= 1); 0 = off; no weight with HF generate")
     # --- memory (docs/memory.md)

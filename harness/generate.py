@@ -783,6 +783,12 @@ def vllm_serve_command(model: str, *, port: int, served_name: str, gpu_memory_ut
     return command + list(extra)
 
 
+def quantization_flags(quantization: str) -> list[str]:
+    """`vllm serve` flags of --refiner-quantization / --prm-quantization: none = the checkpoint's own dtype, else
+    `--quantization` with that method (fp8: weights in FP8 with per-tensor scales, activations scaled per step)."""
+    return [] if quantization == "none" else ["--quantization", quantization]
+
+
 def serve_with_vllm(model: str, tokenizer, *, log_path: str, gpu_memory_utilization: float = 0.25,
                     cpu: bool = False, timeout: float = 600, retries: int = 2, startup_timeout: float = 900,
                     max_model_len: int | None = None, extra: list[str] = ()) -> OpenAIGenerator:

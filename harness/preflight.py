@@ -125,6 +125,18 @@ def check_args(args) -> None:
             stop(f"--report-to {args.report_to}: the {package} package is not installed (pip install {package})")
     if args.mode in MODES_WITH_PRM and args.prm == "none":
         stop(f"--prm none: --mode {args.mode} needs a PRM (--prm none only suits --mode grpo)")
+    if args.refiner_quantization != "none" and (args.mode not in ("scope", "replace") or args.toy or args.refiner_url
+                                                or args.refiner == "policy" or args.backend == "hf"):
+        stop(f"--refiner-quantization {args.refiner_quantization}: only for a refiner on its own `vllm serve` "
+             f"(--mode scope or replace, a separate --refiner, no --refiner-url, --toy or --backend hf)")
+    if args.prm_quantization != "none" and (args.prm == "none" or args.toy or args.backend == "hf"):
+        stop(f"--prm-quantization {args.prm_quantization}: only for a PRM on its own `vllm serve --runner pooling` "
+             f"(a --prm, no --toy or --backend hf)")
+    if args.overlap_old_logp == "on" and args.updates_per_batch == 1:
+        stop("--overlap-old-logp on: with --updates-per-batch 1 there is no π_old pass to overlap")
+    if args.overlap_old_logp == "on" and args.fsdp:
+        stop("--overlap-old-logp on: not with --fsdp (a sharded forward is a collective, which the worker thread "
+             "must not run beside the step's own)")
     if args.refiner_url and args.refiner in ("policy", "toy", "toy-oracle", "toy-model"):
         stop(f"--refiner-url {args.refiner_url!r}: needs --refiner NAME of the served model, not {args.refiner!r}")
 
@@ -346,7 +358,7 @@ def check_prm_weights(args) -> None:
             archs = json.load(f).get("architectures") or []
     except (OSError, ValueError):
         return   # the loader names an unreadable config
-    from harness import prm_checkpoint
+    from harness import overlap, prm_checkpoint
 
     if prm_checkpoint.PRM_ARCHITECTURE in archs:
         try:
@@ -666,7 +678,38 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
             rows.append((f"refiner {n_params(ref_cfg) / 1e9:.2f} B params (bf16) + KV cache (--refiner-mem of a card "
                          f"once one is known)", refiner_gib(args, ref_cfg, batch), "all"))
     rows.append(("CUDA context, workspaces (not traced)", CUDA_CONTEXT_GIB, "all"))
+    chunk = min(getattr(args, "logprob_chunk", 512) or tokens, tokens)
+    pass_row = (f"{OLD_LOGP_ROW} (--overlap-old-logp): bf16 logits of {args.micro_batch_size} x {T} tokens + a "
+                f"float32 log-softmax chunk (not traced)", (2 * tokens + 8 * chunk) * cfg["vocab_size"] / GIB, "other")
+    if old_logp_beside(args, rows + [pass_row], gpu_gib):
+        rows.insert(-1, pass_row)
     return rows, notes
+
+
+OLD_LOGP_ROW = "π_old pass beside the PRM and refiner"
+
+
+def old_logp_beside(args, rows_with_it, gpu_gib: float | None) -> bool:
+    """--overlap-old-logp on a GPU: on, off, or auto = where the pass exists (overlap.enabled) and the plan with
+    its working set held beside the rollout, PRM and refiner phases fits the card (its lowest priority)."""
+    from harness import overlap   # torch: imported here, not when --help parses the flags
+
+    if args.overlap_old_logp != "auto":
+        return args.overlap_old_logp == "on"
+    return overlap.enabled(args, "cuda") and (gpu_gib is None or plan_total(rows_with_it) <= FIT_SHARE * gpu_gib)
+
+
+def old_logp_overlapped(args, device: str, use_vllm: bool) -> bool:
+    """Whether this run computes π_old beside the PRM and refiner: on the CPU overlap.enabled (auto: off), on a GPU
+    as its memory plan has it (old_logp_beside)."""
+    from harness import overlap
+
+    if not device.startswith("cuda") or args.overlap_old_logp != "auto":
+        return overlap.enabled(args, device)
+    import torch
+
+    gpu_gib = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
+    return any(name.startswith(OLD_LOGP_ROW) for name, _, _ in memory_plan(args, gpu_gib, use_vllm)[0])
 
 
 def refiner_gib(args, cfg: dict, batch: int) -> float:

@@ -26,6 +26,8 @@ class Hardware:
     prefill_mfu: float = 0.50  # vLLM prefill / pooling forward of thousands of tokens per batch
     decode_bw: float = 0.80  # share of HBM bandwidth a CUDA-graph decode step reaches
     decode_overhead: float = 1.0e-3  # s per decode step beyond the bytes: scheduler, sampler, log-softmax, ban
+    fp8_speedup: float = 2.0  # FP8 GEMMs (vllm --quantization fp8, W8A8) over bf16: the datasheet's 1,979 vs 989
+    #                           TFLOP/s at the same MFU (an upper bound: the activations' scales cost extra)
 
 
 H100 = Hardware("H100 SXM", 989e12, 3.35e12)
@@ -86,74 +88,93 @@ def decode_seconds(hw: Hardware, shape: Shape, sequences: float, context: float,
 
 
 def estimate(mode: str, hw: Hardware = H100, w: Workload = Workload(), cpu: dict = CPU_COSTS,
-             mps_overlap: bool = False, fp8_refiner: bool = False) -> dict[str, float]:
-    """Seconds per phase of one step of `mode` ("grpo" or "scope"); "total" is their sum (minus the overlap).
-    mps_overlap: the pi_old pass of the unpicked rows runs while the refiner decodes (two processes' kernels at
-    once: CUDA MPS); fp8_refiner: the refiner's weights in FP8 (half the bytes per decode step)."""
+             overlap_old_logp: bool = False, mps: bool = False, fp8_refiner: bool = False,
+             fp8_prm: bool = False) -> dict[str, float]:
+    """Seconds per phase of one step of `mode` ("grpo" or "scope"); "total" is their sum minus what the overlap
+    hides. overlap_old_logp (--overlap-old-logp): the pi_old pass runs on the trainer's worker thread from the end of
+    the rollout to the update; it hides min(pi_old, the time in between) when the GPU runs it beside the PRM and the
+    refiner servers (`mps`: CUDA MPS), else only min(pi_old, the CPU-side part of that time: grading, PRM inputs,
+    splices), assuming neither slows the other (the refiner's decode is memory-bound; the check measures it).
+    fp8_refiner / fp8_prm (--refiner-quantization / --prm-quantization fp8): half the weight bytes per decode step
+    and `hw.fp8_speedup` on the prefill and pooling FLOPs."""
     rows, fill = w.rows, w.mean_response / w.max_new  # fill: the mean share of the rows still decoding
     tokens = rows * (w.prompt_tokens + w.mean_response)
-    t = {}
+    t, cpu_side = {}, 0.0
     t["rollout"] = (2 * POLICY.params * rows * w.prompt_tokens / (hw.flops * hw.prefill_mfu)
                     + decode_seconds(hw, POLICY, rows * fill, w.prompt_tokens + w.mean_response / 2, w.max_new))
-    t["grade"] = rows * cpu["grade"]
+    t["grade"] = cpu_side = rows * cpu["grade"]
     if mode == "scope":
         failures = rows * (1 - w.accuracy)
         prm_tokens = failures * (w.failed_response + w.prm_extra_tokens)
-        t["prm"] = (2 * PRM.params * prm_tokens / (hw.flops * hw.prefill_mfu)
-                    + failures * (cpu["prm_input"] + cpu["json"]))
+        prm_rate = hw.flops * hw.prefill_mfu * (hw.fp8_speedup if fp8_prm else 1)
+        t["prm"] = 2 * PRM.params * prm_tokens / prm_rate + failures * (cpu["prm_input"] + cpu["json"])
         refiner_prompt = w.prompt_tokens + w.kept_prefix
         refiner = replace(REFINER, params=REFINER.params / 2) if fp8_refiner else REFINER  # bytes, as bf16 params
-        t["refine"] = (2 * REFINER.params * w.picks * refiner_prompt / (hw.flops * hw.prefill_mfu)
+        refiner_rate = hw.flops * hw.prefill_mfu * (hw.fp8_speedup if fp8_refiner else 1)
+        t["refine"] = (2 * REFINER.params * w.picks * refiner_prompt / refiner_rate
                        + decode_seconds(hw, refiner, w.picks * w.attempts, refiner_prompt + w.refiner_tail / 2,
                                         w.refiner_tail)
                        + w.picks * w.attempts * (cpu["splice"] + cpu["grade"]))
+        cpu_side += failures * (cpu["prm_input"] + cpu["json"]) + w.picks * w.attempts * (cpu["splice"] + cpu["grade"])
     t["pi_old"] = 2 * POLICY.params * tokens / (hw.flops * hw.train_mfu)
     t["update"] = (8 if w.checkpointing else 6) * POLICY.params * tokens / (hw.flops * hw.train_mfu) \
         + w.updates * 16 * 2 * POLICY.params / hw.bandwidth  # AdamW reads and writes 16 B/param
     t["push"] = w.push_fixed + 2 * POLICY.params / (hw.bandwidth * hw.decode_bw)
     t["total"] = sum(t.values())
-    if mode == "scope" and mps_overlap:  # the pi_old pass of the unpicked rows runs while the refiner decodes
-        t["total"] -= min(t["pi_old"] * (rows - w.picks) / rows, t["refine"])
+    if overlap_old_logp:   # from the rollout's end to the update: grade (+ PRM + refine)
+        between = t["grade"] + t.get("prm", 0.0) + t.get("refine", 0.0)
+        t["overlap"] = -min(t["pi_old"], between if mps else cpu_side)
+        t["total"] += t["overlap"]
     return t
 
 
-PHASES = ("rollout", "grade", "prm", "refine", "pi_old", "update", "push", "total")
+PHASES = ("rollout", "grade", "prm", "refine", "pi_old", "update", "push", "overlap", "total")
 
-
-FAST = dict(mps_overlap=True, fp8_refiner=True)  # the two levers that need a choice of the user (docs/scaling.md)
+SHIPPED = dict(overlap_old_logp=True)  # the defaults on a GPU: --overlap-old-logp auto is on, no MPS, bf16
+BUILT = dict(overlap_old_logp=True, mps=True, fp8_refiner=True, fp8_prm=True)  # + MPS and both FP8 flags
 
 
 def table(hws=(H100, H200), w: Workload = Workload()) -> str:
-    """The Markdown table of docs/scaling.md: seconds per phase of GRPO, SCOPE as shipped and SCOPE with FAST on each
-    card, and each SCOPE column's ratio to GRPO."""
-    head = "| phase | " + " | ".join(f"GRPO {h.name} | SCOPE {h.name} | SCOPE + MPS + FP8 refiner {h.name}"
-                                     for h in hws) + " |"
-    lines = [head, "|---" * (1 + 3 * len(hws)) + "|"]
-    est = [(estimate("grpo", h, w), estimate("scope", h, w), estimate("scope", h, w, **FAST)) for h in hws]
+    """The Markdown table of docs/scaling.md: seconds per phase of GRPO and SCOPE as shipped (SHIPPED) and of SCOPE
+    with every built lever on (BUILT) on each card, and SCOPE / GRPO of each. GRPO has no PRM or refiner: of the
+    levers only the overlap applies to it, and it is on as shipped, so its one column stands for both."""
+    assert all(estimate("grpo", h, w, **SHIPPED) == estimate("grpo", h, w, **BUILT) for h in hws)
+    names = ("GRPO {}", "SCOPE {}", "SCOPE + built levers {}")
+    head = "| phase | " + " | ".join(n.format(h.name) for h in hws for n in names) + " |"
+    lines = [head, "|---" * (1 + len(names) * len(hws)) + "|"]
+    est = [(estimate("grpo", h, w, **SHIPPED), estimate("scope", h, w, **SHIPPED), estimate("scope", h, w, **BUILT))
+           for h in hws]
     for phase in PHASES:
         cells = [f"{e[phase]:.2f}" if phase in e else "—" for trio in est for e in trio]
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
-    ratios = [cell for g, s, f in est
-              for cell in ("", f"{s['total'] / g['total']:.2f}", f"{f['total'] / g['total']:.2f}")]
+    ratios = [cell for g, s, b in est for cell in ("", f"{s['total'] / g['total']:.2f}", f"{b['total'] / g['total']:.2f}")]
     lines.append("| SCOPE / GRPO | " + " | ".join(ratios) + " |")
     return "\n".join(lines)
 
 
+def ratio(hw: Hardware = H100, w: Workload = Workload(), **levers) -> float:
+    """SCOPE / GRPO with `levers` (estimate's keywords) on in both modes."""
+    return estimate("scope", hw, w, **levers)["total"] / estimate("grpo", hw, w, **levers)["total"]
+
+
 def levers(hw: Hardware = H100) -> list[tuple[str, float]]:
-    """(lever, seconds it takes off SCOPE's step), each alone against SCOPE as shipped (the first two are shipped:
-    against SCOPE without them)."""
+    """(lever, seconds it takes off SCOPE's step), each alone against SCOPE as shipped (the first three are in the
+    shipped configuration: against SCOPE without them)."""
     base = Workload()
-    scope = estimate("scope", hw, base)["total"]
+    scope = estimate("scope", hw, base, **SHIPPED)["total"]
     hf_prm = replace(hw, prefill_mfu=0.30)  # the in-process HF PRM: micro-batches of 4, eager attention, no CUDA graphs
-    out = [("PRM on vLLM's pooling runner instead of HF in the trainer (assumed MFU 0.50 against 0.30)",
-            estimate("scope", hf_prm, base)["prm"] - estimate("scope", hw, base)["prm"]),
-           ("--refiner-max-tokens 640 instead of the whole 1,024-token budget",
-            estimate("scope", hw, replace(base, refiner_tail=base.max_new))["total"] - scope),
-           ("pi_old of the unpicked rows while the refiner decodes (needs MPS)",
-            scope - estimate("scope", hw, base, mps_overlap=True)["total"]),
-           ("the refiner in FP8 (vllm serve --quantization fp8: other numerics)",
-            scope - estimate("scope", hw, base, fp8_refiner=True)["total"])]
-    return out
+    return [("PRM on vLLM's pooling runner instead of HF in the trainer (assumed MFU 0.50 against 0.30)",
+             estimate("scope", hf_prm, base)["prm"] - estimate("scope", hw, base)["prm"]),
+            ("--refiner-max-tokens 640 instead of the whole 1,024-token budget",
+             estimate("scope", hw, replace(base, refiner_tail=base.max_new), **SHIPPED)["total"] - scope),
+            ("--overlap-old-logp without MPS (the pass hides under grading and the CPU side of the PRM and refiner)",
+             estimate("scope", hw, base)["total"] - scope),
+            ("CUDA MPS with --overlap-old-logp (the pass hides under the PRM and the refiner's decode)",
+             scope - estimate("scope", hw, base, overlap_old_logp=True, mps=True)["total"]),
+            ("--refiner-quantization fp8 (other numerics: the refiner's samples)",
+             scope - estimate("scope", hw, base, **SHIPPED, fp8_refiner=True)["total"]),
+            ("--prm-quantization fp8 (other numerics: the PRM's scores)",
+             scope - estimate("scope", hw, base, **SHIPPED, fp8_prm=True)["total"])]
 
 
 def measure_cpu(repeats: int = 20) -> dict[str, float]:
@@ -211,9 +232,29 @@ def main(argv=None):
         print(measure_cpu())
         return
     print(table())
-    for name, gain in levers():
-        print(f"- {name}: {gain:.2f} s")
+    print()
+    for line in lever_lines() + [""] + ratio_lines():
+        print(line)
 
+
+def lever_lines() -> list[str]:
+    """docs/scaling.md's list of levers: what each takes off SCOPE's step, alone, on each card."""
+    return [f"- {name}: {a:.2f} s on an H100, {b:.2f} s on an H200" for (name, a), (_, b) in zip(levers(H100), levers(H200))]
+
+
+CONFIGURATIONS = (("as shipped (--overlap-old-logp auto: on; no MPS; bf16)", SHIPPED),
+                  ("MPS + --overlap-old-logp", dict(overlap_old_logp=True, mps=True)),
+                  ("MPS + --overlap-old-logp + --refiner-quantization fp8",
+                   dict(overlap_old_logp=True, mps=True, fp8_refiner=True)),
+                  ("every built lever: MPS + --overlap-old-logp + both FP8 flags", BUILT))
+
+
+def ratio_lines() -> list[str]:
+    """docs/scaling.md's SCOPE / GRPO per configuration of built levers, with FP8 GEMMs at the datasheet's 2x and,
+    in brackets, at 1.5x bf16."""
+    slow = {h.name: replace(h, fp8_speedup=1.5) for h in (H100, H200)}
+    return [f"- {name}: H100 {ratio(H100, **kw):.2f} [{ratio(slow[H100.name], **kw):.2f}], "
+            f"H200 {ratio(H200, **kw):.2f} [{ratio(slow[H200.name], **kw):.2f}]" for name, kw in CONFIGURATIONS]
 
 if __name__ == "__main__":
     main()

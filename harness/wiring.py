@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from harness import dist, phase_memory, preflight
+from harness import dist, overlap, phase_memory, preflight
 from harness.generate import (GeneratorUnavailable, HFGenerator, format_prompt, load_causal_lm, load_tokenizer,
                               vllm_importable)
 from harness.preflight import MODEL_ALIASES
@@ -122,6 +122,9 @@ def load_prm(args, device: str, prm_class, use_vllm: bool = False, run_dir: str 
         with loading(args.prm):   # all failures of a step in one request: the server schedules them
             return prm_class(args.prm, micro_batch_size=1024,
                              served=start_for_run(args, run_dir, prm_class.separator))
+    if args.prm_quantization != "none":   # the in-process PRM runs in bf16: not what was asked for
+        stop(f"--prm-quantization {args.prm_quantization}: needs the PRM on its own vllm serve (vLLM installed, a "
+             f"GPU, and room in the memory plan: preflight.prm_served); here it would run in this process in bf16")
     with loading(args.prm):
         return prm_class(args.prm, device=device, dtype=torch.bfloat16 if device.startswith("cuda") else None)
 
@@ -155,7 +158,7 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, Refiner)
         return toy.OracleRefiner(None if args.toy_refiner_style == "prefix" else int(args.toy_refiner_style),
                                  args.toy_styles if args.select_tiebreak == "index" else 1)
     if vllm_importable() and args.backend != "hf":   # the refiner on vLLM: its own `vllm serve` (generate.py)
-        from harness.generate import serve_with_vllm
+        from harness.generate import quantization_flags, serve_with_vllm
         with loading(args.refiner):
             refiner_tokenizer = load_tokenizer(args.refiner)
         rank = f".rank{os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""   # torchrun: one each
@@ -164,12 +167,16 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, Refiner)
         try:
             served = serve_with_vllm(args.refiner, refiner_tokenizer, log_path=log_path,
                                      cpu=not device.startswith("cuda"), gpu_memory_utilization=args.refiner_mem,
-                                     timeout=args.refiner_timeout)
+                                     timeout=args.refiner_timeout, extra=quantization_flags(args.refiner_quantization))
             return Refiner(served, refiner_tokenizer, prompt_style=args.refine_prompt, max_tokens=args.refiner_max_tokens)
         except RuntimeError as err:   # HF generate only where it fits; else one line with the flags that do
             preflight.check_refiner_fallback(args, device, str(err), log_path)
             print(f"warning: the refiner server did not start, refining through HF generate instead: {err}",
                   file=sys.stderr)
+    if args.refiner_quantization != "none":   # HF generate would run it in bf16: not what was asked for
+        stop(f"--refiner-quantization {args.refiner_quantization}: needs the refiner on its own vllm serve, which "
+             f"{'did not start' if vllm_importable() and args.backend != 'hf' else 'needs vLLM installed and --backend auto or vllm'}"
+             f" (--refiner-quantization none refines through HF generate in bf16)")
     with loading(args.refiner):    # no vLLM (or its server failed to start where HF generate fits): HF generate
         refiner_model, refiner_tokenizer = load_causal_lm(args.refiner, device)   # bf16 on CUDA
     return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.gen_batch_size),
@@ -328,6 +335,7 @@ class Paper:
     evaluate: object               # eval.evaluate: the periodic held-out accuracy (`Run.evaluate`)
     near_miss_at_k: object         # eval.near_miss_at_k and ...
     discarded_valid_share: object  # ... eval.discarded_valid_share: two of the step's metrics (`step_metrics`)
+    logprobs: object = None        # grpo.logprobs_and_entropy: π_old beside the PRM and refiner (harness/overlap.py)
 
 
 @dataclass
@@ -362,6 +370,9 @@ class Run:
     unavailable: bool = False
     grade: object = None                              # --grader of the periodic evaluation (harness/mathverify.py)
     clock: object = None                              # step k/N and ETA of the step lines (harness/progress.py)
+    overlap_old_logp: bool = False                    # --overlap-old-logp, resolved (preflight.old_logp_overlapped)
+    old_logp: object = None                           # ... this step's π_old pass (overlap.OldLogprobs) and
+    old_logp_stream: object = None                    # the CUDA stream every step's pass runs on
 
     def amp(self):
         """bfloat16 autocast on CUDA (float32 master weights), nothing on the CPU."""
@@ -407,17 +418,19 @@ class Run:
             rng, n = np.random.default_rng(self.seed("prompts")), len(self.train_problems)
             yield step, [self.train_problems[i] for i in rng.choice(n, size=B, replace=n < B)], mine
 
-    def seed(self, phase: str, items: list | None = None) -> int:
+    def seed(self, phase: str, items: list | None = None, per_item: int = 1) -> int:
         """A seed for one random phase of this step, from (seed, step, phase) only, so that a resume is exact;
-        with `items` (this rank's picks), plus how many the lower torchrun ranks hold (their global index)."""
-        return seed_for(self.args.seed, self.step, phase) + (0 if items is None else self.dist.offset(len(items)))
+        with `items` (this rank's picks), plus how many the lower torchrun ranks hold (their global index) times
+        the seeds each takes (`per_item`: vLLM seeds item i's n samples seed + i·n ... + i·n + n − 1)."""
+        offset = 0 if items is None else self.dist.offset(len(items)) * per_item
+        return seed_for(self.args.seed, self.step, phase) + offset
 
     @contextlib.contextmanager
     def phase(self, name: str, items: list | None = None):
         """Time the block as time_<name>. "prm": the PRM on the GPU (--prm-offload) and the toy PRM's noise
         reseeded from (seed, step). "refine": autocast around an HF refiner; yields the phase's seed (`seed`);
         a served refiner that stops answering (GeneratorUnavailable) ends the block with a warning and the
-        step goes on without repairs. "update": vLLM asleep (--rollout-sleep: its weights and KV cache freed),
+        step goes on without repairs. "update": the π_old pass of --overlap-old-logp finished, vLLM asleep (--rollout-sleep: its weights and KV cache freed),
         FSDP2's gathered weights dropped, the policy in train mode for the block."""
         t0 = time.time()
         with phase_memory.phase(name):   # on a GPU: the phase's peak memory, against the plan (harness/phase_memory.py)
@@ -427,7 +440,8 @@ class Run:
     def rollout(self, problems: list[dict], groups: range) -> list:
         """Step 1: G samples per prompt of `groups` at the rollout temperature, one batched call, kept as token
         ids (paper.trajectory each). vLLM seeds prompt i with seed + i·G, so a rank samples its slice alone; HF
-        generate draws one stream for the whole call, so each rank samples all B prompts and keeps its groups."""
+        generate draws one stream for the whole call, so each rank samples all B prompts and keeps its groups.
+        With --overlap-old-logp, π_old of the rows starts here on a worker thread (harness/overlap.py)."""
         with self.phase("rollout"):
             a = self.args
             todo = groups if self.use_vllm else range(len(problems))
@@ -437,10 +451,18 @@ class Run:
                 completions = self.generator.generate(prompts, n=a.group_size, temperature=a.temperature,
                                                       max_tokens=a.max_new_tokens,
                                                       seed=self.seed("rollout") + todo.start * a.group_size)
-            return [self.paper.trajectory(question=problems[b]["question"], answer=problems[b]["answer"], group=b,
-                                          prompt_ids=prompt, response_ids=list(c.ids), text=c.text,
-                                          finished=c.finished, sampler_logp=c.logprobs)
-                    for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
+            trajs = [self.paper.trajectory(question=problems[b]["question"], answer=problems[b]["answer"], group=b,
+                                           prompt_ids=prompt, response_ids=list(c.ids), text=c.text,
+                                           finished=c.finished, sampler_logp=c.logprobs)
+                     for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
+        if self.overlap_old_logp:   # π_old of these rows, on a worker thread through steps 2-5 (its own stream)
+            if self.old_logp_stream is None and self.device.startswith("cuda"):
+                self.old_logp_stream = torch.cuda.Stream(torch.device(self.device))
+            self.old_logp = overlap.OldLogprobs(
+                self.policy, trajs, self.pad_id, self.paper.logprobs, stream=self.old_logp_stream,
+                micro_batch_size=a.micro_batch_size, chunk_tokens=a.logprob_chunk, amp=self.update_amp,
+                temperature=a.temperature)
+        return trajs
 
     @property
     def pad_id(self) -> int:
@@ -452,6 +474,16 @@ class Run:
         return [t.sampler_logp for t in trajs] if self.args.tis_cap > 0 and any(t.sampler_logp for t in trajs) else None
 
     def on_device(self, batch: dict) -> dict:
+        """The update's batch on the device; with --overlap-old-logp, with the π_old that the pass started by
+        `rollout` computed (harness/overlap.py; its time is logged as time_old_logp), so the update skips its own."""
+        if self.old_logp is not None:
+            pending, self.old_logp = self.old_logp, None
+            old = pending.for_batch(batch)
+            self.times["old_logp"] = pending.seconds
+            if old is None:   # no rollout holds some row's policy tokens: the update computes π_old itself
+                tqdm.write("warning: a row's policy tokens are no rollout's prefix; π_old computed in the update")
+            else:
+                batch = {**batch, "old_logp": old}
         return {k: v.to(self.device) for k, v in batch.items()}
 
     def update_engine(self) -> dict:
@@ -613,7 +645,7 @@ def start(args, paper: Paper) -> Run:
               train_problems, eval_problems, start_step, *logs, t_start,
               trackers.open_tracker(args.report_to, run_dir, asdict(args), start_step) if d.main else None,
               summary={"run_dir": run_dir}, dist=d, model=model, prm_offload=prm_offload, paper=paper,
-              grade=grade)
+              grade=grade, overlap_old_logp=preflight.old_logp_overlapped(args, device, use_vllm))
     n_params = sum(p.numel() for p in policy.parameters())
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")
@@ -628,7 +660,7 @@ def _phase_steps(run, name: str, items: list | None):
                 run.prm.reseed(run.seed("prm"))
             yield
     elif name == "refine":
-        seed = run.seed("refine", items)
+        seed = run.seed("refine", items, per_item=run.args.refine_attempts)   # vLLM: pick i takes seed + i·attempts
         try:
             with run.amp_for(getattr(run.refiner, "generator", None)):
                 yield seed
@@ -636,6 +668,8 @@ def _phase_steps(run, name: str, items: list | None):
             tqdm.write(f"warning: the refiner did not answer, no rectification this step: {err}")
             run.unavailable = True
     elif name == "update":
+        if run.old_logp is not None:   # --overlap-old-logp: its pass ends before the policy leaves eval mode
+            run.old_logp.result()
         if run.use_vllm and run.args.rollout_sleep:
             run.generator.sleep()   # sync_weights wakes the weights, the next rollout the KV cache
         dist.reshard(run.policy)   # FSDP2: drop the full weights a generation left gathered

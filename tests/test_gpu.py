@@ -172,7 +172,7 @@ def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: 
     common = ["--model", paths["policy"], "--device", device, "--dataset", str(data), "--eval-dataset", str(data),
               "--eval-every", "0", "--steps", "2", "--save-every", "100", *steps_flags]
     argv = common + ["--prm", paths["prm"], "--refiner", paths["policy"], "--refiner-url", server.url,
-                     "--run-name", "check"]
+                     "--run-name", "check"] + (["--overlap-old-logp", "on"] if compare_grpo else [])
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if device == "cpu":
         env["OMP_NUM_THREADS"] = "1"
@@ -180,6 +180,10 @@ def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: 
     try:
         proc = subprocess.run([sys.executable, "-c", CHILD.format(root=ROOT, device=device, argv=argv)],
                               cwd=tmp_path, env=env, capture_output=True, text=True, timeout=timeout)
+        if compare_grpo and proc.returncode == 0:   # the same SCOPE steps with π_old inside the update
+            off = subprocess.run([sys.executable, "-c", CHILD.format(root=ROOT, device=device, argv=argv + [
+                "--overlap-old-logp", "off", "--run-name", "check-no-overlap"])], cwd=tmp_path, env=env,
+                capture_output=True, text=True, timeout=timeout)
     finally:
         server.close()
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
@@ -212,6 +216,13 @@ def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: 
         grpo_rows = [json.loads(line) for line in open(tmp_path / "runs" / "check-grpo" / "metrics.jsonl")]
         figures["grpo_phases"] = phase_seconds(grpo_rows)
         figures["step_ratio"] = round(figures["scope_phases"]["step"] / figures["grpo_phases"]["step"], 2)
+        assert off.returncode == 0, off.stdout[-4000:] + off.stderr[-4000:]
+        off_rows = [json.loads(line) for line in open(tmp_path / "runs" / "check-no-overlap" / "metrics.jsonl")]
+        assert all("time_old_logp" in r for r in rows) and not any("time_old_logp" in r for r in off_rows)
+        figures["no_overlap_phases"] = phase_seconds(off_rows)   # --overlap-old-logp off: π_old inside the update
+        figures["overlap_saving"] = round(figures["no_overlap_phases"]["step"] - figures["scope_phases"]["step"], 2)
+        figures["mps"] = os.path.exists(os.path.join(os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps"),
+                                                     "control"))   # nvidia-cuda-mps-control -d: its default pipe
     if device == "cuda":
         assert memory["peak_used"] >= memory["allocator_peak"] > 0
         figures.update(device_total_gib=memory["total"] / 2**30, device_used_before_gib=memory["before"] / 2**30,
@@ -229,8 +240,11 @@ def test_two_real_shape_steps_on_the_gpu(tmp_path):
     figures = run_check(tmp_path, "cuda", QWEN25_15B, dict(hidden=512, layers=2, heads=8, kv_heads=2),
                         ["--prompts-per-step", "4", "--group-size", "4", "--max-new-tokens", "64",
                          "--micro-batch-size", "4"], timeout=420, compare_grpo=True)
-    h100 = (steptime.estimate("grpo"), steptime.estimate("scope"))
-    figures["table_ratio_h100"] = round(h100[1]["total"] / h100[0]["total"], 2)   # docs/scaling.md, default config
+    figures["table_ratio_h100"] = round(steptime.ratio(**steptime.SHIPPED), 2)   # docs/scaling.md, default config
+    gains = dict(steptime.levers())   # what the table expects the overlap to save, without and with MPS
+    figures["table_overlap_saving_h100"] = round(next(v for k, v in gains.items() if k.startswith("--overlap"))
+                                                 + (next(v for k, v in gains.items() if k.startswith("CUDA MPS"))
+                                                    if figures["mps"] else 0.0), 2)
     report(figures)
 
 
@@ -642,15 +656,19 @@ def test_the_step_time_table_of_docs_is_the_models():
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     doc = open(os.path.join(root, "docs", "scaling.md"), encoding="utf-8").read()
     assert steptime.table() in doc
-    for name, gain in steptime.levers():
-        assert f"- {name}: {gain:.2f} s" in doc
+    for line in steptime.lever_lines() + steptime.ratio_lines():
+        assert line in doc
     grpo, scope = steptime.estimate("grpo"), steptime.estimate("scope")
     assert "prm" not in grpo and "refine" not in grpo and scope["total"] > grpo["total"]
     longer = steptime.estimate("scope", w=steptime.Workload(refiner_tail=1024))
     assert longer["refine"] > scope["refine"] and longer["total"] - scope["total"] == pytest.approx(
         longer["refine"] - scope["refine"])
     assert steptime.estimate("scope", steptime.H200)["refine"] < scope["refine"]   # more bandwidth, shorter tail
-    assert steptime.estimate("scope", mps_overlap=True)["total"] < scope["total"]
+    shipped = steptime.estimate("scope", **steptime.SHIPPED)
+    assert 0 < -shipped["overlap"] < shipped["pi_old"]   # without MPS: only the CPU side of PRM and refine hides it
+    built = steptime.estimate("scope", **steptime.BUILT)
+    assert built["overlap"] == -built["pi_old"] and built["prm"] < shipped["prm"] and built["refine"] < shipped["refine"]
+    assert steptime.estimate("grpo", **steptime.BUILT) == steptime.estimate("grpo", **steptime.SHIPPED)
 
 
 # ---------------------------------------------------------------------------------------------------------- memory per phase
@@ -685,7 +703,7 @@ def test_each_phase_peak_goes_to_the_metrics_next_to_the_plan():
 
     from harness import wiring
     run = types.SimpleNamespace(times=times, args=scope.Args(model="Qwen2.5-1.5B"), prm=None, use_vllm=False,
-                                policy=torch.nn.Linear(1, 1), prm_on_device=contextlib.nullcontext)
+                                policy=torch.nn.Linear(1, 1), prm_on_device=contextlib.nullcontext, old_logp=None)
     phase_memory.start(rows, cuda)
     try:
         for name, share in (("rollout", 1.05), ("prm", 0.5), ("update", 1.3)):

@@ -327,3 +327,85 @@ def test_the_served_prm_is_chosen_only_where_vllm_serves_it_and_it_fits():
     rows = preflight.memory_plan(args, 79.2, True)[0]
     served = [gib for name, gib, phase in rows if name.startswith("PRM: its own vllm serve") and phase == "all"]
     assert served == [pytest.approx(preflight.prm_server_need(args)[1])] and 16 < served[0] < 18
+
+
+def test_fp8_flags_reach_the_served_command_lines(monkeypatch, tmp_path, char_tokenizer):
+    """--refiner-quantization / --prm-quantization fp8 put `--quantization fp8` on the refiner's and the PRM's
+    `vllm serve` command lines (the exact lines vLLM 0.33's parser reads in tests/test_vllm33_contract.py); the
+    default none adds nothing (bf16, the paper's numerics)."""
+    import scope
+    from harness import generate, served_prm, wiring
+
+    started = []
+
+    def fake_serve(model, tokenizer, **kw):
+        started.append(generate.vllm_serve_command(model, port=1, served_name="m", gpu_memory_utilization=0.25,
+                                                   extra=kw.get("extra", ())))
+        return OpenAIGenerator("http://127.0.0.1:1", "m", tokenizer)
+
+    monkeypatch.setattr(generate, "serve_with_vllm", fake_serve)
+    monkeypatch.setattr(wiring, "vllm_importable", lambda: True)
+    monkeypatch.setattr(wiring, "load_tokenizer", lambda name: char_tokenizer)
+    for quantization in ("fp8", "none"):
+        args = scope.Args(refiner="some/refiner", refiner_quantization=quantization)
+        wiring.load_refiner(args, None, char_tokenizer, "cuda", str(tmp_path), scope.refine.Refiner)
+        served_prm.serve_prm("some/prm", char_tokenizer, sep_id=7, log_path="", gpu_memory_utilization=0.2,
+                             kv_cache_bytes=1 << 30, max_model_len=4096, quantization=quantization)
+    fp8_refiner, fp8_prm, bf16_refiner, bf16_prm = started
+    for command in (fp8_refiner, fp8_prm):
+        assert command[command.index("--quantization") + 1] == "fp8"
+    assert "--runner" in fp8_prm and "--quantization" not in bf16_refiner + bf16_prm
+
+
+@pytest.mark.parametrize("flags, says", [
+    (["--toy", "--refiner-quantization", "fp8"], "only for a refiner on its own `vllm serve`"),
+    (["--toy", "--prm-quantization", "fp8"], "only for a PRM on its own `vllm serve --runner pooling`")])
+def test_fp8_where_no_server_runs_is_refused(tmp_path, flags, says):
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), *flags, "--dry-run"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and says in proc.stderr + proc.stdout, proc.stderr + proc.stdout
+
+
+def test_fp8_without_a_server_stops_instead_of_running_bf16(monkeypatch, tmp_path, char_tokenizer, capsys):
+    """A refiner or PRM that would run in this process in bf16 (no vLLM; the PRM not served) stops in one line."""
+    import scope
+    from harness import wiring
+
+    monkeypatch.setattr(wiring, "vllm_importable", lambda: False)
+    with pytest.raises(SystemExit):
+        wiring.load_refiner(scope.Args(refiner="some/refiner", refiner_quantization="fp8"), None, char_tokenizer,
+                            "cpu", str(tmp_path), scope.refine.Refiner)
+    said = capsys.readouterr().err.strip()
+    assert "\n" not in said and "--refiner-quantization fp8: needs the refiner on its own vllm serve" in said
+    with pytest.raises(SystemExit):
+        wiring.load_prm(scope.Args(prm_quantization="fp8"), "cpu", scope.prm.ProcessRewardModel)
+    said = capsys.readouterr().err.strip()
+    assert "\n" not in said and "--prm-quantization fp8: needs the PRM on its own vllm serve" in said
+
+
+def test_a_torchrun_ranks_refiner_seeds_follow_the_lower_ranks_attempts():
+    """Regression: the refine phase's seed on a torchrun rank was offset by the lower ranks' pick count, not by their
+    picks × attempts, so with vLLM (pick i's attempts seeded seed + i·n + j) rank 1's first pick repeated rank 0's
+    second attempt. One process (offset 0) keeps its seed: the toy world's records stand."""
+    import types
+
+    import scope
+    from harness import wiring
+
+    class Ranks:
+        def __init__(self, held):
+            self.held, self.rank = held, 0
+
+        def offset(self, n):
+            return sum(self.held[:self.rank])
+
+    dist = Ranks([3, 2])
+    run = types.SimpleNamespace(args=scope.Args(refine_attempts=2), step=5, dist=dist)
+    seeds = []
+    for dist.rank, picks in enumerate(dist.held):
+        base = wiring.Run.seed(run, "refine", list(range(picks)), per_item=2)
+        seeds += [base + i * 2 + j for i in range(picks) for j in range(2)]   # VLLMGenerator: seed + i·n, child + j
+    assert len(set(seeds)) == len(seeds) == 10
+    assert seeds[:6] == [seeds[0] + k for k in range(6)] and seeds[6] == seeds[0] + 6   # one run's seeds, in order
+    one = wiring.Run.seed(types.SimpleNamespace(args=run.args, step=5, dist=Ranks([5])), "refine", [0] * 5, per_item=2)
+    assert one == wiring.seed_for(0, 5, "refine")   # one process: the seed as before

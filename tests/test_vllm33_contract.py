@@ -328,19 +328,23 @@ def prm_model_config(tmp_path_factory):
     return EngineArgs.from_cli_args(args).create_model_config(), path
 
 
-def serve_args(path: str, sep_id: int):
-    """The project's PRM `vllm serve` command line, parsed by vLLM 0.33's own `vllm serve` parser (what
+def serve_args(path: str, sep_id: int, quantization: str = "none"):
+    """The project's PRM `vllm serve` command line, parsed by vLLM 0.33's own `vllm serve` parser."""
+    from harness.generate import vllm_serve_command
+    from harness.served_prm import serve_command_extra
+
+    return parse_serve(vllm_serve_command(path, port=8123, served_name="prm", gpu_memory_utilization=0.215,
+                                          extra=serve_command_extra(sep_id, 1 << 30, quantization=quantization)))
+
+
+def parse_serve(command: list[str]):
+    """A `vllm serve` command line of the project, parsed by vLLM 0.33's own `vllm serve` parser (what
     ServeSubcommand.subparser_init builds: a "serve" subparser filled by make_arg_parser; that module itself imports
     the HTTP server stack, which this environment leaves out)."""
     import vllm.platforms as platforms
     from vllm.entrypoints.common.cli_args import make_arg_parser
     from vllm.utils.argparse_utils import FlexibleArgumentParser
 
-    from harness.generate import vllm_serve_command
-    from harness.served_prm import serve_command_extra
-
-    command = vllm_serve_command(path, port=8123, served_name="prm", gpu_memory_utilization=0.215,
-                                 extra=serve_command_extra(sep_id, 1 << 30))
     cli = command[command.index("serve"):]
     kind = type(platforms.current_platform)
     saved = kind.device_type
@@ -369,6 +373,27 @@ def test_the_prm_server_command_is_a_pooling_server_in_vllm033(prm_model_config)
     config, _ = prm_model_config
     assert config.runner_type == "pooling" and config.architectures == ["Qwen2ForProcessRewardModel"]
     assert config.pooler_config.step_tag_id == PRM_SEP and config.pooler_config.tok_pooling_type == "STEP"
+
+
+def test_fp8_flags_reach_vllm033s_engine_args():
+    """--refiner-quantization fp8 and --prm-quantization fp8: the served refiner's and PRM's command lines, parsed by
+    0.33's serve parser, build EngineArgs with quantization "fp8" (a method 0.33 knows), the PRM's still a bf16
+    pooling server; `none` leaves vLLM's default (no quantization: the checkpoint's bf16)."""
+    _need_vllm33()
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
+
+    from harness.generate import quantization_flags, vllm_serve_command
+
+    assert "fp8" in QUANTIZATION_METHODS
+    prm = EngineArgs.from_cli_args(serve_args("/models/prm", 4242, quantization="fp8"))
+    assert prm.quantization == "fp8" and prm.runner == "pooling" and prm.dtype == "bfloat16"
+    assert EngineArgs.from_cli_args(serve_args("/models/prm", 4242)).quantization is None
+    for quantization, want in (("fp8", "fp8"), ("none", None)):
+        command = vllm_serve_command("/models/refiner", port=8124, served_name="refiner", gpu_memory_utilization=0.25,
+                                     extra=quantization_flags(quantization))
+        refiner = EngineArgs.from_cli_args(parse_serve(command))
+        assert refiner.quantization == want and refiner.gpu_memory_utilization == 0.25
 
 
 def test_the_prm_pooling_request_and_reply_are_vllm033s(prm_model_config):
