@@ -4,18 +4,16 @@ SCOPE (Ren et al., arXiv 2602.24110), step 5: keep the policy's own token prefix
 refiner write the rest, accept the spliced trajectory only if it is now correct, and put it back in its group
 with an `offpolicy_mask` on the refiner's tokens (LUFFY's prefix_mask, mirrored: the *suffix* is off-policy):
 
-    merged, traces = rectify(trajs, [(index, prefix_len)], Refiner(generator, refiner_tok), policy_tok,
-                             attempts=2, merge="replace", max_new_tokens=1024, grade_fn=grader.grade)
+    merged, traces = rectify(trajs, [(index, prefix_len)], refiner, policy_tok, attempts=2, merge="replace",
+                             max_new_tokens=1024, grade_fn=grader.grade)
 
-Tests: `python -m pytest tests/test_refine.py -q`. The refiner prompt, the prefix as text, the splice and its EOS,
-the budgets, the attempts and the merge are open choices (docs/choices.md, rows "5 rectify"); generators: harness/.
+The refiner is the engine's (harness/refiner.py: its prompt, one batched generate call). Tests: `python -m pytest
+tests/test_refine.py -q`. The prefix as text, the splice and its EOS, the budgets, the attempts and the merge are
+open choices (docs/choices.md, rows "5 rectify").
 """
 from dataclasses import dataclass
 
-from harness.generate import DEFAULT_SYSTEM, Suffix, format_prompt, turn_end_id
-
-HINT = ("\n\nA partial solution follows. It is correct up to where it stops, and the next step would contain "
-        "a mistake. Continue it from exactly where it stops, avoid that mistake, and finish the solution.")
+from harness.generate import Suffix, turn_end_id
 
 
 @dataclass
@@ -47,47 +45,6 @@ class Trajectory:
         if len(self.offpolicy_mask) != len(self.response_ids):
             raise ValueError(f"Trajectory (group {self.group}): offpolicy_mask has {len(self.offpolicy_mask)} "
                              f"entries but response_ids has {len(self.response_ids)}")
-
-
-class Refiner:
-    """Continues kept prefixes with any generator (HF / vLLM / OpenAI) and the REFINER's tokenizer."""
-
-    def __init__(self, generator, tokenizer, *, prompt_style: str = "continue", temperature: float = 0.7,
-                 top_p: float = 1.0, max_tokens: int | None = None):
-        if prompt_style not in ("continue", "hint"):
-            raise ValueError(f"prompt_style must be 'continue' or 'hint', got {prompt_style!r}")
-        self.generator, self.tokenizer, self.prompt_style = generator, tokenizer, prompt_style
-        self.temperature, self.top_p = temperature, top_p
-        self.max_tokens = max_tokens   # --refiner-max-tokens: no suffix decodes past it (None: the item's budget)
-
-    def prompt_ids(self, question: str, prefix: str) -> list[int]:
-        """The refiner's prompt: question in its chat template, then the prefix opening the assistant turn."""
-        user = question + HINT if self.prompt_style == "hint" and prefix else question
-        ids = format_prompt(self.tokenizer, user, DEFAULT_SYSTEM)
-        return ids + self.tokenizer.encode(prefix, add_special_tokens=False) if prefix else ids
-
-    def continue_from(self, questions: list[str], prefixes: list[str], *, n: int, max_tokens: list[int] | int,
-                      seed: int | None = None) -> list[list[Suffix]]:
-        """Suffixes [item][attempt]: n continuations of each prefix, one batched generate call. A suffix clipped
-        to its item's budget is not finished (it stopped at the budget, not at EOS)."""
-        if len(questions) != len(prefixes):
-            raise ValueError(f"continue_from: {len(questions)} questions but {len(prefixes)} prefixes")
-        budgets = [max_tokens] * len(questions) if isinstance(max_tokens, int) else list(max_tokens)
-        if len(budgets) != len(questions):
-            raise ValueError(f"continue_from: {len(budgets)} max_tokens for {len(questions)} questions")
-        budgets = budgets if self.max_tokens is None else [min(b, self.max_tokens) for b in budgets]
-        if not questions:
-            return []
-        prompts = [self.prompt_ids(q, p) for q, p in zip(questions, prefixes)]
-        # a served or vLLM refiner takes each item's own budget (no item decodes past it); HF generate gets the largest
-        # and each item is clipped to its own (its one random stream, and so the toy world's records, stay as they are)
-        per_item = getattr(self.generator, "per_prompt_budgets", False)
-        outs = self.generator.generate(prompts, n=n, temperature=self.temperature, top_p=self.top_p,
-                                       max_tokens=[max(b, 0) for b in budgets] if per_item else max(max(budgets), 0),
-                                       seed=seed)
-        return [[Suffix(c.text, c.finished) if len(c.ids) <= b
-                 else Suffix(self.tokenizer.decode(c.ids[:max(b, 0)], skip_special_tokens=True), False)
-                 for c in row] for row, b in zip(outs, budgets)]
 
 
 def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, tokenizer, *, attempts: int = 2,

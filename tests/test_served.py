@@ -162,7 +162,8 @@ def test_rectify_sends_each_pick_its_own_budget_to_a_served_refiner(char_tokeniz
     """A served (or in-process vLLM) refiner gets one budget per pick: max_new_tokens - its prefix, capped by
     the refiner's max_tokens (--refiner-max-tokens), so no pick decodes past its own. HF generate gets the largest (one random stream: the
     toy world's records stay as they were) and clips each pick to its own."""
-    from refine import Refiner, Trajectory, rectify
+    from harness.refiner import Refiner
+    from refine import Trajectory, rectify
 
     trajs = [Trajectory(question="1+1?", answer="2", group=g, prompt_ids=[5], response_ids=list(range(7, 7 + 30)),
                         text="x") for g in range(3)]
