@@ -14,6 +14,7 @@ open choices (docs/choices.md, rows "5 rectify").
 from dataclasses import dataclass
 
 from harness.generate import Suffix, turn_end_id
+from harness.refiner import check_picks, trace
 
 
 @dataclass
@@ -57,7 +58,7 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
     pick leaves the list holding the very same Trajectory object. Each pick's suffix gets max_new_tokens minus
     its prefix (the refiner may cap it lower). Returns (new list, one trace per pick).
     """
-    _check_picks(trajs, picks, attempts, merge, max_new_tokens)   # a public entry point: one-line errors
+    check_picks(trajs, picks, attempts, merge, max_new_tokens)   # a public entry point: one-line errors
     if not picks:
         return list(trajs), []
     originals = [trajs[index] for index, _ in picks]
@@ -76,7 +77,7 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
         if any(verdicts):
             k = verdicts.index(True)   # the first correct attempt
             accepted[index] = repaired(t, *spliced[k], texts[k], len(prefix), end_id)
-        traces.append(_trace(t, len(prefix), prefix_text, tries, verdicts, accepted.get(index)))
+        traces.append(trace(t, len(prefix), prefix_text, tries, verdicts, accepted.get(index)))   # the log's
     return merge_into(trajs, accepted, merge), traces
 
 
@@ -139,39 +140,7 @@ def zero_repair_advantages(trajs: list[Trajectory], advantages):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Plumbing: rectify's input checks, the trace
+# Plumbing
 # ---------------------------------------------------------------------------------------------------
-def _check_picks(trajs: list[Trajectory], picks: list[tuple[int, int]], attempts: int, merge: str,
-                 max_new_tokens: int) -> None:
-    """One-line ValueErrors for `rectify`'s arguments: the merge, the attempts, each pick's index and prefix."""
-    if merge not in ("replace", "append"):
-        raise ValueError(f"merge must be 'replace' or 'append', got {merge!r}")
-    if attempts < 1:
-        raise ValueError(f"attempts must be >= 1, got {attempts}")
-    seen = set()
-    for k, (index, prefix_len) in enumerate(picks):
-        if not 0 <= index < len(trajs):
-            raise ValueError(f"rectify: pick {k} names trajectory {index}, but there are {len(trajs)}")
-        if not 0 <= prefix_len <= min(len(trajs[index].response_ids), max_new_tokens):
-            raise ValueError(f"rectify: pick {k} keeps {prefix_len} tokens of trajectory {index}, which has "
-                             f"{len(trajs[index].response_ids)} (max_new_tokens={max_new_tokens})")
-        if index in seen:
-            raise ValueError(f"rectify: trajectory {index} is picked twice")
-        seen.add(index)
-
-
-def _trace(t: Trajectory, prefix_len: int, prefix_text: str, tries: list[Suffix], verdicts: list[bool],
-           repaired: Trajectory | None) -> dict:
-    """One pick's trace (traces.jsonl; the viewer of tools/report.py): the PRM facts, the kept text, every
-    attempt with its verdict, and the reward before and after."""
-    return {"group": t.group, "question": t.question, "answer": t.answer,
-            "mode": "scope" if prefix_len else "replace",
-            "steps": t.steps, "scores": t.step_scores, "cut": t.cut,
-            "keep_ratio": t.keep_ratio, "keep_ratio_tokens": t.keep_ratio_tokens, "prefix_text": prefix_text,
-            "suffixes": [s.text for s in tries], "suffix_finished": [s.finished for s in tries],
-            "attempt_correct": verdicts, "accepted": repaired is not None,
-            "reward_before": t.reward, "reward_after": repaired.reward if repaired is not None else t.reward}
-
-
 def _copy(values: list | None) -> list | None:
     return None if values is None else list(values)
