@@ -138,9 +138,11 @@ def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> flo
 def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, clip_eps=0.2,
                 shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, z=None, ref_logp=None, kl_coef=0.0,
                 entropy=None, entropy_coef=0.0, offpolicy_credit="shaped", is_weight=None) -> tuple[Tensor, dict]:
-    """The SCOPE token loss L of the equations above, ÷ Z (None: `loss_normaliser` of this batch), and its
-    per-token terms, detached, for the metrics. Per-token tensors (N, L), advantages (N,); is_weight: the
-    truncated importance weight of the policy's tokens (None = 1)."""
+    """The SCOPE token loss L of the equations above: `clipped_surrogate` on the policy's tokens,
+    `shaped_offpolicy_loss` (or `unit_offpolicy_loss`) on the refiner's, optional `k3_kl` and entropy bonus, ÷ Z.
+
+    z: None = `loss_normaliser` of this batch; is_weight: the truncated importance weight of the policy's tokens
+    (None = 1). Returns (loss, the per-token terms, detached, that the metrics are made of)."""
     trainer.check_loss_inputs(logp, advantages, offpolicy_credit, old_logp=old_logp, response_mask=response_mask,
                               offpolicy_mask=offpolicy_mask, ref_logp=ref_logp, entropy=entropy, is_weight=is_weight)
     if z is None:
@@ -178,11 +180,11 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
 def update(model, optimizer, batch: dict, *, clip_eps=0.2, shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None,
            kl_coef=0.0, entropy_coef=0.0, offpolicy_credit="shaped", amp=contextlib.nullcontext, max_grad_norm=1.0,
            **engine) -> dict:
-    """One optimizer step on `batch` (`build_batch`'s tensors, optionally old_logp and ref_logp): `policy_loss`
-    micro-batch by micro-batch, each ÷ the WHOLE batch's Z, so the accumulated gradient is the batch's. Without
-    old_logp, π_old is this forward's own, detached: ρ = 1 exactly. The engine (`engine`: micro_batch_size,
-    ref_model, tis_cap, dist, chunk_tokens, temperature; `amp` around each forward) and the metrics: trainer.Step.
-    """
+    """One optimizer step on `batch`: `policy_loss` micro-batch by micro-batch, gradients accumulated.
+
+    Each micro-batch's loss is ÷ the WHOLE batch's Z, so the accumulated gradient is the batch's; without
+    batch["old_logp"], π_old is this forward's own, detached (ρ = 1 exactly). `engine` (micro_batch_size, ref_model,
+    tis_cap, dist, chunk_tokens, temperature), `amp` around each forward, and the metrics: trainer.Step."""
     step = trainer.Step(model, optimizer, batch, loss_normaliser(batch["response_mask"], loss_agg, max_new_tokens),
                         logprobs_fn=logprobs_and_entropy, kl_coef=kl_coef, **engine)
     for part in step.micro_batches():  # length-sorted; under torchrun padded with zero-weight ones
