@@ -21,8 +21,8 @@ With one optimizer step per rollout batch ρ = 1 and nothing is clipped; with k 
 mini-batch of whole groups) the mini-batches after the first train at ρ ≠ 1.
 
 LUFFY (arXiv 2504.14945, its mix_core_alg.py `p_div_p_0.1`), Dr. GRPO (arXiv 2503.20783), PPO (arXiv 1707.06347),
-k3: joschu.net/blog/kl-approx.html. Choices: docs/choices.md ("6 advantages", "7 update"); the engine under
-`update`: harness/trainer.py; tests: tests/test_grpo.py; `# BEGIN/END SOLUTION`: the course's exercises.
+k3: joschu.net/blog/kl-approx.html. The engine under `update`: harness/trainer.py; tests: tests/test_grpo.py;
+choices: docs/choices.md ("6 advantages", "7 update"). `# BEGIN/END SOLUTION` mark the course's exercises.
 """
 import contextlib
 

@@ -4,10 +4,10 @@ SCOPE (Ren et al., arXiv 2602.24110) keeps a failed rollout's tokens before its 
 refiner rewrite the rest (paper Fig. 1, 2, 12). In the order of the step: `split_steps` and `step_token_spans`
 (a lossless split and each step's token range), `first_error`, `cut_point` and `keep_ratio` (pure), then
 `locate_first_errors` (step 3 on a batch), `mean_score`, `select_candidate` and `select_failures` (step 4), then
-`ProcessRewardModel` (Qwen2.5-Math-PRM format). k* is the paper's first wrong step, counted from 1; the cut is
-k* − 1: the 0-based index of that step, which is also the number of steps kept. Tests: `python -m pytest
-tests/test_steps.py tests/test_prm.py -q`. The step unit, the PRM input, unscored steps, the cut and the pick
-are choices the paper leaves open: docs/choices.md, rows "3 PRM" and "4 select".
+`ProcessRewardModel` (the scoring call in Qwen2.5-Math-PRM's input format; its engine: harness/prm_engine.py).
+k* is the paper's first wrong step, counted from 1; the cut is k* − 1: the 0-based index of that step, which is
+also the number of steps kept. Tests: tests/test_steps.py, tests/test_prm.py. The step unit, the PRM input,
+unscored steps, the cut and the pick are choices the paper leaves open: docs/choices.md, rows "3 PRM", "4 select".
 """
 import codecs
 

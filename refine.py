@@ -7,9 +7,8 @@ with an `offpolicy_mask` on the refiner's tokens (LUFFY's prefix_mask, mirrored:
     merged, traces = rectify(trajs, [(index, prefix_len)], refiner, policy_tok, attempts=2, merge="replace",
                              max_new_tokens=1024, grade_fn=grader.grade)
 
-The refiner is the engine's (harness/refiner.py: its prompt, one batched generate call). Tests: `python -m pytest
-tests/test_refine.py -q`. The prefix as text, the splice and its EOS, the budgets, the attempts and the merge are
-open choices (docs/choices.md, rows "5 rectify").
+The refiner is the engine's (harness/refiner.py). Tests: tests/test_refine.py. The prefix as text, the splice and
+its EOS, the budgets, the attempts and the merge are open choices (docs/choices.md, rows "5 rectify").
 """
 from dataclasses import dataclass
 
