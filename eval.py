@@ -1,28 +1,14 @@
 """eval.py — the paper's evaluation: metrics, `evaluate` and its command line.
 
-What it implements (SCOPE, Ren et al. 2026, arXiv 2602.24110):
-  The verifier is harness/grader.py (`grade`; its conventions: docs/grader.md); the benchmarks (Table 1:
-  AIME24, AIME25, AMC, MATH-500, Minerva, OlympiadBench; out of domain: ARC-c, GPQA-diamond, MMLU-Pro) are
-  harness/problems.py's.
-  1. Metrics, as pure functions: unbiased pass@k (Chen et al. 2021); the Table-4 diversity metrics
-     distinct-1/4, self-BLEU, self-ROUGE-L and div-score; Near-miss@k (r = 0) (Fig. 7); the share of
-     discarded valid trajectories (Fig. 3); median with p10/p90 across prompts (Table 4).
-  2. `evaluate` (avg@n and pass@k of any generator backend) and the command line. Training curves from
-     metrics.jsonl (Figs. 3-7) and the rectification viewer for traces.jsonl (Fig. 12) are tools/report.py.
-
-How to run:
-  python eval.py --model Qwen/Qwen2.5-Math-1.5B --benchmarks math500,aime24,aime25,amc,minerva,olympiad \\
-      --ood arc-c,gpqa,mmlu-pro --n 8 --temperature 0.6 --max-new-tokens 1024   # report: runs/eval_Qwen_Qwen2.5-Math-1.5B.json
-  python eval.py --model runs/NAME/checkpoint --benchmarks toy --n 4      # a toy-world checkpoint
-  python eval.py --model ckpt --benchmarks my_problems.jsonl --limit 50    # any local JSONL file
-  python eval.py --diversity --model ckpt --benchmarks aime24 --n 10 --temperature 1.0   # Table 4
-  python eval.py --model runs/NAME/model --benchmarks math500 --grader math-verify   # graded as the paper's tables
-  python eval.py --grader-bench
-
-The metric definitions are written out in docs/metrics.md; the choices the paper leaves open (avg@n at
-T = 0.6, whitespace tokens, div-score, near-miss and discarded valid) are rows "metrics" of docs/choices.md.
-Multiple-choice questions are asked with lettered options and graded on the boxed letter; samples come from
-the training backends (harness/generate.py) with the model's chat template and the \\boxed{} instruction.
+SCOPE (Ren et al., arXiv 2602.24110), as pure functions: unbiased pass@k (Chen et al. 2021); the Table-4 diversity
+metrics distinct-1/4, self-BLEU, self-ROUGE-L and div-score, median with p10/p90 across prompts; Near-miss@k
+(r = 0) (Fig. 7); the share of discarded valid trajectories (Fig. 3); then `evaluate` (avg@n and pass@k of any
+generator backend) and the command line. The verifier: harness/grader.py (docs/grader.md); the benchmarks of
+Table 1 and out of domain: harness/problems.py; training curves and the rectification viewer (Figs. 3-7, 12):
+tools/report.py. Run: `python eval.py --model CKPT --benchmarks math500,aime24 --n 8 --temperature 0.6`
+(`--diversity`: Table 4; every command: docs/running.md). Definitions: docs/metrics.md; the choices the paper
+leaves open (avg@n at T = 0.6, whitespace tokens, div-score, near-miss, discarded valid): docs/choices.md, rows
+"metrics".
 """
 # ==== imports ====
 import argparse

@@ -1,12 +1,10 @@
 """GRPO maths for SCOPE: group advantages, the mixed on/off-policy loss, the update, the batch and its log-probs.
 
-SCOPE (Ren et al., arXiv 2602.24110) keeps a failed rollout's correct prefix (the policy's own, *on-policy*
-tokens) and lets a refiner rewrite the rest (*off-policy* tokens); this file credits each token accordingly.
-Tests: `python -m pytest tests/test_grpo.py -q`. The engine under `update` (micro-batches, torchrun, truncated
-importance sampling, metrics) is harness/trainer.py. Every per-token tensor is (N, L) over the right-padded
-prompt + response; logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t]), 0 at position 0 and off the
-response, with π = softmax(logits / T) at the rollout temperature T. Equations (token t of sequence i, A_i its
-advantage, π = exp(logp), ε = clip_eps, γ = shaping_gamma):
+SCOPE (Ren et al., arXiv 2602.24110) keeps a failed rollout's prefix (the policy's own, *on-policy* tokens) and
+lets a refiner rewrite the rest (*off-policy* tokens); this file credits each token accordingly. Per-token tensors
+are (N, L) over the right-padded prompt + response; logp[:, t] = log π(input_ids[:, t] | input_ids[:, :t]), 0 at
+position 0 and off the response, π = softmax(logits / T) at the rollout temperature T. Token t of sequence i,
+A_i its advantage, π = exp(logp), ε = clip_eps, γ = shaping_gamma:
 
     group advantage     A_i = r_i − mean_{j in group(i)} r_j             (÷ (std + 1e-6) with scale_std)
     policy tokens       ρ = exp(logp − old_logp),  ℓ = −min(ρ A, clip(ρ, 1 − ε, 1 + ε) A)      PPO clip
@@ -22,10 +20,9 @@ unlikely refiner tokens still teach; a policy token inside the clip range gives 
 With one optimizer step per rollout batch ρ = 1 and nothing is clipped; with k steps (`update_epoch`, one per
 mini-batch of whole groups) the mini-batches after the first train at ρ ≠ 1.
 
-References: LUFFY (Yan et al., arXiv 2504.14945; its mix_core_alg.py `p_div_p_0.1`), Dr. GRPO (Liu et al.,
-arXiv 2503.20783), PPO (Schulman et al., arXiv 1707.06347), k3: joschu.net/blog/kl-approx.html. Each choice
-(no std, constant Z, γ = 0.1, ε = 0.2, k steps per batch, the truncation cap) is a flag of scope.py and a row
-of docs/choices.md ("6 advantages", "7 update"). `# BEGIN/END SOLUTION` mark the course's exercises.
+LUFFY (arXiv 2504.14945, its mix_core_alg.py `p_div_p_0.1`), Dr. GRPO (arXiv 2503.20783), PPO (arXiv 1707.06347),
+k3: joschu.net/blog/kl-approx.html. The engine under `update`: harness/trainer.py; tests: tests/test_grpo.py;
+choices: docs/choices.md ("6 advantages", "7 update"). `# BEGIN/END SOLUTION` mark the course's exercises.
 """
 import contextlib
 
@@ -144,10 +141,8 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
     """The SCOPE token loss L of the equations above: `clipped_surrogate` on the policy's tokens,
     `shaped_offpolicy_loss` (or `unit_offpolicy_loss`) on the refiner's, optional `k3_kl` and entropy bonus, ÷ Z.
 
-    Per-token tensors (N, L), advantages (N,). z: None = `loss_normaliser` of this batch (`update` passes the whole
-    batch's); is_weight: constant weights of the policy tokens' surrogate (None = 1). Returns (scalar loss, terms:
-    the detached per-token tensors the metrics are made of, trainer.loss_metrics).
-    """
+    z: None = `loss_normaliser` of this batch; is_weight: the truncated importance weight of the policy's tokens
+    (None = 1). Returns (loss, the per-token terms, detached, that the metrics are made of)."""
     trainer.check_loss_inputs(logp, advantages, offpolicy_credit, old_logp=old_logp, response_mask=response_mask,
                               offpolicy_mask=offpolicy_mask, ref_logp=ref_logp, entropy=entropy, is_weight=is_weight)
     if z is None:
@@ -174,33 +169,24 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
     per_token = torch.where(resp, per_token, torch.zeros_like(per_token))  # (N, L) response tokens only
     loss = per_token.sum() / z  # L = (1/Z) Σ_i Σ_t ℓ_it
     # END SOLUTION
-    terms = {"on": on, "off": off, "ratio": ratio.detach(), "clipped": clipped,
-             "shaped": None if shaped is None else shaped.detach(),
-             "kl": None if kl is None else kl.detach(), "entropy": None if entropy is None else entropy.detach(),
-             "is_weight": None if is_weight is None else is_weight.detach()}
-    return loss, terms
+    terms = dict(on=on, off=off, ratio=ratio, clipped=clipped, shaped=shaped, kl=kl, entropy=entropy,
+                 is_weight=is_weight)
+    return loss, {k: v if v is None else v.detach() for k, v in terms.items()}
 
 
 # ---------------------------------------------------------------------------------------------------
 # 7. The update: one optimizer step, and several per rollout batch
 # ---------------------------------------------------------------------------------------------------
-def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_norm=1.0, clip_eps=0.2,
-           shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
-           ref_model=None, offpolicy_credit="shaped", tis_cap=0.0, dist=None, chunk_tokens: int = 512,
-           amp=contextlib.nullcontext, temperature: float = 1.0) -> dict:
+def update(model, optimizer, batch: dict, *, clip_eps=0.2, shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None,
+           kl_coef=0.0, entropy_coef=0.0, offpolicy_credit="shaped", amp=contextlib.nullcontext, max_grad_norm=1.0,
+           **engine) -> dict:
     """One optimizer step on `batch`: `policy_loss` micro-batch by micro-batch, gradients accumulated.
 
-    batch: input_ids, attention_mask, response_mask, offpolicy_mask (N, L), advantages (N,), optionally old_logp
-    and ref_logp (N, L). Without old_logp the old log-probs are this forward's own, detached: ρ = 1 exactly.
-    Each micro-batch's loss is divided by the WHOLE batch's Z, so the accumulated gradient is the batch's.
-    `amp` (e.g. bf16 autocast) is entered around each forward and loss only. The engine is trainer.Step: KL
-    reference log-probs from `ref_model`, the truncated importance weight with tis_cap > 0, torchrun's `dist`,
-    `chunk_tokens`, `temperature`, the clip to `max_grad_norm`, the non-finite skip; it returns the metrics.
-    """
+    Each micro-batch's loss is ÷ the WHOLE batch's Z, so the accumulated gradient is the batch's; without
+    batch["old_logp"], π_old is this forward's own, detached (ρ = 1 exactly). `engine` (micro_batch_size, ref_model,
+    tis_cap, dist, chunk_tokens, temperature), `amp` around each forward, and the metrics: trainer.Step."""
     step = trainer.Step(model, optimizer, batch, loss_normaliser(batch["response_mask"], loss_agg, max_new_tokens),
-                        micro_batch_size=micro_batch_size, logprobs_fn=logprobs_and_entropy, dist=dist,
-                        ref_model=ref_model, kl_coef=kl_coef, tis_cap=tis_cap, chunk_tokens=chunk_tokens,
-                        temperature=temperature)
+                        logprobs_fn=logprobs_and_entropy, kl_coef=kl_coef, **engine)
     for part in step.micro_batches():  # length-sorted; under torchrun padded with zero-weight ones
         with step.gradient_exchange():  # DDP: once per step, on the last micro-batch
             # BEGIN SOLUTION update
@@ -220,11 +206,9 @@ def update(model, optimizer, batch: dict, *, micro_batch_size: int, max_grad_nor
 def update_epoch(model, optimizer, batch: dict, groups: list[int], *, updates_per_batch: int = 1,
                  micro_batch_size: int, chunk_tokens: int = 512, amp=contextlib.nullcontext, dist=None,
                  temperature: float = 1.0, **update_kwargs) -> dict:
-    """`updates_per_batch` optimizer steps (`update`) on one rollout batch, one per mini-batch of whole groups
-    (`groups`: each row's group), in order (LUFFY: two per rollout batch). With k > 1, π_old comes from one
-    no-grad pass before the first step (vLLM's own log-probs are not π_old: their mismatch is the truncated
-    importance weight's), so the first mini-batch trains at ρ = 1 and the later ones at ρ ≠ 1, where the clip
-    acts. Returns `update`'s metrics, each the mean over the k steps; `skipped` counts the skipped steps."""
+    """k = `updates_per_batch` optimizer steps (`update`), one per mini-batch of whole groups (`groups`: each row's
+    group), in order; with k > 1, π_old from one no-grad pass first (vLLM's log-probs are the sampler's, not π_old).
+    Returns `update`'s metrics, each the mean over the k steps; `skipped` counts the skipped steps."""
     if updates_per_batch > 1 and batch.get("old_logp") is None:
         batch = {**batch, "old_logp": trainer.old_logprobs(model, batch, logprobs_and_entropy, amp=amp, dist=dist,
                                                            micro_batch_size=micro_batch_size,

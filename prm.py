@@ -4,14 +4,14 @@ SCOPE (Ren et al., arXiv 2602.24110) keeps a failed rollout's tokens before its 
 refiner rewrite the rest (paper Fig. 1, 2, 12). In the order of the step: `split_steps` and `step_token_spans`
 (a lossless split and each step's token range), `first_error`, `cut_point` and `keep_ratio` (pure), then
 `locate_first_errors` (step 3 on a batch), `mean_score`, `select_candidate` and `select_failures` (step 4), then
-`ProcessRewardModel` (Qwen2.5-Math-PRM format). k* is the paper's first wrong step, counted from 1; the cut is
-k* − 1: the 0-based index of that step, which is also the number of steps kept. Tests: `python -m pytest
-tests/test_steps.py tests/test_prm.py -q`. The step unit, the PRM input, unscored steps, the cut and the pick
-are choices the paper leaves open: docs/choices.md, rows "3 PRM" and "4 select".
+`ProcessRewardModel` (the scoring call in Qwen2.5-Math-PRM's input format; its engine: harness/prm_engine.py).
+k* is the paper's first wrong step, counted from 1; the cut is k* − 1: the 0-based index of that step, which is
+also the number of steps kept. Tests: tests/test_steps.py, tests/test_prm.py. The step unit, the PRM input,
+unscored steps, the cut and the pick are choices the paper leaves open: docs/choices.md, rows "3 PRM", "4 select".
 """
 import codecs
 
-import torch
+from harness.prm_engine import PRMEngine
 
 SEPARATOR = "<extra_0>"  # the Qwen2.5-Math-PRM step tag
 PRM_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -288,8 +288,8 @@ def select_failures(trajs: list, groups, mode: str = "scope", rectify_groups: st
 # ---------------------------------------------------------------------------------------------------
 
 
-class ProcessRewardModel:
-    """P(step correct) for each step of a solution, read from a 2-class token classifier.
+class ProcessRewardModel(PRMEngine):
+    """The PRM's scoring call: P(step correct) for each step of a solution, from a 2-class token classifier.
 
     Format (Qwen2.5-Math-PRM-7B model card): chat template with system = PRM_SYSTEM, user = question,
     assistant = "<extra_0>".join(steps) + "<extra_0>", `add_generation_prompt=False`; the score of step k
@@ -297,70 +297,25 @@ class ProcessRewardModel:
     (template head + step ids + separator id + ... + template tail), so the separator positions are known
     exactly. A tokenizer without a chat template gets the plain layout
     `f"{PRM_SYSTEM}\\n\\nQuestion: {question}\\n\\nAnswer:\\n"` followed by the steps and separators.
-
-    Loading (harness/prm_checkpoint.py, chosen by the `architectures` of config.json, no remote code):
-    Qwen2.5-Math-PRM through our own module on transformers' Qwen2Model, or any 2-label token classifier.
-    `max_length` is capped at the model's `max_position_embeddings`. Not the hub's remote code (it does not run on
-    transformers 5). With vLLM on a GPU, `served` (harness/served_prm.py: `vllm serve --runner pooling`, bf16) takes
-    the same inputs instead of the module; the head runs in float32 as vLLM's pooling runner does, and
-    tests/test_vllm.py checks the scores against vLLM's own, in-process and served.
+    The engine (loading without remote code, `max_length`, micro-batches, the PRM served on vLLM's pooling
+    runner, `name_or_path` and the keyword arguments): harness/prm_engine.py.
     """
 
     separator = SEPARATOR   # the step tag whose positions are scored
 
-    def __init__(self, name_or_path, device="cpu", dtype=None, max_length=4096, micro_batch_size=4, served=None):
-        from harness.prm_checkpoint import load_prm
-
-        self.name = str(name_or_path)
-        # no remote code; `served`: the PRM on vLLM's pooling runner instead (harness/served_prm.py)
-        self.model, self.tokenizer, config = load_prm(self.name, device, dtype, served=served)
-        self.device = device
-        self.micro_batch_size = int(micro_batch_size)
-        if self.micro_batch_size < 1:
-            raise ValueError(f"ProcessRewardModel: micro_batch_size must be >= 1, got {micro_batch_size}")
-        limit = getattr(config, "max_position_embeddings", None)
-        self.max_length = int(min(max_length, limit) if limit else max_length)
-        self.sep_id = self.tokenizer.convert_tokens_to_ids(SEPARATOR)
-        if self.sep_id is None or self.sep_id == self.tokenizer.unk_token_id:
-            raise ValueError(f"the tokenizer of PRM {self.name!r} has no {SEPARATOR!r} token")
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
-
-    # -- scoring -----------------------------------------------------------------------------------
+    def __init__(self, name_or_path, **engine):
+        super().__init__(name_or_path, SEPARATOR, **engine)
 
     def score(self, question: str, steps: list[str]) -> list[float | None]:
         """P(correct) in [0, 1] for each step; None for steps beyond `max_length`."""
         return self.score_batch([question], [steps])[0]
 
-    @torch.no_grad()
     def score_batch(self, questions: list[str], list_of_steps: list[list[str]]) -> list[list[float | None]]:
-        """`score` for many solutions: sorted by length, right-padded, one forward per micro-batch;
-        results come back in input order."""
+        """`score` for many solutions, in input order: P(correct) at each step's separator (`probs_at`)."""
         if len(questions) != len(list_of_steps):
             raise ValueError(f"score_batch: {len(questions)} questions but {len(list_of_steps)} step lists")
-        built = [self.build_input(q, s) for q, s in zip(questions, list_of_steps)]
-        results = [[None] * len(s) for s in list_of_steps]
-        todo = sorted((i for i, (_, pos) in enumerate(built) if pos), key=lambda i: len(built[i][0]))
-        for b0 in range(0, len(todo), self.micro_batch_size):
-            chunk = todo[b0:b0 + self.micro_batch_size]
-            width = max(len(built[i][0]) for i in chunk)
-            input_ids = torch.full((len(chunk), width), self.pad_id, dtype=torch.long)  # (b, T)
-            attention = torch.zeros((len(chunk), width), dtype=torch.long)  # (b, T)
-            for row, i in enumerate(chunk):
-                ids = built[i][0]
-                input_ids[row, :len(ids)] = torch.tensor(ids)
-                attention[row, :len(ids)] = 1
-            out = self.model(input_ids=input_ids.to(self.device), attention_mask=attention.to(self.device))
-            logits = out if torch.is_tensor(out) else getattr(out, "logits", None)
-            logits = out[0] if logits is None else logits  # (b, T, 2); a tuple's first item
-            if logits.dim() != 3 or logits.shape[-1] != 2:
-                raise ValueError(f"PRM {self.name!r} returned logits of shape {tuple(logits.shape)}, "
-                                 "expected (batch, tokens, 2)")
-            probs = torch.softmax(logits.float(), dim=-1)[..., 1].cpu()  # (b, T) P(step correct)
-            for row, i in enumerate(chunk):
-                for k, p in enumerate(built[i][1]):
-                    results[i][k] = float(probs[row, p])
-        return results
+        probs = self.probs_at([self.build_input(q, s) for q, s in zip(questions, list_of_steps)])
+        return [p + [None] * (len(s) - len(p)) for p, s in zip(probs, list_of_steps)]
 
     # -- input assembly ----------------------------------------------------------------------------
 

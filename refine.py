@@ -4,18 +4,16 @@ SCOPE (Ren et al., arXiv 2602.24110), step 5: keep the policy's own token prefix
 refiner write the rest, accept the spliced trajectory only if it is now correct, and put it back in its group
 with an `offpolicy_mask` on the refiner's tokens (LUFFY's prefix_mask, mirrored: the *suffix* is off-policy):
 
-    merged, traces = rectify(trajs, [(index, prefix_len)], Refiner(generator, refiner_tok), policy_tok,
-                             attempts=2, merge="replace", max_new_tokens=1024, grade_fn=grader.grade)
+    merged, traces = rectify(trajs, [(index, prefix_len)], refiner, policy_tok, attempts=2, merge="replace",
+                             max_new_tokens=1024, grade_fn=grader.grade)
 
-Tests: `python -m pytest tests/test_refine.py -q`. The refiner prompt, the prefix as text, the splice and its EOS,
-the budgets, the attempts and the merge are open choices (docs/choices.md, rows "5 rectify"); generators: harness/.
+The refiner is the engine's (harness/refiner.py). Tests: tests/test_refine.py. The prefix as text, the splice and
+its EOS, the budgets, the attempts and the merge are open choices (docs/choices.md, rows "5 rectify").
 """
 from dataclasses import dataclass
 
-from harness.generate import DEFAULT_SYSTEM, Suffix, format_prompt, turn_end_id
-
-HINT = ("\n\nA partial solution follows. It is correct up to where it stops, and the next step would contain "
-        "a mistake. Continue it from exactly where it stops, avoid that mistake, and finish the solution.")
+from harness.generate import Suffix, turn_end_id
+from harness.refiner import check_picks, trace
 
 
 @dataclass
@@ -49,47 +47,6 @@ class Trajectory:
                              f"entries but response_ids has {len(self.response_ids)}")
 
 
-class Refiner:
-    """Continues kept prefixes with any generator (HF / vLLM / OpenAI) and the REFINER's tokenizer."""
-
-    def __init__(self, generator, tokenizer, *, prompt_style: str = "continue", temperature: float = 0.7,
-                 top_p: float = 1.0, max_tokens: int | None = None):
-        if prompt_style not in ("continue", "hint"):
-            raise ValueError(f"prompt_style must be 'continue' or 'hint', got {prompt_style!r}")
-        self.generator, self.tokenizer, self.prompt_style = generator, tokenizer, prompt_style
-        self.temperature, self.top_p = temperature, top_p
-        self.max_tokens = max_tokens   # --refiner-max-tokens: no suffix decodes past it (None: the item's budget)
-
-    def prompt_ids(self, question: str, prefix: str) -> list[int]:
-        """The refiner's prompt: question in its chat template, then the prefix opening the assistant turn."""
-        user = question + HINT if self.prompt_style == "hint" and prefix else question
-        ids = format_prompt(self.tokenizer, user, DEFAULT_SYSTEM)
-        return ids + self.tokenizer.encode(prefix, add_special_tokens=False) if prefix else ids
-
-    def continue_from(self, questions: list[str], prefixes: list[str], *, n: int, max_tokens: list[int] | int,
-                      seed: int | None = None) -> list[list[Suffix]]:
-        """Suffixes [item][attempt]: n continuations of each prefix, one batched generate call. A suffix clipped
-        to its item's budget is not finished (it stopped at the budget, not at EOS)."""
-        if len(questions) != len(prefixes):
-            raise ValueError(f"continue_from: {len(questions)} questions but {len(prefixes)} prefixes")
-        budgets = [max_tokens] * len(questions) if isinstance(max_tokens, int) else list(max_tokens)
-        if len(budgets) != len(questions):
-            raise ValueError(f"continue_from: {len(budgets)} max_tokens for {len(questions)} questions")
-        budgets = budgets if self.max_tokens is None else [min(b, self.max_tokens) for b in budgets]
-        if not questions:
-            return []
-        prompts = [self.prompt_ids(q, p) for q, p in zip(questions, prefixes)]
-        # a served or vLLM refiner takes each item's own budget (no item decodes past it); HF generate gets the largest
-        # and each item is clipped to its own (its one random stream, and so the toy world's records, stay as they are)
-        per_item = getattr(self.generator, "per_prompt_budgets", False)
-        outs = self.generator.generate(prompts, n=n, temperature=self.temperature, top_p=self.top_p,
-                                       max_tokens=[max(b, 0) for b in budgets] if per_item else max(max(budgets), 0),
-                                       seed=seed)
-        return [[Suffix(c.text, c.finished) if len(c.ids) <= b
-                 else Suffix(self.tokenizer.decode(c.ids[:max(b, 0)], skip_special_tokens=True), False)
-                 for c in row] for row, b in zip(outs, budgets)]
-
-
 def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, tokenizer, *, attempts: int = 2,
             merge: str = "replace", max_new_tokens: int, grade_fn, seed: int | None = None,
             ) -> tuple[list[Trajectory], list[dict]]:
@@ -100,7 +57,7 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
     pick leaves the list holding the very same Trajectory object. Each pick's suffix gets max_new_tokens minus
     its prefix (the refiner may cap it lower). Returns (new list, one trace per pick).
     """
-    _check_picks(trajs, picks, attempts, merge, max_new_tokens)   # a public entry point: one-line errors
+    check_picks(trajs, picks, attempts, merge, max_new_tokens)   # a public entry point: one-line errors
     if not picks:
         return list(trajs), []
     originals = [trajs[index] for index, _ in picks]
@@ -119,7 +76,7 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
         if any(verdicts):
             k = verdicts.index(True)   # the first correct attempt
             accepted[index] = repaired(t, *spliced[k], texts[k], len(prefix), end_id)
-        traces.append(_trace(t, len(prefix), prefix_text, tries, verdicts, accepted.get(index)))
+        traces.append(trace(t, len(prefix), prefix_text, tries, verdicts, accepted.get(index)))   # the log's
     return merge_into(trajs, accepted, merge), traces
 
 
@@ -182,39 +139,7 @@ def zero_repair_advantages(trajs: list[Trajectory], advantages):
 
 
 # ---------------------------------------------------------------------------------------------------
-# Plumbing: rectify's input checks, the trace
+# Plumbing
 # ---------------------------------------------------------------------------------------------------
-def _check_picks(trajs: list[Trajectory], picks: list[tuple[int, int]], attempts: int, merge: str,
-                 max_new_tokens: int) -> None:
-    """One-line ValueErrors for `rectify`'s arguments: the merge, the attempts, each pick's index and prefix."""
-    if merge not in ("replace", "append"):
-        raise ValueError(f"merge must be 'replace' or 'append', got {merge!r}")
-    if attempts < 1:
-        raise ValueError(f"attempts must be >= 1, got {attempts}")
-    seen = set()
-    for k, (index, prefix_len) in enumerate(picks):
-        if not 0 <= index < len(trajs):
-            raise ValueError(f"rectify: pick {k} names trajectory {index}, but there are {len(trajs)}")
-        if not 0 <= prefix_len <= min(len(trajs[index].response_ids), max_new_tokens):
-            raise ValueError(f"rectify: pick {k} keeps {prefix_len} tokens of trajectory {index}, which has "
-                             f"{len(trajs[index].response_ids)} (max_new_tokens={max_new_tokens})")
-        if index in seen:
-            raise ValueError(f"rectify: trajectory {index} is picked twice")
-        seen.add(index)
-
-
-def _trace(t: Trajectory, prefix_len: int, prefix_text: str, tries: list[Suffix], verdicts: list[bool],
-           repaired: Trajectory | None) -> dict:
-    """One pick's trace (traces.jsonl; the viewer of tools/report.py): the PRM facts, the kept text, every
-    attempt with its verdict, and the reward before and after."""
-    return {"group": t.group, "question": t.question, "answer": t.answer,
-            "mode": "scope" if prefix_len else "replace",
-            "steps": t.steps, "scores": t.step_scores, "cut": t.cut,
-            "keep_ratio": t.keep_ratio, "keep_ratio_tokens": t.keep_ratio_tokens, "prefix_text": prefix_text,
-            "suffixes": [s.text for s in tries], "suffix_finished": [s.finished for s in tries],
-            "attempt_correct": verdicts, "accepted": repaired is not None,
-            "reward_before": t.reward, "reward_after": repaired.reward if repaired is not None else t.reward}
-
-
 def _copy(values: list | None) -> list | None:
     return None if values is None else list(values)

@@ -65,7 +65,7 @@ def main(args: "Args") -> dict:
 
 def paper() -> wiring.Paper:
     """What the engine builds and calls from this layer (harness/ imports nothing from the five top-level files)."""
-    return wiring.Paper(refine.Trajectory, refine.Refiner, prm.ProcessRewardModel, evaluation.evaluate,
+    return wiring.Paper(refine.Trajectory, prm.ProcessRewardModel, evaluation.evaluate,
                         evaluation.near_miss_at_k, evaluation.discarded_valid_share, logprobs_and_entropy)
 
 

@@ -64,7 +64,7 @@ DEFAULT_SYSTEM = "Please reason step by step, and put your final answer within \
 @dataclass(frozen=True)
 class Suffix:
     """One refiner continuation: its text and whether the refiner stopped by itself (EOS) rather than at its
-    token budget (refine.Refiner and toy.OracleRefiner return them)."""
+    token budget (refiner.Refiner and toy.OracleRefiner return them)."""
 
     text: str
     finished: bool

@@ -1,4 +1,4 @@
-"""prm_checkpoint.py — loading a process reward model's checkpoint for prm.py, without remote code.
+"""prm_checkpoint.py — loading a process reward model's checkpoint for prm.py (through prm_engine.py), without remote code.
 
 `load_prm(name_or_path, device, dtype)` returns (model, tokenizer, config), chosen by the `architectures` of
 config.json:
@@ -8,7 +8,7 @@ config.json:
   are checked from the file headers first (`check_qwen2_prm_checkpoint`, also run by the pre-flight).
 - `*ForTokenClassification` with 2 labels (a tiny `Qwen2ForTokenClassification` in the tests, an HF PRM trained
   with TRL): `AutoModelForTokenClassification`, refused when a weight is missing from the files.
-Why the PRM runs in the trainer's process and not through the hub's remote code: prm.py's docstring.
+Why the PRM runs in the trainer's process and not through the hub's remote code: harness/prm_engine.py.
 """
 import json
 import os

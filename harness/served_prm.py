@@ -10,7 +10,7 @@ the PRM's weights outside the trainer (no offload to CPU memory around the updat
 
     prm = ProcessRewardModel(path, served=serve_prm(path, sep_id=..., log_path=..., gpu_memory_utilization=0.2))
 
-`PooledStepScores` stands in for the PRM's module inside ProcessRewardModel.score_batch: called like it with a
+`PooledStepScores` stands in for the PRM's module inside prm_engine.PRMEngine.probs_at (under ProcessRewardModel.score_batch): called like it with a
 padded (b, T) batch, it sends the unpadded rows in ONE request and returns (b, T, 2) log-probabilities, equal to
 log(vLLM's probabilities) at the separators and 0 elsewhere (score_batch's softmax gives vLLM's probabilities back;
 the other positions are never read). Every request and reply is held against vLLM 0.33's own protocol classes by

@@ -12,9 +12,9 @@ What it implements (the world is described, with its measured statistics, in doc
   to offset the model's own early arithmetic errors, so the starting policy solves short chains mostly, long
   chains rarely (all-fail groups), and its first errors fall across the whole chain (choice 4). Cached on disk; a second call with the same settings loads it in a second;
 - `refiner_model`, the model refiner: the warm start trained further on clean solutions only, run by
-  scope.py through `refine.Refiner` + `generate.HFGenerator` like a real refiner (`--refiner toy-model`);
+  scope.py through `refiner.Refiner` + `generate.HFGenerator` like a real refiner (`--refiner toy-model`);
 - `ToyPRM`, a rule-based step verifier with the `score`/`score_batch` interface of `prm.ProcessRewardModel`;
-- `OracleRefiner`, with the `continue_from` interface of `refine.Refiner`, that writes the correct remaining
+- `OracleRefiner`, with the `continue_from` interface of `refiner.Refiner`, that writes the correct remaining
   steps from any prefix.
 
 Paper: Ren et al., "Recycling Failures: Salvaging Exploration in RLVR via Fine-Grained Off-Policy Guidance"
@@ -519,7 +519,7 @@ class ToyPRM:
 class OracleRefiner:
     """Writes the remaining steps correctly from the prefix's last value (choice 3), in the style of the
     prefix's last operation step (style 0 without one, choice 10); deterministic.
-    Same continue_from as refine.Refiner: `generate.Suffix`es (unfinished when cut at max_tokens), in the toy
+    Same continue_from as refiner.Refiner: `generate.Suffix`es (unfinished when cut at max_tokens), in the toy
     tokenizer's vocabulary.
 
     `style` = k (scope.py --toy-refiner-style k) writes every suffix in style k whatever the prefix's style:

@@ -28,6 +28,7 @@ from harness import dist, overlap, phase_memory, preflight
 from harness.generate import (GeneratorUnavailable, HFGenerator, format_prompt, load_causal_lm, load_tokenizer,
                               vllm_importable)
 from harness.preflight import MODEL_ALIASES
+from harness.refiner import Refiner
 from harness import trackers
 from harness import mathverify, progress   # --grader; step k/N + ETA, rollouts.jsonl, curves.png, summary.txt, model/
 from harness.runs import (acquire_lock, append_change, clear_run, environment, format_changes, read_changes, read_log,
@@ -129,10 +130,11 @@ def load_prm(args, device: str, prm_class, use_vllm: bool = False, run_dir: str 
         return prm_class(args.prm, device=device, dtype=torch.bfloat16 if device.startswith("cuda") else None)
 
 
-def load_refiner(args, generator, tokenizer, device: str, run_dir: str, Refiner):
-    """The refiner of --mode scope/replace (None otherwise; `Refiner`: refine.Refiner): the policy itself, a served model (--refiner-url),
-    the toy oracle, a separate model on its own `vllm serve` (when vLLM is installed: refiner work never goes
-    through HF generate then; generate.serve_with_vllm), or, without vLLM, a separate model through HF generate.
+def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
+    """The refiner of --mode scope/replace (None otherwise): a `Refiner` (harness/refiner.py) over the policy
+    itself, a served model (--refiner-url), a separate model on its own `vllm serve` (when vLLM is installed:
+    refiner work never goes through HF generate then; generate.serve_with_vllm), or, without vLLM, a separate
+    model through HF generate; or the toy oracle.
     A server that does not start falls back to HF generate only where preflight.check_refiner_fallback finds
     room (the CPU, or enough free GPU memory); otherwise the run stops in one line naming the flags that fit."""
     if args.mode not in ("scope", "replace"):
@@ -330,7 +332,6 @@ def calm_interrupt(args):
 class Paper:
     """The pieces of the five top-level files that the engine builds or calls; scope.py passes them to `start`."""
     trajectory: type               # refine.Trajectory: what `Run.rollout` returns
-    refiner: type                  # refine.Refiner: drives a generator for the refiner (`load_refiner`)
     prm: type                      # prm.ProcessRewardModel (`load_prm`)
     evaluate: object               # eval.evaluate: the periodic held-out accuracy (`Run.evaluate`)
     near_miss_at_k: object         # eval.near_miss_at_k and ...
@@ -629,7 +630,7 @@ def start(args, paper: Paper) -> Run:
     model = dist.wrap(policy, d, args.fsdp)                           # DDP or FSDP2 under torchrun; else the policy
     generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
     prm = load_prm(args, device, paper.prm, use_vllm, run_dir)
-    refiner = load_refiner(args, generator, tokenizer, device, run_dir, paper.refiner)
+    refiner = load_refiner(args, generator, tokenizer, device, run_dir)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr,   # after wrap: FSDP2's parameters are shards
                                   fused=args.fused_adamw and device.startswith("cuda"))   # fused: same update
     prm_offload = prm is not None and not args.toy and preflight.prm_offloaded(args, device, use_vllm)

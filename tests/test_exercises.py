@@ -837,7 +837,7 @@ def test_mixed_source_swaps_only_the_other_problems_functions():
 def test_loading_a_copy_leaves_no_module_bound_to_it(tmp_path):
     """exercises.load_modules (the held-out fixtures' reference set) in a process that has not imported harness/
     yet: afterwards `import refine` and harness.wiring are the main tree's and bound to each other, so a test
-    that runs later in the same process (and patches refine.Refiner) trains the main tree's code."""
+    that runs later in the same process (and patches harness.refiner.Refiner) trains the main tree's code."""
     import shutil
     import subprocess
     for name in exercises.SUBMITTED + ("eval.py",):

@@ -30,7 +30,8 @@ sys.path.insert(0, ROOT)
 
 from harness.generate import DEFAULT_SYSTEM, format_prompt  # noqa: E402
 from prm import PRM_SYSTEM, ProcessRewardModel, split_steps, step_token_spans  # noqa: E402
-from refine import Refiner, splice  # noqa: E402
+from harness.refiner import Refiner  # noqa: E402
+from refine import splice  # noqa: E402
 
 SOLUTION = ("We need $\\frac{3}{4} + \\frac{1}{6}$.\n\n"
             "The common denominator is 12, so $\\frac{9}{12} + \\frac{2}{12} = \\frac{11}{12}$.\n\n\n"

@@ -5,7 +5,8 @@ import pytest
 from conftest import make_char_tokenizer
 
 from harness.generate import DEFAULT_SYSTEM, Completion, HFGenerator, format_prompt
-from refine import HINT, Refiner, Suffix, Trajectory, rectify, splice
+from harness.refiner import HINT, Refiner
+from refine import Suffix, Trajectory, rectify, splice
 
 TRACE_KEYS = {"group", "question", "answer", "mode", "steps", "scores", "cut", "keep_ratio", "keep_ratio_tokens",
               "prefix_text", "suffixes", "suffix_finished", "attempt_correct", "accepted", "reward_before", "reward_after"}

@@ -104,9 +104,10 @@ def test_any_rectifies_mixed_groups_and_records_group_rewards(tmp_path):
 def test_model_refiner_goes_through_refiner_and_splice(tmp_path, monkeypatch):
     import refine
     import scope
+    from harness.refiner import Refiner
 
     calls = {"continue_from": 0, "splice": 0, "credit": []}
-    real_continue, real_splice, real_update = refine.Refiner.continue_from, refine.splice, scope.update_epoch
+    real_continue, real_splice, real_update = Refiner.continue_from, refine.splice, scope.update_epoch
 
     def continue_from(self, *a, **k):
         calls["continue_from"] += 1
@@ -120,7 +121,7 @@ def test_model_refiner_goes_through_refiner_and_splice(tmp_path, monkeypatch):
         calls["credit"].append(k["offpolicy_credit"])
         return real_update(*a, **k)
 
-    monkeypatch.setattr(refine.Refiner, "continue_from", continue_from)
+    monkeypatch.setattr(Refiner, "continue_from", continue_from)
     monkeypatch.setattr(refine, "splice", splice)
     monkeypatch.setattr(scope, "update_epoch", update)
     traces, metrics = run_toy(tmp_path, "--refiner", "toy-model", "--offpolicy-credit", "unit", steps=2)

@@ -195,7 +195,8 @@ def test_prefix_continuation_keeps_the_prefix_ids(engine, tok):
     """(4) Continuing prompt + kept prefix ids through vLLM: the ids go in untouched (no re-tokenisation,
     no BOS), so greedy(prompt)[k:] == greedy(prompt + greedy(prompt)[:k]); and the SCOPE splice built on a
     refiner that runs through vLLM starts with exactly those prefix ids."""
-    from refine import Refiner, splice
+    from harness.refiner import Refiner
+    from refine import splice
 
     prompt = ids(tok, "First, compute")
     full = greedy(engine, [prompt], max_tokens=30)[0]
@@ -295,7 +296,7 @@ def test_refiner_tokens_per_second_vllm_serve_vs_hf(tmp_path, qwen_models):
     from transformers import AutoModelForCausalLM
 
     from harness.generate import load_tokenizer, serve_with_vllm
-    from refine import Refiner
+    from harness.refiner import Refiner
 
     tok = load_tokenizer(qwen_models["refiner"])
     hf = HFGenerator(AutoModelForCausalLM.from_pretrained(qwen_models["refiner"]).eval(), tok, micro_batch_size=16)

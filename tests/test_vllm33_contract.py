@@ -440,7 +440,7 @@ def test_per_pick_refiner_budgets_are_vllm033_requests(recorded, model_config, q
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
     from harness.generate import OpenAIGenerator, VLLMGenerator
-    from refine import Refiner
+    from harness.refiner import Refiner
 
     served = OpenAIGenerator("http://127.0.0.1:1", "refiner", qwen_tokenizer, max_model_len=4096)
     prompts = [[9, 10, 11], [12], [13, 14]]

@@ -190,7 +190,7 @@ def trace_prm(cfg: dict, rows: int, tokens: int) -> dict:
         attn = torch.ones(rows, tokens, dtype=torch.long)
         tracker = MemTracker()
         tracker.track_external(model)
-        with tracker, torch.no_grad():   # as prm.ProcessRewardModel.score_batch runs one micro-batch
+        with tracker, torch.no_grad():   # as harness/prm_engine.py PRMEngine.probs_at runs one micro-batch
             probs = torch.softmax(model(ids, attn).float(), dim=-1)[..., 1]
             del probs
         return peak_of(tracker)

@@ -102,8 +102,8 @@ REDACTIONS = [
      "(Dr. GRPO; LUFFY's `loss_remove_token_mean`); `token-mean` divides by the number of response tokens "
      "(how they differ: the handout's Q6)."),
     # pointers to the teacher's tools, which the copy does not hold
-    ("grpo.py", "of docs/choices.md (\"6 advantages\", \"7 update\"). `# BEGIN/END SOLUTION` mark the course's exercises.",
-     "of docs/choices.md (\"6 advantages\", \"7 update\")."),
+    ("grpo.py", "choices: docs/choices.md (\"6 advantages\", \"7 update\"). `# BEGIN/END SOLUTION` mark the course's "
+     "exercises.", "choices: docs/choices.md (\"6 advantages\", \"7 update\")."),
     ("tools/__init__.py", "study), `python -m tools.exercises` (the course assignment), `python -m tools.bench_step`",
      "study), `python -m tools.bench_step`"),
     # Q2/Q3: the study's findings in the because stage's docstring (patterns: that text is being reworded)
