@@ -339,23 +339,32 @@ print("ROWS", json.dumps([o.outputs.data.tolist() for o in out]))
 """
 
 
-def test_real_layout_prm_equals_vllm_native_step_pooling(tmp_path):
-    """(8) An independent reference for harness/prm_checkpoint.py's Qwen2ProcessRewardModel: vLLM's native Qwen2ForProcessRewardModel
-    loads the same files (no remote code, no pad_token_id) and pools at every `<extra_0>` id (STEP pooling,
-    step_tag_id = the tokenizer's separator id; vLLM's default 151651 is the real PRM tokenizer's), softmax over
-    the 2 classes; P(correct) = class 1. Run in a child process: one vLLM engine per process, and this module's
-    engine is a generation model. Guards a wrong head layout, bias, activation or position of the read-out."""
+PRM_SOLUTIONS = [("What is 12 * 4 - 5?", ["First, 12 * 4 = 48.\n\n", "Next, 48 - 5 = 43.\n\n", "So \\boxed{43}."]),
+                 ("Compute 1/2 + 1/3.", ["We have \\frac{1}{2} + \\frac{1}{3} = \\frac{5}{6}."]),
+                 ("Area of a circle of radius 3?", ["The area is \\pi r^2 = 9\\pi.\n\n", "So \\boxed{9\\pi}."])]
+
+
+def real_layout_prm_and_scorer(tmp_path):
+    """A 2-layer PRM in Qwen2.5-Math-PRM's layout over Qwen2.5's real tokenizer (skips without it), and
+    prm.ProcessRewardModel loading it in this process (the HF reference the vLLM paths are held to)."""
     import real_layout_prm
     from prm import ProcessRewardModel
 
     if conftest.qwen_tokenizer_file() is None:
         pytest.skip(conftest.QWEN_SKIP)
     path = real_layout_prm.write_qwen2_prm(str(tmp_path / "prm"), conftest.make_qwen_tokenizer(prm=True), layers=2)
-    ours = ProcessRewardModel(path)
-    solutions = [("What is 12 * 4 - 5?", ["First, 12 * 4 = 48.\n\n", "Next, 48 - 5 = 43.\n\n", "So \\boxed{43}."]),
-                 ("Compute 1/2 + 1/3.", ["We have \\frac{1}{2} + \\frac{1}{3} = \\frac{5}{6}."]),
-                 ("Area of a circle of radius 3?", ["The area is \\pi r^2 = 9\\pi.\n\n", "Naïve √2 <extra_0> text.",
-                                                    "So \\boxed{9\\pi}."])]
+    return path, ProcessRewardModel(path)
+
+
+def test_real_layout_prm_equals_vllm_native_step_pooling(tmp_path):
+    """(8) An independent reference for harness/prm_checkpoint.py's Qwen2ProcessRewardModel: vLLM's native Qwen2ForProcessRewardModel
+    loads the same files (no remote code, no pad_token_id) and pools at every `<extra_0>` id (STEP pooling,
+    step_tag_id = the tokenizer's separator id; vLLM's default 151651 is the real PRM tokenizer's), softmax over
+    the 2 classes; P(correct) = class 1. Run in a child process: one vLLM engine per process, and this module's
+    engine is a generation model. Guards a wrong head layout, bias, activation or position of the read-out."""
+    path, ours = real_layout_prm_and_scorer(tmp_path)
+    solutions = [*PRM_SOLUTIONS[:2], (PRM_SOLUTIONS[2][0], [PRM_SOLUTIONS[2][1][0], "Naïve √2 <extra_0> text.",
+                                                            PRM_SOLUTIONS[2][1][1]])]
     built = [ours.build_input(q, s) for q, s in solutions]
     mine = ours.score_batch([q for q, _ in solutions], [s for _, s in solutions])
     (tmp_path / "pool.py").write_text(POOL_SCRIPT)
@@ -409,18 +418,11 @@ def test_the_served_prm_scores_equal_the_in_process_ones(tmp_path):
     served_prm.serve_prm (STEP pooling on the tokenizer's `<extra_0>` id, not vLLM's default 151651), queried
     with token ids through prm.ProcessRewardModel(served=...). Every solution's step scores equal the HF module's
     (harness/prm_checkpoint.py) to 1e-5, from one /pooling request, and the server leaves no process behind."""
-    import real_layout_prm
     from harness.served_prm import serve_prm
     from prm import ProcessRewardModel
 
-    if conftest.qwen_tokenizer_file() is None:
-        pytest.skip(conftest.QWEN_SKIP)
-    path = real_layout_prm.write_qwen2_prm(str(tmp_path / "prm"), conftest.make_qwen_tokenizer(prm=True), layers=2)
-    ours = ProcessRewardModel(path)
-    solutions = [("What is 12 * 4 - 5?", ["First, 12 * 4 = 48.\n\n", "Next, 48 - 5 = 43.\n\n", "So \\boxed{43}."]),
-                 ("Compute 1/2 + 1/3.", ["We have \\frac{1}{2} + \\frac{1}{3} = \\frac{5}{6}."]),
-                 ("Area of a circle of radius 3?", ["The area is \\pi r^2 = 9\\pi.\n\n", "So \\boxed{9\\pi}."])]
-    questions, steps = [q for q, _ in solutions], [s for _, s in solutions]
+    path, ours = real_layout_prm_and_scorer(tmp_path)
+    questions, steps = [q for q, _ in PRM_SOLUTIONS], [s for _, s in PRM_SOLUTIONS]
     scores = serve_prm(path, ours.tokenizer, sep_id=ours.sep_id, log_path=str(tmp_path / "prm_server.log"),
                        gpu_memory_utilization=0.5, kv_cache_bytes=64 << 20, max_model_len=512, cpu=True,
                        dtype="float32", timeout=120, startup_timeout=900)
