@@ -229,26 +229,13 @@ def build_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], offp
     Row i is prompt_ids[i] + response_ids[i] + padding. `response_mask` is 1 on the response tokens and
     `offpolicy_mask` is 1 where `offpolicy_mask[i]` marks a refiner token (None: none), both aligned with
     input_ids positions. All masks are int64 0/1. `advantages` is returned as a float32 (N,) tensor.
-    `sampler_logp` (optional): per row, the sampler's log-probs of the FIRST len() response tokens (None: none
-    known); it adds "sampler_logp" (N, L) float32 and "sampler_mask" (N, L), 1 where a value is known.
+    `sampler_logp` (optional, per row; None: none known) adds trainer.sampler_rows' sampler_logp and sampler_mask.
     """
+    trainer.check_batch_inputs(prompt_ids, response_ids, offpolicy_mask, advantages, sampler_logp)
     n = len(prompt_ids)
-    if n == 0:
-        raise ValueError("build_batch: no sequences")
-    if not (len(response_ids) == len(offpolicy_mask) == n):
-        raise ValueError(f"build_batch: {n} prompts, {len(response_ids)} responses, "
-                         f"{len(offpolicy_mask)} offpolicy masks; they must match")
     advantages = torch.as_tensor(advantages, dtype=torch.float32).reshape(-1)  # (N,)
-    if advantages.numel() != n:
-        raise ValueError(f"build_batch: {advantages.numel()} advantages for {n} sequences")
     # a missing mask (Trajectory's default None) means an all on-policy response
     offpolicy_mask = [[0] * len(r) if m is None else m for r, m in zip(response_ids, offpolicy_mask)]
-    for i, (p, r, m) in enumerate(zip(prompt_ids, response_ids, offpolicy_mask)):
-        if len(p) == 0:
-            raise ValueError(f"build_batch: prompt_ids[{i}] is empty (the first response token needs context)")
-        if len(m) != len(r):
-            raise ValueError(f"build_batch: offpolicy_mask[{i}] has {len(m)} entries for "
-                             f"{len(r)} response tokens")
     # BEGIN SOLUTION build_batch
     length = max(len(p) + len(r) for p, r in zip(prompt_ids, response_ids))
     input_ids = torch.full((n, length), pad_id, dtype=torch.long)  # (N, L)
@@ -265,19 +252,8 @@ def build_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], offp
     batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
              "offpolicy_mask": off_mask, "advantages": advantages}
     # END SOLUTION
-    if sampler_logp is not None:
-        if len(sampler_logp) != n:
-            raise ValueError(f"build_batch: {len(sampler_logp)} sampler_logp rows for {n} sequences")
-        logp = torch.zeros((n, length), dtype=torch.float32)  # (N, L)
-        known = torch.zeros((n, length), dtype=torch.long)  # (N, L)
-        for i, (p, r, lp) in enumerate(zip(prompt_ids, response_ids, sampler_logp)):
-            if lp is None or len(lp) == 0:
-                continue
-            if len(lp) > len(r):
-                raise ValueError(f"build_batch: sampler_logp[{i}] has {len(lp)} entries for {len(r)} response tokens")
-            logp[i, len(p):len(p) + len(lp)] = torch.tensor(lp, dtype=torch.float32)
-            known[i, len(p):len(p) + len(lp)] = 1
-        batch.update(sampler_logp=logp, sampler_mask=known)
+    if sampler_logp is not None:  # the sampler's log-probs, for truncated importance sampling (trainer.Step)
+        batch.update(trainer.sampler_rows(prompt_ids, sampler_logp, batch["input_ids"].shape[1]))
     return batch
 
 
