@@ -306,7 +306,11 @@ EXERCISES = [
              breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (
                  "tests/test_grpo.py::test_chunked_logprobs_equal_the_whole_log_softmax",
                  "tests/test_grpo.py::test_logprobs_at_the_rollout_temperature_by_hand",
-                 "tests/test_preflight.py::test_memory_plan_within_ten_percent_of_a_trace"),
+                 "tests/test_preflight.py::test_memory_plan_within_ten_percent_of_a_trace",
+                 "tests/test_overlap.py::test_reused_old_logp_equals_the_update_pass_on_every_policy_token",
+                 "tests/test_overlap.py::test_a_row_that_is_no_rollouts_prefix_gives_none",
+                 "tests/test_overlap.py::test_two_toy_steps_log_the_same_numbers_with_the_overlap_on_and_off",
+                 "tests/test_because2.py::test_repair_token_probs_teacher_forces_prefix_and_suffix_one_token_at_a_time"),
              hints=("`torch.gather` along the vocabulary picks the targets' log-probs.",)),
     Exercise("clipped_surrogate", ("grpo.py:clipped_surrogate",),
              "PPO clipped surrogate on the policy's own tokens (the kept prefix and every other rollout)",
@@ -330,7 +334,8 @@ EXERCISES = [
              "(constant) or the number of response tokens (token-mean)",
              ("tests/test_grpo.py::test_loss_normaliser_hand_computed", POLICY_LOSS_JUNK) + POLICY_LOSS_TESTS, 2, 10,
              "Z, then compose the clipped surrogate, the shaped (or unit) term, KL and entropy, sum / Z",
-             breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
+             breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (
+                 "tests/test_overlap.py::test_the_loss_never_reads_old_logp_on_refiner_tokens",),
              expects="after the region the code reads loss (scalar), ratio, clipped, shaped ((N, L) f(π) from "
                      "shaped_offpolicy_loss; None under unit credit), kl (k3 per token, or None without ref_logp) "
                      "and entropy (masked to the response, or "
