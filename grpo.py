@@ -17,7 +17,7 @@ A_i its advantage, π = exp(logp), ε = clip_eps, γ = shaping_gamma:
 
 Gradients (tested in closed form): a refiner token gives dL/dlogp = −A·γπ/(π+γ)² / Z, largest at π = γ, so
 unlikely refiner tokens still teach; a policy token inside the clip range gives −A·ρ / Z, and a clipped one 0.
-With one optimizer step per rollout batch ρ = 1 and nothing is clipped; with k steps (`update_epoch`, one per
+With one optimizer step per rollout batch ρ = 1 and nothing is clipped; with k steps (`update`, one per
 mini-batch of whole groups) the mini-batches after the first train at ρ ≠ 1.
 
 LUFFY (arXiv 2504.14945, its mix_core_alg.py `p_div_p_0.1`), Dr. GRPO (arXiv 2503.20783), PPO (arXiv 1707.06347),
@@ -175,47 +175,38 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
 
 
 # ---------------------------------------------------------------------------------------------------
-# 7. The update: one optimizer step, and several per rollout batch
+# 7. The update: k optimizer steps per rollout batch
 # ---------------------------------------------------------------------------------------------------
-def update(model, optimizer, batch: dict, *, clip_eps=0.2, shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None,
-           kl_coef=0.0, entropy_coef=0.0, offpolicy_credit="shaped", amp=contextlib.nullcontext, max_grad_norm=1.0,
-           **engine) -> dict:
-    """One optimizer step on `batch`: `policy_loss` micro-batch by micro-batch, gradients accumulated.
-
-    Each micro-batch's loss is ÷ the WHOLE batch's Z, so the accumulated gradient is the batch's; without
-    batch["old_logp"], π_old is this forward's own, detached (ρ = 1 exactly). `engine` (micro_batch_size, ref_model,
-    tis_cap, dist, chunk_tokens, temperature), `amp` around each forward, and the metrics: trainer.Step."""
-    step = trainer.Step(model, optimizer, batch, loss_normaliser(batch["response_mask"], loss_agg, max_new_tokens),
-                        logprobs_fn=logprobs_and_entropy, kl_coef=kl_coef, **engine)
-    for part in step.micro_batches():  # length-sorted; under torchrun padded with zero-weight ones
-        with step.gradient_exchange():  # DDP: once per step, on the last micro-batch
-            # BEGIN SOLUTION update
-            with amp():  # around the forward and the loss only
-                logp, entropy = step.forward(part, entropy_grad=entropy_coef != 0)  # (n, L) each
-                old_logp = part.get("old_logp", logp.detach())  # no old_logp (one step per batch): ρ = 1 exactly
-                loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"],
-                                          part["offpolicy_mask"], clip_eps=clip_eps, shaping_gamma=shaping_gamma,
-                                          z=step.z, ref_logp=step.reference_logprobs(part), kl_coef=kl_coef,
-                                          entropy=entropy, entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
-                                          is_weight=step.sampler_weight(part, old_logp))
-            # END SOLUTION
-            step.backward(loss, terms)  # ÷ the whole batch's Z: the full-batch gradient
-    return step.finish(max_grad_norm)  # clip, skip a non-finite step, optimizer.step, metrics
-
-
-def update_epoch(model, optimizer, batch: dict, groups: list[int], *, updates_per_batch: int = 1,
-                 micro_batch_size: int, chunk_tokens: int = 512, amp=contextlib.nullcontext, dist=None,
-                 temperature: float = 1.0, **update_kwargs) -> dict:
-    """k = `updates_per_batch` optimizer steps (`update`), one per mini-batch of whole groups (`groups`: each row's
-    group), in order; with k > 1, π_old from one no-grad pass first (vLLM's log-probs are the sampler's, not π_old).
-    Returns `update`'s metrics, each the mean over the k steps; `skipped` counts the skipped steps."""
-    if updates_per_batch > 1 and batch.get("old_logp") is None:
-        batch = {**batch, "old_logp": trainer.old_logprobs(model, batch, logprobs_and_entropy, amp=amp, dist=dist,
-                                                           micro_batch_size=micro_batch_size,
-                                                           chunk_tokens=chunk_tokens, temperature=temperature)}
-    return trainer.mean_metrics([update(model, optimizer, mini, micro_batch_size=micro_batch_size, amp=amp, dist=dist,
-                                        chunk_tokens=chunk_tokens, temperature=temperature, **update_kwargs)
-                                 for mini in trainer.group_mini_batches(batch, groups, updates_per_batch)])
+def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, updates_per_batch: int = 1,
+           clip_eps=0.2, shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
+           offpolicy_credit="shaped", amp=contextlib.nullcontext, max_grad_norm=1.0, **engine) -> dict:
+    """k = `updates_per_batch` optimizer steps on one rollout batch, one per mini-batch of whole `groups` (each
+    row's group), in order. π_old: batch["old_logp"], else (k > 1) one no-grad pass first, else each forward's own,
+    detached (ρ = 1: the clip cannot bind). Each micro-batch's loss is ÷ its mini-batch's Z, so the accumulated
+    gradient is the mini-batch's. `engine`, `amp` and the metrics (means over the k steps): harness/trainer.py."""
+    stats = []
+    minis = trainer.mini_batches(model, batch, groups, updates_per_batch, logprobs_and_entropy, amp=amp, **engine)
+    for mini in minis:  # with k > 1 after π_old's no-grad pass
+        step = trainer.Step(model, optimizer, mini, loss_normaliser(mini["response_mask"], loss_agg, max_new_tokens),
+                            logprobs_fn=logprobs_and_entropy, kl_coef=kl_coef, **engine)
+        for part in step.micro_batches():  # length-sorted; under torchrun padded with zero-weight ones
+            with step.gradient_exchange():  # DDP: once per step, on the last micro-batch
+                # BEGIN SOLUTION update
+                with amp():  # around the forward and the loss only
+                    logp, entropy = step.forward(part, entropy_grad=entropy_coef != 0)  # (n, L) each
+                    old_logp = part.get("old_logp", logp.detach())  # no π_old pass (one step per batch): ρ = 1
+                    loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"],
+                                              part["offpolicy_mask"], clip_eps=clip_eps, shaping_gamma=shaping_gamma,
+                                              z=step.z, ref_logp=step.reference_logprobs(part), kl_coef=kl_coef,
+                                              entropy=entropy, entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
+                                              is_weight=step.sampler_weight(part, old_logp))
+                # END SOLUTION
+                step.backward(loss, terms)  # ÷ the mini-batch's Z: its full gradient
+        if step.clip_gradients(max_grad_norm):  # False: a non-finite loss or gradient norm, on any rank
+            optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        stats.append(step.metrics())
+    return trainer.mean_metrics(stats)
 
 
 # ---------------------------------------------------------------------------------------------------

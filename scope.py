@@ -16,7 +16,7 @@ from functools import partial
 import eval as evaluation   # `eval` would shadow the builtin
 import prm
 import refine
-from grpo import build_batch, group_advantages, logprobs_and_entropy, update_epoch
+from grpo import build_batch, group_advantages, logprobs_and_entropy, update
 from harness import config, wiring
 from harness.config import arg
 from harness.grader import grade
@@ -52,10 +52,10 @@ def main(args: "Args") -> dict:
         with run.phase("update"):
             batch = build_batch([t.prompt_ids for t in merged], [t.response_ids for t in merged],
                                 [t.offpolicy_mask for t in merged], advantages, run.pad_id, run.sampler_logp(merged))
-            stats = update_epoch(run.model, run.optimizer, run.on_device(batch), groups, **run.update_engine(),
-                                 updates_per_batch=args.updates_per_batch, offpolicy_credit=args.offpolicy_credit,
-                                 clip_eps=args.clip_eps, loss_agg=args.loss_agg, max_new_tokens=args.max_new_tokens,
-                                 kl_coef=args.kl_coef, shaping_gamma=args.shaping_gamma, entropy_coef=args.entropy_coef)
+            stats = update(run.model, run.optimizer, run.on_device(batch), groups, **run.update_engine(),
+                           updates_per_batch=args.updates_per_batch, offpolicy_credit=args.offpolicy_credit,
+                           clip_eps=args.clip_eps, loss_agg=args.loss_agg, max_new_tokens=args.max_new_tokens,
+                           kl_coef=args.kl_coef, shaping_gamma=args.shaping_gamma, entropy_coef=args.entropy_coef)
         # ---------------------------------------------- 8. sync: push the new weights into the rollout engine
         run.push_weights()
         # ---------------------------------------------- 9. log, periodic eval, checkpoint

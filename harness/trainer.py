@@ -19,7 +19,8 @@ from torch.utils.checkpoint import checkpoint
 
 class Step:
     """One optimizer step on `batch` (N, L), its loop written by the caller: `for part in step.micro_batches()`,
-    `step.forward(part, ...)`, the loss, `step.backward(loss, terms)`, then `step.finish(max_grad_norm)`."""
+    `step.forward(part, ...)`, the loss, `step.backward(loss, terms)`; then `step.clip_gradients(max_grad_norm)`,
+    optimizer.step() if it says so, optimizer.zero_grad(), `step.metrics()`."""
 
     def __init__(self, model, optimizer, batch: dict, z: float, *, micro_batch_size: int, logprobs_fn, dist=None,
                  ref_model=None, kl_coef: float = 0.0, tis_cap: float = 0.0, chunk_tokens: int = 512,
@@ -82,28 +83,45 @@ class Step:
             extra = {} if self.is_mask is None else {"is_mask": self.is_mask, "is_cap": float(self.tis_cap)}
             self.parts.append({**terms, **extra})
 
-    def finish(self, max_grad_norm) -> dict:
-        """Clip the gradient to `max_grad_norm` (None: no clipping), step unless the loss or the gradient norm
-        is non-finite on any rank (then parameters and optimizer state stay untouched), and return Python-float
-        metrics: loss, grad_norm, skipped, pad_share and `loss_metrics` of the whole (global) batch."""
+    def clip_gradients(self, max_grad_norm) -> bool:
+        """Clip the gradient to `max_grad_norm` (None: no clipping); False when the loss or the gradient norm is
+        non-finite on any rank: then the caller skips optimizer.step, so parameters and optimizer state stay."""
         clip_to = float("inf") if max_grad_norm is None else float(max_grad_norm)
         grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip_to)
-        grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP2
-        loss_total, terms = self.loss_total, join_terms(self.parts)
+        self.grad_norm = float(grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm)  # FSDP2
+        self.terms = join_terms(self.parts)
         if self.dist is not None:   # the global batch's loss and metrics; non-finite anywhere skips everywhere
-            loss_total = self.dist.mean(loss_total)
-            terms = join_terms(self.dist.all_gather(terms))
-        skipped = not (math.isfinite(loss_total) and math.isfinite(grad_norm))
-        if not skipped:
-            self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return {"loss": loss_total, "grad_norm": grad_norm, "skipped": float(skipped),
-                "pad_share": padding_share(self.extents, self.plan), **loss_metrics(terms)}
+            self.loss_total = self.dist.mean(self.loss_total)
+            self.terms = join_terms(self.dist.all_gather(self.terms))
+        self.skipped = not (math.isfinite(self.loss_total) and math.isfinite(self.grad_norm))
+        return not self.skipped
+
+    def metrics(self) -> dict:
+        """Python-float metrics of the step (after `clip_gradients`): loss, grad_norm, skipped, pad_share and
+        `loss_metrics` of the whole (global) batch."""
+        return {"loss": self.loss_total, "grad_norm": self.grad_norm, "skipped": float(self.skipped),
+                "pad_share": padding_share(self.extents, self.plan), **loss_metrics(self.terms)}
 
 
 # ---------------------------------------------------------------------------------------------------
 # Several optimizer steps per rollout batch: π_old, mini-batches of whole groups, their metrics
 # ---------------------------------------------------------------------------------------------------
+def mini_batches(model, batch: dict, groups: list[int] | None, k: int, logprobs_fn, *, micro_batch_size: int,
+                 amp=contextlib.nullcontext, dist=None, chunk_tokens: int = 512, temperature: float = 1.0,
+                 **_) -> list[dict]:
+    """The k mini-batches of whole groups that grpo.update steps on, in order (k = 1: the batch itself); with k > 1
+    and no batch["old_logp"], π_old from `old_logprobs` over the whole batch first. `_`: Step's other settings."""
+    if k == 1:
+        return [batch]
+    if groups is None:
+        raise ValueError(f"update: updates_per_batch={k} needs `groups`, each row's group")
+    if batch.get("old_logp") is None:
+        batch = {**batch, "old_logp": old_logprobs(model, batch, logprobs_fn, micro_batch_size=micro_batch_size,
+                                                   chunk_tokens=chunk_tokens, amp=amp, dist=dist,
+                                                   temperature=temperature)}
+    return group_mini_batches(batch, groups, k)
+
+
 @torch.no_grad()
 def old_logprobs(model, batch: dict, logprobs_fn, *, micro_batch_size: int, chunk_tokens: int = 512,
                  amp=contextlib.nullcontext, dist=None, temperature: float = 1.0) -> Tensor:

@@ -488,7 +488,7 @@ class Run:
         return {k: v.to(self.device) for k, v in batch.items()}
 
     def update_engine(self) -> dict:
-        """grpo.update_epoch's engine settings: micro-batches, the gradient clip at 1.0, the log-softmax chunk,
+        """grpo.update's engine settings: micro-batches, the gradient clip at 1.0, the log-softmax chunk,
         bf16 autocast around each forward (update_amp), the KL reference, the truncated importance weight's cap,
         the rollout temperature (log-probs of the distribution the rollouts came from), torchrun."""
         a = self.args

@@ -611,7 +611,6 @@ def test_update_at_the_rollout_temperature_matches_a_tempered_sampler():
     processed log-probs): the update at temperature 0.7 sees the sampler and the trainer agree (weight 1, the loss
     of no correction), the update at T = 1 would weight every token by a wrong ratio; with two steps per batch the
     π_old pass is tempered too (ρ = 1 at lr 0, so its loss is the mean of the two halves' one-step losses)."""
-    from grpo import update_epoch
     tok = make_char_tokenizer()
     model = make_tiny_causal_lm(tok).double()
     batch, prompts, responses = tiny_batch(tok, n=4)
@@ -632,7 +631,7 @@ def test_update_at_the_rollout_temperature_matches_a_tempered_sampler():
     plain_1 = update(copy.deepcopy(model), sgd(model), batch, **kw)
     assert abs(untempered["loss"] - plain_1["loss"]) > 1e-3 * abs(plain_1["loss"])   # weights w = π_1/π_0.7 ≠ 1
     m = copy.deepcopy(model)
-    epoch = update_epoch(m, sgd(m), batch, [0, 0, 1, 1], updates_per_batch=2, temperature=0.7, **kw)
+    epoch = update(m, sgd(m), batch, [0, 0, 1, 1], updates_per_batch=2, temperature=0.7, **kw)
     halves = [update(copy.deepcopy(model), sgd(model), {k: v[rows] for k, v in batch.items()}, temperature=0.7, **kw)
               for rows in ([0, 1], [2, 3])]
     assert_close(epoch["loss"], sum(h["loss"] for h in halves) / 2, rtol=1e-6, atol=1e-9)
@@ -733,12 +732,11 @@ def test_the_clip_binds_on_the_second_mini_batch_by_hand():
     π(1) = σ(1) = 0.731059. Step 2 (row 1): ρ = 0.731059 / 0.5 = 1.462117 > 1 + ε with A > 0: the clipped
     branch, L = −1.2, no gradient, w stays at (−0.5, 0.5). Means over the two steps: clip_frac (0 + 1) / 2,
     ratio_mean (1 + 1.462117) / 2, loss (−1 − 1.2) / 2."""
-    from grpo import update_epoch
 
     model = BiasLM()
     opt = torch.optim.SGD(model.parameters(), lr=1.0)
-    stats = update_epoch(model, opt, one_token_rows(2), [0, 1], updates_per_batch=2, micro_batch_size=4,
-                         chunk_tokens=0, clip_eps=0.2, max_new_tokens=1)
+    stats = update(model, opt, one_token_rows(2), [0, 1], updates_per_batch=2, micro_batch_size=4,
+                   chunk_tokens=0, clip_eps=0.2, max_new_tokens=1)
     assert_close(model.w.detach(), torch.tensor([-0.5, 0.5], dtype=torch.float64))
     assert stats["clip_frac"] == pytest.approx(0.5)
     assert stats["ratio_mean"] == pytest.approx((1 + 1.4621171572600098) / 2)
@@ -757,12 +755,12 @@ def test_the_clip_binds_on_the_second_mini_batch_by_hand():
 
 
 def test_one_update_per_batch_is_update_on_the_whole_batch():
-    """--updates-per-batch 1: update_epoch is exactly one `update` on the whole batch (no extra pass, ρ = 1)."""
-    from grpo import update_epoch
+    """--updates-per-batch 1 with the groups given is exactly one step on the whole batch, as without groups (no
+    π_old pass, ρ = 1)."""
 
     a, b = BiasLM(), BiasLM()
-    sa, sb = (update_epoch(a, torch.optim.SGD(a.parameters(), lr=1.0), one_token_rows(3), [0, 1, 2],
-                           micro_batch_size=2, chunk_tokens=0, max_new_tokens=1),
+    sa, sb = (update(a, torch.optim.SGD(a.parameters(), lr=1.0), one_token_rows(3), [0, 1, 2],
+                     micro_batch_size=2, chunk_tokens=0, max_new_tokens=1),
               update(b, torch.optim.SGD(b.parameters(), lr=1.0), one_token_rows(3), micro_batch_size=2,
                      chunk_tokens=0, max_new_tokens=1))
     assert_close(a.w.detach(), b.w.detach())

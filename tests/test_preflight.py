@@ -445,7 +445,7 @@ def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from grpo import build_batch, update_epoch
+    from grpo import build_batch, update
     from harness import wiring
     from refine import Trajectory
 
@@ -473,9 +473,9 @@ def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
         batch = build_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
                             [t.offpolicy_mask for t in trajs], torch.tensor([0.5, -0.5, 0.5, -0.5]), run.pad_id,
                             run.sampler_logp(trajs))
-        stats = update_epoch(run.model, run.optimizer, run.on_device(batch), [t.group for t in trajs],
-                             **run.update_engine(), updates_per_batch=args.updates_per_batch,
-                             max_new_tokens=args.max_new_tokens)
+        stats = update(run.model, run.optimizer, run.on_device(batch), [t.group for t in trajs],
+                       **run.update_engine(), updates_per_batch=args.updates_per_batch,
+                       max_new_tokens=args.max_new_tokens)
     assert stats["skipped"] == 0.0 and stats["grad_norm"] > 0
     # --updates-per-batch 2 (the real default): the π_old pass (two micro-batches of 2 rows), then one optimizer
     # step per mini-batch of 2 groups (one micro-batch each): every forward under autocast

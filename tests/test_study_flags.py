@@ -107,7 +107,7 @@ def test_model_refiner_goes_through_refiner_and_splice(tmp_path, monkeypatch):
     from harness.refiner import Refiner
 
     calls = {"continue_from": 0, "splice": 0, "credit": []}
-    real_continue, real_splice, real_update = Refiner.continue_from, refine.splice, scope.update_epoch
+    real_continue, real_splice, real_update = Refiner.continue_from, refine.splice, scope.update
 
     def continue_from(self, *a, **k):
         calls["continue_from"] += 1
@@ -123,7 +123,7 @@ def test_model_refiner_goes_through_refiner_and_splice(tmp_path, monkeypatch):
 
     monkeypatch.setattr(Refiner, "continue_from", continue_from)
     monkeypatch.setattr(refine, "splice", splice)
-    monkeypatch.setattr(scope, "update_epoch", update)
+    monkeypatch.setattr(scope, "update", update)
     traces, metrics = run_toy(tmp_path, "--refiner", "toy-model", "--offpolicy-credit", "unit", steps=2)
     assert calls["continue_from"] == sum(1 for m in metrics if m["rectify_tried"]) > 0
     assert calls["splice"] == 2 * len(traces)                       # --refine-attempts 2 candidates each
