@@ -138,19 +138,15 @@ def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> flo
 def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, clip_eps=0.2,
                 shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, z=None, ref_logp=None, kl_coef=0.0,
                 entropy=None, entropy_coef=0.0, offpolicy_credit="shaped", is_weight=None) -> tuple[Tensor, dict]:
-    """The SCOPE token loss L of the equations above: `clipped_surrogate` on the policy's tokens,
-    `shaped_offpolicy_loss` (or `unit_offpolicy_loss`) on the refiner's, optional `k3_kl` and entropy bonus, ÷ Z.
-
-    z: None = `loss_normaliser` of this batch; is_weight: the truncated importance weight of the policy's tokens
-    (None = 1). Returns (loss, the per-token terms, detached, that the metrics are made of)."""
+    """The SCOPE loss L above → (L, its per-token terms, detached, for the metrics). z: None = this batch's
+    `loss_normaliser`; is_weight: the truncated importance weight of the policy's tokens (None = 1)."""
     trainer.check_loss_inputs(logp, advantages, offpolicy_credit, old_logp=old_logp, response_mask=response_mask,
                               offpolicy_mask=offpolicy_mask, ref_logp=ref_logp, entropy=entropy, is_weight=is_weight)
-    if z is None:
-        z = loss_normaliser(response_mask, loss_agg, max_new_tokens)
+    z = loss_normaliser(response_mask, loss_agg, max_new_tokens) if z is None else z
     resp = response_mask.bool()  # (N, L)
     off = offpolicy_mask.bool() & resp  # (N, L) refiner tokens
     on = resp & ~off  # (N, L) policy tokens
-    kl = None
+    shaped = kl = None
     # BEGIN SOLUTION policy_loss
     on_loss, ratio, clipped = clipped_surrogate(logp, old_logp, advantages, on, clip_eps)  # (N, L) each
     if is_weight is not None:  # truncated importance sampling against the sampler (policy tokens only)
@@ -158,7 +154,7 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
     if offpolicy_credit == "shaped":  # LUFFY: −f(π)·A
         off_loss, shaped = shaped_offpolicy_loss(logp, advantages, off, shaping_gamma)  # (N, L) each
     else:  # unit: the refiner's tokens as if the policy had sampled them, −A·log π
-        off_loss, shaped = unit_offpolicy_loss(logp, advantages, off), None  # (N, L)
+        off_loss = unit_offpolicy_loss(logp, advantages, off)  # (N, L)
     per_token = torch.where(off, off_loss, on_loss)  # (N, L)
     if ref_logp is not None:
         kl = k3_kl(logp, ref_logp, resp)  # (N, L)
@@ -166,8 +162,7 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
     if entropy is not None:  # entropy bonus: subtracted, so minimising the loss raises the entropy
         entropy = torch.where(resp, entropy, torch.zeros_like(entropy))  # (N, L)
         per_token = per_token - entropy_coef * entropy
-    per_token = torch.where(resp, per_token, torch.zeros_like(per_token))  # (N, L) response tokens only
-    loss = per_token.sum() / z  # L = (1/Z) Σ_i Σ_t ℓ_it
+    loss = torch.where(resp, per_token, torch.zeros_like(per_token)).sum() / z  # L = (1/Z) Σ_i Σ_t ℓ_it
     # END SOLUTION
     terms = dict(on=on, off=off, ratio=ratio, clipped=clipped, shaped=shaped, kl=kl, entropy=entropy,
                  is_weight=is_weight)
@@ -198,7 +193,8 @@ def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, up
                     loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"],
                                               part["offpolicy_mask"], clip_eps=clip_eps, shaping_gamma=shaping_gamma,
                                               z=step.z, ref_logp=step.reference_logprobs(part), kl_coef=kl_coef,
-                                              entropy=entropy, entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
+                                              entropy=entropy, entropy_coef=entropy_coef,
+                                              offpolicy_credit=offpolicy_credit,
                                               is_weight=step.sampler_weight(part, old_logp))
                 # END SOLUTION
                 step.backward(loss, terms)  # ÷ the mini-batch's Z: its full gradient
@@ -213,16 +209,14 @@ def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, up
 # The batch and its token log-probs
 # ---------------------------------------------------------------------------------------------------
 def build_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], offpolicy_mask: list[list[int]],
-                advantages: Tensor, pad_id: int, sampler_logp: list[list[float] | None] | None = None,
-                ) -> dict[str, Tensor]:
+                advantages: Tensor, pad_id: int) -> dict[str, Tensor]:
     """Right-padded (N, L) tensors for `token_logprobs` / `update`.
 
     Row i is prompt_ids[i] + response_ids[i] + padding. `response_mask` is 1 on the response tokens and
     `offpolicy_mask` is 1 where `offpolicy_mask[i]` marks a refiner token (None: none), both aligned with
     input_ids positions. All masks are int64 0/1. `advantages` is returned as a float32 (N,) tensor.
-    `sampler_logp` (optional, per row; None: none known) adds trainer.sampler_rows' sampler_logp and sampler_mask.
     """
-    trainer.check_batch_inputs(prompt_ids, response_ids, offpolicy_mask, advantages, sampler_logp)
+    trainer.check_batch_inputs(prompt_ids, response_ids, offpolicy_mask, advantages)
     n = len(prompt_ids)
     advantages = torch.as_tensor(advantages, dtype=torch.float32).reshape(-1)  # (N,)
     # a missing mask (Trajectory's default None) means an all on-policy response
@@ -240,12 +234,9 @@ def build_batch(prompt_ids: list[list[int]], response_ids: list[list[int]], offp
         response_mask[i, a:b] = 1
         if len(r):
             off_mask[i, a:b] = torch.tensor([1 if x else 0 for x in m], dtype=torch.long)
-    batch = {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
-             "offpolicy_mask": off_mask, "advantages": advantages}
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "response_mask": response_mask,
+            "offpolicy_mask": off_mask, "advantages": advantages}
     # END SOLUTION
-    if sampler_logp is not None:  # the sampler's log-probs, for truncated importance sampling (trainer.Step)
-        batch.update(trainer.sampler_rows(prompt_ids, sampler_logp, batch["input_ids"].shape[1]))
-    return batch
 
 
 def entropy_from_logprobs(logprobs_all: Tensor) -> Tensor:

@@ -51,8 +51,8 @@ def main(args: "Args") -> dict:
         # ---------------------------------------------- 7. update: --updates-per-batch optimizer steps
         with run.phase("update"):
             batch = build_batch([t.prompt_ids for t in merged], [t.response_ids for t in merged],
-                                [t.offpolicy_mask for t in merged], advantages, run.pad_id, run.sampler_logp(merged))
-            stats = update(run.model, run.optimizer, run.on_device(batch), groups, **run.update_engine(),
+                                [t.offpolicy_mask for t in merged], advantages, run.pad_id)
+            stats = update(run.model, run.optimizer, run.on_device(batch, merged), groups, **run.update_engine(),
                            updates_per_batch=args.updates_per_batch, offpolicy_credit=args.offpolicy_credit,
                            clip_eps=args.clip_eps, loss_agg=args.loss_agg, max_new_tokens=args.max_new_tokens,
                            kl_coef=args.kl_coef, shaping_gamma=args.shaping_gamma, entropy_coef=args.entropy_coef)

@@ -323,10 +323,9 @@ def micro_batch(batch: dict, micro_batches: list[list[int]], i: int, extents: li
     return part, max(extents[j] for j in idx), padding
 
 
-def check_batch_inputs(prompt_ids, response_ids, offpolicy_mask, advantages, sampler_logp=None) -> None:
-    """`build_batch`'s one-line errors, before any tensor is made: as many prompts, responses, masks, advantages
-    (and sampler rows) as sequences; no empty prompt; a mask (None: all on-policy) and the sampler's log-probs
-    no longer than their response."""
+def check_batch_inputs(prompt_ids, response_ids, offpolicy_mask, advantages) -> None:
+    """`build_batch`'s one-line errors, before any tensor is made: as many prompts, responses, masks and advantages
+    as sequences; no empty prompt; a mask (None: all on-policy) as long as its response."""
     n = len(prompt_ids)
     if n == 0:
         raise ValueError("build_batch: no sequences")
@@ -336,26 +335,25 @@ def check_batch_inputs(prompt_ids, response_ids, offpolicy_mask, advantages, sam
     n_adv = torch.as_tensor(advantages).numel()
     if n_adv != n:
         raise ValueError(f"build_batch: {n_adv} advantages for {n} sequences")
-    if sampler_logp is not None and len(sampler_logp) != n:
-        raise ValueError(f"build_batch: {len(sampler_logp)} sampler_logp rows for {n} sequences")
     for i, (p, r, m) in enumerate(zip(prompt_ids, response_ids, offpolicy_mask)):
         if len(p) == 0:
             raise ValueError(f"build_batch: prompt_ids[{i}] is empty (the first response token needs context)")
         if m is not None and len(m) != len(r):
             raise ValueError(f"build_batch: offpolicy_mask[{i}] has {len(m)} entries for {len(r)} response tokens")
-        lp = None if sampler_logp is None else sampler_logp[i]
-        if lp is not None and len(lp) > len(r):
-            raise ValueError(f"build_batch: sampler_logp[{i}] has {len(lp)} entries for {len(r)} response tokens")
 
 
-def sampler_rows(prompt_ids, sampler_logp, length: int) -> dict[str, Tensor]:
-    """The sampler's log-probs laid out like `build_batch`'s rows: "sampler_logp" (N, L) float32 and "sampler_mask"
-    (N, L) int64, 1 where a value is known. Row i's values cover its FIRST len() response tokens (a repaired
-    trajectory keeps its prefix's); None or [] = none known."""
+def sampler_rows(prompt_ids, response_ids, sampler_logp, length: int) -> dict[str, Tensor]:
+    """The sampler's log-probs (vLLM's, for the truncated importance weight) laid out like grpo.build_batch's rows:
+    "sampler_logp" (N, L) float32 and "sampler_mask" (N, L) int64, 1 where a value is known. Row i's values cover
+    its FIRST len() response tokens (a repaired trajectory keeps its prefix's); None or [] = none known."""
     n = len(prompt_ids)
+    if len(sampler_logp) != n:
+        raise ValueError(f"sampler_rows: {len(sampler_logp)} sampler_logp rows for {n} sequences")
     logp = torch.zeros((n, length), dtype=torch.float32)  # (N, L)
     known = torch.zeros((n, length), dtype=torch.long)  # (N, L)
-    for i, (p, lp) in enumerate(zip(prompt_ids, sampler_logp)):
+    for i, (p, r, lp) in enumerate(zip(prompt_ids, response_ids, sampler_logp)):
+        if lp and len(lp) > len(r):
+            raise ValueError(f"sampler_rows: sampler_logp[{i}] has {len(lp)} entries for {len(r)} response tokens")
         if lp:
             logp[i, len(p):len(p) + len(lp)] = torch.tensor(lp, dtype=torch.float32)
             known[i, len(p):len(p) + len(lp)] = 1

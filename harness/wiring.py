@@ -24,7 +24,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from harness import dist, overlap, phase_memory, preflight
+from harness import dist, overlap, phase_memory, preflight, trainer
 from harness.generate import (GeneratorUnavailable, HFGenerator, format_prompt, load_causal_lm, load_tokenizer,
                               vllm_importable)
 from harness.preflight import MODEL_ALIASES
@@ -469,14 +469,14 @@ class Run:
     def pad_id(self) -> int:
         return pad_or_eos(self.tokenizer)
 
-    def sampler_logp(self, trajs: list) -> list | None:
-        """The sampler's log-probs of each trajectory for the truncated importance weight: vLLM rollouts with
-        --tis-cap > 0 only (HF generate returns none)."""
-        return [t.sampler_logp for t in trajs] if self.args.tis_cap > 0 and any(t.sampler_logp for t in trajs) else None
-
-    def on_device(self, batch: dict) -> dict:
-        """The update's batch on the device; with --overlap-old-logp, with the π_old that the pass started by
-        `rollout` computed (harness/overlap.py; its time is logged as time_old_logp), so the update skips its own."""
+    def on_device(self, batch: dict, trajs: list) -> dict:
+        """The update's batch (grpo.build_batch of `trajs`) on the device, with what the engine adds: vLLM's
+        sampler log-probs for the truncated importance weight (--tis-cap > 0; HF generate returns none) and, with
+        --overlap-old-logp, the π_old that the pass started by `rollout` computed (harness/overlap.py; its time is
+        logged as time_old_logp), so the update skips its own."""
+        if self.args.tis_cap > 0 and any(t.sampler_logp for t in trajs):
+            batch = {**batch, **trainer.sampler_rows([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
+                                                     [t.sampler_logp for t in trajs], batch["input_ids"].shape[1])}
         if self.old_logp is not None:
             pending, self.old_logp = self.old_logp, None
             old = pending.for_batch(batch)

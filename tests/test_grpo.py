@@ -13,7 +13,7 @@ from conftest import make_char_tokenizer, make_tiny_causal_lm
 from grpo import (build_batch, clipped_surrogate, entropy_from_logprobs, group_advantages, logprobs_and_entropy,
                   loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs, update)
 from harness.trainer import (chunked_logprobs_and_entropy, length_sorted_micro_batches, loss_metrics, padding_share,
-                             truncated_is_weight)
+                             sampler_rows, truncated_is_weight)
 
 LN = math.log
 
@@ -536,13 +536,16 @@ def test_policy_loss_with_is_weight_by_hand():
 def test_build_batch_lays_out_sampler_logprobs():
     """A row's sampler log-probs cover its FIRST len() response tokens (a repaired trajectory keeps its
     prefix's); None = none known."""
-    b = build_batch([[5, 6], [7]], [[1, 2, 3], [4, 4]], [[0, 0, 1], None], torch.zeros(2), pad_id=0,
-                    sampler_logp=[[-0.1, -0.2], None])
-    assert b["sampler_mask"].tolist() == [[0, 0, 1, 1, 0], [0, 0, 0, 0, 0]]
-    assert_close(b["sampler_logp"][0, 2:4], torch.tensor([-0.1, -0.2]))
-    assert "sampler_logp" not in build_batch([[5]], [[1]], [None], torch.zeros(1), pad_id=0)
+    b = build_batch([[5, 6], [7]], [[1, 2, 3], [4, 4]], [[0, 0, 1], None], torch.zeros(2), pad_id=0)
+    rows = sampler_rows([[5, 6], [7]], [[1, 2, 3], [4, 4]], [[-0.1, -0.2], None], b["input_ids"].shape[1])
+    assert rows["sampler_mask"].tolist() == [[0, 0, 1, 1, 0], [0, 0, 0, 0, 0]]
+    assert_close(rows["sampler_logp"][0, 2:4], torch.tensor([-0.1, -0.2]))
+    assert (rows["sampler_logp"][b["response_mask"] == 0] == 0).all()   # prompt and padding: none known
+    assert "sampler_logp" not in b
     with pytest.raises(ValueError, match="sampler_logp\\[0\\] has 3 entries for 2"):
-        build_batch([[5]], [[1, 2]], [None], torch.zeros(1), pad_id=0, sampler_logp=[[0.0, 0.0, 0.0]])
+        sampler_rows([[5]], [[1, 2]], [[0.0, 0.0, 0.0]], 3)
+    with pytest.raises(ValueError, match="1 sampler_logp rows for 2 sequences"):
+        sampler_rows([[5], [6]], [[1], [2]], [[0.0]], 2)
 
 
 @pytest.mark.parametrize("gap, cap, weight", [(1.5, 2.0, 1.5), (3.0, 2.0, 2.0), (3.0, 0.0, 1.0)])
@@ -555,7 +558,7 @@ def test_update_weights_policy_tokens_by_the_truncated_ratio(gap, cap, weight):
     batch = build_batch(prompts, responses, [None] * 4, torch.tensor([1.0, 0.5, -0.25, 1.0]), tok.pad_token_id)
     logp, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"], 4)
     sampler = [(logp[i, len(p):len(p) + len(r)] - LN(gap)).tolist() for i, (p, r) in enumerate(zip(prompts, responses))]
-    with_logp = build_batch(prompts, responses, [None] * 4, batch["advantages"], tok.pad_token_id, sampler_logp=sampler)
+    with_logp = {**batch, **sampler_rows(prompts, responses, sampler, batch["input_ids"].shape[1])}
     kw = dict(micro_batch_size=3, loss_agg="token-mean")
     plain = update(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), batch, **kw)
     got = update(copy.deepcopy(model), torch.optim.SGD(model.parameters(), lr=0.0), with_logp, tis_cap=cap, **kw)
@@ -620,7 +623,7 @@ def test_update_at_the_rollout_temperature_matches_a_tempered_sampler():
     warm, _ = token_logprobs(model, batch["input_ids"], batch["attention_mask"], batch["response_mask"], 4)
     assert (cold - warm).abs().max() > 0.05   # the temperature changes the log-probs
     sampler = [cold[i, len(p):len(p) + len(r)].tolist() for i, (p, r) in enumerate(zip(prompts, responses))]
-    with_logp = build_batch(prompts, responses, [None] * 4, batch["advantages"], tok.pad_token_id, sampler_logp=sampler)
+    with_logp = {**batch, **sampler_rows(prompts, responses, sampler, batch["input_ids"].shape[1])}
     kw = dict(micro_batch_size=3, loss_agg="token-mean")
     sgd = lambda m: torch.optim.SGD(m.parameters(), lr=0.0)
     plain = update(copy.deepcopy(model), sgd(model), batch, temperature=0.7, **kw)
