@@ -113,6 +113,8 @@ def mini_batches(model, batch: dict, groups: list[int] | None, k: int, logprobs_
     and no batch["old_logp"], π_old from `old_logprobs` over the whole batch first. `_`: Step's other settings."""
     if k == 1:
         return [batch]
+    if k < 1:
+        raise ValueError(f"update: updates_per_batch must be at least 1, got {k}")
     if groups is None:
         raise ValueError(f"update: updates_per_batch={k} needs `groups`, each row's group")
     if batch.get("old_logp") is None:

@@ -770,6 +770,20 @@ def test_one_update_per_batch_is_update_on_the_whole_batch():
     assert sa == sb
 
 
+def test_update_refuses_several_steps_without_groups_before_any_forward():
+    """k > 1 mini-batches need each row's group, and k < 1 is no update: one-line errors naming the argument,
+    raised before the π_old pass or any optimizer step (the parameters stay as they were)."""
+    model = BiasLM()
+    before = model.w.detach().clone()
+    opt = torch.optim.SGD(model.parameters(), lr=1.0)
+    with pytest.raises(ValueError, match="updates_per_batch=2 needs `groups`"):
+        update(model, opt, one_token_rows(2), updates_per_batch=2, micro_batch_size=4, chunk_tokens=0, max_new_tokens=1)
+    with pytest.raises(ValueError, match="updates_per_batch must be at least 1, got 0"):
+        update(model, opt, one_token_rows(2), [0, 1], updates_per_batch=0, micro_batch_size=4, chunk_tokens=0,
+               max_new_tokens=1)
+    assert_close(model.w.detach(), before)
+
+
 def test_group_mini_batches_keep_groups_whole():
     """5 groups (ragged: group 3 has 3 rows) in 2 mini-batches: groups {0, 1, 2} then {3, 4}; every row once."""
     from harness.trainer import group_mini_batches
