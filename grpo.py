@@ -120,7 +120,8 @@ def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
 
 
 def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> float:
-    """Z: N × max_new_tokens ("constant") or the response-token count ("token-mean", ≥ 1) of the WHOLE batch."""
+    """Z of the batch one optimizer step trains on (in `update`: its mini-batch, every micro-batch of it):
+    N × max_new_tokens ("constant") or the response-token count ("token-mean", ≥ 1)."""
     if loss_agg not in LOSS_AGGS:
         raise ValueError(f"loss_agg must be one of {LOSS_AGGS}, got {loss_agg!r}")
     if loss_agg == "constant" and (max_new_tokens is None or max_new_tokens <= 0):

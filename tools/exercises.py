@@ -343,8 +343,8 @@ EXERCISES = [
              hints=("`on`, `off` and `resp` (boolean (N, L)) are computed for you above the region.",
                     "`unit_offpolicy_loss` and `k3_kl` are given.")),
     Exercise("update", ("grpo.py:update",),
-             "one optimizer step with micro-batch accumulation equal to the full batch (ρ = 1 without old_logp)",
-             "for each micro-batch: logp = forward; loss_mb = policy_loss(…, z = Z of the WHOLE batch); "
+             "each optimizer step with micro-batch accumulation equal to its whole mini-batch (ρ = 1 without old_logp)",
+             "for each micro-batch: logp = forward; loss_mb = policy_loss(…, z = Z of the whole mini-batch); "
              "loss_mb.backward()  ⇒  Σ_mb ∇loss_mb = ∇L",
              UPDATE_TESTS, 3, 12,
              "per micro-batch (the loop is given): the forward's log-probs, old_logp, the loss with the whole "
@@ -361,8 +361,8 @@ EXERCISES = [
                     "Without part['old_logp'] use this forward's own log-probs, detached.",
                     "`step.reference_logprobs(part)` (None without KL) and `step.sampler_weight(part, old_logp)` "
                     "(None without vLLM log-probs) are policy_loss's ref_logp and is_weight.",
-                    "Each micro-batch's loss is divided by the WHOLE batch's z (`step.z`), so the accumulated "
-                    "gradient is the full batch's.")),
+                    "Each micro-batch's loss is divided by its whole mini-batch's z (`step.z`), so the accumulated "
+                    "gradient is the whole mini-batch's.")),
 ]
 BY_NAME = {e.name: e for e in EXERCISES}
 
