@@ -185,20 +185,18 @@ def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, up
     for mini in minis:  # with k > 1 after π_old's no-grad pass
         step = trainer.Step(model, optimizer, mini, loss_normaliser(mini["response_mask"], loss_agg, max_new_tokens),
                             logprobs_fn=logprobs_and_entropy, kl_coef=kl_coef, **engine)
-        for part in step.micro_batches():  # length-sorted; under torchrun padded with zero-weight ones
-            with step.gradient_exchange():  # DDP: once per step, on the last micro-batch
-                # BEGIN SOLUTION update
-                with amp():  # around the forward and the loss only
-                    logp, entropy = step.forward(part, entropy_grad=entropy_coef != 0)  # (n, L) each
-                    old_logp = part.get("old_logp", logp.detach())  # no π_old pass (one step per batch): ρ = 1
-                    loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"],
-                                              part["offpolicy_mask"], clip_eps=clip_eps, shaping_gamma=shaping_gamma,
-                                              z=step.z, ref_logp=step.reference_logprobs(part), kl_coef=kl_coef,
-                                              entropy=entropy, entropy_coef=entropy_coef,
-                                              offpolicy_credit=offpolicy_credit,
-                                              is_weight=step.sampler_weight(part, old_logp))
-                # END SOLUTION
-                step.backward(loss, terms)  # ÷ the mini-batch's Z: its full gradient
+        for part in step.micro_batches():  # length-sorted; DDP exchanges gradients after the last one
+            # BEGIN SOLUTION update
+            with amp():  # around the forward and the loss only
+                logp, entropy = step.forward(part, entropy_grad=entropy_coef != 0)  # (n, L) each
+                old_logp = part.get("old_logp", logp.detach())  # no π_old pass (one step per batch): ρ = 1
+                loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"],
+                                          part["offpolicy_mask"], z=step.z, clip_eps=clip_eps, kl_coef=kl_coef,
+                                          shaping_gamma=shaping_gamma, offpolicy_credit=offpolicy_credit,
+                                          ref_logp=step.reference_logprobs(part), entropy=entropy,
+                                          entropy_coef=entropy_coef, is_weight=step.sampler_weight(part, old_logp))
+            # END SOLUTION
+            step.backward(loss, terms)  # ÷ the mini-batch's Z: its full gradient
         if step.clip_gradients(max_grad_norm):  # False: a non-finite loss or gradient norm, on any rank
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)

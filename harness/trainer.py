@@ -42,16 +42,15 @@ class Step:
 
     def micro_batches(self):
         """Each micro-batch's tensors on the model's device; a rank with fewer than the others gets zero-weight
-        padding ones (row 0 again), so that every rank runs the same forwards."""
+        padding ones (row 0 again), so that every rank runs the same forwards. The caller's forward and backward
+        of each run inside the gradient exchange's context: DDP exchanges gradients once per step, on the last
+        micro-batch (`no_sync` on the others); FSDP2 reduce-scatters every micro-batch's gradients into its shards;
+        one process holds nothing."""
         for self.i in range(self.n_micro):
             part, self.keep, self.padding = micro_batch(self.batch, self.plan, self.i, self.extents, self.device)
-            yield part
-
-    def gradient_exchange(self):
-        """DDP exchanges gradients once per step, on the last micro-batch (`no_sync` on the others); FSDP2
-        reduce-scatters every micro-batch's gradients into its shards; one process: nothing to hold."""
-        last = self.i == self.n_micro - 1
-        return contextlib.nullcontext() if self.dist is None or last else self.dist.no_sync(self.model)
+            last = self.i == self.n_micro - 1
+            with contextlib.nullcontext() if self.dist is None or last else self.dist.no_sync(self.model):
+                yield part
 
     def forward(self, part: dict, entropy_grad: bool) -> tuple[Tensor, Tensor]:
         """(logp, entropy) of this micro-batch, both (n, L), with gradients through logp."""

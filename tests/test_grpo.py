@@ -1,5 +1,6 @@
 """Tests for grpo.py: hand-computed numbers, closed-form gradients, random data against stored values, micro-batching,
 the non-finite guard and token log-probs on a tiny random Qwen2."""
+import contextlib
 import copy
 import json
 import math
@@ -768,6 +769,44 @@ def test_one_update_per_batch_is_update_on_the_whole_batch():
                      chunk_tokens=0, max_new_tokens=1))
     assert_close(a.w.detach(), b.w.detach())
     assert sa == sb
+
+
+class RecordingDist:
+    """One rank that records where DDP's `no_sync` is entered: the forwards and backwards that run inside it."""
+
+    world = 1
+
+    def __init__(self, model):
+        self.inside, self.events = False, []
+        model.register_forward_hook(lambda *a: self.events.append(("forward", self.inside)))
+        for p in model.parameters():
+            p.register_hook(lambda g: self.events.append(("backward", self.inside)) or g)
+
+    sum = max = mean = staticmethod(lambda x: x)
+
+    def all_gather(self, x):
+        return [x]
+
+    @contextlib.contextmanager
+    def no_sync(self, model):
+        self.inside = True
+        yield
+        self.inside = False
+
+
+def test_ddp_exchanges_gradients_on_the_last_micro_batch_of_each_step_only():
+    """Three micro-batches of one row in each of two optimizer steps: the first two of each run their forward and
+    backward inside no_sync (no gradient exchange), the last outside it, so DDP all-reduces once per step."""
+    model = BiasLM()
+    dist = RecordingDist(model)
+    update(model, torch.optim.SGD(model.parameters(), lr=0.1), one_token_rows(6), [0, 0, 0, 1, 1, 1],
+           updates_per_batch=2, micro_batch_size=1, chunk_tokens=0, max_new_tokens=1, dist=dist)
+    passes = [e for e in dist.events if e[0] == "backward"]
+    forwards = [e for e in dist.events if e[0] == "forward"]
+    assert forwards[:6] == [("forward", False)] * 6   # π_old's no-grad pass: no gradients to exchange
+    one_step = [("forward", True), ("backward", True)] * 2 + [("forward", False), ("backward", False)]
+    assert dist.events[6:] == one_step * 2
+    assert len(passes) == 6
 
 
 def test_update_refuses_several_steps_without_groups_before_any_forward():

@@ -143,6 +143,7 @@ UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch"
                 "tests/test_grpo.py::test_update_gradient_with_memory_savers_equals_one_plain_pass",
                 "tests/test_grpo.py::test_the_clip_binds_on_the_second_mini_batch_by_hand",
                 "tests/test_grpo.py::test_one_update_per_batch_is_update_on_the_whole_batch",
+                "tests/test_grpo.py::test_ddp_exchanges_gradients_on_the_last_micro_batch_of_each_step_only",
                 "tests/test_course_checks.py::test_update_hands_policy_loss_a_detached_old_logp")
 CHECKS = "tests/test_course_checks.py::"   # checks that teach: each catches a classic mistake of its problem
 # problem 6's four functions one by one (seconds): locate, select and the two repairs run split_steps,
@@ -293,6 +294,7 @@ EXERCISES = [
                      "tests/test_runs.py::test_pad_id_falls_back_to_eos",
                      "tests/test_grpo.py::test_build_batch_lays_out_sampler_logprobs",
                      "tests/test_grpo.py::test_group_mini_batches_keep_groups_whole",
+                     "tests/test_grpo.py::test_update_refuses_several_steps_without_groups_before_any_forward",
                      "tests/test_because2.py::test_part_masks_partition_the_response_tokens") + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
              expects="return a dict with keys input_ids, attention_mask, response_mask, offpolicy_mask (int64, "
                      "(N, L)) and advantages (the float32 (N,) tensor above)"),
