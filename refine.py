@@ -107,9 +107,9 @@ def splice(prefix_ids: list[int], suffix_text: str, tokenizer, *, max_new_tokens
 
 def repaired(t: Trajectory, response_ids: list[int], mask: list[int], text: str, prefix_len: int,
               end_id: int | None) -> Trajectory:
-    """The accepted repair of failure `t`: reward 1.0 (source "rectified", or "replaced" for an empty prefix), the
-    refiner's tokens marked, the PRM facts copied from the original so the logs show what was salvaged, the
-    sampler's log-probs of the kept prefix only."""
+    """The accepted repair of failure `t`: reward 1.0, its regrade's outcome reward (only a correct repair is
+    accepted); source "rectified" ("replaced" for an empty prefix); the refiner's tokens marked; the PRM facts
+    copied from the original so the logs show what was salvaged; the sampler's log-probs of the kept prefix only."""
     return Trajectory(
         question=t.question, answer=t.answer, group=t.group, prompt_ids=list(t.prompt_ids),
         response_ids=response_ids, text=text, reward=1.0, correct=True, offpolicy_mask=mask,
