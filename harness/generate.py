@@ -46,6 +46,10 @@ docs/vllm.md. Implementation notes:
    `wake_up(["kv_cache"])` before the next generate. Under torchrun each rank's engine is independent (no
    data_parallel_size), so no engine step waits on another rank. Every request, keyword and engine call here is
    held against vLLM 0.33's own code by tests/test_vllm33_contract.py (`bash .ci/vllm33_contract.sh`).
+9. On the CPU, a Qwen2 model without suppressed ids (the toy policy) is sampled by `lean_decode`, HF generate's
+   loop written out over key/value buffers allocated once: the library's tokens for the same seed (held to
+   `model.generate` by tests/test_generate.py), at about half its time on the toy. Other models, top-p < 1
+   and GPUs keep `model.generate`.
 """
 # ==== imports ====
 import json
@@ -54,6 +58,7 @@ import urllib.request
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from transformers import GenerationConfig
 
 # ==== 1. prompts and the Completion record ====
@@ -220,7 +225,7 @@ def vllm_importable() -> bool:
 
 class HFGenerator:
     """`model.generate` over token-id prompts: prompts repeated n times, left-padded, `micro_batch_size` rows per
-    generate call (scope.py passes --gen-batch-size)."""
+    generate call (scope.py passes --gen-batch-size); `lean_decode` where it applies (note 9)."""
 
     def __init__(self, model, tokenizer, micro_batch_size: int = 16):
         if micro_batch_size < 1:
@@ -234,6 +239,7 @@ class HFGenerator:
         # Qwen2.5's embedding has more rows (151936) than its tokenizer has ids: never sample an undecodable id
         n_rows = getattr(model.config, "vocab_size", None) or len(tokenizer)
         self.suppress = list(range(len(tokenizer), n_rows)) or None
+        self.lean = lean_decode_applies(model) and self.suppress is None
 
     def generate(self, prompts: list[list[int]], *, n: int = 1, temperature: float = 1.0, top_p: float = 1.0,
                  max_tokens: int = 256, seed: int | None = None) -> list[list[Completion]]:
@@ -273,11 +279,93 @@ class HFGenerator:
             sampling = dict(do_sample=False, temperature=1.0, top_p=1.0, top_k=50)
         else:  # plain temperature / top-p sampling: HF's default top_k=50 and any repetition penalty off
             sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        if self.lean and top_p == 1.0 and device.type == "cpu":   # note 9: the library's tokens, less per-token work
+            return lean_decode(self.model, input_ids, attention_mask, max_new, temperature, self.stop, self.pad_id)[0]
         config = GenerationConfig(max_new_tokens=max_new, eos_token_id=sorted(self.stop), pad_token_id=self.pad_id,
                                   repetition_penalty=1.0, suppress_tokens=self.suppress, use_cache=True, **sampling)
         seqs = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
                                    generation_config=config)  # (b, width + new)
         return seqs[:, width:].tolist()
+
+
+def lean_decode_applies(model) -> bool:
+    """True for the models `lean_decode` is held to HF generate on (tests/test_generate.py): a Qwen2 causal LM,
+    the toy policy's architecture, with sdpa attention and no sliding window."""
+    config = getattr(model, "config", None)
+    return (getattr(config, "model_type", None) == "qwen2" and getattr(config, "_attn_implementation", None) == "sdpa"
+            and not getattr(config, "use_sliding_window", False) and hasattr(model, "model")
+            and hasattr(model.model, "layers"))
+
+
+@torch.no_grad()
+def lean_decode(model, input_ids, attention_mask, max_new: int, temperature: float, stop: set[int], pad_id: int,
+                logprobs: bool = False) -> tuple[list[list[int]], list[list[float]] | None]:
+    """HF generate's sampling loop for a Qwen2 model on the CPU, written out: the same tokens for the same torch RNG
+    state (tests/test_generate.py holds it to `model.generate`), without the per-token work a tiny model pays there.
+    The prompt's forward pass is the library's own (its KV cache is then copied once); each new token runs the
+    decoder layers' own modules over key/value buffers allocated once, with the query heads' copies of the
+    key/value heads written as they are made, instead of a cache grown by concatenation and repeated every token.
+    Sampling is HF's: float32 logits / temperature, softmax, torch.multinomial over every row (a finished row
+    draws too and gets `pad_id`), greedy = argmax; it stops at max_new or when every row has met a stop id.
+    input_ids, attention_mask: (b, width), left-padded. Returns the new ids per row, padded like HF's, and with
+    `logprobs` the log-prob of each sampled id under the distribution it was drawn from."""
+    from transformers import DynamicCache
+    from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
+
+    b, width = input_ids.shape
+    config, decoder = model.config, model.model
+    n_heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // n_heads
+    repeat = n_heads // config.num_key_value_heads
+    position = attention_mask.long().cumsum(-1) - 1   # (b, width), as generate computes it
+    position.masked_fill_(attention_mask == 0, 1)
+    cache = DynamicCache(config=config)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position, past_key_values=cache,
+                   use_cache=True, logits_to_keep=1).logits[:, -1].to(copy=True, dtype=torch.float32)  # (b, V)
+    total = width + max_new
+    keys, values = [], []   # per layer (b, heads, total, head_dim): the prompt's, then one column per new token
+    for layer in cache.layers:
+        for store, prompt_part in ((keys, layer.keys), (values, layer.values)):
+            buffer = prompt_part.new_empty((b, n_heads, total, head_dim))
+            buffer[:, :, :width] = prompt_part.repeat_interleave(repeat, dim=1)
+            store.append(buffer)
+    del cache
+    seen = torch.ones((b, total), dtype=torch.bool)   # (b, total): False on the prompt's left padding
+    seen[:, :width] = attention_mask.bool()
+    stop_ids = torch.tensor(sorted(stop))
+    unfinished = torch.ones(b, dtype=torch.long)
+    new, new_logp, position, t = [], [], position[:, -1:], width
+    while True:
+        scores = logits if temperature in (0, 1.0) else logits / temperature   # (b, V)
+        if temperature == 0:
+            token = torch.argmax(scores, dim=-1)
+        else:
+            token = torch.multinomial(F.softmax(scores, dim=-1), num_samples=1).squeeze(1)   # (b,)
+        token = token * unfinished + pad_id * (1 - unfinished)
+        new.append(token)
+        if logprobs:
+            new_logp.append(F.log_softmax(scores, dim=-1).gather(1, token[:, None]).squeeze(1))
+        unfinished = unfinished & ~torch.isin(token, stop_ids)
+        if len(new) >= max_new or unfinished.max() == 0:
+            break
+        position = position + 1
+        hidden = decoder.embed_tokens(token[:, None])   # (b, 1, hidden)
+        cos, sin = decoder.rotary_emb(hidden, position)
+        mask = None if bool(seen[:, :t + 1].all()) else seen[:, None, None, :t + 1]   # generate's: none without padding
+        for i, layer in enumerate(decoder.layers):
+            attn, x = layer.self_attn, layer.input_layernorm(hidden)
+            q, k, v = (proj(x).view(b, 1, -1, head_dim).transpose(1, 2) for proj in (attn.q_proj, attn.k_proj, attn.v_proj))
+            q, k = apply_rotary_pos_emb(q, k, cos, sin)
+            keys[i][:, :, t:t + 1] = k.repeat_interleave(repeat, dim=1)
+            values[i][:, :, t:t + 1] = v.repeat_interleave(repeat, dim=1)
+            out = F.scaled_dot_product_attention(q, keys[i][:, :, :t + 1], values[i][:, :, :t + 1], attn_mask=mask,
+                                                 dropout_p=0.0, scale=attn.scaling)   # (b, heads, 1, head_dim)
+            hidden = hidden + attn.o_proj(out.transpose(1, 2).reshape(b, 1, -1).contiguous())
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
+        logits = model.lm_head(decoder.norm(hidden))[:, -1].to(copy=True, dtype=torch.float32)   # (b, V)
+        t += 1
+    ids = torch.stack(new, dim=1).tolist()   # (b, steps)
+    return ids, (torch.stack(new_logp, dim=1).tolist() if logprobs else None)
 
 
 # ==== 3. in-process vLLM backend ====

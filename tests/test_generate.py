@@ -145,6 +145,85 @@ def test_hf_stops_at_eos_keeps_it_and_strips_padding(tiny_causal_lm):
         assert len(c.ids) <= 12 and (c.finished or len(c.ids) == 12)
 
 
+def stopping_qwen2(tok, seed=0):
+    """A tiny Qwen2 with one embedding row per tokenizer id (so no ids are suppressed and HFGenerator decodes with
+    `lean_decode`), weights large enough (std 0.3) that the context matters, and EOS boosted (+3 on its logit) so
+    that rows stop at different steps."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                                         tie_word_embeddings=True, eos_token_id=tok.eos_token_id,
+                                         pad_token_id=tok.pad_token_id, bos_token_id=None)).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 2:
+                p.normal_(0.0, 0.3)
+    boost = torch.zeros(len(tok))
+    boost[tok.eos_token_id] = 3.0
+    model.lm_head.register_forward_hook(lambda module, inputs, logits: logits + boost)
+    return model
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 0.0])
+def test_lean_decode_gives_hf_generates_samples(bpe_tokenizer, temperature):
+    """The toy's decode loop (lean_decode) against the library's `model.generate` it replaces: the same tokens for
+    the same seed, with left padding, rows that stop early, several generate calls sharing one random stream
+    (micro-batches of 5 rows), sampling at T = 1 and 0.6 and greedy."""
+    model = stopping_qwen2(bpe_tokenizer)
+    prompts = [format_prompt(bpe_tokenizer, q) for q in QUESTIONS] + [bpe_tokenizer.encode("x")]
+    for micro_batch in (5, 64):
+        gen = HFGenerator(model, bpe_tokenizer, micro_batch_size=micro_batch)
+        assert gen.lean
+        lean = gen.generate(prompts, n=4, temperature=temperature, max_tokens=24, seed=3)
+        gen.lean = False
+        library = gen.generate(prompts, n=4, temperature=temperature, max_tokens=24, seed=3)
+        assert lean == library
+    flat = [c for row in lean for c in row]
+    assert any(c.finished for c in flat) and any(not c.finished for c in flat) or not temperature
+    assert len({tuple(c.ids) for c in flat}) > 3
+
+
+def test_lean_decode_logprobs_are_generates(bpe_tokenizer):
+    """lean_decode's log-prob of each sampled id is log_softmax(logits / T) of the logits HF generate reports for
+    that step (output_logits), bit for bit, and its ids are generate's, padding of finished rows included."""
+    from transformers import GenerationConfig
+
+    from harness.generate import lean_decode
+
+    model = stopping_qwen2(bpe_tokenizer, seed=2)
+    prompts = [format_prompt(bpe_tokenizer, q) for q in QUESTIONS]
+    width, pad = max(map(len, prompts)), bpe_tokenizer.pad_token_id
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])  # (3, width), left-padded
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    config = GenerationConfig(max_new_tokens=20, eos_token_id=[bpe_tokenizer.eos_token_id], pad_token_id=pad,
+                              do_sample=True, temperature=0.6, top_p=1.0, top_k=0, output_logits=True,
+                              return_dict_in_generate=True)
+    torch.manual_seed(11)
+    out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
+    torch.manual_seed(11)
+    lean_ids, lean_logp = lean_decode(model, ids, mask, 20, 0.6, {bpe_tokenizer.eos_token_id}, pad, logprobs=True)
+    sampled = out.sequences[:, width:]  # (3, steps)
+    assert lean_ids == sampled.tolist()
+    logp = torch.log_softmax(torch.stack(out.logits, dim=1) / 0.6, dim=-1).gather(2, sampled[..., None])[..., 0]
+    assert torch.equal(torch.tensor(lean_logp), logp)
+    assert (logp < -0.01).any()   # real sampling, not a saturated distribution
+
+
+def test_hf_generate_keeps_the_library_call_where_lean_decode_is_unchecked(bpe_tokenizer, tiny_causal_lm):
+    """Embedding rows beyond the tokenizer (suppressed ids) and top-p are generate's own: lean_decode is used only
+    where a test holds it to generate."""
+    model = tiny_causal_lm(bpe_tokenizer)
+    assert model.config.vocab_size > len(bpe_tokenizer) and not HFGenerator(model, bpe_tokenizer).lean
+    gen = HFGenerator(stopping_qwen2(bpe_tokenizer), bpe_tokenizer)
+    calls = []
+    gen.model.generate = lambda **kw: calls.append(kw) or torch.zeros((1, 30), dtype=torch.long)
+    gen.generate([[5, 6, 7]], n=1, temperature=1.0, top_p=0.9, max_tokens=4, seed=0)
+    gen.generate([[5, 6, 7]], n=1, temperature=1.0, max_tokens=4, seed=0)
+    assert len(calls) == 1 and calls[0]["generation_config"].top_p == 0.9
+
+
 def test_hf_restores_train_mode_and_clamps_to_context(bpe_tokenizer, tiny_causal_lm):
     model = tiny_causal_lm(bpe_tokenizer)
     model.config.max_position_embeddings = 40
