@@ -218,7 +218,7 @@ def median_p10_p90(values: list[float]) -> tuple[float, float, float]:
 
 def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperature: float = 0.6,
              top_p: float = 1.0, max_new_tokens: int = 1024, seed: int | None = 0, batch_size: int = 64,
-             keep_samples: bool = False, grade_fn=None) -> dict:
+             keep_samples: bool = False, grade_fn=None, progress: str = "") -> dict:
     """avg@n accuracy and unbiased pass@k of `generator` on `problems` ({"id", "question", "answer"}).
 
     Prompts come from `generate.format_prompt` (chat template + "put your answer in \\boxed{}" when the
@@ -228,12 +228,10 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     Returns {"acc": mean over problems of c/n (avg@n), "pass@k": {k: mean pass_at_k(n, c, k)} for
     k in pass_ks(n), "n", "num_problems", "truncated": share of samples cut at max_new_tokens,
     "response_len": mean sampled tokens, "per_problem": [{"id", "correct": c, "n"}]}; with
-    keep_samples each per_problem row also holds "samples" (texts) and "sample_correct" (bools).
+    keep_samples each per_problem row also holds "samples" (texts) and "sample_correct" (bools). `progress`
+    names the problems in a progress line per generate call off a terminal (`eval_progress`).
     """
-    from tqdm.auto import tqdm
-
     from harness.generate import VLLMGenerator, format_prompt
-    from harness.progress import bar_disabled   # a bar only on a terminal: no carriage returns in a log file
 
     if not problems:
         raise ValueError("evaluate: `problems` is empty")
@@ -243,7 +241,7 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     # vLLM schedules all prompts itself: one call (no batch waits on another's longest answer), no log-probs asked
     whole = isinstance(generator, VLLMGenerator)
     batch_size, extra = (len(problems), {"logprobs": False}) if whole else (batch_size, {})
-    bar = tqdm(total=len(problems), desc="eval", unit="problem", disable=len(problems) <= batch_size or bar_disabled())
+    bar = eval_progress(len(problems), batch_size, progress)
     for start in range(0, len(problems), batch_size):
         batch = problems[start:start + batch_size]
         prompts = [format_prompt(tokenizer, p["question"]) for p in batch]
@@ -274,6 +272,60 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     }
 
 
+def eval_progress(total: int, batch_size: int, label: str = ""):
+    """Where an evaluation of `total` problems is: a tqdm bar on a terminal (none for one batch); off a terminal,
+    with a `label`, one line per update: "eval math500: 64/500 problems, 41 s, ETA 4 min 39 s" (a log file gets
+    no carriage returns); without a label, nothing (the training loop's periodic evaluation)."""
+    import time
+
+    from tqdm.auto import tqdm
+
+    from harness.progress import bar_disabled, duration
+
+    if not bar_disabled() or not label:
+        return tqdm(total=total, desc="eval", unit="problem", disable=total <= batch_size or bar_disabled())
+
+    class Lines:
+        def __init__(self):
+            self.done, self.t0 = 0, time.time()
+
+        def update(self, k: int) -> None:
+            self.done += k
+            spent = time.time() - self.t0
+            left = "done" if self.done >= total else f"ETA {duration(spent / self.done * (total - self.done))}"
+            print(f"eval {label}: {self.done}/{total} problems, {duration(spent)}, {left}", flush=True)
+
+        def close(self) -> None:
+            pass
+
+    return Lines()
+
+
+def plot_pass_at_k(report: dict, path: str) -> str:
+    """The picture beside a report: pass@k (%) against k, one line per benchmark (math and out-of-domain), k on a
+    log-2 axis. Returns `path`."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    for group in ("benchmarks", "ood"):
+        for name, result in (report.get(group) or {}).items():
+            points = sorted((int(k), 100 * v) for k, v in result["pass@k"].items())   # keys: ints, or str from JSON
+            ax.plot([k for k, _ in points], [v for _, v in points], marker="o", label=_label(name))
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k (samples per problem)")
+    ax.set_ylabel("pass@k (%)")
+    ax.set_title(f"{os.path.basename(os.path.normpath(report['model']))}: n = {report['n']}, T = {report['temperature']}")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 def diversity_summary(per_problem: list[dict]) -> dict[str, dict[str, float]]:
     """Table 4 across prompts: for each diversity metric, {"median", "p10", "p90"} over the prompts.
 
@@ -287,9 +339,11 @@ def diversity_summary(per_problem: list[dict]) -> dict[str, dict[str, float]]:
     return summary
 
 
-def make_generator(name_or_path: str, backend: str, *, seed: int = 0, vllm_mem: float = 0.85):
+def make_generator(name_or_path: str, backend: str, *, seed: int = 0, vllm_mem: float = 0.85,
+                   gen_batch_size: int = 64):
     """(generator, tokenizer) for evaluation: vLLM when asked, or with `auto` when vLLM imports and CUDA
-    is present; else Hugging Face generate on CUDA or CPU."""
+    is present; else Hugging Face generate on CUDA or CPU, `gen_batch_size` rows per generate call (training's
+    --gen-batch-size: then its periodic evaluation and this one draw the same samples)."""
     import torch
 
     from harness.generate import HFGenerator, VLLMGenerator, load_causal_lm, load_tokenizer, vllm_importable
@@ -307,7 +361,7 @@ def make_generator(name_or_path: str, backend: str, *, seed: int = 0, vllm_mem: 
                              seed=seed), tokenizer
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_causal_lm(name_or_path, device)
-    return HFGenerator(model.eval(), tokenizer), tokenizer
+    return HFGenerator(model.eval(), tokenizer, micro_batch_size=gen_batch_size), tokenizer
 
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -376,6 +430,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--max-new-tokens", type=int, default=1024,
                    help="new tokens per sample (clamped to the context)")
     p.add_argument("--batch-size", type=int, default=64, help="problems per generate call")
+    p.add_argument("--gen-batch-size", type=int, default=64, help="sequences per HF generate call (training's "
+                   "--gen-batch-size: the same samples as its periodic evaluation)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--limit", type=int, default=None,
                    help="first K problems of each benchmark")
@@ -395,6 +451,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if not (args.grader_bench or args.model):
         p.error("--model is required (or --grader-bench; curves and traces: python -m tools.report --plot/--trace RUN)")
+    if args.gen_batch_size < 1:
+        p.error(f"--gen-batch-size must be >= 1, got {args.gen_batch_size}")
     if args.diversity and args.n < 2:
         p.error("--diversity needs --n >= 2 samples per prompt")
     return args
@@ -429,11 +487,13 @@ def run_evaluation(args: argparse.Namespace) -> dict:
                         for name in names.split(",") if name.strip()} for group, names in groups.items()}
     from harness.mathverify import for_name
     grade_fn = for_name(args.grader)   # a missing math-verify stops here, before the model loads
-    generator, tokenizer = make_generator(args.model, args.backend, seed=args.seed, vllm_mem=args.vllm_mem)
+    generator, tokenizer = make_generator(args.model, args.backend, seed=args.seed, vllm_mem=args.vllm_mem,
+                                          gen_batch_size=args.gen_batch_size)
     model_name = os.path.basename(os.path.normpath(args.model))
     settings = dict(n=args.n, temperature=args.temperature, top_p=args.top_p,
                     max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size)
-    report = {"model": args.model, **settings, "limit": args.limit, "grader": args.grader}
+    report = {"model": args.model, **settings, "gen_batch_size": args.gen_batch_size, "limit": args.limit,
+              "grader": args.grader}
     changes = run_changes(args.model)
     if changes:   # the checkpoint was trained under settings that changed on a resume: say so with the numbers
         report["run_config_changes"] = changes
@@ -442,7 +502,8 @@ def run_evaluation(args: argparse.Namespace) -> dict:
     for group, benchmarks in problems.items():
         results = {}
         for name, items in benchmarks.items():
-            result = evaluate(generator, tokenizer, items, keep_samples=keep, grade_fn=grade_fn, **settings)
+            result = evaluate(generator, tokenizer, items, keep_samples=keep, grade_fn=grade_fn, progress=_label(name),
+                              **settings)
             if args.diversity:
                 result["diversity"] = diversity_summary(result["per_problem"])
             if keep and not args.save_samples:
@@ -461,7 +522,7 @@ def run_evaluation(args: argparse.Namespace) -> dict:
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)
-    print(f"\nwrote {out}")
+    print(f"\nwrote {out} and {plot_pass_at_k(report, os.path.splitext(out)[0] + '.png')}")
     return report
 
 

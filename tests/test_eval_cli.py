@@ -282,3 +282,43 @@ def test_cli_reports_a_missing_run_or_benchmark_in_one_line(tmp_path, capsys):
     assert "traces.jsonl: no such file" in capsys.readouterr().err
     assert ev.main(["--model", "unused", "--benchmarks", str(tmp_path / "nope.jsonl")]) == 2
     assert "nope.jsonl" in capsys.readouterr().err
+
+
+def test_cli_samples_as_the_training_loops_evaluation(tmp_path, capsys):
+    """eval.py draws `--gen-batch-size` rows (default 64, training's --gen-batch-size) per HF generate call, so its
+    samples are those of the in-training evaluation (Run.evaluate: HFGenerator(..., 64), batches of 64 problems,
+    T = 0.6, seed 0); off a terminal it prints one progress line per generate call, and it writes the pass@k
+    picture beside its report."""
+    from harness import toy
+    from harness.generate import HFGenerator, load_causal_lm
+    tok = toy.make_tokenizer()
+    ckpt = tmp_path / "model"
+    make_tiny_causal_lm(tok, seed=3).save_pretrained(ckpt)
+    tok.save_pretrained(ckpt)
+    out = tmp_path / "toy_eval.json"
+    assert ev.main(["--model", str(ckpt), "--benchmarks", "toy", "--limit", "12", "--n", "4", "--max-new-tokens", "10",
+                    "--batch-size", "8", "--backend", "hf", "--save-samples", "--out", str(out)]) == 0
+    model, tokenizer = load_causal_lm(str(ckpt), "cpu")
+    problems = toy.make_problems(12, seed=0)
+    training = ev.evaluate(HFGenerator(model.eval(), tokenizer, 64), tokenizer, problems, n=4, temperature=0.6,
+                           max_new_tokens=10, seed=0, batch_size=8, keep_samples=True)
+    ours = json.loads(out.read_text())["benchmarks"]["toy"]["per_problem"]
+    assert [r["samples"] for r in ours] == [r["samples"] for r in training["per_problem"]]
+    printed = capsys.readouterr().out
+    assert "eval toy: 8/12 problems" in printed and "ETA" in printed and "eval toy: 12/12 problems" in printed
+    assert (tmp_path / "toy_eval.png").stat().st_size > 1000
+
+
+def test_pass_at_k_picture_has_a_line_per_benchmark(tmp_path, monkeypatch):
+    """plot_pass_at_k draws pass@k against k for every benchmark of the report (math and out-of-domain)."""
+    import matplotlib.axes
+    drawn = []
+    real = matplotlib.axes.Axes.plot
+    monkeypatch.setattr(matplotlib.axes.Axes, "plot", lambda self, x, y, **kw: drawn.append((x, y, kw["label"]))
+                        or real(self, x, y, **kw))
+    report = {"model": "runs/a/checkpoint", "n": 4, "temperature": 0.6,
+              "benchmarks": {"math500": {"pass@k": {"1": 0.25, "2": 0.5, "4": 0.75}}},
+              "ood": {"arc-c": {"pass@k": {"1": 0.5, "2": 0.6, "4": 0.7}}}}
+    path = ev.plot_pass_at_k(report, str(tmp_path / "r.png"))
+    assert os.path.getsize(path) > 1000
+    assert drawn == [([1, 2, 4], [25.0, 50.0, 75.0], "math500"), ([1, 2, 4], [50.0, 60.0, 70.0], "arc-c")]
