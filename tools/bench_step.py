@@ -5,15 +5,17 @@ same batch shape (8 prompts × 8 rollouts, up to 128 new tokens, temperature 1.0
 batch, no KL, Dr. GRPO loss, AdamW), same reward (`harness.grader.grade` of the last \\boxed{}), one CPU thread.
 A step is: sample the rollouts, grade them, advantages, one optimizer step. Runs alternate: TRL step k
 then our step k (our step runs inside a TRL callback, between two TRL steps), so slow phases of a
-shared machine hit both; the medians of `--steps` timed steps are printed after `--warmup` untimed ones.
+shared machine hit both; the medians of `--steps` timed steps are printed after `--warmup` untimed ones, for the
+whole step and per phase: rollout (the sampling call: our HFGenerator, TRL's `_generate`), score (rewards,
+advantages, batch: the rest of TRL's `_generate_and_score_completions`), update (forward, backward, AdamW).
 
 What differs, said plainly: TRL generates the 64 rollouts in one `generate` call; ours generates in
 micro-batches of `--micro-batch-size` (scope.py's toy default 64: one call as well). TRL's step also
 does its own logging bookkeeping; ours writes no files. Neither runs a separate old-log-prob forward
 (one optimizer step per batch: ρ = 1 in both).
 
-Run: `python -m tools.bench_step` (needs `pip install trl accelerate`; checked with trl 1.16.0,
-transformers 5.20). Prints one line per timed step and a summary with medians.
+Run: `python -m tools.bench_step` (needs `pip install trl accelerate`; checked with trl 1.16.0, accelerate 1.15.0,
+transformers 5.20). Prints one line per timed step and a summary with medians, per phase.
 """
 import argparse
 import os
@@ -78,6 +80,7 @@ def main(argv=None):
         ours.eval()
         completions = gen.generate(prompts, n=G, temperature=1.0, max_tokens=args.max_new_tokens,
                                    seed=1000 + state["k"])
+        t_rollout = time.perf_counter()
         rewards = torch.tensor([float(grade(c.text, p["answer"]))
                                 for p, group in zip(batch_problems, completions) for c in group])  # (B*G,)
         adv = group_advantages(rewards, G)
@@ -86,11 +89,14 @@ def main(argv=None):
         if old_logp_pass:
             batch["old_logp"], _ = token_logprobs(ours, batch["input_ids"], batch["attention_mask"],
                                                   batch["response_mask"], args.micro_batch_size)
+        t_score = time.perf_counter()
         ours.train()
         update(ours, opt, batch, micro_batch_size=args.micro_batch_size, max_grad_norm=1.0,
                loss_agg="constant", max_new_tokens=args.max_new_tokens, chunk_tokens=0)   # as scope.py --toy
         ours.eval()
-        return time.perf_counter() - t0, float(rewards.mean()), sum(map(len, resp)) / len(resp)
+        t1 = time.perf_counter()
+        phases = {"rollout": t_rollout - t0, "score": t_score - t_rollout, "update": t1 - t_score}
+        return t1 - t0, float(rewards.mean()), sum(map(len, resp)) / len(resp), phases
 
     # ---------------------------------------------------------------- TRL: GRPOTrainer on a copy of the same model
     theirs, _ = load_causal_lm(path, "cpu", torch.float32)
@@ -110,6 +116,8 @@ def main(argv=None):
         shuffle_dataset=False, seed=0, disable_dropout=True, dataloader_num_workers=0)
     times = {"trl": [], "ours": [], "ours_old_pass": []}
     info = {"ours_len": []}
+    phase_times = {side: {"rollout": [], "score": [], "update": []} for side in ("trl", "ours")}
+    trl_phase = {}
 
     class Alternate(TrainerCallback):
         def on_step_begin(self, *a, **k):
@@ -123,24 +131,35 @@ def main(argv=None):
                 order.reverse()
             t_old = None
             for old in order:
-                t, r, n = our_step(old)
+                t, r, n, phases = our_step(old)
                 if old:
                     t_old = t
                 else:
-                    t_ours = t
-            timed = step > args.warmup
-            if timed:
+                    t_ours, our_phases = t, phases
+            counted = step > args.warmup
+            if counted:
                 times["trl"].append(t_trl)
                 times["ours"].append(t_ours)
                 if t_old is not None:
                     times["ours_old_pass"].append(t_old)
                 info["ours_len"].append(n)
+                prepared = trl_phase.get("prepare", 0.0)
+                theirs_now = {"rollout": trl_phase.get("generate", 0.0),
+                              "score": trl_phase.get("score", 0.0) - trl_phase.get("generate", 0.0),
+                              "update": t_trl - prepared}
+                for side, values in (("trl", theirs_now), ("ours", our_phases)):
+                    for phase, v in values.items():
+                        phase_times[side][phase].append(v)
+            trl_phase.clear()
             extra = f", ours with the old-log-prob pass {t_old:.3f} s" if t_old is not None else ""
-            print(f"step {step}{'' if timed else ' (warm-up)'}: TRL {t_trl:.3f} s, ours {t_ours:.3f} s{extra} "
+            print(f"step {step}{'' if counted else ' (warm-up)'}: TRL {t_trl:.3f} s, ours {t_ours:.3f} s{extra} "
                   f"(mean response {n:.0f} tokens)", flush=True)
 
     trainer = GRPOTrainer(model=theirs, reward_funcs=reward_fn, args=config, train_dataset=data,
                           processing_class=tok, callbacks=[Alternate()])
+    for method, phase in (("_generate", "generate"), ("_generate_and_score_completions", "score"),
+                          ("_prepare_inputs", "prepare")):   # TRL's phases, timed by wrapping its own methods
+        setattr(trainer, method, timed(getattr(trainer, method), trl_phase, phase))
     trainer.train()
 
     med_t, med_o = statistics.median(times["trl"]), statistics.median(times["ours"])
@@ -155,7 +174,23 @@ def main(argv=None):
     paired = statistics.median(o / t for o, t in zip(times["ours"], times["trl"]))
     print(f"  median of the paired ratios ours_k / TRL_k = {paired:.2f}")
     print(f"  ours / TRL = {med_o / med_t:.2f}   mean response {statistics.mean(info['ours_len']):.0f} tokens (ours)")
+    print("  per phase, medians (ours vs TRL):")
+    for phase in ("rollout", "score", "update"):
+        o, t = statistics.median(phase_times["ours"][phase]), statistics.median(phase_times["trl"][phase])
+        print(f"    {phase:8s} ours {o:.3f} s   TRL {t:.3f} s   ratio {o / t:.2f}" if t > 0 else
+              f"    {phase:8s} ours {o:.3f} s   TRL {t:.3f} s")
     return 0
+
+
+def timed(method, into: dict, name: str):
+    """`method` that adds its wall time to into[name] (TRL's phases inside one step)."""
+    def wrapper(*a, **k):
+        t0 = time.perf_counter()
+        try:
+            return method(*a, **k)
+        finally:
+            into[name] = into.get(name, 0.0) + time.perf_counter() - t0
+    return wrapper
 
 
 if __name__ == "__main__":
