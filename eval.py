@@ -339,6 +339,9 @@ def diversity_summary(per_problem: list[dict]) -> dict[str, dict[str, float]]:
     return summary
 
 
+TINY_MODEL = 10_000_000   # parameters: below this a CPU model is sampled on one thread (the toy policy: 0.3 M)
+
+
 def make_generator(name_or_path: str, backend: str, *, seed: int = 0, vllm_mem: float = 0.85,
                    gen_batch_size: int = 64):
     """(generator, tokenizer) for evaluation: vLLM when asked, or with `auto` when vLLM imports and CUDA
@@ -361,6 +364,8 @@ def make_generator(name_or_path: str, backend: str, *, seed: int = 0, vllm_mem: 
                              seed=seed), tokenizer
     device = "cuda" if torch.cuda.is_available() else "cpu"
     model, tokenizer = load_causal_lm(name_or_path, device)
+    if device == "cpu" and sum(p.numel() for p in model.parameters()) < TINY_MODEL:
+        torch.set_num_threads(1)   # as the toy world trains and evaluates: the same samples, no oversubscription
     return HFGenerator(model.eval(), tokenizer, micro_batch_size=gen_batch_size), tokenizer
 
 

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 import eval as ev
 from conftest import make_bpe_tokenizer, make_tiny_causal_lm
@@ -287,8 +288,8 @@ def test_cli_reports_a_missing_run_or_benchmark_in_one_line(tmp_path, capsys):
 def test_cli_samples_as_the_training_loops_evaluation(tmp_path, capsys):
     """eval.py draws `--gen-batch-size` rows (default 64, training's --gen-batch-size) per HF generate call, so its
     samples are those of the in-training evaluation (Run.evaluate: HFGenerator(..., 64), batches of 64 problems,
-    T = 0.6, seed 0); off a terminal it prints one progress line per generate call, and it writes the pass@k
-    picture beside its report."""
+    T = 0.6, seed 0) on one thread; off a terminal it prints one progress line per generate call, and it writes the
+    pass@k picture beside its report."""
     from harness import toy
     from harness.generate import HFGenerator, load_causal_lm
     tok = toy.make_tokenizer()
@@ -296,12 +297,17 @@ def test_cli_samples_as_the_training_loops_evaluation(tmp_path, capsys):
     make_tiny_causal_lm(tok, seed=3).save_pretrained(ckpt)
     tok.save_pretrained(ckpt)
     out = tmp_path / "toy_eval.json"
-    assert ev.main(["--model", str(ckpt), "--benchmarks", "toy", "--limit", "12", "--n", "4", "--max-new-tokens", "10",
-                    "--batch-size", "8", "--backend", "hf", "--save-samples", "--out", str(out)]) == 0
-    model, tokenizer = load_causal_lm(str(ckpt), "cpu")
-    problems = toy.make_problems(12, seed=0)
-    training = ev.evaluate(HFGenerator(model.eval(), tokenizer, 64), tokenizer, problems, n=4, temperature=0.6,
-                           max_new_tokens=10, seed=0, batch_size=8, keep_samples=True)
+    threads = torch.get_num_threads()
+    try:
+        assert ev.main(["--model", str(ckpt), "--benchmarks", "toy", "--limit", "12", "--n", "4", "--max-new-tokens",
+                        "10", "--batch-size", "8", "--backend", "hf", "--save-samples", "--out", str(out)]) == 0
+        assert torch.get_num_threads() == 1   # a tiny CPU model samples on one thread, as the toy world trains
+        model, tokenizer = load_causal_lm(str(ckpt), "cpu")
+        problems = toy.make_problems(12, seed=0)
+        training = ev.evaluate(HFGenerator(model.eval(), tokenizer, 64), tokenizer, problems, n=4, temperature=0.6,
+                               max_new_tokens=10, seed=0, batch_size=8, keep_samples=True)
+    finally:
+        torch.set_num_threads(threads)
     ours = json.loads(out.read_text())["benchmarks"]["toy"]["per_problem"]
     assert [r["samples"] for r in ours] == [r["samples"] for r in training["per_problem"]]
     printed = capsys.readouterr().out
