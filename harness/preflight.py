@@ -33,6 +33,7 @@ import sys
 import urllib.parse
 from dataclasses import asdict
 
+from harness import trackers
 from harness.runs import CONFIG_RECORDS, find_checkpoint, holds_run, lock_holder, read_changes, run_settings, stop
 
 GIB = 2 ** 30
@@ -122,7 +123,7 @@ def check_args(args) -> None:
         import importlib.util
 
         if importlib.util.find_spec(package) is None:
-            stop(f"--report-to {args.report_to}: the {package} package is not installed (pip install {package})")
+            stop(f"--report-to {args.report_to}: the {package} package is not installed ({trackers.INSTALL[package]})")
     if args.mode in MODES_WITH_PRM and args.prm == "none":
         stop(f"--prm none: --mode {args.mode} needs a PRM (--prm none only suits --mode grpo)")
     if args.refiner_quantization != "none" and (args.mode not in ("scope", "replace") or args.toy or args.refiner_url
