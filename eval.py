@@ -218,13 +218,14 @@ def median_p10_p90(values: list[float]) -> tuple[float, float, float]:
 
 def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperature: float = 0.6,
              top_p: float = 1.0, max_new_tokens: int = 1024, seed: int | None = 0, batch_size: int = 64,
-             keep_samples: bool = False, grade_fn=None) -> dict:
+             keep_samples: bool = False, grade_fn=None, system: str | None = None) -> dict:
     """avg@n accuracy and unbiased pass@k of `generator` on `problems` ({"id", "question", "answer"}).
 
     Prompts come from `generate.format_prompt` (chat template + "put your answer in \\boxed{}" when the
     tokenizer has one), n samples per problem in one generate call per `batch_size` problems, each
     sample graded by `grade` (multiple-choice answers are letters, which `grade` compares as such) or by
-    `grade_fn` (`--grader math-verify`: harness/mathverify.py).
+    `grade_fn` (`--grader math-verify`: harness/mathverify.py). `system`: the system turn (None = the default
+    one of generate.format_prompt, "" = none).
     Returns {"acc": mean over problems of c/n (avg@n), "pass@k": {k: mean pass_at_k(n, c, k)} for
     k in pass_ks(n), "n", "num_problems", "truncated": share of samples cut at max_new_tokens,
     "response_len": mean sampled tokens, "per_problem": [{"id", "correct": c, "n"}]}; with
@@ -232,7 +233,7 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     """
     from tqdm.auto import tqdm
 
-    from harness.generate import VLLMGenerator, format_prompt
+    from harness.generate import DEFAULT_SYSTEM, VLLMGenerator, format_prompt
     from harness.progress import bar_disabled   # a bar only on a terminal: no carriage returns in a log file
 
     if not problems:
@@ -246,7 +247,8 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     bar = tqdm(total=len(problems), desc="eval", unit="problem", disable=len(problems) <= batch_size or bar_disabled())
     for start in range(0, len(problems), batch_size):
         batch = problems[start:start + batch_size]
-        prompts = [format_prompt(tokenizer, p["question"]) for p in batch]
+        prompts = [format_prompt(tokenizer, p["question"], DEFAULT_SYSTEM if system is None else system or None)
+                   for p in batch]
         outputs = generator.generate(prompts, n=n, temperature=temperature, top_p=top_p,
                                      max_tokens=max_new_tokens, **extra,
                                      seed=None if seed is None else seed + start)  # [prompt][sample]

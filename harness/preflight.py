@@ -372,7 +372,7 @@ def check_prm_weights(args) -> None:
 def load_data(args, offline: bool, notes: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     """(train, eval) problems, loaded before any model and checked non-empty (toy questions with --toy).
     A --dry-run without network skips hub data sets and says so in `notes`."""
-    from harness.problems import load_problems
+    from harness.problems import BENCHMARKS, load_problems
 
     def load(flag: str, source: str, **kw) -> list[dict]:
         if args.dry_run and offline and source in hub_datasets(args):
@@ -397,7 +397,11 @@ def load_data(args, offline: bool, notes: list[str] | None = None) -> tuple[list
                          f"--toy trains on 'Start at A, add B. ...' chains (its PRM and refiner know only those)")
         return problems
 
-    train = load("dataset", args.dataset, split="train")   # toy: another seed than the held-out set
+    fields = dict(question_field=args.question_field, answer_field=args.answer_field)
+    if any(fields.values()) and (args.dataset == "toy" or args.dataset in BENCHMARKS):
+        stop(f"--{'question' if args.question_field else 'answer'}-field: only for a --dataset of your own (a local "
+             f"file or hub id); {args.dataset} has its fields set already")
+    train = load("dataset", args.dataset, split="train", **fields)   # toy: another seed than the held-out set
     evals = load("eval-dataset", args.eval_dataset, limit=args.eval_size or None) if args.eval_every else []
     return train, evals
 

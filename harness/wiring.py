@@ -416,6 +416,9 @@ class Run:
                          desc="steps", disable=not sys.stderr.isatty() or not self.dist.main):
             self.step, self.times, self.t0, self.unavailable = step, {}, time.time(), False
             torch.manual_seed(self.seed("torch"))
+            if a.warmup_steps:   # the learning rate of this step: linear warm-up to --lr over --warmup-steps
+                for group in self.optimizer.param_groups:
+                    group["lr"] = a.lr * min(1.0, step / a.warmup_steps)
             rng, n = np.random.default_rng(self.seed("prompts")), len(self.train_problems)
             yield step, [self.train_problems[i] for i in rng.choice(n, size=B, replace=n < B)], mine
 
@@ -446,7 +449,7 @@ class Run:
         with self.phase("rollout"):
             a = self.args
             todo = groups if self.use_vllm else range(len(problems))
-            prompts = [format_prompt(self.tokenizer, problems[b]["question"]) for b in todo]
+            prompts = [format_prompt(self.tokenizer, problems[b]["question"], a.system_prompt or None) for b in todo]
             self.policy.eval()
             with self.amp_for(self.generator):   # autocast for HF generate only, never around vLLM
                 completions = self.generator.generate(prompts, n=a.group_size, temperature=a.temperature,
@@ -488,11 +491,11 @@ class Run:
         return {k: v.to(self.device) for k, v in batch.items()}
 
     def update_engine(self) -> dict:
-        """grpo.update's engine settings: micro-batches, the gradient clip at 1.0, the log-softmax chunk,
+        """grpo.update's engine settings: micro-batches, the gradient clip (--max-grad-norm), the log-softmax chunk,
         bf16 autocast around each forward (update_amp), the KL reference, the truncated importance weight's cap,
         the rollout temperature (log-probs of the distribution the rollouts came from), torchrun."""
         a = self.args
-        return dict(micro_batch_size=a.micro_batch_size, max_grad_norm=1.0, chunk_tokens=a.logprob_chunk,
+        return dict(micro_batch_size=a.micro_batch_size, max_grad_norm=a.max_grad_norm, chunk_tokens=a.logprob_chunk,
                     amp=self.update_amp, ref_model=self.ref_model, tis_cap=a.tis_cap, temperature=a.temperature,
                     dist=self.dist if self.dist.world > 1 else None)
 
@@ -530,7 +533,7 @@ class Run:
             result = self.paper.evaluate(self.generator, self.tokenizer, problems[share.start:share.stop], n=a.eval_n,
                                          temperature=EVAL_TEMPERATURE, max_new_tokens=a.eval_max_new_tokens,
                                          seed=a.seed + share.start * a.eval_n,   # vLLM: problem i takes seed + i·n
-                                         batch_size=64, grade_fn=self.grade)
+                                         batch_size=64, grade_fn=self.grade, system=a.system_prompt)
         if len(share) == len(problems):
             return result["acc"]
         return self.dist.sum(result["acc"] * len(share)) / len(problems)   # avg@n: a mean over problems

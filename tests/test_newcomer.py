@@ -251,7 +251,7 @@ def test_default_tier_leaves_out_slow_tests_unless_the_run_selects_its_tests():
 @pytest.mark.parametrize("argv, line", [
     (["--stpes", "3"], "error: unknown flag --stpes: did you mean --steps?"),
     (["--step", "3"], "error: unknown flag --step: did you mean --steps?"),
-    (["--toy", "--max_new_tokens=5"], "error: unknown flag --max_new_tokens: did you mean --max-new-tokens?"),
+    (["--toy", "--max_new_token=5"], "error: unknown flag --max_new_token: did you mean --max-new-tokens?"),
     (["--no-overwite"], "error: unknown flag --no-overwite: did you mean --no-overwrite?"),
     (["toy"], "error: unexpected argument 'toy': did you mean --toy?"),
     (["--zzz"], "error: unknown flag --zzz"),
