@@ -34,7 +34,8 @@ import urllib.parse
 from dataclasses import asdict
 
 from harness import trackers
-from harness.runs import CONFIG_RECORDS, find_checkpoint, holds_run, lock_holder, read_changes, run_settings, stop
+from harness.runs import (CONFIG_RECORDS, find_checkpoint, holds_run, lock_holder, read_changes, run_settings, stop,
+                          unwritable)
 
 GIB = 2 ** 30
 MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
@@ -67,9 +68,30 @@ KNOWN_CONFIGS = {
 
 
 # ---------------------------------------------------------------------------------------------------------- 1. flags
+# flags that act only where failures are repaired (MODES_WITH_REFINER), and the one of --mode prm-reward alone
+REPAIR_FLAGS = ("refiner", "refiner_url", "merge", "refine_attempts", "refine_prompt", "refiner_max_tokens",
+                "rectify_groups", "select_tiebreak", "repair_advantage", "offpolicy_credit", "shaping_gamma")
+
+
+def ignored_flags(args) -> list[str]:
+    """The flags set away from their defaults that this --mode never reads (--merge append with --mode grpo).
+    --refiner is left out with --toy, whose default (toy-oracle) differs from the dataclass's."""
+    defaults = type(args)()
+    repairs = args.mode in MODES_WITH_REFINER
+    names = [] if repairs else [n for n in REPAIR_FLAGS if not (args.toy and n == "refiner")]
+    names += ["prm_reward_coef"] if args.mode != "prm-reward" else []
+    return [n for n in names if hasattr(defaults, n) and getattr(args, n) != getattr(defaults, n)]
+
+
 def check_args(args) -> None:
-    """Every flag's range and coherence; one line and exit 2 on the first problem."""
+    """Every flag's range and coherence; one line and exit 2 on the first problem. Flags the mode ignores are
+    named in one note line."""
     from dataclasses import fields
+
+    ignored = ignored_flags(args)
+    if ignored:
+        print(f"note: --mode {args.mode} ignores " + ", ".join(f"--{n.replace('_', '-')} {getattr(args, n)}"
+                                                             for n in ignored), file=sys.stderr)
 
     for f in fields(args):   # argparse checks choices; an Args built in code is checked here
         choices = f.metadata.get("choices")
@@ -151,6 +173,11 @@ def run_dir_of(args) -> str:
 def check_run_dir(args, run_dir: str) -> int | None:
     """Refuse to clobber a run, resume without a checkpoint or below its step, or share a live run's folder.
     Returns the step of the checkpoint a resume starts from (None: from step 1)."""
+    blocked = unwritable(run_dir)
+    if blocked is not None:
+        why = "not a folder" if os.path.isfile(blocked) else "not writable by this user"
+        stop(f"{run_dir}: cannot write there ({blocked} is {why}); run from a folder you can write, or pass "
+             f"--run-name")
     holder = lock_holder(run_dir)
     if holder is not None:
         stop(f"{run_dir} is in use by another run ({holder}); wait for it, or delete {run_dir}/lock if that "
@@ -260,9 +287,23 @@ def choose_device(args) -> tuple[str, bool, list[str]]:
 
 
 # ---------------------------------------------------------------------------------------------------------- 4. hub
+def near_path(path: str) -> str:
+    """" (did you mean runs/x/model?)" for a path that does not exist beside one that does and is close; else ""."""
+    import difflib
+
+    parent = os.path.dirname(path.rstrip("/")) or "."
+    if not os.path.isdir(parent):
+        return ""
+    near = difflib.get_close_matches(os.path.basename(path.rstrip("/")), os.listdir(parent), n=1, cutoff=0.6)
+    return f" (did you mean {os.path.join(parent, near[0]) if parent != '.' else near[0]}?)" if near else ""
+
+
 def hub_models(args, resume_step: int | None) -> list[str]:
     """Hub ids of the models this run loads that are not local folders."""
     names = []
+    if args.toy and args.model != "toy" and resume_step is None and not os.path.isdir(args.model):
+        stop(f"--model {args.model} with --toy: no such folder{near_path(args.model)}; --toy trains 'toy' (the "
+             f"shipped warm start) or a folder a toy run saved (runs/NAME/checkpoint or runs/NAME/model)")
     if not args.toy:
         if resume_step is None or args.kl_coef > 0:   # a resume loads the policy from its checkpoint
             names.append(MODEL_ALIASES.get(args.model, args.model))
@@ -272,7 +313,7 @@ def hub_models(args, resume_step: int | None) -> list[str]:
             names.append(MODEL_ALIASES.get(args.refiner, args.refiner))
     for name in names:   # a path that does not exist is a typo, not a hub id ("owner/name")
         if not os.path.exists(name) and (name.startswith((".", "/", "~")) or name.count("/") != 1):
-            stop(f"'{name}': no such folder, and not a Hugging Face id (owner/name) nor an alias "
+            stop(f"'{name}': no such folder{near_path(name)}, and not a Hugging Face id (owner/name) nor an alias "
                  f"({', '.join(sorted(MODEL_ALIASES)[:3])}, ...)")
     return [n for n in names if not os.path.exists(n)]
 

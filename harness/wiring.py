@@ -32,8 +32,8 @@ from harness.refiner import Refiner
 from harness import trackers
 from harness import mathverify, progress   # --grader; step k/N + ETA, rollouts.jsonl, curves.png, summary.txt, model/
 from harness.runs import (acquire_lock, append_change, clear_run, environment, format_changes, read_changes, read_log,
-                          recover_checkpoint, release_lock, restore_rng, resume_hint, save_checkpoint, stop,
-                          truncate_jsonl)
+                          recover_checkpoint, release_lock, removed_on_failure, restore_rng, resume_hint,
+                          save_checkpoint, stop, truncate_jsonl)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
 CACHE_DIR = os.path.join(ROOT, "cache")        # toy warm starts (gitignored but for the shipped ones)
@@ -46,9 +46,10 @@ def loading(name: str):
         yield
     except (OSError, ValueError, RuntimeError) as e:   # prm.ProcessRewardModel wraps its OSError in a RuntimeError
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SystemExit(f"error: cannot load '{name}': {first_line}\n"
-                         f"  Check the id or path. Without network access, download it first "
-                         f"(`hf download {name}`) or pass a local folder.") from None
+        hint = ("the folder needs config.json, the weights and the tokenizer" if os.path.exists(name) else
+                "check the id; without network access, download it first (`hf download " + name + "`) or pass a "
+                "local folder")
+        raise SystemExit(f"error: cannot load '{name}': {first_line} ({hint})") from None
 
 
 def mean(xs) -> float | None:
@@ -607,6 +608,7 @@ def start(args, paper: Paper) -> Run:
     grade = mathverify.for_name(args.grader)                          # the evaluation's grader; missing: one line
     preflight.check_resume(args)                                      # the record kept; a finished run: exit 0
     run_dir = preflight.run_dir_of(args)
+    args.run_name = args.run_name or os.path.basename(run_dir)       # the default name, shown and recorded
     device, use_vllm, notes = preflight.choose_device(args)           # the GPU before the data
     offline, hub_notes = preflight.check_hub(args, preflight.resume_step_of(args, run_dir))  # no network: one line
     preflight.check_prm_weights(args)                                 # a damaged PRM checkpoint: one line
@@ -621,19 +623,21 @@ def start(args, paper: Paper) -> Run:
         raise SystemExit(0)
 
     d.barrier()                                                       # every rank checked the folder before rank 0 writes
+    new_folder = not os.path.exists(run_dir)
     ckpt, start_step = d.broadcast(open_run(args, run_dir, resume_step) if d.main else None)
     seed_everything(args.seed)
     if args.toy:
         torch.set_num_threads(1)   # a 0.3 M-parameter model gains nothing from threads; on a shared 2-core machine
                                    # two threads per process were ~15x slower (oversubscription)
-    base_path = base_model_path(args) if d.main else None            # rank 0 trains a missing toy warm start alone
-    d.barrier()
-    base_path = base_path or base_model_path(args)
-    policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
-    model = dist.wrap(policy, d, args.fsdp)                           # DDP or FSDP2 under torchrun; else the policy
-    generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
-    prm = load_prm(args, device, paper.prm, use_vllm, run_dir)
-    refiner = load_refiner(args, generator, tokenizer, device, run_dir)
+    with removed_on_failure(run_dir, new_folder and d.main):          # a model that does not load leaves no folder
+        base_path = base_model_path(args) if d.main else None        # rank 0 trains a missing toy warm start alone
+        d.barrier()
+        base_path = base_path or base_model_path(args)
+        policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
+        model = dist.wrap(policy, d, args.fsdp)                       # DDP or FSDP2 under torchrun; else the policy
+        generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
+        prm = load_prm(args, device, paper.prm, use_vllm, run_dir)
+        refiner = load_refiner(args, generator, tokenizer, device, run_dir)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr,   # after wrap: FSDP2's parameters are shards
                                   fused=args.fused_adamw and device.startswith("cuda"))   # fused: same update
     prm_offload = prm is not None and not args.toy and preflight.prm_offloaded(args, device, use_vllm)

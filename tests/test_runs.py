@@ -443,3 +443,65 @@ def test_pad_id_falls_back_to_eos():
     assert batch["input_ids"][1, -1].item() == 10 and batch["input_ids"][0, -1].item() == 2
     with pytest.raises(ValueError, match="neither a pad nor an EOS"):
         wiring.pad_or_eos(SimpleNamespace(pad_token_id=None, eos_token_id=None))
+
+
+# ------------------------------------------------------------------------------------- refusals that cost no run
+def refused(capsys, flags) -> str:
+    """scope.main's one-line refusal (exit 2) of `flags`."""
+    with pytest.raises(SystemExit) as exit_:
+        scope.main(flags)
+    err = capsys.readouterr().err.strip() or str(exit_.value.code)
+    assert "\n" not in err, err
+    return err
+
+
+def test_a_toy_model_that_is_no_folder_stops_at_once_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """`--toy --model nosuch-model` spent 50 s on hub retries, then left runs/…/config.json, which refused the
+    corrected command; a typo of a local folder was told to `hf download` it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "old").mkdir(parents=True)
+    (tmp_path / "runs" / "old" / "model").mkdir()
+    start = time.time()
+    err = refused(capsys, {"toy": True, "model": "nosuch-model"})
+    assert err.startswith("error: --model nosuch-model with --toy: no such folder; --toy trains 'toy'")
+    assert time.time() - start < 20 and os.listdir(tmp_path / "runs") == ["old"]
+    err = refused(capsys, {"toy": True, "model": "runs/old/modle"})
+    assert "no such folder (did you mean runs/old/model?)" in err and "hf download" not in err
+    err = refused(capsys, {"model": "runs/old/modle", "dry_run": True})
+    assert "'runs/old/modle': no such folder (did you mean runs/old/model?)" in err
+
+
+def test_a_model_that_fails_to_load_takes_its_new_run_folder_with_it(tmp_path, monkeypatch, capsys):
+    """The run folder was written before the model loaded, so a failed load left a folder that refused the
+    corrected command ("already holds a run")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(SystemExit) as exit_:
+        scope.main({"toy": True, "model": "broken", "run_name": "r"})
+    err = capsys.readouterr().err
+    assert "cannot load 'broken'" in str(exit_.value.code) + err and "hf download" not in str(exit_.value.code) + err
+    assert not (tmp_path / "runs" / "r").exists()
+
+
+def test_an_unwritable_run_folder_is_one_line_before_anything_loads(tmp_path, monkeypatch, capsys):
+    """An unwritable output folder gave a 16-line traceback from os.makedirs."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("a file where the runs folder goes")
+    assert refused(capsys, {"toy": True}) == (f"error: runs/scope-toy-s0: cannot write there ({tmp_path / 'runs'} is "
+                                              f"not a folder); run from a folder you can write, or pass --run-name")
+    os.remove(tmp_path / "runs")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: str(path) != str(tmp_path) and real_access(path, mode))
+    assert f"({tmp_path} is not writable by this user)" in refused(capsys, {"toy": True})
+
+
+def test_flags_the_mode_ignores_are_named(capsys):
+    """`--merge append --mode grpo` ran without a word that --merge does nothing there."""
+    preflight.check_args(scope.parse_args(["--toy", "--mode", "grpo", "--merge", "append", "--shaping-gamma", "0.2"]))
+    assert capsys.readouterr().err == "note: --mode grpo ignores --merge append, --shaping-gamma 0.2\n"
+    preflight.check_args(scope.parse_args(["--toy", "--mode", "grpo"]))
+    preflight.check_args(scope.parse_args(["--toy", "--merge", "append"]))
+    assert capsys.readouterr().err == ""
+    preflight.check_args(scope.parse_args(["--toy", "--prm-reward-coef", "0.3"]))
+    assert capsys.readouterr().err == "note: --mode scope ignores --prm-reward-coef 0.3\n"
