@@ -196,3 +196,14 @@ def test_the_toy_tokenizer_keeps_a_character_it_does_not_know_visible():
     tokenizer = toy.make_tokenizer()
     ids = tokenizer.encode("Hello, World! é", add_special_tokens=False)
     assert ids.count(tokenizer.unk_token_id) == 4 and tokenizer.decode(ids) == "<unk>ello, <unk>orld<unk> <unk>"
+
+
+def test_a_run_started_from_an_exported_folder_exports_its_own(exported, tmp_path):
+    """A run whose policy came from a model/ folder could not export its own model/ (nor could
+    `python -m harness.export`): the check wanted back characters that the byte-level tokenizer had never held."""
+    run = tmp_path / "again"
+    shutil.copytree(exported[1], run / "checkpoint")   # what such a run's checkpoint holds: the exported tokenizer
+    (run / "config.json").write_text(json.dumps({**TOY_CONFIG, "model": exported[1], "run_name": ""}))
+    out = export.export_run(str(run), quiet=True)
+    card = open(os.path.join(out, "README.md")).read()
+    assert card.startswith("---") and "\n# again\n" in card and "\n--run-name again\n" in card
