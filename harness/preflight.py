@@ -855,15 +855,18 @@ def format_plan(args, rows, notes, gpu_gib: float | None) -> str:
 
 
 def check_memory(args, device: str, use_vllm: bool) -> None:
-    """Print the plan; on a GPU that cannot hold it, stop with the plan and the flags that would make it fit."""
+    """Print the plan (on a GPU, and with --dry-run); on a GPU that cannot hold it, stop with the plan and the flags
+    that would make it fit."""
     gpu_gib = None
     if device.startswith("cuda"):
         import torch
 
         gpu_gib = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
     rows, notes = memory_plan(args, gpu_gib, use_vllm or (gpu_gib is None and args.backend != "hf"))
-    if not args.toy or args.dry_run:
+    if args.dry_run or (gpu_gib is not None and not args.toy):
         print(format_plan(args, rows, notes, gpu_gib))
+    elif not args.toy:   # a real model on the CPU: the plan is of GPU memory and says nothing here
+        print(f"memory: a real model on the CPU (--device {args.device}); no GPU memory plan (--dry-run prints it)")
     if gpu_gib is not None and rows and plan_total(rows) > FIT_SHARE * gpu_gib and args.memory_check and not args.dry_run:
         ways = fixes(args, gpu_gib, use_vllm)
         stop(f"this run needs about {plan_total(rows):.0f} GiB, the GPU has {gpu_gib:.0f} GiB"

@@ -57,6 +57,14 @@ def mean(xs) -> float | None:
     return float(np.mean(xs)) if xs else None
 
 
+def no_reward_signal(merged: list) -> bool:
+    """True when no group of the step's (merged) rows has two different rewards: every advantage is 0."""
+    rewards = {}
+    for t in merged:
+        rewards.setdefault(t.group, set()).add(t.reward)
+    return all(len(r) == 1 for r in rewards.values())
+
+
 def seed_everything(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
@@ -370,6 +378,7 @@ class Run:
     times: dict = field(default_factory=dict)         # whether a served refiner stopped answering in it
     t0: float = 0.0
     unavailable: bool = False
+    said_no_signal: bool = False                      # the note on a step without any reward signal was printed
     grade: object = None                              # --grader of the periodic evaluation (harness/mathverify.py)
     clock: object = None                              # step k/N and ETA of the step lines (harness/progress.py)
     overlap_old_logp: bool = False                    # --overlap-old-logp, resolved (preflight.old_logp_overlapped)
@@ -409,10 +418,10 @@ class Run:
         terminal; first the evaluation before training (step 0) of a new run. Each step's torch seed and its
         problems (drawn with replacement only when there are fewer than B) derive from (seed, step) alone."""
         a = self.args
-        self.clock = progress.StepClock(self.start_step, a.steps)   # the step lines' k/N and ETA, terminal or not
         B, mine = a.prompts_per_step, self.dist.groups(a.prompts_per_step)   # this rank's whole groups of the B
         if self.start_step == 1 and a.eval_every:
             self.eval_before_training()   # step 0 of metrics.jsonl: the "before" of the closing summary
+        self.clock = progress.StepClock(self.start_step, a.steps)   # k/N and ETA, from here: not the eval before
         for step in tqdm(range(self.start_step, a.steps + 1), initial=self.start_step - 1, total=a.steps,
                          desc="steps", disable=not sys.stderr.isatty() or not self.dist.main):
             self.step, self.times, self.t0, self.unavailable = step, {}, time.time(), False
@@ -518,6 +527,11 @@ class Run:
         m["time_step"] = time.time() - self.t0
         m.update(phase_memory.step_record())   # GPU runs: each phase's peak memory next to the plan's figure
         self.log(m, traces)   # metrics.jsonl, traces.jsonl, the step's line
+        if self.dist.main and not self.said_no_signal and no_reward_signal(merged):
+            self.said_no_signal = True
+            print(f"note: step {step}: in every group all rewards are equal (all failed, or all passed), so the "
+                  f"advantages are 0 and nothing was learned from this batch (said once; frac_all_fail + "
+                  f"frac_all_pass = 1 in metrics.jsonl marks every such step)")
         if self.dist.main:    # a few of the step's own rollouts, whole (harness/progress.py: rollouts.jsonl)
             progress.log_rollouts(self.run_dir, step, trajs, seed=seed_for(a.seed, step, "logged"))
         if step % a.save_every == 0 or step == a.steps:

@@ -505,3 +505,29 @@ def test_flags_the_mode_ignores_are_named(capsys):
     assert capsys.readouterr().err == ""
     preflight.check_args(scope.parse_args(["--toy", "--prm-reward-coef", "0.3"]))
     assert capsys.readouterr().err == "note: --mode scope ignores --prm-reward-coef 0.3\n"
+
+
+def test_a_step_without_reward_signal_is_told():
+    """A CPU run whose every group failed showed gradient norm 0.000 and nothing said that nothing was learned."""
+    from types import SimpleNamespace as T
+
+    assert wiring.no_reward_signal([T(group=0, reward=0.0), T(group=0, reward=0.0), T(group=1, reward=1.0),
+                                    T(group=1, reward=1.0)])
+    assert not wiring.no_reward_signal([T(group=0, reward=0.0), T(group=0, reward=1.0), T(group=1, reward=0.0)])
+
+
+def test_the_eta_leaves_out_the_evaluation_before_training(monkeypatch):
+    """The first ETAs were 2-3x too high: step 1's time included the evaluation before training."""
+    from types import SimpleNamespace as T
+
+    now = [100.0]
+    clock = wiring.progress.StepClock
+    monkeypatch.setattr(wiring.progress, "StepClock", lambda start, total: clock(start, total, now=lambda: now[0]))
+    monkeypatch.setattr(wiring.Run, "eval_before_training", lambda self: now.__setitem__(0, now[0] + 60.0))
+    models = dict.fromkeys(["policy", "tokenizer", "ref_model", "generator", "prm", "refiner", "optimizer"])
+    run = wiring.Run(T(steps=11, prompts_per_step=2, eval_every=5, seed=0, warmup_steps=0), "r", "cpu", False, **models,
+                     train_problems=[{"q": 1}, {"q": 2}], eval_problems=[], start_step=1, metrics_file=None,
+                     traces_file=None, t_start=0.0)
+    next(run.steps())    # the evaluation before training (60 s), then step 1 starts
+    now[0] += 2.0        # step 1 takes 2 s
+    assert run.clock.eta(1) == pytest.approx(2.0 * 10)
