@@ -110,6 +110,8 @@ def check_args(args) -> None:
     for flag in ("eval-every", "eval-size", "seed"):
         need(getattr(args, flag.replace("-", "_")) >= 0, flag, "an integer >= 0")
     need(args.lr > 0 and args.lr < 1, "lr", "> 0 and < 1")
+    need(args.warmup_steps >= 0, "warmup-steps", ">= 0 (0: a constant learning rate)")
+    need(args.max_grad_norm > 0, "max-grad-norm", "> 0 (inf: no clip)")
     need(0 < args.tau <= 1, "tau", "in (0, 1] (a PRM score is a probability; tau > 1 flags every step)")
     need(0 <= args.toy_prm_noise <= 1, "toy-prm-noise", "a probability in [0, 1]")
     from harness.toy import STYLES   # the toy world's step styles (scope.py has imported it already)

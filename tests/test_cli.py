@@ -131,3 +131,16 @@ def test_the_readmes_python_call_trains_with_warm_up_and_the_clip_it_is_given(tm
     assert lrs == pytest.approx([1e-4 / 4, 1e-4 * 2 / 4])   # the toy lr 1e-4, warmed up over 4 steps
     assert clips == [0.5, 0.5]
     assert json.loads((tmp_path / "runs" / "nb" / "config.json").read_text())["warmup_steps"] == 4
+
+
+def test_a_negative_learning_rate_reaches_the_check_of_its_range(capsys):
+    """`--lr -1e-4` answered "expected one argument"; now the value is read and its range refused in one line."""
+    from harness import preflight
+
+    with pytest.raises(SystemExit) as exit_:
+        preflight.check_args(scope.parse_args(["--toy", "--lr", "-1e-4"]))
+    assert exit_.value.code == 2 and capsys.readouterr().err.startswith("error: --lr -0.0001: ")
+    for flag, value in (("--warmup-steps", "-1"), ("--max-grad-norm", "0")):
+        with pytest.raises(SystemExit):
+            preflight.check_args(scope.parse_args(["--toy", flag, value]))
+        assert capsys.readouterr().err.startswith(f"error: {flag} ")
