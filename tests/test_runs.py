@@ -531,3 +531,12 @@ def test_the_eta_leaves_out_the_evaluation_before_training(monkeypatch):
     next(run.steps())    # the evaluation before training (60 s), then step 1 starts
     now[0] += 2.0        # step 1 takes 2 s
     assert run.clock.eta(1) == pytest.approx(2.0 * 10)
+
+
+def test_the_dry_run_and_the_config_show_the_run_name_they_use(tmp_path, monkeypatch, capsys):
+    """The dry run said it "would write runs/scope-Qwen2.5-1.5B-s0" but showed "run_name": "" (as did the card)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        scope.main({"toy": True, "dry_run": True})
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and "would write runs/scope-toy-s0" in out and '"run_name": "scope-toy-s0"' in out
