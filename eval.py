@@ -218,20 +218,21 @@ def median_p10_p90(values: list[float]) -> tuple[float, float, float]:
 
 def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperature: float = 0.6,
              top_p: float = 1.0, max_new_tokens: int = 1024, seed: int | None = 0, batch_size: int = 64,
-             keep_samples: bool = False, grade_fn=None, progress: str = "") -> dict:
+             keep_samples: bool = False, grade_fn=None, system: str | None = None, progress: str = "") -> dict:
     """avg@n accuracy and unbiased pass@k of `generator` on `problems` ({"id", "question", "answer"}).
 
     Prompts come from `generate.format_prompt` (chat template + "put your answer in \\boxed{}" when the
     tokenizer has one), n samples per problem in one generate call per `batch_size` problems, each
     sample graded by `grade` (multiple-choice answers are letters, which `grade` compares as such) or by
-    `grade_fn` (`--grader math-verify`: harness/mathverify.py).
+    `grade_fn` (`--grader math-verify`: harness/mathverify.py). `system`: the system turn (None = the default
+    one of generate.format_prompt, "" = none).
     Returns {"acc": mean over problems of c/n (avg@n), "pass@k": {k: mean pass_at_k(n, c, k)} for
     k in pass_ks(n), "n", "num_problems", "truncated": share of samples cut at max_new_tokens,
     "response_len": mean sampled tokens, "per_problem": [{"id", "correct": c, "n"}]}; with
     keep_samples each per_problem row also holds "samples" (texts) and "sample_correct" (bools). `progress`
     names the problems in a progress line per generate call off a terminal (`eval_progress`).
     """
-    from harness.generate import VLLMGenerator, format_prompt
+    from harness.generate import DEFAULT_SYSTEM, VLLMGenerator, format_prompt
 
     if not problems:
         raise ValueError("evaluate: `problems` is empty")
@@ -244,7 +245,8 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     bar = eval_progress(len(problems), batch_size, progress)
     for start in range(0, len(problems), batch_size):
         batch = problems[start:start + batch_size]
-        prompts = [format_prompt(tokenizer, p["question"]) for p in batch]
+        prompts = [format_prompt(tokenizer, p["question"], DEFAULT_SYSTEM if system is None else system or None)
+                   for p in batch]
         outputs = generator.generate(prompts, n=n, temperature=temperature, top_p=top_p,
                                      max_tokens=max_new_tokens, **extra,
                                      seed=None if seed is None else seed + start)  # [prompt][sample]
@@ -317,7 +319,7 @@ def plot_pass_at_k(report: dict, path: str) -> str:
     ax.set_xscale("log", base=2)
     ax.set_xlabel("k (samples per problem)")
     ax.set_ylabel("pass@k (%)")
-    ax.set_title(f"{os.path.basename(os.path.normpath(report['model']))}: n = {report['n']}, T = {report['temperature']}")
+    ax.set_title(f"{report.get('model_label') or model_label(report['model'])}: n = {report['n']}, T = {report['temperature']}")
     ax.grid(alpha=0.3)
     ax.legend()
     fig.tight_layout()
@@ -446,6 +448,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default=None,
                    help="results JSON (default: eval_<folder>.json next to a local model folder, else "
                         "runs/eval_<hub id>.json)")
+    p.add_argument("--overwrite", action="store_true", help="replace a report already at the --out path (without "
+                   "it the evaluation stops before it starts)")
     p.add_argument("--save-samples", action="store_true", help="keep every sampled text in the results JSON")
     p.add_argument("--diversity", action="store_true",
                    help="also print the Table-4 diversity table (needs --n >= 2; paper: --n 10 --temperature 1.0)")
@@ -473,6 +477,30 @@ def report_path(model: str) -> str:
     return os.path.join("runs", f"eval_{re.sub(r'[^A-Za-z0-9_.-]+', '_', model.strip('/'))}.json")
 
 
+def checked_out(args: argparse.Namespace) -> str:
+    """The report's path, checked before anything loads: an earlier report there is kept unless --overwrite,
+    and a folder that cannot be written stops here rather than after the evaluation. ValueError: one line."""
+    from harness.runs import unwritable
+
+    out = args.out or report_path(args.model)
+    if os.path.exists(out) and not args.overwrite:
+        raise ValueError(f"{out} already holds a report; pass --overwrite to replace it, or --out another path")
+    blocked = unwritable(os.path.dirname(os.path.abspath(out)))
+    if blocked is not None or (os.path.exists(out) and not os.access(out, os.W_OK)):
+        raise ValueError(f"--out {out}: cannot write there ({blocked or out} is not writable); pass --out another "
+                         f"path")
+    return out
+
+
+def model_label(model: str) -> str:
+    """The model's name in the tables: a run's checkpoint/ or model/ folder is named by its run (runs/X/checkpoint
+    → X), any other folder or id by its last part."""
+    folder = os.path.normpath(model)
+    if os.path.isdir(model) and os.path.basename(folder) in ("checkpoint", "model") and os.path.dirname(folder):
+        return os.path.basename(os.path.dirname(folder))
+    return os.path.basename(folder)
+
+
 def run_changes(model: str) -> list[str]:
     """The accepted config changes of the training run a checkpoint folder belongs to (runs/X/checkpoint ->
     runs/X/changes.jsonl), one line each; [] for anything else."""
@@ -487,6 +515,7 @@ def run_changes(model: str) -> list[str]:
 def run_evaluation(args: argparse.Namespace) -> dict:
     """Load every benchmark first (so a bad name fails before the model loads), then the model, then
     evaluate, print the tables and write the JSON report."""
+    out = checked_out(args)   # an earlier report or an unwritable folder stops before the work
     groups = {"benchmarks": args.benchmarks, "ood": args.ood}
     problems = {group: {name.strip(): load_problems(name.strip(), limit=args.limit)
                         for name in names.split(",") if name.strip()} for group, names in groups.items()}
@@ -494,11 +523,11 @@ def run_evaluation(args: argparse.Namespace) -> dict:
     grade_fn = for_name(args.grader)   # a missing math-verify stops here, before the model loads
     generator, tokenizer = make_generator(args.model, args.backend, seed=args.seed, vllm_mem=args.vllm_mem,
                                           gen_batch_size=args.gen_batch_size)
-    model_name = os.path.basename(os.path.normpath(args.model))
+    model_name = model_label(args.model)
     settings = dict(n=args.n, temperature=args.temperature, top_p=args.top_p,
                     max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size)
-    report = {"model": args.model, **settings, "gen_batch_size": args.gen_batch_size, "limit": args.limit,
-              "grader": args.grader}
+    report = {"model": args.model, "model_label": model_name, **settings, "gen_batch_size": args.gen_batch_size,
+              "limit": args.limit, "grader": args.grader}
     changes = run_changes(args.model)
     if changes:   # the checkpoint was trained under settings that changed on a resume: say so with the numbers
         report["run_config_changes"] = changes
@@ -523,7 +552,6 @@ def run_evaluation(args: argparse.Namespace) -> dict:
                 print("\ndiversity across prompts: median [p10, p90] (paper Table 4)")
                 print(diversity_table(results, model_name))
         report[group] = results
-    out = args.out or report_path(args.model)
     os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         json.dump(report, f, indent=2)

@@ -26,7 +26,8 @@ from refine import rectify, zero_repair_advantages
 MODES = ("scope", "grpo", "replace", "prm-reward")
 
 
-def main(args: "Args") -> dict:
+def main(args: "Args | dict") -> dict:
+    args = config.as_args(Args, args)   # a dict: {flag name: value}, checked and resolved as typed flags
     run = wiring.start(args, paper())   # pre-flight (a refusal is one line, exit 2), run folder, models, logs
     for step, problems, mine in run.steps():   # B problems drawn from (seed, step); `mine`: this rank's groups
         # ---------------------------------------------- 1. rollout: G samples per prompt, token ids kept
@@ -111,6 +112,9 @@ class Args(config.EngineArgs):
     # --- advantages and the update (steps 6-7)
     adv_std: bool = arg(False, "divide group advantages by their std (GRPO) instead of mean-centring only")
     lr: float = arg(1e-6, "AdamW learning rate")
+    warmup_steps: int = arg(0, "the learning rate rises linearly from lr/N to --lr over the first N steps; 0 = constant")
+    max_grad_norm: float = arg(1.0, "the update's gradient is clipped to this norm before each optimizer step "
+                               "(inf = no clip)")
     updates_per_batch: int = arg(2, "optimizer steps per rollout batch, one per mini-batch of whole groups (LUFFY: "
                                  "2); above 1, one no-grad pass gives π_old first, so the PPO ratio and clip act "
                                  "from the second mini-batch on; 1 = ρ ≡ 1, the clip never binds")

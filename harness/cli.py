@@ -10,6 +10,7 @@
   a word that is not one. The table is TRL_NAMES (docs/running.md shows it).
 """
 import os
+import sys
 
 # TRL (GRPOConfig / TrainingArguments / ModelConfig) name → (our flag, what differs; "" = the same meaning)
 TRL_NAMES = {
@@ -42,9 +43,9 @@ TRL_NAMES = {
     "max_prompt_length": (None, "prompts are not truncated here (a prompt past the context stops the run)"),
     "logging_steps": (None, "every step is logged (metrics.jsonl and one line)"),
     "bf16": (None, "bfloat16 autocast on CUDA always, float32 master weights"),
-    "max_grad_norm": (None, "the gradient norm is clipped at 1.0"),
-    "lr_scheduler_type": (None, "the learning rate is constant"),
-    "warmup_ratio": (None, "the learning rate is constant, no warm-up"),
+    "max_grad_norm": ("--max-grad-norm", ""),
+    "lr_scheduler_type": (None, "the learning rate is constant after --warmup-steps"),
+    "warmup_ratio": ("--warmup-steps", "ours counts steps, not a share of them"),
 }
 
 
@@ -61,7 +62,8 @@ def trl_hint(word: str) -> str | None:
 
 
 def _fail(message: str):
-    raise SystemExit(f"error: {message}")
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)   # a usage error, as argparse's
 
 
 def config_argv(path: str, defaults: dict) -> list[str]:
@@ -82,25 +84,62 @@ def config_argv(path: str, defaults: dict) -> list[str]:
         return []
     if not isinstance(data, dict):
         _fail(f"--config {path}: expected a mapping of flag: value, got a {type(data).__name__}")
+    return flags_argv(data, defaults, f"--config {path}")
+
+
+def flags_argv(data: dict, defaults: dict, where: str) -> list[str]:
+    """The command-line words for {flag name: value} (a --config file's mapping, or the dict given to
+    scope.main); each problem is one line naming `where` and the key, its value's type checked here."""
     argv = []
     for key, value in data.items():
         name = str(key).replace("-", "_")
-        if name in ("config", "resume"):
-            _fail(f"--config {path}: key '{key}' belongs on the command line, not in a config file")
+        if name in ("config", "resume") and where.startswith("--config"):
+            _fail(f"{where}: key '{key}' belongs on the command line, not in a config file")
         if name not in defaults:
             hint = trl_hint(str(key))
-            _fail(f"--config {path}: key '{key}': " + (hint.split(": ", 1)[1] if hint else "no such flag "
+            _fail(f"{where}: key '{key}': " + (hint.split(": ", 1)[1] if hint else "no such flag "
                   "(python scope.py --help lists every flag; keys are its names with dashes or underscores)"))
         flag = "--" + name.replace("_", "-")
-        if isinstance(defaults[name], bool):
+        kind = type(defaults[name])
+        if kind is bool:
             if not isinstance(value, bool):
-                _fail(f"--config {path}: key '{key}': {value!r} is not true or false")
+                _fail(f"{where}: key '{key}': {value!r} is not true or false")
             argv.append(flag if value else "--no-" + flag[2:])
-        elif isinstance(value, (dict, list)) or value is None:
-            _fail(f"--config {path}: key '{key}': {value!r} is not a single value")
-        else:
-            argv += [flag, str(value)]
+            continue
+        if isinstance(value, (dict, list, bool)) or value is None:
+            _fail(f"{where}: key '{key}': {value!r} is not a single {kind.__name__}")
+        try:
+            if kind is int and isinstance(value, float):
+                raise ValueError(value)
+            kind(value)
+        except (TypeError, ValueError):
+            _fail(f"{where}: key '{key}': {value!r} is not {'an int' if kind is int else 'a ' + kind.__name__}")
+        argv.append(f"{flag}={value}")   # '=' keeps a negative number a value (--lr=-1e-4)
     return argv
+
+
+def normalise(argv: list[str], flags: list[str]) -> list[str]:
+    """argv as argparse should read it: our flags typed with underscores (--group_size, as YAML keys may be)
+    get dashes, and a negative number after a flag is joined to it (--lr -1e-4 → --lr=-1e-4), which argparse
+    would otherwise take for a flag ("expected one argument")."""
+    out = []
+    for word in argv:
+        name, eq, value = word.partition("=")
+        if name.startswith("--") and name.replace("_", "-") in flags:
+            word = name.replace("_", "-") + eq + value
+        if out and out[-1] in flags and word.startswith("-") and _is_number(word):
+            out[-1] += "=" + word
+            continue
+        out.append(word)
+    return out
+
+
+def _is_number(word: str) -> bool:
+    try:
+        float(word)
+    except ValueError:
+        return False
+    return True
 
 
 def expand_config(argv: list[str], defaults: dict) -> list[str]:

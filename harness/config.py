@@ -11,6 +11,7 @@ import sys
 from dataclasses import asdict, dataclass, field, fields
 
 from harness import cli, preflight
+from harness.generate import DEFAULT_SYSTEM
 from harness.runs import read_changes, run_settings
 
 
@@ -35,6 +36,12 @@ class EngineArgs:
                                  "goes on without rectification)")
     backend: str = arg("auto", "rollout engine; auto = vLLM when importable and CUDA present", ("auto", "vllm", "hf"))
     device: str = arg("auto", "auto = cuda when present; 'cpu' runs a real model on the CPU (slow)")
+    system_prompt: str = arg(DEFAULT_SYSTEM, "the system turn of every rollout and evaluation prompt (with a chat "
+                             "template; the toy tokenizer has none); '' = none")
+    question_field: str = arg("", "the column of --dataset (a local file or hub id) that holds the question; '' = "
+                              "the first of question, problem, prompt, Problem, Question, query")
+    answer_field: str = arg("", "the column of --dataset that holds the final answer; '' = the first of answer, "
+                            "final_answer, Answer, ground_truth, gt, target (else a solution's last \\boxed{})")
     # --- evaluation
     eval_dataset: str = arg("math500", "held-out problems for the periodic evaluation")
     eval_size: int = arg(500, "number of evaluation problems (0 = all)")
@@ -137,6 +144,7 @@ def parse_args(args_class, argv=None, description: str = ""):
             "--" + f.name.replace("_", "-"), help=f"{f.metadata['help']} (default: {f.default!r})",
             choices=f.metadata["choices"], default=argparse.SUPPRESS, **kind).option_strings
     argv = cli.expand_config(list(sys.argv[1:] if argv is None else argv), asdict(args_class()))   # --config's flags first
+    argv = cli.normalise(argv, flags)   # --group_size → --group-size, --lr -1e-4 → --lr=-1e-4
     known, unknown = parser.parse_known_args(argv)
     if unknown:   # TRL's name for one of our flags gets ours (harness/cli.py)
         parser.error(cli.trl_hint(unknown[0]) or unknown_argument(unknown[0], flags))
@@ -152,3 +160,13 @@ def parse_args(args_class, argv=None, description: str = ""):
     if values["mode"] == "grpo" and "prm" not in typed and not typed.get("resume") and not values["toy"]:
         values["prm"] = "none"   # GRPO uses no PRM: the 7B one for the near-miss metrics alone is asked for by name
     return args_class(**values)
+
+
+def as_args(args_class, args):
+    """`args` as an `args_class` (scope.Args): itself, or a dict {flag name: value} (dashes or underscores)
+    resolved exactly as the same flags typed on the command line (--toy defaults, checks, one-line errors)."""
+    if isinstance(args, args_class):
+        return args
+    if not isinstance(args, dict):
+        raise TypeError(f"main: expected {args_class.__name__} or a dict of flags, got {type(args).__name__}")
+    return parse_args(args_class, cli.flags_argv(args, asdict(args_class()), "main"))

@@ -40,8 +40,16 @@ from harness.runs import read_log
 EVAL_TEMPERATURE = 0.6   # the periodic evaluation's sampling temperature (harness/wiring.py), written as the default
 PLAIN_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'user' %}Question: {{ message['content'] }}\n"
                   "{% endif %}{% endfor %}{% if add_generation_prompt %}Solution:\n{% endif %}")
-SAMPLE_TEXTS = ("Question: Start at 7, add 5, times 3.\nSolution:\nSo 7 + 5 = 12.\n\nSo 12 * 3 = 36.\n\n\\boxed{36}",
+SAMPLE_TEXTS = ("Question: Start at 7, add 5, times 2.\nSolution:\nSo 7 + 5 = 12.\n\nSo 12 * 2 = 24.\n\n\\boxed{24}",
                 "Let $x = 2$. Then $x^2 + 1 = 5$, so the answer is \\boxed{5}.")
+
+
+# the card's example, with its answer: a problem of the toy world (harness/toy.py: add, minus, times 2 only), and one
+# for a chat model
+EXAMPLE_TOY = ("Start at 7, add 5, times 2.", "24")
+EXAMPLE_CHAT = ("What is 7 * 6?", "42")
+TOY_ALPHABET = (" Its tokenizer knows only the toy task's characters (digits, `+ - * =`, `\\boxed{}` and the letters "
+                "of its words); AutoTokenizer drops any other character, so write problems as the example does.")
 
 
 def byte_level_names() -> dict[int, str]:
@@ -116,10 +124,10 @@ def check_round_trip(folder: str, original, texts=SAMPLE_TEXTS) -> None:
     loaded = AutoTokenizer.from_pretrained(folder)
     for text in texts:
         if is_char_level(original) and any(ch not in original.get_vocab() for ch in text):
-            continue   # a character the toy vocabulary lacks maps to <unk> in both: no round trip to check
-        ids = loaded.encode(text, add_special_tokens=False)
-        back = loaded.decode(ids)
-        if ids != original.encode(text, add_special_tokens=False) or back != text:
+            continue   # a character the toy vocabulary lacks: <unk> in the original, dropped by Qwen2Tokenizer
+        ids, want = loaded.encode(text, add_special_tokens=False), original.encode(text, add_special_tokens=False)
+        back = loaded.decode(ids)   # as the original reads it (a tokenizer that drops a character drops it in both)
+        if ids != want or back != original.decode(want):
             raise ValueError(f"export: AutoTokenizer on {folder} does not read the tokenizer as trained: "
                              f"{text!r} came back as {back!r}")
     question = "Start at 7, add 5."
@@ -190,16 +198,21 @@ def model_card(config: dict, records: list[dict], chat: bool, folder_name: str =
                else f"`{base or config.get('model')}`")
     flags = "\n".join(flag_words(k, v) for k, v in sorted(config.items())
                       if k not in COMMAND_ONLY or k == "run_name" if not isinstance(v, (dict, list)))
+    system = config.get("system_prompt", DEFAULT_SYSTEM)
     if chat:
-        prompt = (f"Chat template of the tokenizer, with this system prompt:\n\n> {DEFAULT_SYSTEM}\n\n"
-                  "and the problem as the user turn. The final answer is the last `\\boxed{...}` of the reply.")
-        messages = (f'[{{"role": "system", "content": {json.dumps(DEFAULT_SYSTEM)}}},\n'
-                    f'            {{"role": "user", "content": "What is 7 * 6?"}}]')
+        prompt = (f"Chat template of the tokenizer, with this system prompt:\n\n> {system}\n\nand the problem as the "
+                  "user turn. The final answer is the last `\\boxed{...}` of the reply." if system else
+                  "Chat template of the tokenizer, no system prompt, the problem as the user turn. The final answer "
+                  "is the last `\\boxed{...}` of the reply.")
+        question, expected = EXAMPLE_CHAT
+        messages = ((f'[{{"role": "system", "content": {json.dumps(system)}}},\n                  ' if system else "[")
+                    + f'{{"role": "user", "content": "{question}"}}]')
     else:
         prompt = ("No system prompt. The prompt is `Question: <problem>\\nSolution:\\n` (the tokenizer's chat "
                   "template renders a user turn that way); the solution is one step per paragraph and ends with "
-                  "`\\boxed{<answer>}`.")
-        messages = '[{"role": "user", "content": "Start at 7, add 5, times 3."}]'
+                  "`\\boxed{<answer>}`." + (TOY_ALPHABET if toy else ""))
+        question, expected = EXAMPLE_TOY if toy else EXAMPLE_CHAT
+        messages = f'[{{"role": "user", "content": "{question}"}}]'
     gen = f"do_sample=True, temperature={EVAL_TEMPERATURE}, max_new_tokens={config.get('eval_max_new_tokens', 1024)}"
     return "\n".join(front) + f"""
 
@@ -226,7 +239,8 @@ transformers:
 ```python
 from transformers import pipeline
 generate = pipeline("text-generation", model="{folder_name}", dtype="bfloat16")
-print(generate({messages}, max_new_tokens={config.get('eval_max_new_tokens', 1024)})[0]["generated_text"][-1]["content"])
+reply = generate({messages}, max_new_tokens={config.get('eval_max_new_tokens', 1024)}, do_sample=False)
+print(reply[0]["generated_text"][-1]["content"])   # greedy; the right answer: \\boxed{{{expected}}}
 ```
 
 vLLM (an OpenAI-compatible server):
@@ -291,7 +305,7 @@ def export_run(run_dir: str, out: str | None = None, quiet: bool = False) -> str
         raise SystemExit(f"error: {run_dir}: no checkpoint/ to export (a run writes it every --save-every steps)")
     config_path = os.path.join(run_dir, "config.json")
     config = json.load(open(config_path)) if os.path.isfile(config_path) else {}
-    config.setdefault("run_name", os.path.basename(os.path.normpath(run_dir)))
+    config["run_name"] = config.get("run_name") or os.path.basename(os.path.normpath(run_dir))
     records = read_log(os.path.join(run_dir, "metrics.jsonl"))
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()

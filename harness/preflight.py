@@ -33,7 +33,9 @@ import sys
 import urllib.parse
 from dataclasses import asdict
 
-from harness.runs import CONFIG_RECORDS, find_checkpoint, holds_run, lock_holder, read_changes, run_settings, stop
+from harness import trackers
+from harness.runs import (CONFIG_RECORDS, find_checkpoint, holds_run, lock_holder, read_changes, run_settings, stop,
+                          unwritable)
 
 GIB = 2 ** 30
 MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
@@ -66,9 +68,30 @@ KNOWN_CONFIGS = {
 
 
 # ---------------------------------------------------------------------------------------------------------- 1. flags
+# flags that act only where failures are repaired (MODES_WITH_REFINER), and the one of --mode prm-reward alone
+REPAIR_FLAGS = ("refiner", "refiner_url", "merge", "refine_attempts", "refine_prompt", "refiner_max_tokens",
+                "rectify_groups", "select_tiebreak", "repair_advantage", "offpolicy_credit", "shaping_gamma")
+
+
+def ignored_flags(args) -> list[str]:
+    """The flags set away from their defaults that this --mode never reads (--merge append with --mode grpo).
+    --refiner is left out with --toy, whose default (toy-oracle) differs from the dataclass's."""
+    defaults = type(args)()
+    repairs = args.mode in MODES_WITH_REFINER
+    names = [] if repairs else [n for n in REPAIR_FLAGS if not (args.toy and n == "refiner")]
+    names += ["prm_reward_coef"] if args.mode != "prm-reward" else []
+    return [n for n in names if hasattr(defaults, n) and getattr(args, n) != getattr(defaults, n)]
+
+
 def check_args(args) -> None:
-    """Every flag's range and coherence; one line and exit 2 on the first problem."""
+    """Every flag's range and coherence; one line and exit 2 on the first problem. Flags the mode ignores are
+    named in one note line."""
     from dataclasses import fields
+
+    ignored = ignored_flags(args)
+    if ignored:
+        print(f"note: --mode {args.mode} ignores " + ", ".join(f"--{n.replace('_', '-')} {getattr(args, n)}"
+                                                             for n in ignored), file=sys.stderr)
 
     for f in fields(args):   # argparse checks choices; an Args built in code is checked here
         choices = f.metadata.get("choices")
@@ -87,6 +110,8 @@ def check_args(args) -> None:
     for flag in ("eval-every", "eval-size", "seed"):
         need(getattr(args, flag.replace("-", "_")) >= 0, flag, "an integer >= 0")
     need(args.lr > 0 and args.lr < 1, "lr", "> 0 and < 1")
+    need(args.warmup_steps >= 0, "warmup-steps", ">= 0 (0: a constant learning rate)")
+    need(args.max_grad_norm > 0, "max-grad-norm", "> 0 (inf: no clip)")
     need(0 < args.tau <= 1, "tau", "in (0, 1] (a PRM score is a probability; tau > 1 flags every step)")
     need(0 <= args.toy_prm_noise <= 1, "toy-prm-noise", "a probability in [0, 1]")
     from harness.toy import STYLES   # the toy world's step styles (scope.py has imported it already)
@@ -122,7 +147,7 @@ def check_args(args) -> None:
         import importlib.util
 
         if importlib.util.find_spec(package) is None:
-            stop(f"--report-to {args.report_to}: the {package} package is not installed (pip install {package})")
+            stop(f"--report-to {args.report_to}: the {package} package is not installed ({trackers.INSTALL[package]})")
     if args.mode in MODES_WITH_PRM and args.prm == "none":
         stop(f"--prm none: --mode {args.mode} needs a PRM (--prm none only suits --mode grpo)")
     if args.refiner_quantization != "none" and (args.mode not in ("scope", "replace") or args.toy or args.refiner_url
@@ -150,6 +175,11 @@ def run_dir_of(args) -> str:
 def check_run_dir(args, run_dir: str) -> int | None:
     """Refuse to clobber a run, resume without a checkpoint or below its step, or share a live run's folder.
     Returns the step of the checkpoint a resume starts from (None: from step 1)."""
+    blocked = unwritable(run_dir)
+    if blocked is not None:
+        why = "not a folder" if os.path.isfile(blocked) else "not writable by this user"
+        stop(f"{run_dir}: cannot write there ({blocked} is {why}); run from a folder you can write, or pass "
+             f"--run-name")
     holder = lock_holder(run_dir)
     if holder is not None:
         stop(f"{run_dir} is in use by another run ({holder}); wait for it, or delete {run_dir}/lock if that "
@@ -259,9 +289,23 @@ def choose_device(args) -> tuple[str, bool, list[str]]:
 
 
 # ---------------------------------------------------------------------------------------------------------- 4. hub
+def near_path(path: str) -> str:
+    """" (did you mean runs/x/model?)" for a path that does not exist beside one that does and is close; else ""."""
+    import difflib
+
+    parent = os.path.dirname(path.rstrip("/")) or "."
+    if not os.path.isdir(parent):
+        return ""
+    near = difflib.get_close_matches(os.path.basename(path.rstrip("/")), os.listdir(parent), n=1, cutoff=0.6)
+    return f" (did you mean {os.path.join(parent, near[0]) if parent != '.' else near[0]}?)" if near else ""
+
+
 def hub_models(args, resume_step: int | None) -> list[str]:
     """Hub ids of the models this run loads that are not local folders."""
     names = []
+    if args.toy and args.model != "toy" and resume_step is None and not os.path.isdir(args.model):
+        stop(f"--model {args.model} with --toy: no such folder{near_path(args.model)}; --toy trains 'toy' (the "
+             f"shipped warm start) or a folder a toy run saved (runs/NAME/checkpoint or runs/NAME/model)")
     if not args.toy:
         if resume_step is None or args.kl_coef > 0:   # a resume loads the policy from its checkpoint
             names.append(MODEL_ALIASES.get(args.model, args.model))
@@ -271,7 +315,7 @@ def hub_models(args, resume_step: int | None) -> list[str]:
             names.append(MODEL_ALIASES.get(args.refiner, args.refiner))
     for name in names:   # a path that does not exist is a typo, not a hub id ("owner/name")
         if not os.path.exists(name) and (name.startswith((".", "/", "~")) or name.count("/") != 1):
-            stop(f"'{name}': no such folder, and not a Hugging Face id (owner/name) nor an alias "
+            stop(f"'{name}': no such folder{near_path(name)}, and not a Hugging Face id (owner/name) nor an alias "
                  f"({', '.join(sorted(MODEL_ALIASES)[:3])}, ...)")
     return [n for n in names if not os.path.exists(n)]
 
@@ -371,7 +415,7 @@ def check_prm_weights(args) -> None:
 def load_data(args, offline: bool, notes: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     """(train, eval) problems, loaded before any model and checked non-empty (toy questions with --toy).
     A --dry-run without network skips hub data sets and says so in `notes`."""
-    from harness.problems import load_problems
+    from harness.problems import BENCHMARKS, load_problems
 
     def load(flag: str, source: str, **kw) -> list[dict]:
         if args.dry_run and offline and source in hub_datasets(args):
@@ -396,7 +440,11 @@ def load_data(args, offline: bool, notes: list[str] | None = None) -> tuple[list
                          f"--toy trains on 'Start at A, add B. ...' chains (its PRM and refiner know only those)")
         return problems
 
-    train = load("dataset", args.dataset, split="train")   # toy: another seed than the held-out set
+    fields = dict(question_field=args.question_field, answer_field=args.answer_field)
+    if any(fields.values()) and (args.dataset == "toy" or args.dataset in BENCHMARKS):
+        stop(f"--{'question' if args.question_field else 'answer'}-field: only for a --dataset of your own (a local "
+             f"file or hub id); {args.dataset} has its fields set already")
+    train = load("dataset", args.dataset, split="train", **fields)   # toy: another seed than the held-out set
     evals = load("eval-dataset", args.eval_dataset, limit=args.eval_size or None) if args.eval_every else []
     return train, evals
 
@@ -809,15 +857,18 @@ def format_plan(args, rows, notes, gpu_gib: float | None) -> str:
 
 
 def check_memory(args, device: str, use_vllm: bool) -> None:
-    """Print the plan; on a GPU that cannot hold it, stop with the plan and the flags that would make it fit."""
+    """Print the plan (on a GPU, and with --dry-run); on a GPU that cannot hold it, stop with the plan and the flags
+    that would make it fit."""
     gpu_gib = None
     if device.startswith("cuda"):
         import torch
 
         gpu_gib = torch.cuda.get_device_properties(torch.device(device)).total_memory / GIB
     rows, notes = memory_plan(args, gpu_gib, use_vllm or (gpu_gib is None and args.backend != "hf"))
-    if not args.toy or args.dry_run:
+    if args.dry_run or (gpu_gib is not None and not args.toy):
         print(format_plan(args, rows, notes, gpu_gib))
+    elif not args.toy:   # a real model on the CPU: the plan is of GPU memory and says nothing here
+        print(f"memory: a real model on the CPU (--device {args.device}); no GPU memory plan (--dry-run prints it)")
     if gpu_gib is not None and rows and plan_total(rows) > FIT_SHARE * gpu_gib and args.memory_check and not args.dry_run:
         ways = fixes(args, gpu_gib, use_vllm)
         stop(f"this run needs about {plan_total(rows):.0f} GiB, the GPU has {gpu_gib:.0f} GiB"

@@ -136,7 +136,7 @@ def _record(row, spec: dict, index: int, name: str) -> dict:
     """One {"id", "question", "answer"(, "choices")} record; ValueError (without the location) if bad."""
     if not isinstance(row, dict):
         raise ValueError(f"row is a {type(row).__name__}, not an object")
-    _, question = _pick(row, spec.get("question"), _QUESTION_FIELDS)
+    _, question = _pick(row, spec.get("question"), () if "question" in spec.get("named", ()) else _QUESTION_FIELDS)
     if not isinstance(question, str) or not question.strip():
         raise ValueError(f"missing or empty question (looked for {spec.get('question') or _QUESTION_FIELDS})")
     _, rid = _pick(row, spec.get("id"), _ID_FIELDS)
@@ -156,8 +156,9 @@ def _record(row, spec: dict, index: int, name: str) -> dict:
         text = str(row.get(spec["answer"], ""))
         answer = text.rsplit("####", 1)[-1].replace(",", "") if "####" in text else ""
     else:
-        field, value = _pick(row, spec.get("answer"), _ANSWER_FIELDS)
-        if field is None:                                             # no answer column: box of a solution
+        named = "answer" in spec.get("named", ())   # a field the user named: no other field is taken instead
+        field, value = _pick(row, spec.get("answer"), () if named else _ANSWER_FIELDS)
+        if field is None and not named:                               # no answer column: box of a solution
             _, solution = _pick(row, None, _SOLUTION_FIELDS)
             value = extract_answer(solution) if isinstance(solution, str) else None
         answer = _answer_text(value)
@@ -233,7 +234,7 @@ def _read_hf(hf_id: str, config, split: str | None) -> list[tuple[int, object]]:
 
 
 def load_problems(source: str, split: str | None = None, limit: int | None = None, *,
-                  skip_bad: bool = False) -> list[dict]:
+                  skip_bad: bool = False, question_field: str = "", answer_field: str = "") -> list[dict]:
     """Problems as [{"id", "question", "answer"}] (+ "choices" for multiple choice; the answer is a letter).
 
     source: "toy" (toy.make_problems; split "train" uses seed 1, anything else seed 0), a name in
@@ -242,7 +243,9 @@ def load_problems(source: str, split: str | None = None, limit: int | None = Non
     A row with a missing/empty question or answer raises ValueError naming the source and row number
     (the line number for JSONL); with skip_bad=True such rows are skipped and their count is reported
     through warnings.warn. Split is ignored for local files. Multiple-choice rows (a "choices"/"options"
-    list, or {"text", "label"} as in ARC) take their key as a letter, a label, or a 0-based index."""
+    list, or {"text", "label"} as in ARC) take their key as a letter, a label, or a 0-based index.
+    question_field / answer_field: the columns of a local file or hub id to read (then no other column is tried);
+    without them the usual names are tried in order (question, problem, prompt, ...; answer, final_answer, ...)."""
     if limit is not None and limit < 0:
         raise ValueError(f"load_problems: limit must be >= 0, got {limit}")
     if source == "toy":
@@ -271,6 +274,9 @@ def load_problems(source: str, split: str | None = None, limit: int | None = Non
     else:
         raise ValueError(f"load_problems: unknown source {source!r}: not a file, not 'toy', not one of "
                          f"{sorted(BENCHMARKS)} and not a Hugging Face id 'owner/name'")
+    named = {k: v for k, v in (("question", question_field), ("answer", answer_field)) if v}
+    if named and source not in BENCHMARKS:
+        spec = dict(named, named=tuple(named))
     problems, bad = [], []
     for rowno, row in rows:
         if limit is not None and len(problems) >= limit:

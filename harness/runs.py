@@ -25,6 +25,7 @@ tests/test_runs.py:
     ({"step": first step trained with it, "changes": {flag: [old, new]}}); the run's settings at any point
     are config.json with those records applied in order (`run_settings`).
 """
+import contextlib
 import json
 import os
 import random
@@ -61,6 +62,27 @@ def clear_run(run_dir: str) -> None:
             shutil.rmtree(path)
         elif os.path.exists(path):
             os.remove(path)
+
+
+def unwritable(run_dir: str) -> str | None:
+    """What stops `run_dir` from being created or written: its nearest existing ancestor, when that is a file
+    or a folder this process may not write; else None."""
+    folder = os.path.abspath(run_dir)
+    while not os.path.exists(folder):
+        folder = os.path.dirname(folder)
+    return None if os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK) else folder
+
+
+@contextlib.contextmanager
+def removed_on_failure(run_dir: str, new: bool):
+    """A new run's folder is removed again if what runs inside fails (a model that does not load, Ctrl-C while
+    loading): nothing was trained in it, and a folder left behind would refuse the corrected command."""
+    try:
+        yield
+    except BaseException:
+        if new:
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
 
 
 # ---------------------------------------------------------------------------------------------------------- lock

@@ -36,6 +36,7 @@ class TensorBoard:
         # purge_step: events at steps >= first_step (logged after the checkpoint a resume starts from) are dropped
         self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"),
                                     purge_step=first_step if first_step > 1 else None)
+        print(f"tensorboard: logging to {run_dir}/tensorboard (view: tensorboard --logdir {run_dir}/tensorboard)")
         self.writer.add_text("config", "    " + json.dumps(config, indent=1).replace("\n", "\n    "), first_step - 1)
 
     def log(self, record: dict) -> None:
@@ -75,6 +76,10 @@ class WandB:
 
     def close(self) -> None:
         self.run.finish()
+
+
+# the tracker packages at the versions the README's test line installs (a hint names these, checked by a test)
+INSTALL = {"tensorboard": "pip install tensorboard==2.20.0", "wandb": "pip install wandb==0.31.0"}
 
 
 def open_tracker(kind: str, run_dir: str, config: dict, first_step: int):

@@ -32,8 +32,8 @@ from harness.refiner import Refiner
 from harness import trackers
 from harness import mathverify, progress   # --grader; step k/N + ETA, rollouts.jsonl, curves.png, summary.txt, model/
 from harness.runs import (acquire_lock, append_change, clear_run, environment, format_changes, read_changes, read_log,
-                          recover_checkpoint, release_lock, restore_rng, resume_hint, save_checkpoint, stop,
-                          truncate_jsonl)
+                          recover_checkpoint, release_lock, removed_on_failure, restore_rng, resume_hint,
+                          save_checkpoint, stop, truncate_jsonl)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
 CACHE_DIR = os.path.join(ROOT, "cache")        # toy warm starts (gitignored but for the shipped ones)
@@ -46,14 +46,23 @@ def loading(name: str):
         yield
     except (OSError, ValueError, RuntimeError) as e:   # prm.ProcessRewardModel wraps its OSError in a RuntimeError
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise SystemExit(f"error: cannot load '{name}': {first_line}\n"
-                         f"  Check the id or path. Without network access, download it first "
-                         f"(`hf download {name}`) or pass a local folder.") from None
+        hint = ("the folder needs config.json, the weights and the tokenizer" if os.path.exists(name) else
+                "check the id; without network access, download it first (`hf download " + name + "`) or pass a "
+                "local folder")
+        raise SystemExit(f"error: cannot load '{name}': {first_line} ({hint})") from None
 
 
 def mean(xs) -> float | None:
     xs = [x for x in xs if x is not None]
     return float(np.mean(xs)) if xs else None
+
+
+def no_reward_signal(merged: list) -> bool:
+    """True when no group of the step's (merged) rows has two different rewards: every advantage is 0."""
+    rewards = {}
+    for t in merged:
+        rewards.setdefault(t.group, set()).add(t.reward)
+    return all(len(r) == 1 for r in rewards.values())
 
 
 def seed_everything(seed: int) -> None:
@@ -369,6 +378,7 @@ class Run:
     times: dict = field(default_factory=dict)         # whether a served refiner stopped answering in it
     t0: float = 0.0
     unavailable: bool = False
+    said_no_signal: bool = False                      # the note on a step without any reward signal was printed
     grade: object = None                              # --grader of the periodic evaluation (harness/mathverify.py)
     clock: object = None                              # step k/N and ETA of the step lines (harness/progress.py)
     overlap_old_logp: bool = False                    # --overlap-old-logp, resolved (preflight.old_logp_overlapped)
@@ -408,14 +418,17 @@ class Run:
         terminal; first the evaluation before training (step 0) of a new run. Each step's torch seed and its
         problems (drawn with replacement only when there are fewer than B) derive from (seed, step) alone."""
         a = self.args
-        self.clock = progress.StepClock(self.start_step, a.steps)   # the step lines' k/N and ETA, terminal or not
         B, mine = a.prompts_per_step, self.dist.groups(a.prompts_per_step)   # this rank's whole groups of the B
         if self.start_step == 1 and a.eval_every:
             self.eval_before_training()   # step 0 of metrics.jsonl: the "before" of the closing summary
+        self.clock = progress.StepClock(self.start_step, a.steps)   # k/N and ETA, from here: not the eval before
         for step in tqdm(range(self.start_step, a.steps + 1), initial=self.start_step - 1, total=a.steps,
                          desc="steps", disable=not sys.stderr.isatty() or not self.dist.main):
             self.step, self.times, self.t0, self.unavailable = step, {}, time.time(), False
             torch.manual_seed(self.seed("torch"))
+            if a.warmup_steps:   # the learning rate of this step: linear warm-up to --lr over --warmup-steps
+                for group in self.optimizer.param_groups:
+                    group["lr"] = a.lr * min(1.0, step / a.warmup_steps)
             rng, n = np.random.default_rng(self.seed("prompts")), len(self.train_problems)
             yield step, [self.train_problems[i] for i in rng.choice(n, size=B, replace=n < B)], mine
 
@@ -446,7 +459,7 @@ class Run:
         with self.phase("rollout"):
             a = self.args
             todo = groups if self.use_vllm else range(len(problems))
-            prompts = [format_prompt(self.tokenizer, problems[b]["question"]) for b in todo]
+            prompts = [format_prompt(self.tokenizer, problems[b]["question"], a.system_prompt or None) for b in todo]
             self.policy.eval()
             with self.amp_for(self.generator):   # autocast for HF generate only, never around vLLM
                 completions = self.generator.generate(prompts, n=a.group_size, temperature=a.temperature,
@@ -488,11 +501,11 @@ class Run:
         return {k: v.to(self.device) for k, v in batch.items()}
 
     def update_engine(self) -> dict:
-        """grpo.update's engine settings: micro-batches, the gradient clip at 1.0, the log-softmax chunk,
+        """grpo.update's engine settings: micro-batches, the gradient clip (--max-grad-norm), the log-softmax chunk,
         bf16 autocast around each forward (update_amp), the KL reference, the truncated importance weight's cap,
         the rollout temperature (log-probs of the distribution the rollouts came from), torchrun."""
         a = self.args
-        return dict(micro_batch_size=a.micro_batch_size, max_grad_norm=1.0, chunk_tokens=a.logprob_chunk,
+        return dict(micro_batch_size=a.micro_batch_size, max_grad_norm=a.max_grad_norm, chunk_tokens=a.logprob_chunk,
                     amp=self.update_amp, ref_model=self.ref_model, tis_cap=a.tis_cap, temperature=a.temperature,
                     dist=self.dist if self.dist.world > 1 else None)
 
@@ -514,6 +527,11 @@ class Run:
         m["time_step"] = time.time() - self.t0
         m.update(phase_memory.step_record())   # GPU runs: each phase's peak memory next to the plan's figure
         self.log(m, traces)   # metrics.jsonl, traces.jsonl, the step's line
+        if self.dist.main and not self.said_no_signal and no_reward_signal(merged):
+            self.said_no_signal = True
+            print(f"note: step {step}: in every group all rewards are equal (all failed, or all passed), so the "
+                  f"advantages are 0 and nothing was learned from this batch (said once; frac_all_fail + "
+                  f"frac_all_pass = 1 in metrics.jsonl marks every such step)")
         if self.dist.main:    # a few of the step's own rollouts, whole (harness/progress.py: rollouts.jsonl)
             progress.log_rollouts(self.run_dir, step, trajs, seed=seed_for(a.seed, step, "logged"))
         if step % a.save_every == 0 or step == a.steps:
@@ -530,7 +548,7 @@ class Run:
             result = self.paper.evaluate(self.generator, self.tokenizer, problems[share.start:share.stop], n=a.eval_n,
                                          temperature=EVAL_TEMPERATURE, max_new_tokens=a.eval_max_new_tokens,
                                          seed=a.seed + share.start * a.eval_n,   # vLLM: problem i takes seed + i·n
-                                         batch_size=64, grade_fn=self.grade)
+                                         batch_size=64, grade_fn=self.grade, system=a.system_prompt)
         if len(share) == len(problems):
             return result["acc"]
         return self.dist.sum(result["acc"] * len(share)) / len(problems)   # avg@n: a mean over problems
@@ -604,6 +622,7 @@ def start(args, paper: Paper) -> Run:
     grade = mathverify.for_name(args.grader)                          # the evaluation's grader; missing: one line
     preflight.check_resume(args)                                      # the record kept; a finished run: exit 0
     run_dir = preflight.run_dir_of(args)
+    args.run_name = args.run_name or os.path.basename(run_dir)       # the default name, shown and recorded
     device, use_vllm, notes = preflight.choose_device(args)           # the GPU before the data
     offline, hub_notes = preflight.check_hub(args, preflight.resume_step_of(args, run_dir))  # no network: one line
     preflight.check_prm_weights(args)                                 # a damaged PRM checkpoint: one line
@@ -618,19 +637,21 @@ def start(args, paper: Paper) -> Run:
         raise SystemExit(0)
 
     d.barrier()                                                       # every rank checked the folder before rank 0 writes
+    new_folder = not os.path.exists(run_dir)
     ckpt, start_step = d.broadcast(open_run(args, run_dir, resume_step) if d.main else None)
     seed_everything(args.seed)
     if args.toy:
         torch.set_num_threads(1)   # a 0.3 M-parameter model gains nothing from threads; on a shared 2-core machine
                                    # two threads per process were ~15x slower (oversubscription)
-    base_path = base_model_path(args) if d.main else None            # rank 0 trains a missing toy warm start alone
-    d.barrier()
-    base_path = base_path or base_model_path(args)
-    policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
-    model = dist.wrap(policy, d, args.fsdp)                           # DDP or FSDP2 under torchrun; else the policy
-    generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
-    prm = load_prm(args, device, paper.prm, use_vllm, run_dir)
-    refiner = load_refiner(args, generator, tokenizer, device, run_dir)
+    with removed_on_failure(run_dir, new_folder and d.main):          # a model that does not load leaves no folder
+        base_path = base_model_path(args) if d.main else None        # rank 0 trains a missing toy warm start alone
+        d.barrier()
+        base_path = base_path or base_model_path(args)
+        policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
+        model = dist.wrap(policy, d, args.fsdp)                       # DDP or FSDP2 under torchrun; else the policy
+        generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
+        prm = load_prm(args, device, paper.prm, use_vllm, run_dir)
+        refiner = load_refiner(args, generator, tokenizer, device, run_dir)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr,   # after wrap: FSDP2's parameters are shards
                                   fused=args.fused_adamw and device.startswith("cuda"))   # fused: same update
     prm_offload = prm is not None and not args.toy and preflight.prm_offloaded(args, device, use_vllm)

@@ -12,7 +12,7 @@ def refusal(capsys, argv) -> str:
     with pytest.raises(SystemExit) as exit_:
         scope.parse_args(argv)
     err = capsys.readouterr().err.strip() or str(exit_.value.code)
-    assert "\n" not in err
+    assert "\n" not in err and exit_.value.code == 2, (err, exit_.value.code)   # every usage error exits 2
     return err
 
 
@@ -49,10 +49,12 @@ def test_config_file_refusals_name_the_file_and_key(tmp_path, capsys):
     assert "key 'group_sise': no such flag" in refuse("group_sise: 4\n")
     assert "not valid YAML (line 2)" in refuse("lr: [1\n")
     assert "key 'adv_std': 'yes please' is not true or false" in refuse("adv_std: yes please\n")
-    assert "key 'steps': [1, 2] is not a single value" in refuse("steps: [1, 2]\n")
+    assert "key 'steps': [1, 2] is not a single int" in refuse("steps: [1, 2]\n")
+    assert refuse("steps: four\n") == f"error: --config {tmp_path / 'c.yaml'}: key 'steps': 'four' is not an int"
+    assert "key 'lr': 'fast' is not a float" in refuse("lr: fast\n")
     assert "expected a mapping" in refuse("- lr\n")
     assert "invalid choice: 'foo'" in refuse("mode: foo\n")
-    assert "invalid int value: '1.5'" in refuse("steps: 1.5\n")
+    assert "key 'steps': 1.5 is not an int" in refuse("steps: 1.5\n")
     assert "no such file" in refusal(capsys, ["--config", str(tmp_path / "none.yaml")])
 
 
@@ -67,7 +69,7 @@ def test_trl_names_get_ours(capsys, word, ours):
 
 
 def test_trl_names_we_do_not_have_say_so(capsys):
-    assert "TRL's name; no such flag here (the learning rate is constant" in refusal(
+    assert "TRL's name; no such flag here (the learning rate is constant after --warmup-steps" in refusal(
         capsys, ["--lr_scheduler_type", "cosine"])
 
 
@@ -80,3 +82,65 @@ def test_the_docs_table_lists_every_trl_name():
     import os
     text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "running.md")).read()
     assert all(f"`{name}`" in text for name in cli.TRL_NAMES)
+
+
+def test_a_dict_runs_like_the_same_flags_typed():
+    """Training could only start from the command line; a notebook now calls scope.main with a dict, which is
+    resolved as the typed flags are (the --toy defaults, the checks, one-line refusals)."""
+    from harness import config
+
+    assert config.as_args(scope.Args, {"toy": True, "group-size": 4, "lr": -1e-4}) == scope.parse_args(
+        ["--toy", "--group-size", "4", "--lr=-1e-4"])
+    args = scope.Args(steps=3)
+    assert config.as_args(scope.Args, args) is args
+    with pytest.raises(SystemExit) as exit_:
+        config.as_args(scope.Args, {"steps": "four"})
+    assert exit_.value.code == 2
+
+
+def test_underscored_flags_and_negative_numbers_on_the_command_line():
+    """YAML took group_size but the command line refused --group_size; --lr -1e-4 was "expected one argument"."""
+    args = scope.parse_args(["--toy", "--group_size", "4", "--max_grad_norm", "0.5", "--lr", "-1e-4"])
+    assert (args.group_size, args.max_grad_norm, args.lr) == (4, 0.5, -1e-4)
+
+
+def test_the_readmes_python_call_trains_with_warm_up_and_the_clip_it_is_given(tmp_path, monkeypatch,
+                                                                               toy_model_dir):
+    """The README's notebook line, scope.main({...}), runs in-process; --warmup-steps and --max-grad-norm (once
+    constants: a constant learning rate and a clip at 1.0) reach the optimizer and the clip."""
+    import ast
+    import os
+    import re
+
+    import torch
+
+    readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
+    flags = ast.literal_eval(re.search(r"scope\.main\((\{[^}]*\})\)", readme).group(1))
+    assert flags["toy"] is True
+    flags.update({"model": toy_model_dir, "steps": 2, "prompts-per-step": 2, "group_size": 2, "max_new_tokens": 48,
+                  "eval_every": 0, "save_every": 100, "run_name": "nb", "warmup_steps": 4, "max_grad_norm": 0.5})
+    lrs, clips = [], []
+    step = torch.optim.AdamW.step
+    monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: lrs.append(self.param_groups[0]["lr"])
+                        or step(self, *a, **k))
+    clip = torch.nn.utils.clip_grad_norm_
+    monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm, *a, **k: clips.append(max_norm)
+                        or clip(params, max_norm, *a, **k))
+    monkeypatch.chdir(tmp_path)
+    scope.main(flags)
+    assert lrs == pytest.approx([1e-4 / 4, 1e-4 * 2 / 4])   # the toy lr 1e-4, warmed up over 4 steps
+    assert clips == [0.5, 0.5]
+    assert json.loads((tmp_path / "runs" / "nb" / "config.json").read_text())["warmup_steps"] == 4
+
+
+def test_a_negative_learning_rate_reaches_the_check_of_its_range(capsys):
+    """`--lr -1e-4` answered "expected one argument"; now the value is read and its range refused in one line."""
+    from harness import preflight
+
+    with pytest.raises(SystemExit) as exit_:
+        preflight.check_args(scope.parse_args(["--toy", "--lr", "-1e-4"]))
+    assert exit_.value.code == 2 and capsys.readouterr().err.startswith("error: --lr -0.0001: ")
+    for flag, value in (("--warmup-steps", "-1"), ("--max-grad-norm", "0")):
+        with pytest.raises(SystemExit):
+            preflight.check_args(scope.parse_args(["--toy", flag, value]))
+        assert capsys.readouterr().err.startswith(f"error: {flag} ")

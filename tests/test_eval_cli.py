@@ -328,3 +328,26 @@ def test_pass_at_k_picture_has_a_line_per_benchmark(tmp_path, monkeypatch):
     path = ev.plot_pass_at_k(report, str(tmp_path / "r.png"))
     assert os.path.getsize(path) > 1000
     assert drawn == [([1, 2, 4], [25.0, 50.0, 75.0], "math500"), ([1, 2, 4], [50.0, 60.0, 70.0], "arc-c")]
+
+
+def test_an_earlier_report_is_kept_and_the_out_path_is_checked_before_the_work(tmp_path, capsys, monkeypatch):
+    """eval.py silently replaced an earlier report (a 500 × 4 one became 8 × 1) and found an unwritable --out
+    only after the whole evaluation; its model column said `checkpoint` for every run."""
+    bench = tmp_path / "one.jsonl"
+    bench.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
+    out = tmp_path / "res.json"
+    out.write_text('{"earlier": true}')
+    loaded = []
+    monkeypatch.setattr(ev, "make_generator", lambda *a, **k: loaded.append(a) or (_ for _ in ()).throw(OSError))
+    argv = ["--model", str(tmp_path / "runs" / "r" / "checkpoint"), "--benchmarks", str(bench), "--out", str(out)]
+    assert ev.main(argv) == 2
+    assert capsys.readouterr().err == (f"eval.py: {out} already holds a report; pass --overwrite to replace it, or "
+                                       f"--out another path\n")
+    assert out.read_text() == '{"earlier": true}' and loaded == []   # nothing loaded, nothing replaced
+    (tmp_path / "file").write_text("")
+    assert ev.main(argv[:-1] + [str(tmp_path / "file" / "res.json")]) == 2
+    assert "cannot write there" in capsys.readouterr().err and loaded == []
+    assert ev.main(argv + ["--overwrite"]) == 2 and len(loaded) == 1   # --overwrite: on to the model
+    (tmp_path / "runs" / "r" / "checkpoint").mkdir(parents=True)
+    assert ev.model_label(str(tmp_path / "runs" / "r" / "checkpoint")) == "r"
+    assert ev.model_label("Qwen/Qwen2.5-Math-1.5B") == "Qwen2.5-Math-1.5B"

@@ -1,7 +1,10 @@
 """The exported model folder (harness/export.py): transformers' Auto classes and pipeline read it as trained."""
 import json
 import os
+import re
 import shutil
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -145,3 +148,62 @@ def test_an_export_that_autotokenizer_would_misread_stops(tmp_path, monkeypatch)
 def test_the_command_refuses_a_folder_without_checkpoint(tmp_path):
     with pytest.raises(SystemExit, match="no checkpoint/ to export"):
         export.main([str(tmp_path)])
+
+
+def card_snippet(folder: str) -> tuple[str, str]:
+    """(the transformers snippet of the model card in `folder`, the answer its comment says is right)."""
+    card = open(os.path.join(folder, "README.md"), encoding="utf-8").read()
+    code = card.split("```python\n", 1)[1].split("```", 1)[0]
+    return code, re.search(r"the right answer: \\boxed\{(.+?)\}", code).group(1)
+
+
+def run_card_snippet(folder: str, cwd: str) -> str:
+    """What the card's own snippet prints, run as a user would paste it (a fresh Python in `cwd`)."""
+    code, _ = card_snippet(folder)
+    proc = subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_the_cards_example_is_a_toy_problem_with_its_answer(exported):
+    """The card asked "Start at 7, add 5, times 3."; the toy world only multiplies by 2, so the trained model
+    answered \\boxed{24} every time and a newcomer took the export for broken."""
+    from harness import toy
+
+    code, expected = card_snippet(exported[1])
+    question = re.search(r'"content": "(Start at [^"]+)"', code).group(1)
+    start, ops = toy.parse_question(question)
+    assert all(arg == toy.TASK_DEFAULTS["max_factor"] for sym, arg in ops if sym == "*")   # in the toy world
+    assert expected == str(toy.correct_chain(question)[-1])
+    assert "do_sample=False" in code   # greedy: the same reply each time it is pasted
+
+
+@pytest.mark.slow
+def test_the_cards_snippet_answers_right_on_the_toy_model_a_run_trains(tmp_path):
+    """The whole path a newcomer takes: train the toy model with scope.py, then paste the card's snippet."""
+    from conftest import run_scope
+
+    run_scope(["--toy", "--steps", "2", "--eval-every", "0", "--run-name", "card"], cwd=tmp_path)
+    folder = str(tmp_path / "runs" / "card" / "model")
+    out = run_card_snippet(folder, str(tmp_path))
+    assert re.findall(r"\\boxed\{(.+?)\}", out)[-1] == card_snippet(folder)[1], out
+
+
+def test_the_toy_tokenizer_keeps_a_character_it_does_not_know_visible():
+    """A character outside the toy alphabet is the <unk> id, which decodes as "<unk>", not nothing."""
+    from harness import toy
+
+    tokenizer = toy.make_tokenizer()
+    ids = tokenizer.encode("Hello, World! é", add_special_tokens=False)
+    assert ids.count(tokenizer.unk_token_id) == 4 and tokenizer.decode(ids) == "<unk>ello, <unk>orld<unk> <unk>"
+
+
+def test_a_run_started_from_an_exported_folder_exports_its_own(exported, tmp_path):
+    """A run whose policy came from a model/ folder could not export its own model/ (nor could
+    `python -m harness.export`): the check wanted back characters that the byte-level tokenizer had never held."""
+    run = tmp_path / "again"
+    shutil.copytree(exported[1], run / "checkpoint")   # what such a run's checkpoint holds: the exported tokenizer
+    (run / "config.json").write_text(json.dumps({**TOY_CONFIG, "model": exported[1], "run_name": ""}))
+    out = export.export_run(str(run), quiet=True)
+    card = open(os.path.join(out, "README.md")).read()
+    assert card.startswith("---") and "\n# again\n" in card and "\n--run-name again\n" in card

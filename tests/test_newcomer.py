@@ -59,7 +59,8 @@ def test_ci_stage_one_is_the_quick_start_cpu_line_and_the_tests_block():
     """CI kept its own copy of the install and test commands; the README's Tests block lacked the trackers that
     CI installed, so a fresh clone that followed the README failed a test that CI passed."""
     text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
-    cpu_line = readme_section_blocks(text, "Quick start")[0][0]
+    cpu_line = text.split(MARK + "\n```bash\n", 1)[1].splitlines()[0]   # the Quick start's marked block
+    assert cpu_line in readme_section_blocks(text, "Quick start")[1]
     tests_block = commands(readme_section_blocks(text, "Tests")[0])
     assert ci_list() == [cpu_line, *tests_block]
     assert "torch==2.13.0" in cpu_line and "pip install -r requirements.txt" in cpu_line
@@ -69,6 +70,44 @@ def test_ci_stage_one_is_the_quick_start_cpu_line_and_the_tests_block():
     tiers = [re.sub(r"\s+#.*", "", ln) for ln in tests_block if "pytest" in ln]
     assert tiers == ["python -m pytest tests", "python -m pytest tests -m slow"]
     assert text.count(MARK) == 2
+
+
+def test_the_first_screen_holds_set_up_run_and_test_commands_and_no_gpu_line():
+    """The test command sat at line 214 of 250 after the result tables, there was no venv step, and the GPU
+    install line (a CUDA torch) sat directly above the CPU toy command in one block."""
+    lines = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read().splitlines()
+    first = "\n".join(lines[:40])
+    for command in ("python3 -m venv .venv", "pip install torch==2.13.0 --index-url", "python scope.py --toy",
+                    "python scope.py --resume runs/scope-toy-s0", "python eval.py --model runs/scope-toy-s0",
+                    "python -m pytest tests", "runs/scope-toy-s0/`:"):
+        assert command in first, command
+    quick = "\n".join(lines[:next(i for i, ln in enumerate(lines) if ln.startswith("## Tests"))])
+    assert "pip install vllm" not in quick   # the GPU block has its own section, after the CPU one
+    gpu = readme_section_blocks("\n".join(lines), "On a GPU")[0]
+    assert gpu[0].startswith("pip install vllm==0.33.0")
+
+
+def test_the_constraints_file_pins_every_package_the_readme_installs():
+    """requirements.txt pinned 2 of 14 packages and there was no constraints file: a release of any of them
+    tomorrow could break a fresh install that CI had passed."""
+    pins = {}
+    for line in open(os.path.join(ROOT, "constraints.txt"), encoding="utf-8"):
+        if line.strip() and not line.startswith("#"):
+            name, _, version = line.strip().partition("==")
+            assert version, f"constraints.txt: {line.strip()!r} is not pinned with =="
+            pins[re.sub(r"[-_.]+", "-", name.lower())] = version
+    wanted = [re.split(r"[<>=~!#\s]", ln.strip())[0] for ln in open(os.path.join(ROOT, "requirements.txt"))
+              if ln.strip() and not ln.startswith("#")]
+    assert [w for w in wanted if re.sub(r"[-_.]+", "-", w.lower()) not in pins] == ["torch"]   # the line picks its build
+    assert pins["transformers"].startswith("5.") and int(pins["transformers"].split(".")[1]) < 21   # vLLM 0.33
+    text = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
+    install = [ln for ln in ci_list() if ln.startswith("pip install")]
+    assert install and all("-c constraints.txt" in ln for ln in install)
+    for package, version in re.findall(r"([a-z][\w-]*)==([\w.]+)", install[1]):   # the tests' extras agree
+        assert pins[package] == version, package
+    from harness import trackers
+    for package, hint in trackers.INSTALL.items():   # the --report-to hint installs what the README pins
+        assert f"{package}=={pins[package]}" in hint and f"{package}=={pins[package]}" in text
 
 
 def test_ci_keeps_no_command_of_its_own():
@@ -212,7 +251,7 @@ def test_default_tier_leaves_out_slow_tests_unless_the_run_selects_its_tests():
 @pytest.mark.parametrize("argv, line", [
     (["--stpes", "3"], "error: unknown flag --stpes: did you mean --steps?"),
     (["--step", "3"], "error: unknown flag --step: did you mean --steps?"),
-    (["--toy", "--max_new_tokens=5"], "error: unknown flag --max_new_tokens: did you mean --max-new-tokens?"),
+    (["--toy", "--max_new_token=5"], "error: unknown flag --max_new_token: did you mean --max-new-tokens?"),
     (["--no-overwite"], "error: unknown flag --no-overwite: did you mean --no-overwrite?"),
     (["toy"], "error: unexpected argument 'toy': did you mean --toy?"),
     (["--zzz"], "error: unknown flag --zzz"),

@@ -533,3 +533,15 @@ def test_a_run_from_before_updates_per_batch_resumes_with_one_step_per_batch(tmp
     config["updates_per_batch"] = 3
     (tmp_path / "config.json").write_text(json.dumps(config))
     assert scope.parse_args(["--resume", str(tmp_path)]).updates_per_batch == 3
+
+
+def test_a_cpu_run_of_a_real_model_prints_no_gpu_memory_plan(capsys):
+    """A CPU run from a local folder printed a GPU memory plan, which says nothing about the CPU."""
+    import scope
+
+    args = scope.parse_args(["--model", "some/model", "--device", "cpu", "--backend", "hf"])
+    preflight.check_memory(args, "cpu", False)
+    assert capsys.readouterr().out == ("memory: a real model on the CPU (--device cpu); no GPU memory plan "
+                                       "(--dry-run prints it)\n")
+    preflight.check_memory(scope.parse_args(["--model", "some/model", "--dry-run"]), "cpu", False)
+    assert "memory plan" in capsys.readouterr().out

@@ -233,3 +233,16 @@ def test_toy_source_calls_toy_make_problems(monkeypatch):
     P.load_problems("toy")
     P.load_problems("toy", split="train", limit=2)
     assert calls == [(3, 0), (500, 0), (2, 1)]
+
+
+def test_named_fields_read_a_users_own_columns_and_nothing_else(tmp_path):
+    """A user's JSONL whose columns have other names could not be trained on: --question-field and
+    --answer-field name them; a row without the named column is refused, never read from another column."""
+    path = tmp_path / "mine.jsonl"
+    path.write_text('{"q": "Start at 3, add 4.", "a": "7", "question": "a decoy", "answer": "9"}\n'
+                    '{"q": "Start at 1, add 1."}\n')
+    first = P.load_problems(str(path), limit=1, question_field="q", answer_field="a")
+    assert [(p["question"], p["answer"]) for p in first] == [("Start at 3, add 4.", "7")]
+    with pytest.raises(ValueError, match=r"mine.jsonl: line 2: missing or empty answer \(looked for a\)"):
+        P.load_problems(str(path), question_field="q", answer_field="a")
+    assert P.load_problems(str(path), limit=1)[0]["question"] == "a decoy"   # without the flags: the usual names

@@ -443,3 +443,100 @@ def test_pad_id_falls_back_to_eos():
     assert batch["input_ids"][1, -1].item() == 10 and batch["input_ids"][0, -1].item() == 2
     with pytest.raises(ValueError, match="neither a pad nor an EOS"):
         wiring.pad_or_eos(SimpleNamespace(pad_token_id=None, eos_token_id=None))
+
+
+# ------------------------------------------------------------------------------------- refusals that cost no run
+def refused(capsys, flags) -> str:
+    """scope.main's one-line refusal (exit 2) of `flags`."""
+    with pytest.raises(SystemExit) as exit_:
+        scope.main(flags)
+    err = capsys.readouterr().err.strip() or str(exit_.value.code)
+    assert "\n" not in err, err
+    return err
+
+
+def test_a_toy_model_that_is_no_folder_stops_at_once_and_leaves_nothing(tmp_path, monkeypatch, capsys):
+    """`--toy --model nosuch-model` spent 50 s on hub retries, then left runs/…/config.json, which refused the
+    corrected command; a typo of a local folder was told to `hf download` it."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "old").mkdir(parents=True)
+    (tmp_path / "runs" / "old" / "model").mkdir()
+    start = time.time()
+    err = refused(capsys, {"toy": True, "model": "nosuch-model"})
+    assert err.startswith("error: --model nosuch-model with --toy: no such folder; --toy trains 'toy'")
+    assert time.time() - start < 20 and os.listdir(tmp_path / "runs") == ["old"]
+    err = refused(capsys, {"toy": True, "model": "runs/old/modle"})
+    assert "no such folder (did you mean runs/old/model?)" in err and "hf download" not in err
+    err = refused(capsys, {"model": "runs/old/modle", "dry_run": True})
+    assert "'runs/old/modle': no such folder (did you mean runs/old/model?)" in err
+
+
+def test_a_model_that_fails_to_load_takes_its_new_run_folder_with_it(tmp_path, monkeypatch, capsys):
+    """The run folder was written before the model loaded, so a failed load left a folder that refused the
+    corrected command ("already holds a run")."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "broken").mkdir()
+    (tmp_path / "broken" / "config.json").write_text("{not json")
+    with pytest.raises(SystemExit) as exit_:
+        scope.main({"toy": True, "model": "broken", "run_name": "r"})
+    err = capsys.readouterr().err
+    assert "cannot load 'broken'" in str(exit_.value.code) + err and "hf download" not in str(exit_.value.code) + err
+    assert not (tmp_path / "runs" / "r").exists()
+
+
+def test_an_unwritable_run_folder_is_one_line_before_anything_loads(tmp_path, monkeypatch, capsys):
+    """An unwritable output folder gave a 16-line traceback from os.makedirs."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").write_text("a file where the runs folder goes")
+    assert refused(capsys, {"toy": True}) == (f"error: runs/scope-toy-s0: cannot write there ({tmp_path / 'runs'} is "
+                                              f"not a folder); run from a folder you can write, or pass --run-name")
+    os.remove(tmp_path / "runs")
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda path, mode: str(path) != str(tmp_path) and real_access(path, mode))
+    assert f"({tmp_path} is not writable by this user)" in refused(capsys, {"toy": True})
+
+
+def test_flags_the_mode_ignores_are_named(capsys):
+    """`--merge append --mode grpo` ran without a word that --merge does nothing there."""
+    preflight.check_args(scope.parse_args(["--toy", "--mode", "grpo", "--merge", "append", "--shaping-gamma", "0.2"]))
+    assert capsys.readouterr().err == "note: --mode grpo ignores --merge append, --shaping-gamma 0.2\n"
+    preflight.check_args(scope.parse_args(["--toy", "--mode", "grpo"]))
+    preflight.check_args(scope.parse_args(["--toy", "--merge", "append"]))
+    assert capsys.readouterr().err == ""
+    preflight.check_args(scope.parse_args(["--toy", "--prm-reward-coef", "0.3"]))
+    assert capsys.readouterr().err == "note: --mode scope ignores --prm-reward-coef 0.3\n"
+
+
+def test_a_step_without_reward_signal_is_told():
+    """A CPU run whose every group failed showed gradient norm 0.000 and nothing said that nothing was learned."""
+    from types import SimpleNamespace as T
+
+    assert wiring.no_reward_signal([T(group=0, reward=0.0), T(group=0, reward=0.0), T(group=1, reward=1.0),
+                                    T(group=1, reward=1.0)])
+    assert not wiring.no_reward_signal([T(group=0, reward=0.0), T(group=0, reward=1.0), T(group=1, reward=0.0)])
+
+
+def test_the_eta_leaves_out_the_evaluation_before_training(monkeypatch):
+    """The first ETAs were 2-3x too high: step 1's time included the evaluation before training."""
+    from types import SimpleNamespace as T
+
+    now = [100.0]
+    clock = wiring.progress.StepClock
+    monkeypatch.setattr(wiring.progress, "StepClock", lambda start, total: clock(start, total, now=lambda: now[0]))
+    monkeypatch.setattr(wiring.Run, "eval_before_training", lambda self: now.__setitem__(0, now[0] + 60.0))
+    models = dict.fromkeys(["policy", "tokenizer", "ref_model", "generator", "prm", "refiner", "optimizer"])
+    run = wiring.Run(T(steps=11, prompts_per_step=2, eval_every=5, seed=0, warmup_steps=0), "r", "cpu", False, **models,
+                     train_problems=[{"q": 1}, {"q": 2}], eval_problems=[], start_step=1, metrics_file=None,
+                     traces_file=None, t_start=0.0)
+    next(run.steps())    # the evaluation before training (60 s), then step 1 starts
+    now[0] += 2.0        # step 1 takes 2 s
+    assert run.clock.eta(1) == pytest.approx(2.0 * 10)
+
+
+def test_the_dry_run_and_the_config_show_the_run_name_they_use(tmp_path, monkeypatch, capsys):
+    """The dry run said it "would write runs/scope-Qwen2.5-1.5B-s0" but showed "run_name": "" (as did the card)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as exit_:
+        scope.main({"toy": True, "dry_run": True})
+    out = capsys.readouterr().out
+    assert exit_.value.code == 0 and "would write runs/scope-toy-s0" in out and '"run_name": "scope-toy-s0"' in out
