@@ -138,6 +138,20 @@ def zero_repair_advantages(trajs: list[Trajectory], advantages):
     return advantages * advantages.new_tensor([t.source == "policy" for t in trajs])   # (N,)
 
 
+def repair_credit_only(batch: dict, trajs: list[Trajectory], part: str) -> dict:
+    """--repair-credit prefix | suffix, the credit-split controls: an accepted repair keeps its reward and its
+    advantage (and its place in the group's mean), but only one part of its tokens carries loss. `prefix`: its
+    kept tokens (the policy's own); `suffix`: the refiner's. The other part's tokens leave the response mask, so
+    they carry no loss (N and the --loss-agg constant normaliser unchanged). "all": the batch as it is.
+    batch: build_batch's dict, row i = trajs[i]."""
+    if part == "all":
+        return batch
+    repair = batch["response_mask"].new_tensor([t.source != "policy" for t in trajs]).bool().unsqueeze(1)  # (N, 1)
+    off = batch["offpolicy_mask"].bool()  # (N, L) refiner tokens
+    drop = repair & (off if part == "prefix" else ~off)  # (N, L)
+    return {**batch, "response_mask": batch["response_mask"] * ~drop, "offpolicy_mask": batch["offpolicy_mask"] * ~drop}
+
+
 # ---------------------------------------------------------------------------------------------------
 # Plumbing
 # ---------------------------------------------------------------------------------------------------

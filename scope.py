@@ -21,7 +21,7 @@ from harness import config, wiring
 from harness.config import arg
 from harness.grader import grade
 from prm import locate_first_errors, select_failures
-from refine import rectify, zero_repair_advantages
+from refine import rectify, repair_credit_only, zero_repair_advantages
 
 MODES = ("scope", "grpo", "replace", "prm-reward")
 
@@ -53,6 +53,7 @@ def main(args: "Args | dict") -> dict:
         with run.phase("update"):
             batch = build_batch([t.prompt_ids for t in merged], [t.response_ids for t in merged],
                                 [t.offpolicy_mask for t in merged], advantages, run.pad_id)
+            batch = repair_credit_only(batch, merged, args.repair_credit)   # "all" unless a credit-split control
             stats = update(run.model, run.optimizer, run.on_device(batch, merged), groups, **run.update_engine(),
                            updates_per_batch=args.updates_per_batch, offpolicy_credit=args.offpolicy_credit,
                            clip_eps=args.clip_eps, loss_agg=args.loss_agg, max_new_tokens=args.max_new_tokens,
@@ -109,6 +110,9 @@ class Args(config.EngineArgs):
     repair_advantage: str = arg("keep", "zero = an accepted repair counts in its group's mean, then its own "
                                 "advantage is set to 0 (the 'phantom success' control: the mean shift without "
                                 "the repair's content; N and the loss normaliser unchanged)", ("keep", "zero"))
+    repair_credit: str = arg("all", "which of an accepted repair's tokens carry loss: all, or only the kept prefix "
+                             "or only the refiner's suffix (credit-split controls; reward and advantage unchanged)",
+                             ("all", "prefix", "suffix"))
     # --- advantages and the update (steps 6-7)
     adv_std: bool = arg(False, "divide group advantages by their std (GRPO) instead of mean-centring only")
     lr: float = arg(1e-6, "AdamW learning rate")

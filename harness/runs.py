@@ -327,8 +327,9 @@ def resume_hint(run_dir: str, argv: list[str], first_save: int) -> str:
 
 
 def environment() -> dict:
-    """What a record needs to be reproduced: package versions, Python, CPU, threads, and the commit it ran on
-    (with "dirty": true when tracked files differ from that commit). Stored in every config.json and study record."""
+    """What a record needs to be reproduced: package versions, Python, CPU (with the capability torch dispatches
+    to and the CPU flags that change numerics), threads, and the commit it ran on ("dirty": true when tracked files
+    differ from it, "changed" those files' content hashes). Stored in every config.json and study record."""
     import importlib.metadata
     import platform
     import subprocess
@@ -354,7 +355,33 @@ def environment() -> dict:
     except OSError:
         pass
     status = git("status", "--porcelain", "--untracked-files=no")
+    root = git("rev-parse", "--show-toplevel")
+    changed = {}   # a dirty tree: each changed tracked file and the git hash of its contents here (None: deleted)
+    for path in (git("diff", "--name-only", "HEAD") or "").splitlines() if status else ():
+        full = os.path.join(root or "", path)
+        changed[path] = git("hash-object", full) if os.path.isfile(full) else None
     return {"python": platform.python_version(), "torch": torch.__version__, "transformers": version("transformers"),
             "numpy": np.__version__, "scipy": version("scipy"), "platform": platform.platform(), "cpu": cpu,
-            "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status)}
+            "cpu_capability": torch.backends.cpu.get_cpu_capability(),   # the kernels torch dispatches to
+            "cpu_flags": cpu_flags(), "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch_interop_threads": torch.get_num_interop_threads(),
+            "thread_env": {k: os.environ[k] for k in NUMERICS_ENV if k in os.environ},
+            "commit": git("rev-parse", "HEAD"), "dirty": None if status is None else bool(status),
+            "changed": changed}
+
+
+# CPU features and variables that change which kernels run, and so the last bits of a result
+NUMERICS_FLAGS = ("sse4_1", "sse4_2", "avx", "avx2", "fma", "f16c", "avx_vnni", "avx512f", "avx512dq", "avx512bw",
+                  "avx512vl", "avx512_vnni", "avx512_bf16", "avx512_fp16", "amx_tile", "amx_bf16", "amx_int8")
+NUMERICS_ENV = ("ATEN_CPU_CAPABILITY", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "MKL_CBWR", "OPENBLAS_NUM_THREADS",
+                "TORCH_NUM_THREADS")
+
+
+def cpu_flags() -> list[str] | None:
+    """Which of NUMERICS_FLAGS /proc/cpuinfo lists (None where it cannot be read)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            have = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), None)
+    except OSError:
+        return None
+    return None if have is None else [x for x in NUMERICS_FLAGS if x in have]

@@ -429,7 +429,9 @@ def mechanism(args) -> dict:
 
 def tracking(run_dir: str, start_path: str) -> dict:
     """At the start and at each kept checkpoint t (25, 50, 75): the accepted repairs of steps t+1 .. t+5 of
-    traces.jsonl teacher-forced under the policy of step t: mean π of kept, regenerated and corrected tokens."""
+    traces.jsonl teacher-forced under the policy of step t: mean π of kept, regenerated and corrected tokens.
+    Each checkpoint gets its own repairs, so the rows compare different tokens (tools/because3.py `tracking`
+    follows one fixed set from a checkpoint on)."""
     from harness.generate import load_causal_lm
 
     traces = [json.loads(line) for line in open(os.path.join(run_dir, "traces.jsonl"))]
