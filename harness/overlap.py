@@ -24,11 +24,12 @@ from harness import trainer
 
 def enabled(args, device: str) -> bool:
     """--overlap-old-logp: on, off, or auto = on with CUDA, more than one optimizer step per batch (the π_old
-    pass exists) and no --fsdp (a sharded policy's forward is a collective; the thread must not run one). On a GPU
-    auto also needs room in the memory plan (preflight.old_logp_beside)."""
+    pass exists), no --fsdp (a sharded policy's forward is a collective; the thread must not run one) and a
+    refiner other than the policy (`--refiner policy` decodes in this process: the thread would take its GPU time
+    and the GIL, and hide nothing). On a GPU auto also needs room in the memory plan (preflight.old_logp_beside)."""
     if args.overlap_old_logp != "auto":
         return args.overlap_old_logp == "on"
-    return device.startswith("cuda") and args.updates_per_batch > 1 and not args.fsdp
+    return device.startswith("cuda") and args.updates_per_batch > 1 and not args.fsdp and args.refiner != "policy"
 
 
 def padded_rows(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int) -> dict[str, Tensor]:
@@ -75,15 +76,20 @@ class OldLogprobs:
         stream's freed blocks for that stream); None on the CPU."""
         self.rows = padded_rows([t.prompt_ids for t in trajs], [t.response_ids for t in trajs], pad_id)
         self.value, self.error, self.seconds = None, None, 0.0
-        self.thread = threading.Thread(target=self._run, args=(model, logprobs_fn, stream, old_logprobs_kwargs),
+        # the pass follows everything the caller has queued so far on its current stream (the weights' writers)
+        ready = None
+        if stream is not None:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(stream.device))
+        self.thread = threading.Thread(target=self._run, args=(model, logprobs_fn, stream, ready, old_logprobs_kwargs),
                                        name="old-logprobs")
         self.thread.start()
 
-    def _run(self, model, logprobs_fn, stream, kwargs) -> None:
+    def _run(self, model, logprobs_fn, stream, ready, kwargs) -> None:
         t0 = time.time()
         try:
-            if stream is not None:   # after everything queued so far on the default stream (the weights' writers)
-                stream.wait_stream(torch.cuda.default_stream(stream.device))
+            if stream is not None:   # the caller's stream, not the legacy default one: vLLM may run off stream 0
+                stream.wait_event(ready)
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 self.value = trainer.old_logprobs(model, self.rows, logprobs_fn, dist=None, **kwargs)  # (N0, L0)
                 if stream is not None:

@@ -6,8 +6,8 @@
   that replaces its failure, one appended beside it, a whole-solution repair); rows whose policy tokens are no
   rollout's prefix give None (the update computes π_old itself);
 - a failure in the worker thread is one line in the caller's; an interrupted process waits for the thread;
-- `auto` is on only with CUDA, several optimizer steps per batch, no FSDP and room in the memory plan for the
-  pass's working set; `on` where nothing overlaps is refused;
+- `auto` is on only with CUDA, several optimizer steps per batch, no FSDP, a refiner other than the policy and room
+  in the memory plan for the pass's working set; `on` where nothing overlaps is refused;
 - two toy steps with the flag on and off log the same numbers (slow).
 """
 import json
@@ -99,6 +99,44 @@ def test_reused_old_logp_equals_the_update_pass_on_every_policy_token(rollouts_a
     assert job.seconds > 0 and not job.thread.is_alive()
 
 
+def test_the_pass_waits_on_the_callers_current_stream(rollouts_and_merged, monkeypatch):
+    """The side stream starts after an event recorded, in the caller's thread, on the caller's current stream (the
+    one its weight writes went to: vLLM may put a thread off the legacy default stream), never on
+    torch.cuda.default_stream. Stand-ins for torch.cuda's stream calls record who waited on what (no GPU here)."""
+    import contextlib
+    import threading
+
+    model, trajs, _ = rollouts_and_merged
+    seen = []
+
+    class Event:
+        def record(self, stream):
+            seen.append(("record", stream, threading.current_thread().name))
+
+    class Side:
+        device = "cuda:0"
+
+        def wait_event(self, event):
+            seen.append(("wait_event", event))
+
+        def wait_stream(self, stream):
+            seen.append(("wait_stream", stream))
+
+        def synchronize(self):
+            seen.append(("synchronize",))
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "caller's stream")
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: "legacy stream 0")
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    job = overlap.OldLogprobs(model, trajs, 0, grpo.logprobs_and_entropy, stream=Side(), micro_batch_size=3,
+                              chunk_tokens=0)
+    job.result()
+    assert seen[0] == ("record", "caller's stream", threading.current_thread().name)
+    assert seen[1][0] == "wait_event" and isinstance(seen[1][1], Event) and seen[-1] == ("synchronize",)
+    assert not any(s[0] == "wait_stream" for s in seen)
+
+
 def test_a_row_that_is_no_rollouts_prefix_gives_none(rollouts_and_merged):
     model, trajs, batch = rollouts_and_merged
     ids = batch["input_ids"].clone()
@@ -140,8 +178,10 @@ def test_an_interrupted_process_waits_for_the_thread(tmp_path):
 
 def test_auto_is_on_only_where_the_pass_exists_and_a_gpu_runs_it():
     args = lambda **kw: types.SimpleNamespace(**{"overlap_old_logp": "auto", "updates_per_batch": 2,  # noqa: E731
-                                                 "fsdp": False, **kw})
+                                                 "fsdp": False, "refiner": "Qwen2.5-Math-7B-Instruct", **kw})
     assert overlap.enabled(args(), "cuda:0")
+    assert not overlap.enabled(args(refiner="policy"), "cuda:0")   # the in-process refiner: nothing to hide behind
+    assert overlap.enabled(args(refiner="policy", overlap_old_logp="on"), "cuda:0")
     assert not overlap.enabled(args(), "cpu")                       # the toy world's records stay as they are
     assert not overlap.enabled(args(updates_per_batch=1), "cuda:0")  # no π_old pass
     assert not overlap.enabled(args(fsdp=True), "cuda:0")
@@ -186,9 +226,10 @@ def test_auto_leaves_the_overlap_off_where_the_plan_would_not_fit_with_it():
     from harness import preflight
 
     has_pass = lambda rows: any(name.startswith(preflight.OLD_LOGP_ROW) for name, _, _ in rows)  # noqa: E731
-    args = scope.Args(model="Qwen2.5-1.5B", refiner="policy")   # 48 GB: the PRM in the trainer, offloaded
+    args = scope.Args(model="Qwen2.5-1.5B", refiner_url="http://127.0.0.1:9")   # 48 GB: the PRM in the trainer,
     plan = lambda a, gib: preflight.memory_plan(a, gib, True, prm_offload=True, prm_serve=False)[0]  # noqa: E731
-    assert has_pass(plan(args, 47.5))
+    assert has_pass(plan(args, 47.5))   # offloaded; a served refiner (--refiner policy: off, overlap.enabled)
+    assert not has_pass(plan(scope.Args(**{**vars(args), "refiner": "policy"}), 47.5))
     without = preflight.plan_total(plan(scope.Args(**{**vars(args), "overlap_old_logp": "off"}), 47.5))
     with_it = preflight.plan_total(plan(scope.Args(**{**vars(args), "overlap_old_logp": "on"}), 47.5))
     assert with_it - without > 1.5   # the pass's ≈ 2 GiB counts in the peak here ("other" is the larger phase)
