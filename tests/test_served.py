@@ -360,8 +360,11 @@ def test_fp8_flags_reach_the_served_command_lines(monkeypatch, tmp_path, char_to
         served_prm.serve_prm("some/prm", char_tokenizer, sep_id=7, log_path="", gpu_memory_utilization=0.2,
                              kv_cache_bytes=1 << 30, max_model_len=4096, quantization=quantization)
     fp8_refiner, fp8_prm, bf16_refiner, bf16_prm = started
-    for command in (fp8_refiner, fp8_prm):
-        assert command[command.index("--quantization") + 1] == "fp8"
+    assert fp8_refiner[fp8_refiner.index("--quantization") + 1] == "fp8"
+    # the PRM: online FP8 of its decoder layers only (its score head keeps its dtype; tests/test_vllm33_contract.py)
+    assert fp8_prm[fp8_prm.index("--quantization") + 1] == "online"
+    assert json.loads(fp8_prm[fp8_prm.index("--quantization-config") + 1]) == {
+        "targets": {"model.layers.*": "fp8_per_tensor"}}
     assert "--runner" in fp8_prm and "--quantization" not in bf16_refiner + bf16_prm
 
 
