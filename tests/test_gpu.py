@@ -484,6 +484,27 @@ def test_part_6_fails_on_a_push_that_skips_a_tensor(tmp_path, engine_double, bpe
             push_check(engine, before, after, bpe_tokenizer)
 
 
+@pytest.mark.slow
+def test_the_check_at_tiny_shapes_on_the_cpu(tmp_path):
+    """`bash .ci/gpu_check.sh --cpu` under this environment's pins: every part's orchestration at tiny shapes (vllm
+    says it needs CUDA), and the summary gives each part's seconds and bytes written, the total at the real shape
+    (no optimizer state, <= 15 GB) and the projected H200 seconds of both runs, each <= 8 minutes."""
+    import re
+
+    proc = subprocess.run(["bash", os.path.join(ROOT, ".ci", "gpu_check.sh"), "--cpu"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=900,
+                          env={**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path)})
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 0 and summary.startswith("gpu check (cpu): PASS"), proc.stdout[-3000:] + proc.stderr
+    for part in ("run", "update-peak", "update-time", "prm-time", "co-run"):
+        assert re.search(rf"{part} PASS \d+ s, [\d.]+ [MG]B written", summary), part
+    assert "vllm not run (needs a CUDA GPU" in summary
+    written = float(re.search(r"written at the real shape in all: ([\d.]+) GB, no optimizer state", summary)[1])
+    assert 5 < written <= 15
+    runs = dict((name, int(sec)) for name, sec in re.findall(r"(correctness|design) run (\d+) s", summary))
+    assert set(runs) == {"correctness", "design"} and all(0 < sec <= 480 for sec in runs.values()), runs
+
+
 def test_the_script_skips_cleanly_without_cuda(tmp_path):
     """`bash .ci/gpu_check.sh` on a machine without CUDA: exit 0, one line saying it was skipped and why."""
     if torch.cuda.is_available():
@@ -492,6 +513,10 @@ def test_the_script_skips_cleanly_without_cuda(tmp_path):
                           text=True, timeout=120, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.strip().splitlines() == ["gpu check: skipped (no CUDA GPU visible to torch)"]
+    for wrong, says in ((["--part", "nope"], "no part 'nope'"), (["--run", "fast"], "--run takes correctness")):
+        proc = subprocess.run(["bash", os.path.join(ROOT, ".ci", "gpu_check.sh"), *wrong], cwd=tmp_path,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 2 and says in proc.stdout, proc.stdout
 
 
 # ------------------------------------------------------------------- 7-9. the update's memory and time, the PRM's time
