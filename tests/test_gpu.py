@@ -485,7 +485,7 @@ def test_part_6_fails_on_a_push_that_skips_a_tensor(tmp_path, engine_double, bpe
 
 
 @pytest.mark.slow
-def test_the_check_at_tiny_shapes_on_the_cpu(tmp_path):
+def test_the_check_at_a_tiny_shape_on_the_cpu(tmp_path):
     """`bash .ci/gpu_check.sh --cpu` under this environment's pins: every part's orchestration at tiny shapes (vllm
     says it needs CUDA), and the summary gives each part's seconds and bytes written, the total at the real shape
     (no optimizer state, <= 15 GB) and the projected H200 seconds of both runs, each <= 8 minutes."""
