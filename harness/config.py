@@ -30,7 +30,8 @@ class EngineArgs:
                                     "numerics); fp8 = `--quantization fp8` (W8A8 on Hopper: faster decode, other "
                                     "samples; docs/choices.md)", ("none", "fp8"))
     prm_quantization: str = arg("none", "weights of the PRM's own `vllm serve --runner pooling`: none = bf16 (the "
-                                "paper's numerics); fp8 = `--quantization fp8` (faster scoring, other step scores)",
+                                "paper's numerics); fp8 = FP8 decoder layers, the score head as it is (vLLM's online "
+                                "quantization: faster scoring, other step scores)",
                                 ("none", "fp8"))
     refiner_timeout: float = arg(600.0, "seconds one served-refiner request may take (2 retries; then the step "
                                  "goes on without rectification)")

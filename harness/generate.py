@@ -616,8 +616,8 @@ class OpenAIGenerator:
         budgets = token_budgets(prompts, max_tokens, context)
         check_sampling(n, temperature, top_p, min(budgets, default=0))
         out = [[Completion(ids=[], text="", finished=False) for _ in range(n)] for _ in prompts]
-        bodies = self.requests(prompts, budgets, n=n, temperature=temperature, top_p=top_p, seed=seed)
-        groups = [[i for i, b in enumerate(budgets) if b == body["max_tokens"]] for body in bodies]
+        requests = self.requests(prompts, budgets, n=n, temperature=temperature, top_p=top_p, seed=seed)
+        groups, bodies = [rows for rows, _ in requests], [body for _, body in requests]
         # all requests at once (one thread each): the server batches them, so the call ends with its longest request
         from concurrent.futures import ThreadPoolExecutor
 
@@ -636,20 +636,27 @@ class OpenAIGenerator:
         return out
 
     def requests(self, prompts: list[list[int]], budgets: list[int], *, n: int, temperature: float, top_p: float,
-                 seed: int | None) -> list[dict]:
-        """The /v1/completions bodies of one call: one per distinct budget (> 0), its prompts in input order. The
-        plain distribution (docs/choices.md) and our stop ids are sent: the server would otherwise use the
-        checkpoint's generation_config and only the EOS of its own tokenizer. Every request carries `seed`: vLLM's
-        server gives each prompt of a request that seed (child j: seed + j), so splitting by budget changes no seed."""
-        bodies = []
-        for budget in sorted(set(b for b in budgets if b > 0)):
-            body = {"model": self.model, "prompt": [list(p) for p, b in zip(prompts, budgets) if b == budget], "n": n,
-                    "temperature": temperature, "top_p": top_p, "max_tokens": budget, **PLAIN_SAMPLING,
+                 seed: int | None) -> list[tuple[list[int], dict]]:
+        """The /v1/completions bodies of one call, each with its prompts' indices. The plain distribution
+        (docs/choices.md) and our stop ids are sent: the server would otherwise use the checkpoint's
+        generation_config and only the EOS of its own tokenizer. vLLM's server gives every prompt of a request the
+        request's seed (child j: seed + j), so with a seed each prompt is its own request seeded seed + i·n, as the
+        in-process engine seeds it (no two picks decode with the same noise); without one, one request per
+        distinct budget (> 0), its prompts in input order."""
+        live = [i for i, b in enumerate(budgets) if b > 0]
+        if seed is None:
+            members = [[i for i in live if budgets[i] == budget] for budget in sorted({budgets[i] for i in live})]
+        else:
+            members = [[i] for i in live]
+        out = []
+        for rows in members:
+            body = {"model": self.model, "prompt": [list(prompts[i]) for i in rows], "n": n,
+                    "temperature": temperature, "top_p": top_p, "max_tokens": budgets[rows[0]], **PLAIN_SAMPLING,
                     "stop_token_ids": sorted(self.stop)}
             if seed is not None:
-                body["seed"] = seed
-            bodies.append(body)
-        return bodies
+                body["seed"] = seed + rows[0] * n
+            out.append((rows, body))
+        return out
 
     def _to_completion(self, choice: dict) -> Completion:
         text = choice.get("text") or ""

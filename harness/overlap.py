@@ -1,9 +1,10 @@
 """overlap.py — π_old beside the PRM and the refiner (--overlap-old-logp; docs/scaling.md, "Step time").
 
 With several optimizer steps per rollout batch, π_old is one no-grad forward of the policy over every row
-(trainer.old_logprobs). No weight changes between the rollout and the update, so that pass can run while the PRM
-scores and the refiner decodes: `OldLogprobs` runs it over the step's rollouts on a worker thread (on a GPU, its
-own CUDA stream) and `for_batch` lays it out on the update's merged batch. A merged row's policy tokens are a
+(trainer.old_logprobs) over mini-batches 2..k (the first one's π_old is its own first forward). No weight changes
+between the rollout and the update, so that pass can run while the PRM scores and the refiner decodes:
+`OldLogprobs` runs it over those groups' rollouts on a worker thread (on a GPU, its own CUDA stream) and
+`for_batch` lays it out on the update's merged batch. A merged row's policy tokens are a
 prefix of one rollout's tokens (a repair keeps the prefix ids and the refiner's tokens follow them), and a causal
 LM's log-prob at position t depends on the tokens up to t only, so each position where the loss reads π_old takes
 the value of the rollout that shares the row's tokens up to there. The refiner's tokens get 0: the loss never
@@ -24,11 +25,19 @@ from harness import trainer
 
 def enabled(args, device: str) -> bool:
     """--overlap-old-logp: on, off, or auto = on with CUDA, more than one optimizer step per batch (the π_old
-    pass exists) and no --fsdp (a sharded policy's forward is a collective; the thread must not run one). On a GPU
-    auto also needs room in the memory plan (preflight.old_logp_beside)."""
+    pass exists), no --fsdp (a sharded policy's forward is a collective; the thread must not run one) and a
+    refiner other than the policy (`--refiner policy` decodes in this process: the thread would take its GPU time
+    and the GIL, and hide nothing). On a GPU auto also needs room in the memory plan (preflight.old_logp_beside)."""
     if args.overlap_old_logp != "auto":
         return args.overlap_old_logp == "on"
-    return device.startswith("cuda") and args.updates_per_batch > 1 and not args.fsdp
+    return device.startswith("cuda") and args.updates_per_batch > 1 and not args.fsdp and args.refiner != "policy"
+
+
+def later_rows(groups: list[int], k: int) -> list[bool]:
+    """Which rows (by their group) fall in mini-batches 2..k of the update (trainer.group_order): the rows whose
+    π_old the update reads; none with k = 1."""
+    first = set(trainer.group_order(groups, k)[0]) if k > 1 else set(groups)
+    return [g not in first for g in groups]
 
 
 def padded_rows(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_id: int) -> dict[str, Tensor]:
@@ -43,16 +52,17 @@ def padded_rows(prompt_ids: list[list[int]], response_ids: list[list[int]], pad_
     return {"input_ids": ids, "attention_mask": attn, "response_mask": resp}
 
 
-def reuse_prefix_logprobs(rows: dict, rows_old: Tensor, batch: dict) -> Tensor | None:
+def reuse_prefix_logprobs(rows: dict, rows_old: Tensor, batch: dict, needed: list[bool] | None = None) -> Tensor | None:
     """π_old (N, L) of `batch` from `rows_old` (N0, L0), the π_old of `rows` (padded_rows): at each policy token
     of row i (response_mask and not offpolicy_mask), the value of a row with the same tokens up to and including
-    row i's last policy token; 0 elsewhere. None when some row has no such row (then the update computes π_old)."""
+    row i's last policy token; 0 elsewhere and on rows not `needed` (default: all are). None when some needed row
+    has no such row (then the update computes π_old)."""
     ids, attn, old = rows["input_ids"], rows["attention_mask"].bool(), rows_old.to("cpu")
     on = batch["response_mask"].bool() & ~batch["offpolicy_mask"].bool()  # (N, L) where the loss reads π_old
     out = torch.zeros(batch["input_ids"].shape, dtype=old.dtype)  # (N, L)
     for i in range(on.shape[0]):
         cols = on[i].nonzero()
-        if len(cols) == 0:   # no policy token (a whole-solution repair): nothing is read
+        if len(cols) == 0 or (needed is not None and not needed[i]):   # no policy token (a whole-solution repair): nothing is read
             continue
         k = int(cols[-1]) + 1   # tokens 0..k-1 decide every policy token's log-prob of row i
         if k > ids.shape[1]:
@@ -70,22 +80,27 @@ class OldLogprobs:
     here; `for_batch` joins it. A failure in the thread is one line in the caller's (`result`). The thread is
     not a daemon: an interrupted run waits for its pass (seconds) before the process exits."""
 
-    def __init__(self, model, trajs: list, pad_id: int, logprobs_fn, stream=None, **old_logprobs_kwargs):
+    def __init__(self, model, trajs: list, pad_id: int, stream=None, **old_logprobs_kwargs):
         """`stream`: the CUDA stream to run on (the caller keeps one for the run: the caching allocator keeps each
         stream's freed blocks for that stream); None on the CPU."""
         self.rows = padded_rows([t.prompt_ids for t in trajs], [t.response_ids for t in trajs], pad_id)
         self.value, self.error, self.seconds = None, None, 0.0
-        self.thread = threading.Thread(target=self._run, args=(model, logprobs_fn, stream, old_logprobs_kwargs),
+        # the pass follows everything the caller has queued so far on its current stream (the weights' writers)
+        ready = None
+        if stream is not None:
+            ready = torch.cuda.Event()
+            ready.record(torch.cuda.current_stream(stream.device))
+        self.thread = threading.Thread(target=self._run, args=(model, stream, ready, old_logprobs_kwargs),
                                        name="old-logprobs")
         self.thread.start()
 
-    def _run(self, model, logprobs_fn, stream, kwargs) -> None:
+    def _run(self, model, stream, ready, kwargs) -> None:
         t0 = time.time()
         try:
-            if stream is not None:   # after everything queued so far on the default stream (the weights' writers)
-                stream.wait_stream(torch.cuda.default_stream(stream.device))
+            if stream is not None:   # the caller's stream, not the legacy default one: vLLM may run off stream 0
+                stream.wait_event(ready)
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
-                self.value = trainer.old_logprobs(model, self.rows, logprobs_fn, dist=None, **kwargs)  # (N0, L0)
+                self.value = trainer.old_logprobs(model, self.rows, dist=None, **kwargs)  # (N0, L0)
                 if stream is not None:
                     stream.synchronize()
         except BaseException as err:   # handed to the caller's thread by `result`
@@ -102,6 +117,6 @@ class OldLogprobs:
                              f"computes π_old inside the update instead)")
         return self.value
 
-    def for_batch(self, batch: dict) -> Tensor | None:
-        """π_old (N, L) of the update's `batch` (reuse_prefix_logprobs), after the pass has finished."""
-        return reuse_prefix_logprobs(self.rows, self.result(), batch)
+    def for_batch(self, batch: dict, needed: list[bool] | None = None) -> Tensor | None:
+        """π_old (N, L) of the update's `batch` on its `needed` rows (reuse_prefix_logprobs), after the pass."""
+        return reuse_prefix_logprobs(self.rows, self.result(), batch, needed)

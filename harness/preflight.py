@@ -727,8 +727,10 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
                          f"once one is known)", refiner_gib(args, ref_cfg, batch), "all"))
     rows.append(("CUDA context, workspaces (not traced)", CUDA_CONTEXT_GIB, "all"))
     chunk = min(getattr(args, "logprob_chunk", 512) or tokens, tokens)
-    pass_row = (f"{OLD_LOGP_ROW} (--overlap-old-logp): bf16 logits of {args.micro_batch_size} x {T} tokens + a "
-                f"float32 log-softmax chunk (not traced)", (2 * tokens + 8 * chunk) * cfg["vocab_size"] / GIB, "other")
+    # autocast caches a bf16 copy of every float32 weight (they require grad) until the pass leaves its autocast
+    pass_row = (f"{OLD_LOGP_ROW} (--overlap-old-logp): autocast's bf16 weight copies + bf16 logits of "
+                f"{args.micro_batch_size} x {T} tokens + a float32 log-softmax chunk (not traced)",
+                (2 * p + (2 * tokens + 8 * chunk) * cfg["vocab_size"]) / GIB, "other")
     if old_logp_beside(args, rows + [pass_row], gpu_gib):
         rows.insert(-1, pass_row)
     return rows, notes

@@ -92,11 +92,26 @@ class PooledStepScores:
 def serve_command_extra(sep_id: int, kv_cache_bytes: int, dtype: str = "bfloat16", quantization: str = "none",
                         ) -> list[str]:
     """`vllm serve` flags of the PRM beyond the refiner's: the pooling runner, STEP pooling on the separator id,
-    the dtype (bf16 on a GPU), a KV cache sized by need, and --prm-quantization (generate.quantization_flags)."""
-    from harness.generate import quantization_flags
-
+    the dtype (bf16 on a GPU), a KV cache sized by need, and --prm-quantization (`prm_quantization_flags`)."""
     return ["--runner", "pooling", "--pooler-config", json.dumps({"step_tag_id": int(sep_id)}), "--dtype", dtype,
-            "--kv-cache-memory-bytes", str(int(kv_cache_bytes)), *quantization_flags(quantization)]
+            "--kv-cache-memory-bytes", str(int(kv_cache_bytes)), *prm_quantization_flags(quantization)]
+
+
+# vLLM 0.33's --quantization fp8 quantizes every LinearBase, the score head's too, whose float32 bias then meets a
+# bf16 output in the CUTLASS FP8 GEMM (an assertion at start-up). Its online quantization takes per-layer targets
+# (config/quantization.py: QuantizationConfigArgs.targets, fnmatch patterns; a layer matching none stays as it is):
+# the decoder layers in FP8 with a per-tensor weight scale (the method --quantization fp8 picks for a bf16
+# checkpoint), `score.*` in its own dtype. Checked on vLLM 0.33.0 (tests/test_vllm33_contract.py).
+PRM_FP8_TARGETS = {"model.layers.*": "fp8_per_tensor"}
+
+
+def prm_quantization_flags(quantization: str) -> list[str]:
+    """`vllm serve` flags of --prm-quantization: none = the checkpoint's dtype; fp8 = FP8 decoder layers only."""
+    if quantization == "none":
+        return []
+    if quantization != "fp8":
+        raise ValueError(f"--prm-quantization: none or fp8, got {quantization!r}")
+    return ["--quantization", "online", "--quantization-config", json.dumps({"targets": PRM_FP8_TARGETS})]
 
 
 def serve_prm(model: str, tokenizer, *, sep_id: int, log_path: str, gpu_memory_utilization: float,

@@ -28,6 +28,9 @@ class Hardware:
     decode_overhead: float = 1.0e-3  # s per decode step beyond the bytes: scheduler, sampler, log-softmax, ban
     fp8_speedup: float = 2.0  # FP8 GEMMs (vllm --quantization fp8, W8A8) over bf16: the datasheet's 1,979 vs 989
     #                           TFLOP/s at the same MFU (an upper bound: the activations' scales cost extra)
+    corun: float = 0.65  # eta, co-run efficiency of two processes' kernels under CUDA MPS: (T_a + T_b - T_both) /
+    #                      min(T_a, T_b); 0.5-0.8 from public co-location results, not measured here (the GPU
+    #                      check's part "co-run" measures it: a memory-bound decode beside a full-size update)
 
 
 H100 = Hardware("H100 SXM", 989e12, 3.35e12)
@@ -64,9 +67,10 @@ class Workload:
     attempts: int = 2  # --refine-attempts, one request with n = 2 (one prefill per pick)
     kept_prefix: int = 300  # mean tokens kept before the first error
     refiner_tail: int = 640  # the refiner's longest suffix in decode steps: --refiner-max-tokens (an attempt reaches it)
-    updates: int = 2  # optimizer steps per batch; the pi_old pass covers every row (two steps: ratios differ from 1)
+    updates: int = 2  # optimizer steps per batch; the pi_old pass covers mini-batches 2..k (the first: ratio 1)
     checkpointing: bool = True  # --gradient-checkpointing: the backward recomputes the forward
-    push_fixed: float = 0.25  # s: sleep(2), wake weights, reload's per-tensor calls, reset, wake KV (not measured)
+    push_fixed: float = 1.0  # s: sleep(2), wake weights, reload's per-tensor calls, reset, wake KV and the push's own
+    #                          gc.collect + empty_cache calls (0.5-1.5 s by those calls; not measured)
 
     @property
     def rows(self) -> int:
@@ -92,9 +96,10 @@ def estimate(mode: str, hw: Hardware = H100, w: Workload = Workload(), cpu: dict
              fp8_prm: bool = False) -> dict[str, float]:
     """Seconds per phase of one step of `mode` ("grpo" or "scope"); "total" is their sum minus what the overlap
     hides. overlap_old_logp (--overlap-old-logp): the pi_old pass runs on the trainer's worker thread from the end of
-    the rollout to the update; it hides min(pi_old, the time in between) when the GPU runs it beside the PRM and the
-    refiner servers (`mps`: CUDA MPS), else only min(pi_old, the CPU-side part of that time: grading, PRM inputs,
-    splices), assuming neither slows the other (the refiner's decode is memory-bound; the check measures it).
+    the rollout to the update; beside the PRM and the refiner servers under CUDA MPS (`mps`) it hides
+    hw.corun x min(pi_old, their time) (co-run efficiency eta: each slows the other), else it hides only
+    under the main thread's CPU work that releases the GIL (the tokenizer's PRM inputs and splices; grading and
+    JSON hold the GIL, which the thread needs to launch its kernels): min(pi_old, that time).
     fp8_refiner / fp8_prm (--refiner-quantization / --prm-quantization fp8): half the weight bytes per decode step
     and `hw.fp8_speedup` on the prefill and pooling FLOPs."""
     rows, fill = w.rows, w.mean_response / w.max_new  # fill: the mean share of the rows still decoding
@@ -102,7 +107,8 @@ def estimate(mode: str, hw: Hardware = H100, w: Workload = Workload(), cpu: dict
     t, cpu_side = {}, 0.0
     t["rollout"] = (2 * POLICY.params * rows * w.prompt_tokens / (hw.flops * hw.prefill_mfu)
                     + decode_seconds(hw, POLICY, rows * fill, w.prompt_tokens + w.mean_response / 2, w.max_new))
-    t["grade"] = cpu_side = rows * cpu["grade"]
+    t["grade"] = rows * cpu["grade"]
+    cpu_side = 0.0   # the main thread's CPU work that releases the GIL (the Rust tokenizer's)
     if mode == "scope":
         failures = rows * (1 - w.accuracy)
         prm_tokens = failures * (w.failed_response + w.prm_extra_tokens)
@@ -115,15 +121,15 @@ def estimate(mode: str, hw: Hardware = H100, w: Workload = Workload(), cpu: dict
                        + decode_seconds(hw, refiner, w.picks * w.attempts, refiner_prompt + w.refiner_tail / 2,
                                         w.refiner_tail)
                        + w.picks * w.attempts * (cpu["splice"] + cpu["grade"]))
-        cpu_side += failures * (cpu["prm_input"] + cpu["json"]) + w.picks * w.attempts * (cpu["splice"] + cpu["grade"])
-    t["pi_old"] = 2 * POLICY.params * tokens / (hw.flops * hw.train_mfu)
+        cpu_side += failures * cpu["prm_input"] + w.picks * w.attempts * cpu["splice"]
+    t["pi_old"] = 2 * POLICY.params * tokens * (w.updates - 1) / w.updates / (hw.flops * hw.train_mfu)
     t["update"] = (8 if w.checkpointing else 6) * POLICY.params * tokens / (hw.flops * hw.train_mfu) \
         + w.updates * 16 * 2 * POLICY.params / hw.bandwidth  # AdamW reads and writes 16 B/param
     t["push"] = w.push_fixed + 2 * POLICY.params / (hw.bandwidth * hw.decode_bw)
     t["total"] = sum(t.values())
-    if overlap_old_logp:   # from the rollout's end to the update: grade (+ PRM + refine)
-        between = t["grade"] + t.get("prm", 0.0) + t.get("refine", 0.0)
-        t["overlap"] = -min(t["pi_old"], between if mps else cpu_side)
+    if overlap_old_logp:   # from the rollout's end to the update: grade (holds the GIL) + PRM + refine
+        between = t.get("prm", 0.0) + t.get("refine", 0.0)
+        t["overlap"] = -(hw.corun * min(t["pi_old"], between) if mps else min(t["pi_old"], cpu_side))
         t["total"] += t["overlap"]
     return t
 
@@ -145,7 +151,7 @@ def table(hws=(H100, H200), w: Workload = Workload()) -> str:
     est = [(estimate("grpo", h, w, **SHIPPED), estimate("scope", h, w, **SHIPPED), estimate("scope", h, w, **BUILT))
            for h in hws]
     for phase in PHASES:
-        cells = [f"{e[phase]:.2f}" if phase in e else "—" for trio in est for e in trio]
+        cells = [f"{e[phase] + 0.0:.2f}" if phase in e else "—" for trio in est for e in trio]   # no "-0.00"
         lines.append(f"| {phase} | " + " | ".join(cells) + " |")
     ratios = [cell for g, s, b in est for cell in ("", f"{s['total'] / g['total']:.2f}", f"{b['total'] / g['total']:.2f}")]
     lines.append("| SCOPE / GRPO | " + " | ".join(ratios) + " |")
@@ -167,9 +173,10 @@ def levers(hw: Hardware = H100) -> list[tuple[str, float]]:
              estimate("scope", hf_prm, base)["prm"] - estimate("scope", hw, base)["prm"]),
             ("--refiner-max-tokens 640 instead of the whole 1,024-token budget",
              estimate("scope", hw, replace(base, refiner_tail=base.max_new), **SHIPPED)["total"] - scope),
-            ("--overlap-old-logp without MPS (the pass hides under grading and the CPU side of the PRM and refiner)",
+            ("--overlap-old-logp without MPS (the pass hides under the tokenizer's work on the PRM inputs and splices)",
              estimate("scope", hw, base)["total"] - scope),
-            ("CUDA MPS with --overlap-old-logp (the pass hides under the PRM and the refiner's decode)",
+            (f"CUDA MPS with --overlap-old-logp (the pass co-runs with the PRM and the refiner's decode, eta "
+             f"{hw.corun:.2f})",
              scope - estimate("scope", hw, base, overlap_old_logp=True, mps=True)["total"]),
             ("--refiner-quantization fp8 (other numerics: the refiner's samples)",
              scope - estimate("scope", hw, base, **SHIPPED, fp8_refiner=True)["total"]),
@@ -233,7 +240,7 @@ def main(argv=None):
         return
     print(table())
     print()
-    for line in lever_lines() + [""] + ratio_lines():
+    for line in lever_lines() + [""] + ratio_lines() + [""] + design_lines():
         print(line)
 
 
@@ -247,6 +254,22 @@ CONFIGURATIONS = (("as shipped (--overlap-old-logp auto: on; no MPS; bf16)", SHI
                   ("MPS + --overlap-old-logp + --refiner-quantization fp8",
                    dict(overlap_old_logp=True, mps=True, fp8_refiner=True)),
                   ("every built lever: MPS + --overlap-old-logp + both FP8 flags", BUILT))
+
+
+def stale_refiner_ratio(hw: Hardware = H100, w: Workload = Workload(), eta: float | None = None) -> float:
+    """SCOPE / GRPO as shipped with a one-step-stale refiner (not built): the repairs of batch t decode while the
+    update trains on batch t - 1 (their staleness corrected by the truncated IS weight the loss has), so the
+    refiner's phase co-runs with the update and saves eta x min(refine, update); eta: hw.corun unless given."""
+    scope = estimate("scope", hw, w, **SHIPPED)
+    saved = (hw.corun if eta is None else eta) * min(scope["refine"], scope["update"])
+    return (scope["total"] - saved) / estimate("grpo", hw, w, **SHIPPED)["total"]
+
+
+def design_lines(etas=(0.5, 0.65, 0.8)) -> list[str]:
+    """docs/scaling.md's line on the one-step-stale refiner: its SCOPE / GRPO at each co-run efficiency eta."""
+    cells = lambda hw: " / ".join(f"{stale_refiner_ratio(hw, eta=e):.2f}" for e in etas)  # noqa: E731
+    return [f"- one-step-stale refiner (not built), at eta = {' / '.join(f'{e:.2f}' for e in etas)}: "
+            f"H100 {cells(H100)}, H200 {cells(H200)}"]
 
 
 def ratio_lines() -> list[str]:

@@ -108,26 +108,31 @@ class Step:
 def mini_batches(model, batch: dict, groups: list[int] | None, k: int, logprobs_fn, *, micro_batch_size: int,
                  amp=contextlib.nullcontext, dist=None, chunk_tokens: int = 512, temperature: float = 1.0,
                  **_) -> list[dict]:
-    """The k mini-batches of whole groups that grpo.update steps on, in order (k = 1: the batch itself); with k > 1
-    and no batch["old_logp"], π_old from `old_logprobs` over the whole batch first. `_`: Step's other settings."""
+    """The k mini-batches of whole groups that grpo.update steps on, in order (k = 1: the batch itself). With k > 1
+    the first one carries no π_old: no weight has moved when it steps, so its π_old is its own first forward,
+    detached (ρ = 1, as grpo.update reads it). Mini-batches 2..k take batch["old_logp"], else `old_logprobs` over
+    their rows first (log-probs only). `logprobs_fn` and `_`: Step's other settings."""
     if k == 1:
         return [batch]
     if k < 1:
         raise ValueError(f"update: updates_per_batch must be at least 1, got {k}")
     if groups is None:
         raise ValueError(f"update: updates_per_batch={k} needs `groups`, each row's group")
+    first, *rest = group_mini_batches(batch, groups, k)
+    first.pop("old_logp", None)
     if batch.get("old_logp") is None:
-        batch = {**batch, "old_logp": old_logprobs(model, batch, logprobs_fn, micro_batch_size=micro_batch_size,
-                                                   chunk_tokens=chunk_tokens, amp=amp, dist=dist,
-                                                   temperature=temperature)}
-    return group_mini_batches(batch, groups, k)
+        rest = [{**mini, "old_logp": old_logprobs(model, mini, micro_batch_size=micro_batch_size, amp=amp, dist=dist,
+                                                  chunk_tokens=chunk_tokens, temperature=temperature)}
+                for mini in rest]
+    return [first, *rest]
 
 
 @torch.no_grad()
-def old_logprobs(model, batch: dict, logprobs_fn, *, micro_batch_size: int, chunk_tokens: int = 512,
-                 amp=contextlib.nullcontext, dist=None, temperature: float = 1.0) -> Tensor:
+def old_logprobs(model, batch: dict, *, micro_batch_size: int, chunk_tokens: int = 512, amp=contextlib.nullcontext,
+                 dist=None, temperature: float = 1.0) -> Tensor:
     """π_old: log π(token) of every row (N, L), 0 off the response, in the update's micro-batches and under its
-    `amp`, so that the first step's ρ is 1 up to float noise; under torchrun padded like `Step`."""
+    `amp`, so that a step's ρ is 1 up to float noise where no weight has moved; no entropy (`taken_logprobs`);
+    under torchrun padded like `Step`."""
     extents = row_extents(batch["input_ids"], batch["attention_mask"], batch["response_mask"], "old_logprobs")
     device = next(model.parameters()).device
     plan = length_sorted_micro_batches(extents, micro_batch_size)
@@ -137,7 +142,7 @@ def old_logprobs(model, batch: dict, logprobs_fn, *, micro_batch_size: int, chun
         part, keep, padding = micro_batch(batch, plan, i, extents, device)
         with amp():
             logp, _ = forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
-                                       logprobs_fn, entropy_grad=False, keep=keep, chunk_tokens=chunk_tokens,
+                                       taken_logprobs, entropy_grad=False, keep=keep, chunk_tokens=chunk_tokens,
                                        temperature=temperature)  # (n, L)
         if old is None:
             old = torch.zeros(batch["input_ids"].shape, dtype=logp.dtype, device=batch["input_ids"].device)
@@ -146,17 +151,29 @@ def old_logprobs(model, batch: dict, logprobs_fn, *, micro_batch_size: int, chun
     return old  # (N, L)
 
 
-def group_mini_batches(batch: dict, groups: list[int], k: int) -> list[dict]:
-    """The rows of `batch` as k mini-batches of whole groups: the distinct groups, in order of first appearance,
-    cut into k runs of near-equal length (the first ones one group longer). Every row appears exactly once."""
+def taken_logprobs(logits: Tensor, targets: Tensor, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
+    """(log π(target), zeros), both (n, T): the log-probs of grpo.logprobs_and_entropy by the same operations
+    (float32 log-softmax, gather), without its entropy pass over the vocabulary, which π_old never reads."""
+    if logits.dtype in (torch.float16, torch.bfloat16):
+        logits = logits.float()
+    taken = F.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n, T)
+    return taken, torch.zeros_like(taken)
+
+
+def group_order(groups: list[int], k: int) -> list[list[int]]:
+    """The distinct groups, in order of first appearance, cut into k runs of near-equal length (the first ones one
+    group longer): the groups of each of k mini-batches."""
     order = list(dict.fromkeys(groups))
     if not 1 <= k <= len(order):
         raise ValueError(f"group_mini_batches: {k} mini-batches of whole groups need 1..{len(order)} (the groups)")
     sizes = [len(order) // k + (j < len(order) % k) for j in range(k)]
-    out, start = [], 0
-    for size in sizes:
-        chunk = set(order[start:start + size])
-        start += size
+    return [order[sum(sizes[:j]):sum(sizes[:j + 1])] for j in range(k)]
+
+
+def group_mini_batches(batch: dict, groups: list[int], k: int) -> list[dict]:
+    """The rows of `batch` as k mini-batches of whole groups (`group_order`). Every row appears exactly once."""
+    out = []
+    for chunk in map(set, group_order(groups, k)):
         rows = torch.tensor([i for i, g in enumerate(groups) if g in chunk], device=batch["input_ids"].device)
         out.append({key: v[rows] if isinstance(v, Tensor) else v for key, v in batch.items()})
     return out

@@ -469,11 +469,12 @@ class Run:
                                            prompt_ids=prompt, response_ids=list(c.ids), text=c.text,
                                            finished=c.finished, sampler_logp=c.logprobs)
                      for b, prompt, group in zip(todo, prompts, completions) if b in groups for c in group]
-        if self.overlap_old_logp:   # π_old of these rows, on a worker thread through steps 2-5 (its own stream)
+        if self.overlap_old_logp:   # π_old of mini-batches 2..k's rows, on a worker thread through steps 2-5
             if self.old_logp_stream is None and self.device.startswith("cuda"):
                 self.old_logp_stream = torch.cuda.Stream(torch.device(self.device))
+            later = overlap.later_rows([t.group for t in trajs], a.updates_per_batch)
             self.old_logp = overlap.OldLogprobs(
-                self.policy, trajs, self.pad_id, self.paper.logprobs, stream=self.old_logp_stream,
+                self.policy, [t for t, x in zip(trajs, later) if x], self.pad_id, stream=self.old_logp_stream,
                 micro_batch_size=a.micro_batch_size, chunk_tokens=a.logprob_chunk, amp=self.update_amp,
                 temperature=a.temperature)
         return trajs
@@ -492,7 +493,7 @@ class Run:
                                                      [t.sampler_logp for t in trajs], batch["input_ids"].shape[1])}
         if self.old_logp is not None:
             pending, self.old_logp = self.old_logp, None
-            old = pending.for_batch(batch)
+            old = pending.for_batch(batch, overlap.later_rows([t.group for t in trajs], self.args.updates_per_batch))
             self.times["old_logp"] = pending.seconds
             if old is None:   # no rollout holds some row's policy tokens: the update computes π_old itself
                 tqdm.write("warning: a row's policy tokens are no rollout's prefix; π_old computed in the update")

@@ -304,21 +304,21 @@ def test_openai_request_body_and_completions(bpe_tokenizer, fake_server):
     prompts = [format_prompt(bpe_tokenizer, q) for q in QUESTIONS[:2]]
     gen = OpenAIGenerator(server.url + "/v1/", "tiny-refiner", bpe_tokenizer, timeout=10)
     out = gen.generate(prompts, n=2, temperature=0.7, top_p=0.9, max_tokens=33, seed=5)
-    posts = [r for r in server.requests if r[0] == "POST"]
-    assert len(posts) == 1  # all prompts in one request
-    _, path, body = posts[0]
-    assert path == "/v1/completions"
-    # the plain distribution (a vllm serve would fill top_k, min_p, repetition_penalty from the checkpoint's
-    # generation_config) and both stops of a ChatML prompt: <|endoftext|> (0) and <|im_end|> (2)
+    posts = sorted((r for r in server.requests if r[0] == "POST"), key=lambda r: r[2]["seed"])
+    assert len(posts) == 2  # seeded: one request per prompt, prompt i seeded 5 + i·n (the server seeds a request)
     end = bpe_tokenizer.convert_tokens_to_ids("<|im_end|>")
-    assert body == {"model": "tiny-refiner", "prompt": prompts, "n": 2, "temperature": 0.7, "top_p": 0.9,
-                    "max_tokens": 33, "seed": 5, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
-                    "stop_token_ids": sorted({bpe_tokenizer.eos_token_id, end})}
-    assert body["stop_token_ids"] == [0, 2]
+    for i, (_, path, body) in enumerate(posts):
+        assert path == "/v1/completions"
+        # the plain distribution (a vllm serve would fill top_k, min_p, repetition_penalty from the checkpoint's
+        # generation_config) and both stops of a ChatML prompt: <|endoftext|> (0) and <|im_end|> (2)
+        assert body == {"model": "tiny-refiner", "prompt": [prompts[i]], "n": 2, "temperature": 0.7, "top_p": 0.9,
+                        "max_tokens": 33, "seed": 5 + 2 * i, "top_k": -1, "min_p": 0.0, "repetition_penalty": 1.0,
+                        "stop_token_ids": sorted({bpe_tokenizer.eos_token_id, end})}
+        assert body["stop_token_ids"] == [0, 2]
     for i in range(2):
         for s in range(2):
             c = out[i][s]
-            assert c.text == f" p{i}s{s} so \\boxed{{7}}"
+            assert c.text == f" p0s{s} so \\boxed{{7}}"   # each request's one prompt is its p0
             tail = [end] if s == 0 else []  # a stopped completion ends with the turn end id
             assert c.ids == bpe_tokenizer.encode(c.text, add_special_tokens=False) + tail
             assert c.finished == (s == 0)

@@ -6,10 +6,11 @@
   that replaces its failure, one appended beside it, a whole-solution repair); rows whose policy tokens are no
   rollout's prefix give None (the update computes π_old itself);
 - a failure in the worker thread is one line in the caller's; an interrupted process waits for the thread;
-- `auto` is on only with CUDA, several optimizer steps per batch, no FSDP and room in the memory plan for the
-  pass's working set; `on` where nothing overlaps is refused;
+- `auto` is on only with CUDA, several optimizer steps per batch, no FSDP, a refiner other than the policy and room
+  in the memory plan for the pass's working set; `on` where nothing overlaps is refused;
 - two toy steps with the flag on and off log the same numbers (slow).
 """
+import copy
 import json
 import os
 import subprocess
@@ -88,9 +89,9 @@ def test_reused_old_logp_equals_the_update_pass_on_every_policy_token(rollouts_a
     micro-batches, other padding widths) equals the update's own pass over the merged batch to 1e-6 (float32
     reduction order differs with the micro-batch shapes; the values are of order 1-10), and is 0 elsewhere."""
     model, trajs, batch = rollouts_and_merged
-    job = overlap.OldLogprobs(model, trajs, 0, grpo.logprobs_and_entropy, micro_batch_size=3, chunk_tokens=0)
+    job = overlap.OldLogprobs(model, trajs, 0, micro_batch_size=3, chunk_tokens=0)
     reused = job.for_batch(batch)
-    in_update = trainer.old_logprobs(model, batch, grpo.logprobs_and_entropy, micro_batch_size=4)
+    in_update = trainer.old_logprobs(model, batch, micro_batch_size=4)
     on = batch["response_mask"].bool() & ~batch["offpolicy_mask"].bool()
     assert reused is not None and reused.shape == in_update.shape
     assert on.sum() == 12 + 4 + 15 + 5 + 2 and in_update[on].abs().min() > 0.1   # the check is not vacuous
@@ -99,11 +100,49 @@ def test_reused_old_logp_equals_the_update_pass_on_every_policy_token(rollouts_a
     assert job.seconds > 0 and not job.thread.is_alive()
 
 
+def test_the_pass_waits_on_the_callers_current_stream(rollouts_and_merged, monkeypatch):
+    """The side stream starts after an event recorded, in the caller's thread, on the caller's current stream (the
+    one its weight writes went to: vLLM may put a thread off the legacy default stream), never on
+    torch.cuda.default_stream. Stand-ins for torch.cuda's stream calls record who waited on what (no GPU here)."""
+    import contextlib
+    import threading
+
+    model, trajs, _ = rollouts_and_merged
+    seen = []
+
+    class Event:
+        def record(self, stream):
+            seen.append(("record", stream, threading.current_thread().name))
+
+    class Side:
+        device = "cuda:0"
+
+        def wait_event(self, event):
+            seen.append(("wait_event", event))
+
+        def wait_stream(self, stream):
+            seen.append(("wait_stream", stream))
+
+        def synchronize(self):
+            seen.append(("synchronize",))
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "caller's stream")
+    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: "legacy stream 0")
+    monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
+    job = overlap.OldLogprobs(model, trajs, 0, stream=Side(), micro_batch_size=3,
+                              chunk_tokens=0)
+    job.result()
+    assert seen[0] == ("record", "caller's stream", threading.current_thread().name)
+    assert seen[1][0] == "wait_event" and isinstance(seen[1][1], Event) and seen[-1] == ("synchronize",)
+    assert not any(s[0] == "wait_stream" for s in seen)
+
+
 def test_a_row_that_is_no_rollouts_prefix_gives_none(rollouts_and_merged):
     model, trajs, batch = rollouts_and_merged
     ids = batch["input_ids"].clone()
     ids[1, 8] = (ids[1, 8] + 1) % 50 + 5   # a kept-prefix token that no rollout has
-    job = overlap.OldLogprobs(model, trajs, 0, grpo.logprobs_and_entropy, micro_batch_size=8, chunk_tokens=0)
+    job = overlap.OldLogprobs(model, trajs, 0, micro_batch_size=8, chunk_tokens=0)
     assert job.for_batch({**batch, "input_ids": ids}) is None
 
 
@@ -116,7 +155,7 @@ def test_a_failure_in_the_thread_is_one_line():
         def forward(self, **kw):
             raise RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB")
 
-    job = overlap.OldLogprobs(Broken(), [traj([1, 2], [3, 4])], 0, grpo.logprobs_and_entropy, micro_batch_size=1)
+    job = overlap.OldLogprobs(Broken(), [traj([1, 2], [3, 4])], 0, micro_batch_size=1)
     with pytest.raises(SystemExit) as err:
         job.result()
     message = str(err.value)
@@ -128,11 +167,11 @@ def test_an_interrupted_process_waits_for_the_thread(tmp_path):
     """The worker is not a daemon: a main thread that stops (Ctrl-C: SystemExit 130) leaves the pass to finish."""
     marker = tmp_path / "done"
     code = (f"import sys, time\nsys.path.insert(0, {ROOT!r})\nimport torch\nfrom harness import overlap, trainer\n"
-            f"def slow(model, rows, fn, **kw):\n    time.sleep(1.0)\n    open({str(marker)!r}, 'w').write('x')\n"
+            f"def slow(model, rows, **kw):\n    time.sleep(1.0)\n    open({str(marker)!r}, 'w').write('x')\n"
             f"    return torch.zeros(1)\n"
             f"trainer.old_logprobs = slow\n"
-            f"overlap.OldLogprobs(torch.nn.Linear(1, 1), [], 0, None)\nraise SystemExit(130)\n")
-    code = code.replace("[], 0, None", "[type('T', (), {'prompt_ids': [1], 'response_ids': [2]})()], 0, None")
+            f"overlap.OldLogprobs(torch.nn.Linear(1, 1), [], 0)\nraise SystemExit(130)\n")
+    code = code.replace("[], 0)", "[type('T', (), {'prompt_ids': [1], 'response_ids': [2]})()], 0)")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 130, proc.stderr
     assert marker.exists()
@@ -140,8 +179,10 @@ def test_an_interrupted_process_waits_for_the_thread(tmp_path):
 
 def test_auto_is_on_only_where_the_pass_exists_and_a_gpu_runs_it():
     args = lambda **kw: types.SimpleNamespace(**{"overlap_old_logp": "auto", "updates_per_batch": 2,  # noqa: E731
-                                                 "fsdp": False, **kw})
+                                                 "fsdp": False, "refiner": "Qwen2.5-Math-7B-Instruct", **kw})
     assert overlap.enabled(args(), "cuda:0")
+    assert not overlap.enabled(args(refiner="policy"), "cuda:0")   # the in-process refiner: nothing to hide behind
+    assert overlap.enabled(args(refiner="policy", overlap_old_logp="on"), "cuda:0")
     assert not overlap.enabled(args(), "cpu")                       # the toy world's records stay as they are
     assert not overlap.enabled(args(updates_per_batch=1), "cuda:0")  # no π_old pass
     assert not overlap.enabled(args(fsdp=True), "cuda:0")
@@ -186,13 +227,68 @@ def test_auto_leaves_the_overlap_off_where_the_plan_would_not_fit_with_it():
     from harness import preflight
 
     has_pass = lambda rows: any(name.startswith(preflight.OLD_LOGP_ROW) for name, _, _ in rows)  # noqa: E731
-    args = scope.Args(model="Qwen2.5-1.5B", refiner="policy")   # 48 GB: the PRM in the trainer, offloaded
+    args = scope.Args(model="Qwen2.5-1.5B", refiner_url="http://127.0.0.1:9")   # 80 GB: the PRM in the trainer,
     plan = lambda a, gib: preflight.memory_plan(a, gib, True, prm_offload=True, prm_serve=False)[0]  # noqa: E731
-    assert has_pass(plan(args, 47.5))
-    without = preflight.plan_total(plan(scope.Args(**{**vars(args), "overlap_old_logp": "off"}), 47.5))
-    with_it = preflight.plan_total(plan(scope.Args(**{**vars(args), "overlap_old_logp": "on"}), 47.5))
-    assert with_it - without > 1.5   # the pass's ≈ 2 GiB counts in the peak here ("other" is the larger phase)
+    assert has_pass(plan(args, 79.2))   # offloaded; a served refiner (--refiner policy: off, overlap.enabled)
+    assert not has_pass(plan(scope.Args(**{**vars(args), "refiner": "policy"}), 79.2))
+    without = preflight.plan_total(plan(scope.Args(**{**vars(args), "overlap_old_logp": "off"}), 79.2))
+    with_it = preflight.plan_total(plan(scope.Args(**{**vars(args), "overlap_old_logp": "on"}), 79.2))
+    assert with_it - without > 1.5   # the pass's ≈ 5 GiB counts in the peak here ("other" is the larger phase)
+    row = next(gib for name, gib, _ in plan(args, 79.2) if name.startswith(preflight.OLD_LOGP_ROW))
+    cached = 2 * preflight.n_params(preflight.model_config("Qwen2.5-1.5B")) / 2**30   # autocast's bf16 weight copies
+    assert cached > 2.8 and row > cached + 1.5   # ≈ 2.9 GiB of copies + ≈ 2 GiB of logits and a log-softmax chunk
     tight = (without + with_it) / 2 / preflight.FIT_SHARE   # fits without the pass, not with it
     assert not has_pass(plan(args, tight))
     assert has_pass(plan(scope.Args(**{**vars(args), "overlap_old_logp": "on"}), tight))
-    assert not has_pass(plan(scope.Args(**{**vars(args), "updates_per_batch": 1}), 47.5))
+    assert not has_pass(plan(scope.Args(**{**vars(args), "updates_per_batch": 1}), 79.2))
+
+
+def grouped_batch(model_seed: int = 5):
+    """A tiny causal LM and 4 groups x 2 rows of random prompts and responses of mixed lengths, advantages ±."""
+    tok = make_char_tokenizer()
+    model = make_tiny_causal_lm(tok, seed=model_seed).float()
+    g = torch.Generator().manual_seed(1)
+    rand = lambda n: torch.randint(5, len(tok), (n,), generator=g).tolist()  # noqa: E731
+    prompts = [rand(4 + b) for b in range(4) for _ in range(2)]
+    responses = [rand(6 + 3 * (i % 3)) for i in range(8)]
+    adv = torch.tensor([0.9, -0.9, 0.4, -0.4, 1.0, -1.0, 0.3, -0.3])
+    return model, grpo.build_batch(prompts, responses, [None] * 8, adv, pad_id=0), [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_the_pi_old_pass_covers_mini_batches_2_to_k_only_and_reads_no_entropy(monkeypatch):
+    """With --updates-per-batch 2 the no-grad π_old pass runs over the second mini-batch's rows only (the first
+    steps before any weight moves: its π_old is its own forward), and never calls the paper's log-prob-and-entropy
+    function (whose entropy π_old never reads): that function runs only in the update's forwards, with gradients."""
+    model, batch, groups = grouped_batch()
+    no_grad_rows, calls = [], []
+    model.register_forward_hook(lambda m, args, kwargs, out: no_grad_rows.append(
+        kwargs["input_ids"].shape[0]) if not torch.is_grad_enabled() else None, with_kwargs=True)
+    real = grpo.logprobs_and_entropy
+    monkeypatch.setattr(grpo, "logprobs_and_entropy", lambda *a: calls.append(torch.is_grad_enabled()) or real(*a))
+    grpo.update(model.train(), torch.optim.SGD(model.parameters(), lr=0.1), batch, groups, updates_per_batch=2,
+                micro_batch_size=3, chunk_tokens=0, max_new_tokens=12)
+    assert sum(no_grad_rows) == 4   # groups 2 and 3, not all 8 rows
+    assert calls and all(calls)     # only the update's forwards
+
+
+def test_an_update_of_two_mini_batches_equals_the_whole_batch_pass():
+    """The π_old pass over mini-batches 2..k changes no number: grpo.update with k = 2 ends at the parameters (and
+    logs the metrics) of the same two steps taken with π_old of the whole batch from one pass first (two k = 1
+    updates, each mini-batch carrying that π_old). Equal to float32 noise, not bit for bit: mini-batch 1's π_old
+    is now its own forward, computed in other micro-batches (other rows beside it, other padding widths) than
+    the whole batch's pass, so ρ = exp(logp − π_old) is exactly 1 there instead of 1 ± 1e-7."""
+    model, batch, groups = grouped_batch()
+    reference, ours = copy.deepcopy(model).train(), copy.deepcopy(model).train()
+    kw = dict(micro_batch_size=3, chunk_tokens=0, max_new_tokens=12, clip_eps=0.2)
+    old = trainer.old_logprobs(reference, batch, micro_batch_size=3, chunk_tokens=0)
+    opt = torch.optim.SGD(reference.parameters(), lr=1.0)   # AdamW would blow float noise on ~0 gradients up
+    ref_stats = [grpo.update(reference, opt, mini, **kw)
+                 for mini in trainer.group_mini_batches({**batch, "old_logp": old}, groups, 2)]
+    stats = grpo.update(ours, torch.optim.SGD(ours.parameters(), lr=1.0), batch, groups, updates_per_batch=2, **kw)
+    start = torch.cat([p.detach().flatten() for p in model.parameters()])
+    ref = torch.cat([p.detach().flatten() for p in reference.parameters()])
+    got = torch.cat([p.detach().flatten() for p in ours.parameters()])
+    assert (ref - start).abs().max() > 1e-3   # both moved (two steps)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-6)
+    assert stats["loss"] == pytest.approx(sum(s["loss"] for s in ref_stats) / 2, rel=1e-5)
+    assert stats["ratio_mean"] == pytest.approx(sum(s["ratio_mean"] for s in ref_stats) / 2, rel=1e-6)

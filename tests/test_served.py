@@ -111,10 +111,11 @@ def test_client_gives_up_after_bounded_timeouts_and_retries(tmp_path, char_token
 @pytest.mark.parametrize("then", ["exit", "hang"])
 def test_run_goes_on_without_rectification_when_the_refiner_server_stops(tmp_path, toy_model_dir, then):
     """Regression: a served refiner that stopped answering hung the run (600 s per request, no limit on
-    retries) or killed it with a traceback. Here the server answers the first refinement request, then exits
-    or hangs; the run must finish its 3 steps, log the later steps as refiner_unavailable and say so."""
+    retries) or killed it with a traceback. Here the server answers 4 requests (a seeded step sends one per pick,
+    at most 4 here: the first step's), then exits or hangs; the run must finish its 3 steps, log the later steps
+    as refiner_unavailable and say so."""
     port = free_port()
-    server = ServedModel([sys.executable, FAKE, "--port", str(port), "--after", "1", "--then", then],
+    server = ServedModel([sys.executable, FAKE, "--port", str(port), "--after", "4", "--then", then],
                          url=f"http://127.0.0.1:{port}", log_path=str(tmp_path / "fake.log"), startup_timeout=30)
     server.start()
     try:
@@ -175,15 +176,21 @@ def test_rectify_sends_each_pick_its_own_budget_to_a_served_refiner(char_tokeniz
 
 def test_openai_sends_a_request_per_budget_all_at_once(tmp_path, char_tokenizer):
     """Per-pick budgets on a served refiner: one request per distinct budget, all in flight together (the server
-    batches them), each prompt's completions back in input order."""
+    batches them), each prompt's completions back in input order. With a seed, one request per prompt, seeded
+    seed + i·n: vLLM's server gives every prompt of a request the same seed, so two picks in one request would
+    decode with the same noise."""
     from harness.generate import OpenAIGenerator
 
     with fake_server(tmp_path, "--startup-delay", "0").start() as server:
         gen = OpenAIGenerator(server.url, "fake", char_tokenizer, timeout=10, max_model_len=4096)
         prompts = [[5, 6], [7], [8, 9, 10]]
-        bodies = gen.requests(prompts, [12, 30, 12], n=2, temperature=0.7, top_p=1.0, seed=3)
-        assert [(b["max_tokens"], b["prompt"], b["seed"]) for b in bodies] == [(12, [[5, 6], [8, 9, 10]], 3),
-                                                                              (30, [[7]], 3)]
+        unseeded = gen.requests(prompts, [12, 30, 12], n=2, temperature=0.7, top_p=1.0, seed=None)
+        assert [(rows, b["max_tokens"], b["prompt"]) for rows, b in unseeded] == [([0, 2], 12, [[5, 6], [8, 9, 10]]),
+                                                                                 ([1], 30, [[7]])]
+        assert not any("seed" in b for _, b in unseeded)
+        seeded = gen.requests(prompts, [12, 30, 12], n=2, temperature=0.7, top_p=1.0, seed=3)
+        assert [(rows, b["max_tokens"], b["prompt"], b["seed"]) for rows, b in seeded] == [
+            ([0], 12, [[5, 6]], 3), ([1], 30, [[7]], 5), ([2], 12, [[8, 9, 10]], 7)]
         out = gen.generate(prompts, n=2, temperature=0.7, max_tokens=[12, 30, 12], seed=3)
         assert [len(row) for row in out] == [2, 2, 2] and all(c.finished for row in out for c in row)
         with pytest.raises(ValueError, match="2 max_tokens for 3 prompts"):
@@ -353,8 +360,11 @@ def test_fp8_flags_reach_the_served_command_lines(monkeypatch, tmp_path, char_to
         served_prm.serve_prm("some/prm", char_tokenizer, sep_id=7, log_path="", gpu_memory_utilization=0.2,
                              kv_cache_bytes=1 << 30, max_model_len=4096, quantization=quantization)
     fp8_refiner, fp8_prm, bf16_refiner, bf16_prm = started
-    for command in (fp8_refiner, fp8_prm):
-        assert command[command.index("--quantization") + 1] == "fp8"
+    assert fp8_refiner[fp8_refiner.index("--quantization") + 1] == "fp8"
+    # the PRM: online FP8 of its decoder layers only (its score head keeps its dtype; tests/test_vllm33_contract.py)
+    assert fp8_prm[fp8_prm.index("--quantization") + 1] == "online"
+    assert json.loads(fp8_prm[fp8_prm.index("--quantization-config") + 1]) == {
+        "targets": {"model.layers.*": "fp8_per_tensor"}}
     assert "--runner" in fp8_prm and "--quantization" not in bf16_refiner + bf16_prm
 
 

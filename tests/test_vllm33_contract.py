@@ -377,23 +377,62 @@ def test_the_prm_server_command_is_a_pooling_server_in_vllm033(prm_model_config)
 
 def test_fp8_flags_reach_vllm033s_engine_args():
     """--refiner-quantization fp8 and --prm-quantization fp8: the served refiner's and PRM's command lines, parsed by
-    0.33's serve parser, build EngineArgs with quantization "fp8" (a method 0.33 knows), the PRM's still a bf16
-    pooling server; `none` leaves vLLM's default (no quantization: the checkpoint's bf16)."""
+    0.33's serve parser, build EngineArgs with quantization "fp8" and "online" (methods 0.33 knows), the PRM's still
+    a bf16 pooling server; `none` leaves vLLM's default (no quantization: the checkpoint's bf16)."""
     _need_vllm33()
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 
     from harness.generate import quantization_flags, vllm_serve_command
 
-    assert "fp8" in QUANTIZATION_METHODS
+    assert "fp8" in QUANTIZATION_METHODS and "online" in QUANTIZATION_METHODS
     prm = EngineArgs.from_cli_args(serve_args("/models/prm", 4242, quantization="fp8"))
-    assert prm.quantization == "fp8" and prm.runner == "pooling" and prm.dtype == "bfloat16"
+    assert prm.quantization == "online" and prm.runner == "pooling" and prm.dtype == "bfloat16"
     assert EngineArgs.from_cli_args(serve_args("/models/prm", 4242)).quantization is None
     for quantization, want in (("fp8", "fp8"), ("none", None)):
         command = vllm_serve_command("/models/refiner", port=8124, served_name="refiner", gpu_memory_utilization=0.25,
                                      extra=quantization_flags(quantization))
         refiner = EngineArgs.from_cli_args(parse_serve(command))
         assert refiner.quantization == want and refiner.gpu_memory_utilization == 0.25
+
+
+def test_prm_fp8_quantizes_the_decoder_layers_and_leaves_the_score_head(prm_model_config):
+    """--prm-quantization fp8's command line, through 0.33's serve parser and EngineArgs, resolves to online
+    quantization whose config (OnlineQuantizationConfig, with Qwen2ForProcessRewardModel's fused-module mapping as
+    vLLM's loader gives it: model_loader.utils.configure_quant_config) puts every decoder linear layer in FP8 and
+    leaves score.0 and score.2 unquantized: their float32 bias never meets the FP8 GEMM's bf16 output (which
+    --quantization fp8, quantizing every LinearBase, would make it do). The refiner's --quantization fp8 is
+    Fp8Config, whose lm_head (ParallelLMHead) is no LinearBase: it stays bf16."""
+    _need_vllm33()
+    from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.linear import (ColumnParallelLinear, LinearBase, MergedColumnParallelLinear,
+                                                   QKVParallelLinear, RowParallelLinear)
+    from vllm.model_executor.layers.quantization import get_quantization_config
+    from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
+    from vllm.model_executor.layers.quantization.online.fp8 import Fp8PerTensorOnlineLinearMethod
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
+    from vllm.model_executor.models.qwen2_rm import Qwen2ForProcessRewardModel
+
+    from harness.generate import quantization_flags, vllm_serve_command
+
+    engine = EngineArgs.from_cli_args(serve_args("/models/prm", 4242, quantization="fp8"))
+    assert engine.quantization == "online" and engine.runner == "pooling" and engine.dtype == "bfloat16"
+    assert get_quantization_config(engine.quantization) is OnlineQuantizationConfig
+    config = OnlineQuantizationConfig(engine.quantization_config)
+    config.packed_modules_mapping = dict(Qwen2ForProcessRewardModel.packed_modules_mapping)
+    layers = [(QKVParallelLinear, "self_attn.qkv_proj"), (RowParallelLinear, "self_attn.o_proj"),
+              (MergedColumnParallelLinear, "mlp.gate_up_proj"), (RowParallelLinear, "mlp.down_proj")]
+    for index in (0, 27):
+        for cls, name in layers:
+            resolved = config.resolve_quant_method_cls(cls, f"model.layers.{index}.{name}")
+            assert resolved is not None and resolved[-1] is Fp8PerTensorOnlineLinearMethod, (index, name, resolved)
+    for cls, name in ((ColumnParallelLinear, "score.0"), (RowParallelLinear, "score.2")):
+        assert config.resolve_quant_method_cls(cls, name) is None, name   # the score head: its own dtype
+    refiner = EngineArgs.from_cli_args(parse_serve(vllm_serve_command(
+        "/models/refiner", port=8124, served_name="refiner", gpu_memory_utilization=0.25,
+        extra=quantization_flags("fp8"))))
+    assert refiner.quantization == "fp8" and refiner.quantization_config is None
+    assert get_quantization_config("fp8").__name__ == "Fp8Config" and not issubclass(ParallelLMHead, LinearBase)
 
 
 def test_the_prm_pooling_request_and_reply_are_vllm033s(prm_model_config):
@@ -434,9 +473,9 @@ def test_the_prm_pooling_request_and_reply_are_vllm033s(prm_model_config):
 
 
 def test_per_pick_refiner_budgets_are_vllm033_requests(recorded, model_config, qwen_tokenizer, tmp_path):
-    """Each pick's own budget: the served refiner's bodies (one per distinct budget) are valid 0.33 CompletionRequests
-    whose SamplingParams carry that budget; through the in-process engine (--refiner policy) each request is its
-    pick's, and passes SamplingParams.verify and V2's sampler."""
+    """Each pick's own budget and seed: the served refiner's bodies (seeded: one per pick, seed + i·n) are valid 0.33
+    CompletionRequests whose SamplingParams carry that budget and seed; through the in-process engine (--refiner
+    policy) each request is its pick's, and passes SamplingParams.verify and V2's sampler."""
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
     from harness.generate import OpenAIGenerator, VLLMGenerator
@@ -444,12 +483,12 @@ def test_per_pick_refiner_budgets_are_vllm033_requests(recorded, model_config, q
 
     served = OpenAIGenerator("http://127.0.0.1:1", "refiner", qwen_tokenizer, max_model_len=4096)
     prompts = [[9, 10, 11], [12], [13, 14]]
-    bodies = served.requests(prompts, [640, 300, 640], n=2, temperature=0.7, top_p=1.0, seed=5)
-    assert [b["max_tokens"] for b in bodies] == [300, 640]
+    bodies = [body for _, body in served.requests(prompts, [640, 300, 640], n=2, temperature=0.7, top_p=1.0, seed=5)]
+    assert [(b["max_tokens"], b["seed"]) for b in bodies] == [(640, 5), (300, 7), (640, 9)]
     for body in bodies:
         request = CompletionRequest.model_validate(body)
         sampling = request.to_sampling_params(max_tokens=body["max_tokens"])
-        assert sampling.max_tokens == body["max_tokens"] and sampling.n == 2 and sampling.seed == 5
+        assert sampling.max_tokens == body["max_tokens"] and sampling.n == 2 and sampling.seed == body["seed"]
         assert sampling.stop_token_ids == body["stop_token_ids"]
     engine = VLLMGenerator(str(tmp_path), tokenizer=qwen_tokenizer)
     Refiner(engine, qwen_tokenizer).continue_from(["1+1?", "2+2?"], ["One.", ""], n=2, max_tokens=[17, 640], seed=3)

@@ -1,0 +1,314 @@
+"""gpu_check.py — what .ci/gpu_check.sh runs outside pytest: the part "co-run", the shapes and builders the parts
+share, and the projection of each run's seconds on an H200 (docs/gpu-check.md).
+
+Part "co-run" (the design measurement, torch only): can one GPU decode and train at once? A 7B-shaped bf16 decoder
+(random weights, built here: Qwen2.5-Math-7B's layers, no rotary embedding, greedy) decodes 32 sequences x 640
+tokens from a 150-token context with a static KV cache (one CUDA graph per decode step on CUDA) in one process; one
+full-size grpo.update at Qwen2.5-1.5B's shape (128 rows of 256 + up to 1,024 tokens) in another. Each alone, then
+both at once:  eta = (T_update + T_decode - T_both) / min(T_update, T_decode)  (0: they time-slice; 1: the shorter
+one is free), and each one's slowdown. It starts no MPS daemon and changes no GPU setting: it says whether MPS ran.
+
+    python -m tools.gpu_check corun                  # on a CUDA machine: the real shapes
+    python -m tools.gpu_check corun --tiny           # tiny shapes on the CPU: the orchestration only
+    python -m tools.gpu_check project FIGURES.jsonl  # the H200 seconds of each run from the parts' measured ones
+"""
+import argparse
+import contextlib
+import json
+import os
+import random
+import subprocess
+import sys
+import time
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                  num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
+                  vocab_size=151936, tie_word_embeddings=True, hidden_act="silu")
+QWEN25_MATH_7B = dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+                      num_key_value_heads=4, vocab_size=152064)
+TINY_UPDATE = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, max_position_embeddings=256, vocab_size=1200, tie_word_embeddings=True)
+TINY_DECODER = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                    num_key_value_heads=2, vocab_size=1200)
+MPS_PIPE = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")   # nvidia-cuda-mps-control -d: its pipe
+
+
+def mps_running() -> bool:
+    """Whether a CUDA MPS control daemon is listening on its default pipe (or $CUDA_MPS_PIPE_DIRECTORY)."""
+    return os.path.exists(os.path.join(MPS_PIPE, "control"))
+
+
+# ------------------------------------------------------------------------------ the update the parts time and trace
+def random_batch(rows: int, tokens: int, prompt: int, vocab: int, device: str, lengths=None) -> dict:
+    """grpo.update's batch: `rows` random rows of `prompt` prompt tokens and a response up to `tokens`
+    (`lengths`: each row's total length, right-padded), advantages ±1."""
+    g = torch.Generator().manual_seed(0)
+    lengths = lengths or [tokens] * rows
+    ids = torch.randint(0, vocab, (rows, tokens), generator=g)
+    attn = torch.zeros_like(ids)
+    for r, n in enumerate(lengths):
+        attn[r, :n] = 1
+    resp = attn.clone()
+    resp[:, :prompt] = 0
+    adv = torch.tensor([1.0, -1.0] * (rows // 2) + [1.0] * (rows % 2))
+    return {k: v.to(device) for k, v in {"input_ids": ids, "attention_mask": attn, "response_mask": resp,
+                                         "offpolicy_mask": torch.zeros_like(ids), "advantages": adv}.items()}
+
+
+def default_step_batch(rows: int, prompt: int, max_new: int, vocab: int, device: str) -> dict:
+    """A default step's batch: `rows` rows of `prompt` tokens and a response of random length up to `max_new`."""
+    rng = random.Random(0)
+    lengths = [prompt + rng.randint(max_new // 8, max_new) for _ in range(rows)]
+    return random_batch(rows, prompt + max_new, prompt, vocab, device, lengths)
+
+
+def policy_for_update(shape: dict, device: str):
+    """A random policy of `shape` in float32 with gradient checkpointing, and fused AdamW on CUDA (the run's)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = Qwen2ForCausalLM(Qwen2Config(**shape)).train()
+    model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-6, fused=device == "cuda")
+
+
+def amp_of(device: str):
+    """The run's autocast around each micro-batch's forward (wiring.Run.amp): bf16 on CUDA, none on the CPU."""
+    return (lambda: torch.autocast("cuda", dtype=torch.bfloat16)) if device == "cuda" else contextlib.nullcontext
+
+
+def synchronize(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+# ------------------------------------------------------------------------------ the 7B-shaped decoder of "co-run"
+class StaticDecoder(torch.nn.Module):
+    """A Qwen2-shaped decoder (`shape`: hidden_size, intermediate_size, num_hidden_layers, num_attention_heads,
+    num_key_value_heads, vocab_size) with random weights and a static KV cache of `batch` x `context` tokens. `step`
+    decodes one greedy token per sequence in place (tokens, position and cache are buffers), so one CUDA graph of it
+    replays the whole decode. No rotary embedding: a few elementwise kernels per layer, not the bytes that bind."""
+
+    def __init__(self, shape: dict, batch: int, context: int, device: str, dtype=torch.bfloat16):
+        super().__init__()
+        h, f, layers = shape["hidden_size"], shape["intermediate_size"], shape["num_hidden_layers"]
+        self.heads, self.kv, self.hd = shape["num_attention_heads"], shape["num_key_value_heads"], h // shape[
+            "num_attention_heads"]
+        new = lambda *size: torch.randn(*size, device=device, dtype=dtype) * 0.02  # noqa: E731
+        self.embed, self.head = new(shape["vocab_size"], h), new(shape["vocab_size"], h)
+        self.qkv = [new((self.heads + 2 * self.kv) * self.hd, h) for _ in range(layers)]
+        self.qkv_bias = [new((self.heads + 2 * self.kv) * self.hd) for _ in range(layers)]
+        self.out = [new(h, self.heads * self.hd) for _ in range(layers)]
+        self.gate_up = [new(2 * f, h) for _ in range(layers)]
+        self.down = [new(h, f) for _ in range(layers)]
+        self.k = torch.zeros(layers, batch, self.kv, context, self.hd, device=device, dtype=dtype)
+        self.v = torch.zeros_like(self.k)
+        self.tokens = torch.zeros(batch, dtype=torch.long, device=device)   # (B,) the last token of each sequence
+        self.pos = torch.zeros(1, dtype=torch.long, device=device)          # the position being written
+        self.cols = torch.arange(context, device=device)
+
+    def start(self, prompt: int) -> None:
+        """Sequences with a `prompt`-token context (random keys and values) and token 0 to continue from."""
+        self.k[:, :, :, :prompt].normal_()
+        self.v[:, :, :, :prompt].normal_()
+        self.tokens.zero_()
+        self.pos.fill_(prompt)
+
+    @staticmethod
+    def rms(x):
+        return x * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6).to(x.dtype)
+
+    @torch.no_grad()
+    def step(self) -> None:
+        B = self.tokens.shape[0]
+        x = self.embed[self.tokens]   # (B, h)
+        visible = (self.cols <= self.pos).view(1, 1, 1, -1)   # (1, 1, 1, C)
+        for layer in range(len(self.qkv)):
+            qkv = torch.nn.functional.linear(self.rms(x), self.qkv[layer], self.qkv_bias[layer])
+            q, k, v = qkv.split([self.heads * self.hd, self.kv * self.hd, self.kv * self.hd], dim=-1)
+            self.k[layer].index_copy_(2, self.pos, k.view(B, self.kv, 1, self.hd))
+            self.v[layer].index_copy_(2, self.pos, v.view(B, self.kv, 1, self.hd))
+            q = q.view(B, self.kv, self.heads // self.kv, self.hd)   # (B, kv, g, d): grouped-query attention
+            scores = (q @ self.k[layer].transpose(-1, -2)).float() / self.hd ** 0.5   # (B, kv, g, C)
+            weights = scores.masked_fill(~visible, float("-inf")).softmax(-1).to(x.dtype)
+            x = x + torch.nn.functional.linear((weights @ self.v[layer]).reshape(B, -1), self.out[layer])
+            gate, up = torch.nn.functional.linear(self.rms(x), self.gate_up[layer]).chunk(2, dim=-1)
+            x = x + torch.nn.functional.linear(torch.nn.functional.silu(gate) * up, self.down[layer])
+        self.tokens.copy_((self.rms(x) @ self.head.T).argmax(-1))
+        self.pos.add_(1)
+
+
+def decode_role(device: str, tiny: bool):
+    """(warm-up, one timed run) of the decode process: 32 x 640 tokens (tiny: 4 x 16) from a 150-token context."""
+    shape, batch, prompt, new = (TINY_DECODER, 4, 8, 16) if tiny else (QWEN25_MATH_7B, 32, 150, 640)
+    model = StaticDecoder(shape, batch, prompt + new + 1, device, torch.float32 if device == "cpu" else torch.bfloat16)
+    replay = model.step
+    if device == "cuda":   # one CUDA graph of a decode step, captured after warm-up steps on a side stream
+        model.start(prompt)
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                model.step()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        model.start(prompt)
+        with torch.cuda.graph(graph):
+            model.step()
+        replay = graph.replay
+
+    def run():
+        model.start(prompt)
+        for _ in range(new):
+            replay()
+        synchronize(device)
+    return run, dict(sequences=batch, tokens=new, params=sum(t.numel() for t in [
+        model.embed, *model.qkv, *model.out, *model.gate_up, *model.down]))
+
+
+def update_role(device: str, tiny: bool):
+    """(warm-up, one timed run) of the update process: grpo.update of a default step's batch (tiny: 6 rows)."""
+    sys.path.insert(0, ROOT)
+    import grpo
+
+    shape, rows, prompt, new = (TINY_UPDATE, 6, 8, 32) if tiny else (QWEN25_15B, 128, 256, 1024)
+    model, opt = policy_for_update(shape, device)
+    batch = default_step_batch(rows, prompt, new, shape["vocab_size"] - 1000, device)
+
+    def run():
+        grpo.update(model, opt, batch, micro_batch_size=4, max_new_tokens=new, chunk_tokens=512, amp=amp_of(device))
+        synchronize(device)
+    return run, dict(rows=rows, tokens=int(batch["attention_mask"].sum()))
+
+
+def serve_role(role: str, device: str, tiny: bool) -> None:
+    """A co-run worker: build, warm up once, print `ready {facts}`; then each `go` line runs once and prints
+    `done SECONDS`; `quit` (or the end of stdin) ends it."""
+    run, facts = (decode_role if role == "decode" else update_role)(device, tiny)
+    run()
+    print("ready", json.dumps(facts), flush=True)
+    for line in sys.stdin:
+        if line.strip() != "go":
+            break
+        t0 = time.perf_counter()
+        run()
+        print(f"done {time.perf_counter() - t0:.4f}", flush=True)
+
+
+def corun(device: str, tiny: bool, repeats: int = 2, timeout: float = 300) -> dict:
+    """Part "co-run": both workers built and warm, then each alone `repeats` times and both at once `repeats` times
+    (the medians): eta and each one's slowdown. Each worker is its own process, ended here whatever happens."""
+    import statistics
+
+    env = {**os.environ, "PYTHONPATH": ROOT}
+    if device == "cpu":
+        env["OMP_NUM_THREADS"] = "1"
+    procs = {role: subprocess.Popen([sys.executable, "-m", "tools.gpu_check", "serve", role, "--device", device]
+                                    + (["--tiny"] if tiny else []), cwd=ROOT, env=env, text=True,
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+             for role in ("decode", "update")}
+    deadline = time.time() + timeout
+
+    def read(role):
+        line = procs[role].stdout.readline()
+        if not line or time.time() > deadline:
+            raise RuntimeError(f"co-run: the {role} worker ended or stalled (exit {procs[role].poll()})")
+        return line.split(" ", 1)
+
+    def go(*roles):
+        t0 = time.perf_counter()
+        for role in roles:
+            procs[role].stdin.write("go\n")
+            procs[role].stdin.flush()
+        own = {role: float(read(role)[1]) for role in roles}
+        return time.perf_counter() - t0, own
+
+    try:
+        facts = {}
+        for role in procs:
+            kind, rest = read(role)
+            assert kind == "ready", (role, kind)
+            facts[role] = json.loads(rest)
+        alone = {role: statistics.median(go(role)[1][role] for _ in range(repeats)) for role in procs}
+        both = [go("decode", "update") for _ in range(repeats)]
+        t_both = statistics.median(wall for wall, _ in both)
+        inside = {role: statistics.median(own[role] for _, own in both) for role in procs}
+    finally:
+        for p in procs.values():
+            with contextlib.suppress(OSError, ValueError):
+                p.stdin.write("quit\n")
+                p.stdin.close()
+        for p in procs.values():
+            try:
+                p.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    t_dec, t_upd = alone["decode"], alone["update"]
+    return dict(part="co-run", device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
+                mps=mps_running(), decode_seconds=round(t_dec, 4), update_seconds=round(t_upd, 4),
+                both_seconds=round(t_both, 4), eta=round((t_upd + t_dec - t_both) / min(t_upd, t_dec), 3),
+                decode_slowdown=round(inside["decode"] / t_dec, 3), update_slowdown=round(inside["update"] / t_upd, 3),
+                decode=facts["decode"], update=facts["update"])
+
+
+# ------------------------------------------------------------------------------ the projection of the two runs
+RUNS = {"correctness": ("run", "update-peak", "update-time", "prm-time", "vllm"), "design": ("co-run",)}
+CUDA_START = 20.0    # s per part process on a GPU machine: python, torch and transformers imports, the CUDA context
+DISK_RATE = 1.0e9    # bytes/s a part's files are written and read back at (a cloud disk's sustained rate)
+
+
+def h200_seconds(part: dict) -> float:
+    """One part's projected H200 seconds: its measured CPU seconds at the tiny shapes stand for the orchestration
+    (imports, processes, bookkeeping), plus the CUDA start, the bytes it writes at the real shape over DISK_RATE,
+    and its GPU work at the real shape from harness/steptime.py's H200 (rates, MFU, bandwidth)."""
+    from harness import steptime
+
+    hw, p15, p7 = steptime.H200, steptime.POLICY.params, steptime.REFINER.params
+    train = lambda tokens, steps: steps * 8 * p15 * tokens / (hw.flops * hw.train_mfu)  # noqa: E731  checkpointing
+    decode = lambda params, steps: steps * (hw.decode_overhead + 2 * params / (hw.bandwidth * hw.decode_bw))  # noqa
+    work = {"update-peak": train(8 * 1280, 2),
+            "update-time": train(128 * (256 + 576), 2),
+            "prm-time": 2 * steptime.PRM.params * 64 * 1280 / (hw.flops * 0.30),   # HF eager forward, bf16
+            # two scope.py children (SCOPE, GRPO) of 2 steps: HF generate of 64 tokens at ~30 ms a step (eager
+            # Python over 28 layers), a tiny update, the policy loaded from disk
+            "run": 2 * 2 * (64 * 0.030 + train(16 * 100, 2)),
+            "vllm": 60.0,   # the engine's start (compile, CUDA graphs) on a tiny model
+            # warm-ups, then each alone twice and both at once twice: about 4 + 2 rounds of each
+            "co-run": 6 * decode(p7, 640) + 6 * train(128 * (256 + 576), 1)}[part["part"]]
+    return part["cpu_seconds"] + CUDA_START + part.get("bytes_real", 0) * 2 / DISK_RATE + work
+
+
+def projection(parts: list[dict]) -> dict[str, float]:
+    """{run: projected H200 seconds} over the parts of each run that were measured."""
+    return {run: round(sum(h200_seconds(p) for p in parts if p["part"] in names), 1) for run, names in RUNS.items()}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="command", required=True)
+    c = sub.add_parser("corun", help="part co-run: eta of a 7B decode beside a full-size update")
+    c.add_argument("--tiny", action="store_true", help="tiny shapes on the CPU (the orchestration only)")
+    s = sub.add_parser("serve", help="one co-run worker (started by `corun`)")
+    s.add_argument("role", choices=("decode", "update"))
+    s.add_argument("--device", default="cuda")
+    s.add_argument("--tiny", action="store_true")
+    p = sub.add_parser("project", help="each run's projected H200 seconds from the parts' figures")
+    p.add_argument("figures")
+    args = ap.parse_args(argv)
+    if args.command == "serve":
+        serve_role(args.role, args.device, args.tiny)
+    elif args.command == "corun":
+        device = "cpu" if args.tiny else "cuda"
+        print(json.dumps(corun(device, args.tiny)))
+    else:
+        parts = [json.loads(line) for line in open(args.figures, encoding="utf-8") if line.strip()]
+        print(json.dumps(projection(parts)))
+
+
+if __name__ == "__main__":
+    main()
