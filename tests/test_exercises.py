@@ -544,6 +544,31 @@ WRONG = {
     "keep_ratio_over_tokens": (("scope_step",), [("prm.py", "        t.keep_ratio = keep_ratio(t.cut, len(t.steps))",
                                                   "        t.keep_ratio = keep_ratio(t.cut, len(t.response_ids))")],
                                [C + "test_locate_first_errors_sets_the_cut_and_the_kept_tokens"]),
+    "prefix_decoded_and_reencoded": (("splice",), [("refine.py", "    return prefix_ids + suffix_ids, [0] * len(prefix_ids)",
+                                                   "    prefix_ids = tokenizer(tokenizer.decode(prefix_ids), "
+                                                   "add_special_tokens=False)[\"input_ids\"]\n"
+                                                   "    return prefix_ids + suffix_ids, [0] * len(prefix_ids)")],
+                                     ["tests/test_refine.py::test_splice_never_retokenises_the_prefix"]),
+    "encoded_across_the_seam": (("splice",), [("refine.py", '    suffix_ids = tokenizer(suffix_text, add_special_tokens=False, '
+                                                            'split_special_tokens=True)["input_ids"]',
+                                               "    whole = tokenizer(tokenizer.decode(prefix_ids) + suffix_text, "
+                                               "add_special_tokens=False, split_special_tokens=True)[\"input_ids\"]\n"
+                                               "    prefix_ids, suffix_ids = whole[:len(prefix_ids)], whole[len(prefix_ids):]")],
+                                ["tests/test_refine.py::test_splice_never_retokenises_the_prefix"]),
+    "spelled_eos_left_unfinished": (("splice",), [("refine.py", "suffix_text, finished = suffix_text[:suffix_text.index("
+                                                                "eos_text)], True",
+                                                   "suffix_text = suffix_text[:suffix_text.index(eos_text)]")],
+                                    [C + "test_splice_a_spelled_eos_ends_the_suffix_even_when_the_refiner_ran_on"]),
+    "tie_break_on_the_whole_response": (("scope_step",), [("prm.py", "[mean_score(trajs[i].step_scores[:trajs[i].cut]) "
+                                                                     "for i in idx],",
+                                                           "[mean_score(trajs[i].step_scores) for i in idx],")],
+                                        [C + "test_select_failures_breaks_a_tie_on_the_kept_prefix_not_the_whole_response"]),
+    "tis_weight_ignored": (("policy_loss",), [("grpo.py", "        on_loss = on_loss * torch.where(on, is_weight.detach(), "
+                                                          "torch.ones_like(on_loss))", "        pass")],
+                           ["tests/test_grpo.py::test_policy_loss_with_is_weight_by_hand"]),
+    "sampler_weight_dropped": (("update",), [("grpo.py", "is_weight=step.sampler_weight(part, old_logp))",
+                                              "is_weight=None)")],
+                               ["tests/test_grpo.py::test_update_weights_policy_tokens_by_the_truncated_ratio"]),
     "all_fail_rule_ignored": (("scope_step",), [("prm.py", 'if not idx or (rectify_groups == "all-fail" and any('
                                                            't.correct for t in trajs if t.group == b)):',
                                                  "if not idx:")],
@@ -635,7 +660,9 @@ def test_wrong_solutions_lose_points_held_out_and_fail_their_own_check(wrong, he
         r = results[p]
         assert r["points"] == 0 and r["passed"] < r["cases"], (p, r)
         assert re.match(r"case \d+: (.*got .*, expected |\w+: )", r["error"]), r["error"]   # what differs, or what it raised
-    assert sorted(n for n, (failed, _, skipped) in checked.items() if failed and not skipped) == sorted(own), checked
+    failed = {n for n, (f, _, skipped) in checked.items() if f and not skipped}
+    assert all(any(n == t or n.startswith(t + "[") for n in failed) for t in own), checked   # each own check fails
+    assert all(any(n == t or n.startswith(t + "[") for t in own) for n in failed), checked
 
 
 # A relay: module-level code (in each file a student hands in) that forks a daemon, which outlives the grading

@@ -156,7 +156,35 @@ def make_splice(rng, ctx):
         n = len(tok(suffix, add_special_tokens=False, split_special_tokens=True)["input_ids"])
         cases.append({"prefix_ids": prefix, "suffix_text": suffix, "finished": True,
                       "max_new_tokens": len(prefix) + n + room})
+    for _ in range(2):   # the refiner spelled out EOS but did not stop by itself: its text ends there, with EOS
+        prefix = tok.encode(_text(rng, 2), add_special_tokens=False)
+        cases.append({"prefix_ids": prefix, "suffix_text": _text(rng, 2) + eos + " tail", "finished": False,
+                      "max_new_tokens": len(prefix) + 400})
+    cases += [_seam_case(rng, tok, merged) for merged in (False, False, True, True)]
     return cases
+
+
+def _seam_case(rng, tok, merged: bool) -> dict:
+    """A splice whose prefix is not what re-encoding its text gives: ids of two pieces encoded apart (`merged`
+    False), or a prefix that stops inside a word the suffix finishes (True: encoding prefix text + suffix
+    merges across the seam). Decoding and re-encoding the prefix changes the response either way."""
+    for _ in range(200):
+        word = rng.choice([w for w in WORDS if len(w) >= 4])
+        k = rng.randint(1, len(word) - 1)
+        head = _text(rng, 1).rstrip() + " " + word[:k]
+        if merged:
+            prefix, suffix = tok.encode(head, add_special_tokens=False), word[k:] + " " + _text(rng, 1)
+            whole = tok.encode(head + suffix, add_special_tokens=False)
+            if whole[:len(prefix)] != prefix:
+                break
+        else:
+            prefix = tok.encode(head, add_special_tokens=False) + tok.encode(word[k:], add_special_tokens=False)
+            suffix = " " + _text(rng, 1)
+            if tok.encode(tok.decode(prefix), add_special_tokens=False) != prefix:
+                break
+    else:
+        raise ValueError("no seam case found for this tokenizer; try another seed")
+    return {"prefix_ids": prefix, "suffix_text": suffix, "finished": True, "max_new_tokens": len(prefix) + 400}
 
 
 def run_splice(m, ctx, c):
@@ -212,7 +240,29 @@ def make_scope_step(rng, ctx):
                       "rectify_groups": rng.choice(["any", "all-fail"]), "merge": rng.choice(["replace", "append"]),
                       "tau": rng.choice([0.5, 0.7]), "attempts": rng.choice([1, 2, 3]),
                       "adv_std": rng.random() < 0.3})
+    for c in cases[4:6]:
+        _tie_after_the_cut(rng, tok, c)
     return cases
+
+
+def _tie_after_the_cut(rng, tok, case) -> None:
+    """Make group 0 of `case` a tie in κ with the cut at step 2 of 4 whose kept prefixes and whole responses
+    rank the other way round: failure a keeps [0.95, 0.95] then scores low, b keeps [0.8, 0.8] then scores
+    high. The pick is a (higher prefix mean); a tie-break on the whole response's mean picks b."""
+    import prm
+
+    group = [t for t in case["trajs"] if t["group"] == 0]
+    for t in group:
+        t["correct"], t["reward"] = True, 1.0
+    for t, tail in zip(group[:2], ([0.1, 0.1], [0.2, 0.99])):
+        while True:
+            text = "\n\n".join(_sentence(rng, 4) for _ in range(4)) + f" \\boxed{{{int(t['answer']) + 1}}}"
+            if len(prm.split_steps(text)) == 4:
+                break
+        ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+        t.update(response_ids=ids, text=tok.decode(ids, skip_special_tokens=True), correct=False, reward=0.0)
+        case["scores"][t["question"]] = ([0.95, 0.95] if tail[0] < 0.15 else [0.8, 0.8]) + tail
+    case.update(mode="scope", rectify_groups="any")
 
 
 def run_scope_step(m, ctx, c):
@@ -341,6 +391,8 @@ def make_policy_loss(rng, ctx):
                            "offpolicy_credit": "unit" if k % 4 == 3 else "shaped"}})
     for c in out[1::3]:   # junk outside the response
         c["old"] = _junk_off(c["old"], c["resp"], rng)
+    for c in out[::3]:   # vLLM rollouts: the truncated importance weight of the policy's tokens
+        c["is_weight"] = _t(rng, *c["logp"].shape, lo=0.3, hi=2.0)
     return out
 
 
@@ -349,7 +401,7 @@ def run_policy_loss(m, ctx, c):
     logp = c["logp"].clone().requires_grad_(True)
     ent = None if c["ent"] is None else c["ent"].clone().requires_grad_(True)
     loss, terms = m.grpo.policy_loss(logp, c["old"], c["adv"], c["resp"], c["off"], ref_logp=c["ref"], entropy=ent,
-                                     **c["kw"])
+                                     is_weight=c.get("is_weight"), **c["kw"])
     loss.backward()
     z = m.grpo.loss_normaliser(c["resp"], c["kw"]["loss_agg"], c["kw"]["max_new_tokens"])
     return (loss.detach(), logp.grad, None if ent is None else ent.grad,
@@ -358,7 +410,7 @@ def run_policy_loss(m, ctx, c):
 
 def make_update(rng, ctx):
     cases = []
-    for k in range(4):
+    for k in range(5):
         n = rng.randint(3, 6)
         prompts = [[rng.randint(3, 60) for _ in range(rng.randint(1, 4))] for _ in range(n)]
         responses = [[rng.randint(3, 60) for _ in range(rng.randint(1, 6))] for _ in range(n)]
@@ -370,10 +422,15 @@ def make_update(rng, ctx):
             batch["old_logp"] = batch["response_mask"] * (-4.0 + 0.5 * _t(rng, *batch["input_ids"].shape, dtype="float32"))
         if k == 2:
             batch["ref_logp"] = batch["response_mask"] * (-4.0 + 0.5 * _t(rng, *batch["input_ids"].shape, dtype="float32"))
+        if k == 4:   # vLLM rollouts: the sampler's log-probs (one unknown), weighted by the truncated IS weight
+            shape = batch["input_ids"].shape
+            batch["sampler_logp"] = batch["response_mask"] * (-4.2 + 0.6 * _t(rng, *shape, dtype="float32"))
+            batch["sampler_mask"] = batch["response_mask"].clone()
+            batch["sampler_mask"][0, batch["sampler_mask"][0].nonzero()[0]] = 0
         cases.append({"batch": batch, "model_seed": rng.randrange(2**31), "mb": rng.choice([1, 2, n]),
                       "kw": {"loss_agg": rng.choice(["constant", "token-mean"]), "max_new_tokens": 8,
                              "kl_coef": 0.1 if k == 2 else 0.0, "entropy_coef": 0.01 if k == 3 else 0.0,
-                             "clip_eps": 0.2, "max_grad_norm": 1.0}})
+                             "clip_eps": 0.2, "max_grad_norm": 1.0, **({"tis_cap": 2.0} if k == 4 else {})}})
     # without old_logp (ρ = 1 where the gradient is taken, no clip binds): once with the student's own
     # clipped_surrogate (an update and a surrogate that both leave π_old attached to logp's graph train nothing)
     # and once with `_attached_surrogate`, which differentiates π_old as update hands it over

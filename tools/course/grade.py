@@ -10,6 +10,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 
 from . import seal
 from .fixtures import matches
@@ -242,39 +243,40 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
                   hidden=(), sealed: bool = True):
     """Run problem `name` of the submission in `folder` in its own process on the held-out inputs and
     compare its answers with the reference's outputs here. `sealed`: inside `seal.NAMESPACES`, as
-    `seal.identity()`, under `seal.limits`, and the worker seals itself before it runs anything of the
+    `seal.IDENTITY` (a root grader), under `seal.limits`, and the worker seals itself before it runs anything of the
     student's (the caller has checked that the machine can: `seal.missing`). The process gets `seconds` (its
     alarm) and 10 more before it is killed. Returns {passed, cases, error, sealed, notes}; `sealed` is what
     the grader set up, false only when unsealed or when the worker could not seal itself (then nothing ran)."""
     import torch
 
-    with tempfile.TemporaryDirectory(prefix="grade-") as here:
-        grading_folder(folder, name, here)
-        torch.save(data["cases"], os.path.join(here, "cases.pt"))
-        with open(os.path.join(here, "job.json"), "w", encoding="utf-8") as f:
-            json.dump({"problem": name, "tokenizer": tokenizer, "seconds": seconds,
-                       "hidden": [ROOT, folder] + list(hidden)}, f)
-        command = [*(seal.NAMESPACES if sealed else ()), sys.executable, "-m", "_course.worker", here]
-        if sealed:
-            seal.give_folder(here)
-        try:
-            proc = subprocess.run(command, cwd=here, env=seal.environment(here), capture_output=True, text=True,
-                                  timeout=seconds + 10, preexec_fn=lambda: seal.limits(seconds),
-                                  **(seal.identity() if sealed else {}))
-            stopped = stop_reason(proc.returncode, proc.stderr)
-        except subprocess.TimeoutExpired:
-            proc, stopped = None, f"it ran past its {seconds + 10} s limit and was killed"
-        if sealed and proc is not None and proc.returncode == seal.FAILED:
-            sealed = False
-        answers = []
-        path = os.path.join(here, "answers.pt")
-        if os.path.isfile(path) and not os.path.islink(path):
-            try:   # what the process wrote is untrusted: plain tensors and containers only, no code
-                answers = list(torch.load(path, weights_only=True)["answers"])
-            except Exception as err:
-                stopped = stopped or f"its answers are not plain data ({type(err).__name__})"
-        stopped = stopped or ("" if answers else "it wrote no answers")
-    passed, error, notes = 0, "", []
+    notes, first = [], ""
+    for attempt in (1, 2):   # a process killed by a signal it did not earn is graded once more, in a new folder
+        t0 = time.monotonic()
+        with tempfile.TemporaryDirectory(prefix="grade-") as here:
+            grading_folder(folder, name, here)
+            torch.save(data["cases"], os.path.join(here, "cases.pt"))
+            with open(os.path.join(here, "job.json"), "w", encoding="utf-8") as f:
+                json.dump({"problem": name, "tokenizer": tokenizer, "seconds": seconds,
+                           "hidden": [ROOT, folder] + list(hidden)}, f)
+            proc = seal.run([sys.executable, "-m", "_course.worker", here], here, seconds, sealed)
+            answers, stopped = [], (f"it ran past its {seconds + 10} s limit and was killed" if proc is None
+                                    else stop_reason(proc.returncode, proc.stderr))
+            path = os.path.join(here, "answers.pt")
+            if os.path.isfile(path) and not os.path.islink(path):
+                try:   # what the process wrote is untrusted: plain tensors and containers only, no code
+                    answers = list(torch.load(path, weights_only=True)["answers"])
+                except Exception as err:
+                    stopped = stopped or f"its answers are not plain data ({type(err).__name__})"
+        if attempt == 2 or proc is None or not killed_from_outside(proc.returncode) or \
+                time.monotonic() - t0 > seconds:
+            break
+        first = stopped
+    if first:
+        notes.append(f"graded twice: the first process stopped ({first})")
+    if sealed and proc is not None and proc.returncode == seal.FAILED:
+        sealed = False
+    stopped = stopped or ("" if answers else "it wrote no answers")
+    passed, error = 0, ""
     for k, want in enumerate(data["outputs"]):
         answer = answers[k] if k < len(answers) and isinstance(answers[k], dict) else None
         if answer is None:
@@ -290,6 +292,13 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
     return {"passed": passed, "cases": len(data["outputs"]), "error": error, "sealed": sealed, "notes": notes}
 
 
+def killed_from_outside(returncode: int) -> bool:
+    """Whether the process died of a signal that none of its limits sends (SIGSEGV, SIGBUS, or a SIGKILL
+    before its time: the kernel's out-of-memory killer): the grader regrades such a problem once."""
+    signum = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 160 else 0
+    return signum in (signal.SIGKILL, signal.SIGSEGV, signal.SIGBUS, signal.SIGABRT)
+
+
 def stop_reason(returncode: int, stderr: str) -> str:
     """Why the grading process ended without finishing ("" when it exited 0): its signal or exit status, with
     the last line it wrote (a traceback's, or faulthandler's for a crash)."""
@@ -297,8 +306,10 @@ def stop_reason(returncode: int, stderr: str) -> str:
         return ""
     signum = -returncode if returncode < 0 else returncode - 128 if 128 < returncode < 160 else 0
     how = f"killed by {signal.Signals(signum).name}" if signum in signal.valid_signals() else f"exit status {returncode}"
-    if signum == signal.SIGXCPU or signum == signal.SIGKILL:
-        how += " (its CPU-time limit, or killed from outside)"
+    if signum == signal.SIGXCPU:
+        how += " (its CPU-time limit)"
+    elif signum == signal.SIGKILL:
+        how += " (its CPU-time limit, or the out-of-memory killer)"
     elif returncode == seal.FAILED:
         how = "it could not seal itself, so nothing was graded"
     lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]

@@ -75,6 +75,8 @@ SCOPE_UNITS = tuple(CHECKS + t for t in ("test_locate_first_errors_sets_the_cut_
                                          "test_select_failures_one_pick_per_eligible_group",
                                          "test_repair_keeps_the_prefix_ids_and_survives_a_stopped_refiner",
                                          "test_repair_append_grows_the_group"))
+# select_failures' tie-break on hand-set trajectories: it runs select_candidate, nothing of problems 1-2
+TIE_ON_THE_PREFIX = CHECKS + "test_select_failures_breaks_a_tie_on_the_kept_prefix_not_the_whole_response"
 RAGGED = CHECKS + "test_group_advantages_per_ragged_group"
 # the study switches' unit tests: the phantom repair runs group_advantages; the tie-break tests run
 # select_candidate, one of them through prm.select_failures
@@ -159,7 +161,7 @@ EXERCISES = [
              "first step scored below tau, the cut point, kappa = cut / n_steps, the pick by (kappa, prefix mean, "
              "length, index)",
              breaks=SCOPE_RUNS + FIRST_ERRORS + SCOPE_UNITS[:4] + TIEBREAK + (
-                 "tests/test_metrics.py::test_near_miss_with_prm_cut_point",),
+                 "tests/test_metrics.py::test_near_miss_with_prm_cut_point", TIE_ON_THE_PREFIX),
              hints=("A score of None means unscored (the PRM's input was too long): nothing after it is verified.",
                     "The rollout failed, so when every step passes the last step is presumed wrong.")),
     Exercise("splice", ("refine.py:splice",),
@@ -173,7 +175,8 @@ EXERCISES = [
               "tests/test_qwen_tokenizer.py::test_refiner_splice_on_qwen_tokens",
               "tests/test_qwen_tokenizer.py::test_refiner_suffix_ends_with_the_turn_end_of_a_base_model",
               CHECKS + "test_splice_keeps_special_token_text_plain",
-              CHECKS + "test_splice_a_finished_suffix_that_fills_the_budget_gets_no_eos"), 2, 8,
+              CHECKS + "test_splice_a_finished_suffix_that_fills_the_budget_gets_no_eos",
+              CHECKS + "test_splice_a_spelled_eos_ends_the_suffix_even_when_the_refiner_ran_on"), 2, 8,
              "encode the suffix once (special-token parsing off), EOS if finished and it fits, cut to the budget",
              breaks=("tests/test_refine.py::test_rectify_fake_refiner_accept_reject_and_merge",
                      "tests/test_refine.py::test_rectify_empty_prefix_is_whole_replacement",
@@ -201,7 +204,7 @@ EXERCISES = [
              "the SCOPE step, steps 3–4 of the loop: localise the first errors, pick the failure to repair",
              "failed rollouts → split_steps → PRM scores → cut_point, κ, kept tokens (step_token_spans) → per "
              "eligible group select_candidate → (index, tokens to keep), which scope.main passes to refine.rectify",
-             SCOPE_UNITS + FIRST_ERRORS, 3, 16,
+             SCOPE_UNITS + FIRST_ERRORS + (TIE_ON_THE_PREFIX,), 3, 16,
              "steps 3-4 of scope.main, each function as its docstring says", breaks=SCOPE_RUNS + (TIEBREAK[1],),
              slow=SCOPE_RUNS,
              hints=("`kept_tokens(spans, cut, n_tokens)` turns a cut step into a token count.",

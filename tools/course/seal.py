@@ -15,11 +15,13 @@ import ctypes
 import os
 import platform
 import resource
+import shlex
 import shutil
 import signal
 import struct
 import subprocess
 import sys
+import tempfile
 
 IDENTITY = 65534                         # the kernel's overflow uid and gid ("nobody"): owns no file of the teacher's
 MEMORY = 6 << 30                         # RLIMIT_AS, bytes
@@ -172,45 +174,57 @@ def missing() -> str:
         elif not shutil.which(NAMESPACES[0]):
             why = "no unshare command (Debian's util-linux package)"
         else:
-            try:
-                proc = subprocess.run([*NAMESPACES, "true"], capture_output=True, text=True, timeout=60,
-                                      **identity())
-                if proc.returncode != 0:
-                    why = ("unshare cannot make user, PID, network and IPC namespaces here ("
-                           + ((proc.stderr.strip().splitlines() or ["no message"])[-1]) + ")")
-            except (OSError, subprocess.TimeoutExpired) as err:
-                why = f"unshare did not run ({type(err).__name__})"
+            with tempfile.TemporaryDirectory(prefix="seal-probe-") as here:
+                proc = run([sys.executable, "-c", "import torch"], here, 60)
+            if proc is None or proc.returncode != 0:
+                why = ("a sealed process cannot start here (" + ("it ran past 70 s" if proc is None else
+                       (proc.stderr.strip().splitlines() or ["no message"])[-1]) + ")")
         _CHECKED["missing"] = why
     return _CHECKED["missing"]
 
 
-def identity() -> dict:
-    """Popen's keywords for the graded process's uid and gid: IDENTITY when the grader is root and IDENTITY can
-    run this Python (its installation may sit in a folder only root may enter), else none: the process keeps
-    the teacher's uid and the seccomp filter stands in. Probed once per process."""
-    if "identity" not in _CHECKED:
-        ids = dict(user=IDENTITY, group=IDENTITY, extra_groups=[])
-        try:
-            ok = os.geteuid() == 0 and subprocess.run([sys.executable, "-c", "import torch"], capture_output=True,
-                                                      timeout=120, cwd="/", **ids).returncode == 0
-        except (OSError, subprocess.TimeoutExpired):
-            ok = False
-        _CHECKED["identity"] = ids if ok else {}
-    return _CHECKED["identity"]
+def as_identity(here: str) -> list:
+    """The command prefix that runs the rest as IDENTITY (a root grader only; [] otherwise): in a mount
+    namespace of its own, each folder on the way to the Python installation that IDENTITY may not enter (a
+    pyenv under /root) is covered by an empty tmpfs holding only the installation's own folders, bound back;
+    then setpriv drops to IDENTITY, with no supplementary groups."""
+    if os.geteuid() != 0:
+        return []
+    needed = {os.path.realpath(p) for p in [sys.executable, sys.prefix, sys.base_prefix] + sys.path
+              if p and os.path.exists(p)}
+    covers = {}   # {a folder IDENTITY may not enter: the entries of it on the way to a needed path}
+    for path in sorted(needed):
+        parts = path.strip("/").split("/")
+        for i in range(1, len(parts)):
+            folder = "/" + "/".join(parts[:i])
+            if not os.stat(folder).st_mode & 0o001:   # others may not search it
+                covers.setdefault(folder, set()).add(folder + "/" + parts[i])
+                break
+    script = ["set -e"]
+    for k, (folder, entries) in enumerate(sorted(covers.items())):
+        staged = []
+        for j, entry in enumerate(sorted(entries)):
+            stage = os.path.join(here, f".view{k}-{j}")
+            script += [f"mkdir {shlex.quote(stage)}", f"mount --rbind {shlex.quote(entry)} {shlex.quote(stage)}"]
+            staged.append((stage, entry))
+        script.append(f"mount -t tmpfs -o mode=755,size=1m tmpfs {shlex.quote(folder)}")
+        for stage, entry in staged:
+            script += [f"mkdir -p {shlex.quote(entry)}", f"mount --move {shlex.quote(stage)} {shlex.quote(entry)}"]
+    script.append(f'exec setpriv --reuid={IDENTITY} --regid={IDENTITY} --clear-groups --pdeathsig=KILL "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", "\n".join(script), "sh"]
 
 
 def identity_note() -> str:
     """One line for the report when the graded processes keep the teacher's uid ("" when they run as IDENTITY)."""
-    if identity():
+    if os.geteuid() == 0:
         return ""
-    why = "the grader is not root" if os.geteuid() != 0 else f"uid {IDENTITY} cannot run {sys.executable}"
-    return (f"note: graded under your own uid ({why}); the seccomp filter, not the uid, keeps the graded code "
-            f"from changing your files' attributes")
+    return ("note: graded under your own uid (the grader is not root, so it cannot change it); the seccomp "
+            "filter, not the uid, keeps the graded code from changing your files' attributes")
 
 
 def give_folder(here: str) -> None:
     """Hand the graded process its folder: owned by IDENTITY when it runs as that."""
-    if identity():
+    if os.geteuid() == 0:
         for d, dirs, files in os.walk(here):
             for p in [d] + [os.path.join(d, n) for n in dirs + files]:
                 os.lchown(p, IDENTITY, IDENTITY)
@@ -220,7 +234,7 @@ def limits(seconds: int) -> None:
     """Popen's preexec_fn: memory, process and CPU limits; the child (unshare) gets SIGKILL when the grader's
     process ends, however it ends."""
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
-    nproc = PROCESSES if os.geteuid() == IDENTITY else PROCESSES + _own_tasks()
+    nproc = PROCESSES if os.geteuid() == 0 else PROCESSES + _own_tasks()   # root drops to IDENTITY
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 10))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
@@ -237,6 +251,20 @@ def _own_tasks() -> int:
         except OSError:
             continue
     return n
+
+
+def run(argv: list, here: str, seconds: int, sealed: bool = True):
+    """Run `argv` in `here` as a graded process: inside NAMESPACES as IDENTITY (`as_identity`; when `sealed`), under
+    `limits`, with `environment`, killed after `seconds` + 10 s. Returns the CompletedProcess, or None when
+    it was killed for time. The process seals the rest itself (`apply`) before it runs anything untrusted."""
+    if sealed:
+        give_folder(here)
+    try:
+        prefix = [*as_identity(here), *NAMESPACES] if sealed else []
+        return subprocess.run([*prefix, *argv], cwd=here, env=environment(here), capture_output=True, text=True,
+                              timeout=seconds + 10, preexec_fn=lambda: limits(seconds))
+    except subprocess.TimeoutExpired:
+        return None
 
 
 def environment(here: str) -> dict:
