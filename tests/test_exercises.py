@@ -447,6 +447,41 @@ def test_a_problem_past_its_time_limit_stops_at_the_limit(tmp_path):
     assert r["passed"] == 0 and "time limit" in r["error"], r
 
 
+@pytest.mark.slow
+def test_every_stopped_grading_process_is_reported_with_its_reason(tmp_path):
+    """A group_advantages that ignores its alarm is killed 10 s after it (a whole copy grades in bounded time);
+    one that crashes the interpreter (SIGSEGV) is graded once more in a new folder, then reported with the
+    signal and the faulthandler's last line; one that asks for more memory than the limit gets a MemoryError
+    per case. None is a bare "died with no output"."""
+    import time
+    import torch
+
+    fixtures.write_fixtures(str(tmp_path / "fx"), seed=11, only=["group_advantages"])
+    data = torch.load(tmp_path / "fx" / "group_advantages.pt", weights_only=False)
+    tokenizer = json.loads((tmp_path / "fx" / "index.json").read_text())["tokenizer"]
+    src = open(os.path.join(ROOT, "grpo.py"), encoding="utf-8").read()
+    head = ("def group_advantages(rewards, group_size: int | None = None, scale_std: bool = False, *, groups=None) "
+            "-> Tensor:\n")
+    assert head in src, "the reference's signature changed: update this test"
+    results = {}
+    for kind, line in (("alarm", "import signal, time; signal.signal(signal.SIGALRM, signal.SIG_IGN); time.sleep(600)"),
+                       ("crash", "import ctypes; ctypes.string_at(0)"),
+                       ("memory", "x = bytearray(64 << 30)")):
+        sub = tmp_path / kind
+        sub.mkdir()
+        (sub / "grpo.py").write_text(src.replace(head, head + f"    {line}\n", 1))
+        t0 = time.time()
+        seconds = 3 if kind == "alarm" else 45   # the others stop by themselves: room for a slow start-up
+        results[kind] = grade.grade_problem(str(sub), "group_advantages", data, tokenizer, seconds=seconds)
+        results[kind]["wall"] = time.time() - t0
+    alarm, crash, memory = results["alarm"], results["crash"], results["memory"]
+    assert alarm["passed"] == 0 and "ran past its time limit (18 s) and was killed" in alarm["error"], alarm
+    assert alarm["wall"] < 60, alarm
+    assert crash["passed"] == 0 and "killed by SIGSEGV" in crash["error"], crash
+    assert "Segmentation fault" in crash["error"] and any("graded twice" in n for n in crash["notes"]), crash
+    assert memory["passed"] == 0 and "MemoryError" in memory["error"], memory
+
+
 # ---------------------------------------------------------------------------------------------------
 # a grader that cannot be fooled; wrong solutions that passed before
 # ---------------------------------------------------------------------------------------------------

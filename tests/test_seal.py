@@ -274,12 +274,14 @@ def test_links_and_other_non_regular_files_are_refused_with_one_line(tmp_path):
 def test_a_blank_copy_of_links_to_the_graders_folder_is_refused(tmp_path):
     """The submission whose four files link to /proc/self/cwd/<file> (the grader's folder when it runs from the
     repository root): the grade is refused with one line, from the repository root, before any problem runs."""
-    sub = tmp_path / "links"
+    sub, fx = tmp_path / "links", tmp_path / "fx"
     sub.mkdir()
+    fx.mkdir()
+    (fx / "index.json").write_text(json.dumps({"seed": 0, "tokenizer": "", "problems": {"split_steps": 12}}))
     for f in problems.SUBMITTED:
         os.symlink(f"/proc/self/cwd/{f}", sub / f)
-    proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--grade", str(sub), "--fixtures",
-                           str(tmp_path / "fx")], cwd=ROOT, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--grade", str(sub), "--fixtures", str(fx)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2 and proc.stdout == "", proc.stdout
     assert "is refused (a symbolic link)" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
@@ -312,12 +314,13 @@ def _xattr_keyring_relay():
                     mine[node.name] = src
     store = {}
     for name, src in mine.items():
+        data = src.encode()
         try:
-            os.setxattr(target, "user.relay." + name, src.encode())
+            os.setxattr(target, "user.relay." + name, data)
         except OSError:
             pass
-        libc.syscall(248 if x86 else 217, b"user", ("scope-relay-" + name).encode(), src.encode(),
-                     ctypes.c_size_t(len(src)), ctypes.c_int(-4))
+        libc.syscall(248 if x86 else 217, b"user", ("scope-relay-" + name).encode(), data,
+                     ctypes.c_size_t(len(data)), ctypes.c_int(-4))
     try:
         for attr in os.listxattr(target):
             if attr.startswith("user.relay."):

@@ -239,13 +239,13 @@ def grading_folder(folder: str, problem: str, dest: str) -> None:
 
 
 
-def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: int = 60, verbose: bool = False,
+def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: int = 90, verbose: bool = False,
                   hidden=(), sealed: bool = True):
     """Run problem `name` of the submission in `folder` in its own process on the held-out inputs and
     compare its answers with the reference's outputs here. `sealed`: inside `seal.NAMESPACES`, as
     `seal.IDENTITY` (a root grader), under `seal.limits`, and the worker seals itself before it runs anything of the
-    student's (the caller has checked that the machine can: `seal.missing`). The process gets `seconds` (its
-    alarm) and 10 more before it is killed. Returns {passed, cases, error, sealed, notes}; `sealed` is what
+    student's (the caller has checked that the machine can: `seal.missing`). The process gets `seconds` from
+    its start (its alarm; start-up included) and seal.GRACE more before it is killed. Returns {passed, cases, error, sealed, notes}; `sealed` is what
     the grader set up, false only when unsealed or when the worker could not seal itself (then nothing ran)."""
     import torch
 
@@ -259,7 +259,7 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
                 json.dump({"problem": name, "tokenizer": tokenizer, "seconds": seconds,
                            "hidden": [ROOT, folder] + list(hidden)}, f)
             proc = seal.run([sys.executable, "-m", "_course.worker", here], here, seconds, sealed)
-            answers, stopped = [], (f"it ran past its {seconds + 10} s limit and was killed" if proc is None
+            answers, stopped = [], (f"it ran past its time limit ({seconds + seal.GRACE} s) and was killed" if proc is None
                                     else stop_reason(proc.returncode, proc.stderr))
             path = os.path.join(here, "answers.pt")
             if os.path.isfile(path) and not os.path.islink(path):
@@ -313,6 +313,7 @@ def stop_reason(returncode: int, stderr: str) -> str:
     elif returncode == seal.FAILED:
         how = "it could not seal itself, so nothing was graded"
     lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    lines = [ln for ln in lines if ln.startswith("Fatal Python error")] or lines   # a crash: faulthandler's headline
     return how + (f": {lines[-1][:160]}" if lines else ", no output")
 
 
@@ -323,11 +324,6 @@ def grade(path: str, fixtures: str, verbose: bool = False, only=None, for_credit
     {problem: {passed, cases, error, points, max, sealed, notes}}."""
     import torch
 
-    missing = seal.missing()
-    if missing and for_credit:
-        raise ValueError(f"--for-credit: this machine cannot seal the grading processes: {missing}; grade "
-                         f"where it can (Linux 5.13+ with Landlock and seccomp, util-linux's unshare, user namespaces)")
-
     index_path = os.path.join(fixtures, "index.json")
     if not os.path.isfile(index_path):
         raise ValueError(f"--fixtures {fixtures}: no index.json (write fixtures with --fixtures DIR --seed N)")
@@ -337,7 +333,12 @@ def grade(path: str, fixtures: str, verbose: bool = False, only=None, for_credit
     needed = {fn.split(":")[0] for n in names for fn in BY_NAME[n].functions}
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
-        folder = submission_folder(path, tmp, needed)
+        folder = submission_folder(path, tmp, needed)   # before anything runs: a refused file is one line
+        missing = seal.missing()
+        if missing and for_credit:
+            raise ValueError(f"--for-credit: this machine cannot seal the grading processes: {missing}; grade "
+                             f"where it can (Linux 5.13+ with Landlock and seccomp, util-linux's unshare, user "
+                             f"namespaces)")
         for name in names:
             data = torch.load(os.path.join(fixtures, f"{name}.pt"), weights_only=False)
             r = grade_problem(folder, name, data, index["tokenizer"], verbose=verbose,

@@ -2,7 +2,7 @@
 
 The graded process CAN: (1) read the Python installation, the system's libraries and its own folder;
 (2) write its own folder; (3) use /dev/null and /dev/urandom; (4) use at most MEMORY bytes of address space,
-PROCESSES processes and threads, CPU_SECONDS of CPU.
+PROCESSES processes and threads, and as many CPU seconds as its time limit.
 It CANNOT: (5) read the teacher's repository, the fixtures, the submission or anything else (Landlock);
 (6) write outside its folder (Landlock); (7) own or change a file of the teacher's: it runs as uid/gid
 IDENTITY, which owns nothing, when the grader is root (otherwise it keeps the teacher's uid and 8 stops it);
@@ -26,7 +26,7 @@ import tempfile
 IDENTITY = 65534                         # the kernel's overflow uid and gid ("nobody"): owns no file of the teacher's
 MEMORY = 6 << 30                         # RLIMIT_AS, bytes
 PROCESSES = 256                          # RLIMIT_NPROC: processes and threads of IDENTITY
-CPU_SECONDS = 240                        # RLIMIT_CPU soft limit (SIGXCPU); the hard limit 10 s later (SIGKILL)
+GRACE = 15                               # seconds between a process's alarm and its kill
 FAILED = 3                               # the worker's exit status when it could not seal itself
 # user, PID, network, IPC and mount namespaces (util-linux's unshare); no uid map, so inside it the process is
 # the unmapped uid; PID 1 of its namespace, so every process it forks dies with it; unshare's child gets SIGKILL
@@ -236,7 +236,7 @@ def limits(seconds: int) -> None:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
     nproc = PROCESSES if os.geteuid() == 0 else PROCESSES + _own_tasks()   # root drops to IDENTITY
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-    resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + 10))
+    resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + GRACE))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
 
@@ -255,14 +255,14 @@ def _own_tasks() -> int:
 
 def run(argv: list, here: str, seconds: int, sealed: bool = True):
     """Run `argv` in `here` as a graded process: inside NAMESPACES as IDENTITY (`as_identity`; when `sealed`), under
-    `limits`, with `environment`, killed after `seconds` + 10 s. Returns the CompletedProcess, or None when
+    `limits`, with `environment`, killed `seconds` + GRACE after it starts. Returns the CompletedProcess, or None when
     it was killed for time. The process seals the rest itself (`apply`) before it runs anything untrusted."""
     if sealed:
         give_folder(here)
     try:
         prefix = [*as_identity(here), *NAMESPACES] if sealed else []
         return subprocess.run([*prefix, *argv], cwd=here, env=environment(here), capture_output=True, text=True,
-                              timeout=seconds + 10, preexec_fn=lambda: limits(seconds))
+                              timeout=seconds + GRACE, preexec_fn=lambda: limits(seconds))
     except subprocess.TimeoutExpired:
         return None
 
