@@ -349,10 +349,10 @@ _xattr_keyring_relay()
 
 
 def relay_keys():
-    """The relay's keys the kernel holds (descriptions starting scope-relay-), from /proc/keys."""
+    """The relay's live keys (descriptions starting scope-relay-, not invalidated: flag I), from /proc/keys."""
     try:
         with open("/proc/keys") as f:
-            return [line for line in f if "scope-relay-" in line]
+            return [line for line in f if "scope-relay-" in line and not line.split()[1].startswith("I")]
     except OSError:
         return []
 
