@@ -349,10 +349,10 @@ _xattr_keyring_relay()
 
 
 def relay_keys():
-    """The relay's live keys (descriptions starting scope-relay-, not invalidated: flag I), from /proc/keys."""
+    """The relay's live keys (descriptions starting scope-relay-, not invalidated: flag i), from /proc/keys."""
     try:
         with open("/proc/keys") as f:
-            return [line for line in f if "scope-relay-" in line and not line.split()[1].startswith("I")]
+            return [line for line in f if "scope-relay-" in line and not line.split()[1].endswith("i")]
     except OSError:
         return []
 
