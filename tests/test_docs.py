@@ -153,7 +153,7 @@ def test_the_path_reader_reads_what_it_should():
 
 
 # A course assignment (python -m tools.exercises --out DIR, marked by its EXERCISES.md) leaves out the
-# generator and its contract test; there the docs may cite them. Kept equal to tools.exercises.NOT_COPIED
+# generator and its contract test; there the docs may cite them. Kept equal to tools.course.student_copy.NOT_COPIED
 # by the test below.
 NOT_IN_ASSIGNMENT = ("tools/exercises.py", "tests/test_exercises.py", "tests/test_references.py")
 IN_ASSIGNMENT = os.path.isfile(os.path.join(ROOT, "HANDOUT.md")) and not os.path.isfile(
@@ -162,7 +162,7 @@ IN_ASSIGNMENT = os.path.isfile(os.path.join(ROOT, "HANDOUT.md")) and not os.path
 
 @pytest.mark.skipif(IN_ASSIGNMENT, reason="a course assignment has no tools/exercises.py")
 def test_assignment_omissions_match_the_generator():
-    from tools.exercises import NOT_COPIED
+    from tools.course.student_copy import NOT_COPIED
 
     assert tuple(NOT_COPIED) == NOT_IN_ASSIGNMENT
 

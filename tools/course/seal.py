@@ -1,0 +1,276 @@
+"""The seal around one graded process: what the student's code may touch while a problem is graded.
+
+The graded process CAN: (1) read the Python installation, the system's libraries and its own folder;
+(2) write its own folder; (3) use /dev/null and /dev/urandom; (4) use at most MEMORY bytes of address space,
+PROCESSES processes and threads, and as many CPU seconds as its time limit.
+It CANNOT: (5) read the teacher's repository, the fixtures, the submission or anything else (Landlock);
+(6) write outside its folder (Landlock); (7) own or change a file of the teacher's: it runs as uid/gid
+IDENTITY, which owns nothing, when the grader is root (otherwise it keeps the teacher's uid and 8 stops it);
+(8) set or read extended attributes, change a file's mode, owner or times, use the kernel's keyrings or
+io_uring (seccomp: EPERM); (9) see, signal or outlive another process: its own PID namespace, whose
+processes all die with it; (10) reach a network (its own network namespace, Landlock's TCP rules);
+(11) read the teacher's environment (ENV_KEPT only).
+"""
+import ctypes
+import os
+import platform
+import resource
+import shlex
+import shutil
+import signal
+import struct
+import subprocess
+import sys
+import tempfile
+
+IDENTITY = 65534                         # the kernel's overflow uid and gid ("nobody"): owns no file of the teacher's
+MEMORY = 6 << 30                         # RLIMIT_AS, bytes
+PROCESSES = 256                          # RLIMIT_NPROC: processes and threads of IDENTITY
+GRACE = 15                               # seconds between a process's alarm and its kill
+FAILED = 3                               # the worker's exit status when it could not seal itself
+# user, PID, network, IPC and mount namespaces (util-linux's unshare); no uid map, so inside it the process is
+# the unmapped uid; PID 1 of its namespace, so every process it forks dies with it; unshare's child gets SIGKILL
+# when unshare ends, and unshare when the grader ends (PR_SET_PDEATHSIG)
+NAMESPACES = ("unshare", "--user", "--pid", "--net", "--ipc", "--mount", "--mount-proc", "--fork",
+              "--kill-child=SIGKILL")
+ENV_KEPT = ("PATH", "LANG", "LC_ALL", "LD_LIBRARY_PATH")   # what the environment holds of the teacher's
+SYSTEM = ["/usr", "/lib", "/lib64", "/bin", "/proc", "/sys", "/etc/ld.so.cache", "/etc/localtime"]
+
+# Landlock (Linux >= 5.13)
+_LL_EXECUTE, _LL_WRITE_FILE, _LL_READ_FILE, _LL_READ_DIR = 1 << 0, 1 << 1, 1 << 2, 1 << 3
+_LL_REFER, _LL_TRUNCATE, _LL_IOCTL_DEV = 1 << 13, 1 << 14, 1 << 15   # ABI 2, 3 and 5
+_LL_READ = _LL_EXECUTE | _LL_READ_FILE | _LL_READ_DIR
+_LL_FILE = _LL_EXECUTE | _LL_WRITE_FILE | _LL_READ_FILE | _LL_TRUNCATE | _LL_IOCTL_DEV   # the rights a file can take
+_LL_NET_TCP = (1 << 0) | (1 << 1)                   # ABI 4: bind and connect TCP
+_LL_SCOPES = (1 << 0) | (1 << 1)                    # ABI 6: abstract unix sockets and signals of other domains
+DEVICES = {"/dev/null": _LL_READ_FILE | _LL_WRITE_FILE | _LL_TRUNCATE, "/dev/urandom": _LL_READ_FILE}
+
+# seccomp: the system calls that answer EPERM, per architecture (the kernel's numbers)
+_XATTR_AT = (463, 464, 465, 466)                    # setxattrat, getxattrat, listxattrat, removexattrat
+_IO_URING = (425, 426, 427)                         # io_uring_setup, _enter, _register: they bypass seccomp
+DENIED = {
+    "x86_64": (0xC000003E, 317, tuple(range(188, 200)) + _XATTR_AT + (248, 249, 250) + _IO_URING
+               + (90, 91, 268, 452, 92, 93, 94, 260, 132, 235, 261, 280)),
+    "aarch64": (0xC00000B7, 277, tuple(range(5, 17)) + _XATTR_AT + (217, 218, 219) + _IO_URING
+                + (52, 53, 452, 54, 55, 88)),
+}   # (audit arch, seccomp's own number, denied: the 12 xattr calls, the *xattrat, add_key, request_key, keyctl,
+#      io_uring, chmod/fchmod/fchmodat/fchmodat2, chown/fchown/lchown/fchownat, utime/utimes/futimesat/utimensat)
+_X32 = 0x40000000                                   # x86_64's x32 numbers are the same calls + this bit: denied all
+
+_CHECKED = {}
+
+
+def _syscall():
+    fn = ctypes.CDLL(None, use_errno=True).syscall
+    fn.restype = ctypes.c_long
+    return fn
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: none)."""
+    try:
+        syscall = _syscall()
+    except (OSError, AttributeError):
+        return 0
+    return max(0, syscall(444, None, ctypes.c_size_t(0), ctypes.c_uint32(1)))   # landlock_create_ruleset
+
+
+def landlock(readable: list, writable: list, devices: dict = DEVICES) -> int:
+    """Restrict this thread (and what it starts) to reading `readable`, writing `writable` and the `devices`
+    with their rights; where the kernel has them (ABI 4, 6), also no TCP, no connecting to an abstract unix
+    socket and no signal outside its own domain. Returns the ABI used; 0 when the kernel has no Landlock."""
+    abi = landlock_abi()
+    if abi < 1:
+        return 0
+    syscall = _syscall()
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    fs_all = ((1 << 13) - 1) | (_LL_REFER if abi >= 2 else 0) | (_LL_TRUNCATE if abi >= 3 else 0) | (
+        _LL_IOCTL_DEV if abi >= 5 else 0)
+    attr = [fs_all] + ([_LL_NET_TCP] if abi >= 4 else []) + ([_LL_SCOPES] if abi >= 6 else [])
+    handled = (ctypes.c_uint64 * len(attr))(*attr)
+    ruleset = syscall(444, ctypes.byref(handled), ctypes.c_size_t(ctypes.sizeof(handled)), ctypes.c_uint32(0))
+    if ruleset < 0:
+        return 0
+    rules = [(p, _LL_READ) for p in readable] + [(p, fs_all) for p in writable] + list(devices.items())
+    for p, rights in rules:
+        if not os.path.exists(p):
+            continue
+        fd = os.open(p, os.O_PATH | os.O_CLOEXEC)
+        allowed = (rights if os.path.isdir(p) else rights & _LL_FILE) & fs_all
+        ok = syscall(445, ruleset, 1, ctypes.byref(PathBeneath(allowed, fd)), 0)
+        os.close(fd)
+        if ok != 0:
+            raise OSError(ctypes.get_errno(), f"landlock_add_rule {p}")
+    if _no_new_privileges() != 0 or syscall(446, ruleset, 0) != 0:   # landlock_restrict_self
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+    os.close(ruleset)
+    return abi
+
+
+def _no_new_privileges() -> int:
+    return ctypes.CDLL(None, use_errno=True).prctl(38, 1, 0, 0, 0)   # PR_SET_NO_NEW_PRIVS
+
+
+def seccomp_program(arch: str) -> bytes:
+    """The classic-BPF filter: another architecture is killed, a DENIED call (and, on x86_64, any x32 call)
+    answers EPERM, everything else runs."""
+    audit, _, denied = DENIED[arch]
+    ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06        # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
+    allow, eperm, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000   # SECCOMP_RET_ALLOW, _ERRNO|EPERM, _KILL_PROCESS
+    prog = [(ld, 0, 0, 4), (jeq, 1, 0, audit), (ret, 0, 0, kill), (ld, 0, 0, 0)]   # arch, then the call's number
+    if arch == "x86_64":
+        prog.append((jge, len(denied) + 1, 0, _X32))
+    prog += [(jeq, len(denied) - i, 0, nr) for i, nr in enumerate(denied)]
+    prog += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
+    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+
+
+def seccomp() -> None:
+    """Install `seccomp_program` on every thread of this process (SECCOMP_FILTER_FLAG_TSYNC)."""
+    arch = platform.machine()
+    if arch not in DENIED:
+        raise OSError(f"no seccomp table for {arch}")
+    code = seccomp_program(arch)
+
+    class Prog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    prog = Prog(len(code) // 8, code)
+    if _no_new_privileges() != 0 or _syscall()(DENIED[arch][1], 1, 1, ctypes.byref(prog)) != 0:   # SET_MODE_FILTER
+        raise OSError(ctypes.get_errno(), "seccomp")
+
+
+def apply(here: str, hidden: list) -> None:
+    """The graded process seals itself, before it imports anything of the student's: Landlock (read the
+    system and the Python installation minus `hidden`, write `here`), then the seccomp filter. Raises OSError
+    when it cannot; the worker then exits with FAILED and runs nothing."""
+    readable = SYSTEM + [p for p in sys.path if p and os.path.isdir(p)] + [sys.prefix, sys.base_prefix]
+    hidden = [os.path.realpath(h) for h in hidden]
+
+    def covers(p):
+        p = os.path.realpath(p)
+        return any(h == p or h.startswith(p.rstrip(os.sep) + os.sep) for h in hidden)
+
+    if landlock([p for p in readable if not covers(p)], [here]) < 1:
+        raise OSError("the kernel has no Landlock")
+    seccomp()
+
+
+def missing() -> str:
+    """What this machine lacks to seal a grading process (namespaces, Landlock, seccomp), in a few words; ""
+    when it has everything. Probed once per process."""
+    if "missing" not in _CHECKED:
+        why = ""
+        if not sys.platform.startswith("linux"):
+            why = f"{sys.platform} is not Linux (no namespaces, no Landlock)"
+        elif landlock_abi() < 1:
+            why = "the kernel has no Landlock (Linux 5.13 or later, enabled in the LSM list)"
+        elif platform.machine() not in DENIED:
+            why = f"no seccomp table for {platform.machine()}"
+        elif not shutil.which(NAMESPACES[0]):
+            why = "no unshare command (Debian's util-linux package)"
+        else:
+            with tempfile.TemporaryDirectory(prefix="seal-probe-") as here:
+                proc = run([sys.executable, "-c", "import torch"], here, 60)
+            if proc is None or proc.returncode != 0:
+                why = ("a sealed process cannot start here (" + ("it ran past 70 s" if proc is None else
+                       (proc.stderr.strip().splitlines() or ["no message"])[-1]) + ")")
+        _CHECKED["missing"] = why
+    return _CHECKED["missing"]
+
+
+def as_identity(here: str) -> list:
+    """The command prefix that runs the rest as IDENTITY (a root grader only; [] otherwise): in a mount
+    namespace of its own, each folder on the way to the Python installation that IDENTITY may not enter (a
+    pyenv under /root) is covered by an empty tmpfs holding only the installation's own folders, bound back;
+    then setpriv drops to IDENTITY, with no supplementary groups."""
+    if os.geteuid() != 0:
+        return []
+    needed = {os.path.realpath(p) for p in [sys.executable, sys.prefix, sys.base_prefix] + sys.path
+              if p and os.path.exists(p)}
+    covers = {}   # {a folder IDENTITY may not enter: the entries of it on the way to a needed path}
+    for path in sorted(needed):
+        parts = path.strip("/").split("/")
+        for i in range(1, len(parts)):
+            folder = "/" + "/".join(parts[:i])
+            if not os.stat(folder).st_mode & 0o001:   # others may not search it
+                covers.setdefault(folder, set()).add(folder + "/" + parts[i])
+                break
+    script = ["set -e"]
+    for k, (folder, entries) in enumerate(sorted(covers.items())):
+        staged = []
+        for j, entry in enumerate(sorted(entries)):
+            stage = os.path.join(here, f".view{k}-{j}")
+            script += [f"mkdir {shlex.quote(stage)}", f"mount --rbind {shlex.quote(entry)} {shlex.quote(stage)}"]
+            staged.append((stage, entry))
+        script.append(f"mount -t tmpfs -o mode=755,size=1m tmpfs {shlex.quote(folder)}")
+        for stage, entry in staged:
+            script += [f"mkdir -p {shlex.quote(entry)}", f"mount --move {shlex.quote(stage)} {shlex.quote(entry)}"]
+    script.append(f'exec setpriv --reuid={IDENTITY} --regid={IDENTITY} --clear-groups --pdeathsig=KILL "$@"')
+    return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", "\n".join(script), "sh"]
+
+
+def identity_note() -> str:
+    """One line for the report when the graded processes keep the teacher's uid ("" when they run as IDENTITY)."""
+    if os.geteuid() == 0:
+        return ""
+    return ("note: graded under your own uid (the grader is not root, so it cannot change it); the seccomp "
+            "filter, not the uid, keeps the graded code from changing your files' attributes")
+
+
+def give_folder(here: str) -> None:
+    """Hand the graded process its folder: owned by IDENTITY when it runs as that."""
+    if os.geteuid() == 0:
+        for d, dirs, files in os.walk(here):
+            for p in [d] + [os.path.join(d, n) for n in dirs + files]:
+                os.lchown(p, IDENTITY, IDENTITY)
+
+
+def limits(seconds: int) -> None:
+    """Popen's preexec_fn: memory, process and CPU limits; the child (unshare) gets SIGKILL when the grader's
+    process ends, however it ends."""
+    resource.setrlimit(resource.RLIMIT_AS, (MEMORY, MEMORY))
+    nproc = PROCESSES if os.geteuid() == 0 else PROCESSES + _own_tasks()   # root drops to IDENTITY
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + GRACE))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
+
+
+def _own_tasks() -> int:
+    """Processes and threads of this uid now (RLIMIT_NPROC counts them all): the limit is set above them."""
+    n, uid = 0, os.getuid()
+    for pid in os.listdir("/proc"):
+        try:
+            if pid.isdigit() and os.stat(f"/proc/{pid}").st_uid == uid:
+                n += len(os.listdir(f"/proc/{pid}/task"))
+        except OSError:
+            continue
+    return n
+
+
+def run(argv: list, here: str, seconds: int, sealed: bool = True):
+    """Run `argv` in `here` as a graded process: inside NAMESPACES as IDENTITY (`as_identity`; when `sealed`), under
+    `limits`, with `environment`, killed `seconds` + GRACE after it starts. Returns the CompletedProcess, or None when
+    it was killed for time. The process seals the rest itself (`apply`) before it runs anything untrusted."""
+    if sealed:
+        give_folder(here)
+    try:
+        prefix = [*as_identity(here), *NAMESPACES] if sealed else []
+        return subprocess.run([*prefix, *argv], cwd=here, env=environment(here), capture_output=True, text=True,
+                              timeout=seconds + GRACE, preexec_fn=lambda: limits(seconds))
+    except subprocess.TimeoutExpired:
+        return None
+
+
+def environment(here: str) -> dict:
+    """The graded process's whole environment: ENV_KEPT of the teacher's, its folder as home and temp."""
+    env = {k: os.environ[k] for k in ENV_KEPT if k in os.environ}
+    env.update(OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), TOKENIZERS_PARALLELISM="false",
+               HOME=here, TMPDIR=here, PWD=here, PYTHONDONTWRITEBYTECODE="1", HF_HUB_OFFLINE="1",
+               PYTHONFAULTHANDLER="1")
+    return env
