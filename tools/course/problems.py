@@ -36,7 +36,10 @@ SCOPE_RUNS = ("tests/test_scope.py::test_each_mode_runs_two_toy_steps",
               "tests/test_newcomer.py::test_ctrl_c_before_the_first_checkpoint_gives_a_command_that_starts_again",
               "tests/test_study_flags.py::test_phantom_foreign_and_index_runs_log_every_style",
               "tests/test_gpu.py::test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu",
-              "tests/test_because2.py::test_the_hooks_change_nothing_but_what_they_name")
+              "tests/test_because2.py::test_the_hooks_change_nothing_but_what_they_name",
+              "tests/test_cli.py::test_the_readmes_python_call_trains_with_warm_up_and_the_clip_it_is_given",
+              "tests/test_export.py::test_the_cards_snippet_answers_right_on_the_toy_model_a_run_trains",
+              "tests/test_because3.py::test_a_step_with_prefix_or_suffix_credit_trains_only_that_part")
 # the torchrun gradient check and the update's autocast check run build_batch, the log-probs, policy_loss and
 # update, no other exercise
 DIST_GRADIENTS = ("tests/test_dist.py::test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient",
@@ -67,7 +70,9 @@ UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch"
                 "tests/test_grpo.py::test_the_clip_binds_on_the_second_mini_batch_by_hand",
                 "tests/test_grpo.py::test_one_update_per_batch_is_update_on_the_whole_batch",
                 "tests/test_grpo.py::test_ddp_exchanges_gradients_on_the_last_micro_batch_of_each_step_only",
-                "tests/test_course_checks.py::test_update_hands_policy_loss_a_detached_old_logp")
+                "tests/test_course_checks.py::test_update_hands_policy_loss_a_detached_old_logp",
+                "tests/test_overlap.py::test_an_update_of_two_mini_batches_equals_the_whole_batch_pass",
+                "tests/test_overlap.py::test_the_pi_old_pass_covers_mini_batches_2_to_k_only_and_reads_no_entropy")
 CHECKS = "tests/test_course_checks.py::"   # checks that teach: each catches a classic mistake of its problem
 # problem 6's four functions one by one (seconds): locate, select and the two repairs run split_steps,
 # step_token_spans and first_error; the repairs run splice
@@ -221,7 +226,9 @@ EXERCISES = [
                      "tests/test_grpo.py::test_build_batch_lays_out_sampler_logprobs",
                      "tests/test_grpo.py::test_group_mini_batches_keep_groups_whole",
                      "tests/test_grpo.py::test_update_refuses_several_steps_without_groups_before_any_forward",
-                     "tests/test_because2.py::test_part_masks_partition_the_response_tokens") + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
+                     "tests/test_because2.py::test_part_masks_partition_the_response_tokens",
+                     "tests/test_because3.py::test_repair_credit_keeps_only_the_named_part_of_a_repair_in_the_loss")
+             + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS,
              expects="return a dict with keys input_ids, attention_mask, response_mask, offpolicy_mask (int64, "
                      "(N, L)) and advantages (the float32 (N,) tensor above)"),
     Exercise("logprob_entropy", ("grpo.py:logprobs_and_entropy", "grpo.py:entropy_from_logprobs"),
@@ -237,6 +244,7 @@ EXERCISES = [
                  "tests/test_preflight.py::test_memory_plan_within_ten_percent_of_a_trace",
                  "tests/test_overlap.py::test_reused_old_logp_equals_the_update_pass_on_every_policy_token",
                  "tests/test_overlap.py::test_a_row_that_is_no_rollouts_prefix_gives_none",
+                 "tests/test_overlap.py::test_the_pass_waits_on_the_callers_current_stream",
                  "tests/test_overlap.py::test_two_toy_steps_log_the_same_numbers_with_the_overlap_on_and_off",
                  "tests/test_because2.py::test_repair_token_probs_teacher_forces_prefix_and_suffix_one_token_at_a_time"),
              hints=("`torch.gather` along the vocabulary picks the targets' log-probs.",)),
