@@ -59,7 +59,7 @@ def test_repair_credit_defaults_to_all():
 def test_a_step_with_prefix_or_suffix_credit_trains_only_that_part(tmp_path):
     """One toy step of seed 0 under each setting (the same rollouts and repairs): the refiner's share of the loss
     tokens is 0 with prefix credit only and larger than SCOPE's with suffix credit only."""
-    from tests.test_study_flags import run_toy
+    from test_study_flags import run_toy
 
     share = {}
     for part in ("all", "prefix", "suffix"):
