@@ -48,8 +48,8 @@ docs/vllm.md. Implementation notes:
    held against vLLM 0.33's own code by tests/test_vllm33_contract.py (`bash .ci/vllm33_contract.sh`).
 9. On the CPU, a Qwen2 model without suppressed ids (the toy policy) is sampled by `lean_decode`, HF generate's
    loop written out over key/value buffers allocated once: the library's tokens for the same seed (held to
-   `model.generate` by tests/test_generate.py), at about half its time on the toy. Other models, top-p < 1
-   and GPUs keep `model.generate`.
+   `model.generate` by tests/test_generate.py), at about half its time on the toy. Other models, top-p < 1,
+   FSDP2-sharded models and GPUs keep `model.generate`.
 """
 # ==== imports ====
 import json
@@ -290,11 +290,14 @@ class HFGenerator:
 
 def lean_decode_applies(model) -> bool:
     """True for the models `lean_decode` is held to HF generate on (tests/test_generate.py): a Qwen2 causal LM,
-    the toy policy's architecture, with sdpa attention and no sliding window."""
+    the toy policy's architecture, with sdpa attention and no sliding window, unsharded (an FSDP2 model's weights
+    are DTensors that only its own forward gathers, so it keeps `model.generate`)."""
+    from torch.distributed.fsdp import FSDPModule
+
     config = getattr(model, "config", None)
     return (getattr(config, "model_type", None) == "qwen2" and getattr(config, "_attn_implementation", None) == "sdpa"
             and not getattr(config, "use_sliding_window", False) and hasattr(model, "model")
-            and hasattr(model.model, "layers"))
+            and hasattr(model.model, "layers") and not isinstance(model, FSDPModule))
 
 
 @torch.no_grad()
