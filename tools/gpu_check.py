@@ -19,6 +19,7 @@ import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 
 import torch
@@ -208,16 +209,21 @@ def corun(device: str, tiny: bool, repeats: int = 2, timeout: float = 300) -> di
     env = {**os.environ, "PYTHONPATH": ROOT}
     if device == "cpu":
         env["OMP_NUM_THREADS"] = "1"
+    errs = {role: tempfile.TemporaryFile("w+") for role in ("decode", "update")}   # a file: a full pipe would block
     procs = {role: subprocess.Popen([sys.executable, "-m", "tools.gpu_check", "serve", role, "--device", device]
                                     + (["--tiny"] if tiny else []), cwd=ROOT, env=env, text=True,
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errs[role])
              for role in ("decode", "update")}
     deadline = time.time() + timeout
 
     def read(role):
         line = procs[role].stdout.readline()
         if not line or time.time() > deadline:
-            raise RuntimeError(f"co-run: the {role} worker ended or stalled (exit {procs[role].poll()})")
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                procs[role].wait(timeout=10)            # an ended worker: its exit code and its last words
+            errs[role].seek(0)
+            tail = " | ".join(ln.strip()[:160] for ln in errs[role].read().strip().splitlines()[-2:])
+            raise RuntimeError(f"co-run: the {role} worker ended or stalled (exit {procs[role].poll()}): {tail}")
         return line.split(" ", 1)
 
     def go(*roles):
@@ -248,6 +254,8 @@ def corun(device: str, tiny: bool, repeats: int = 2, timeout: float = 300) -> di
                 p.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 p.kill()
+        for f in errs.values():
+            f.close()
     t_dec, t_upd = alone["decode"], alone["update"]
     return dict(part="co-run", device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
                 mps=mps_running(), decode_seconds=round(t_dec, 4), update_seconds=round(t_upd, 4),
