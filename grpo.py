@@ -10,7 +10,7 @@ A_i its advantage, π = exp(logp), ε = clip_eps, γ = shaping_gamma:
     policy tokens       ρ = exp(logp − old_logp),  ℓ = −min(ρ A, clip(ρ, 1 − ε, 1 + ε) A)      PPO clip
     refiner tokens      ℓ = −f(π) A,  f(π) = π / (π + γ)       LUFFY policy shaping (behaviour prob 1, no clip)
       ... unit credit   ℓ = −A · logp                          offpolicy_credit="unit": as if sampled
-    sampler mismatch    ℓ ← min(exp(old_logp − sampler_logp), C) · ℓ    on policy tokens (vLLM rollouts)
+    sampler mismatch    ℓ ← w·ℓ,  w = min(exp(old_logp − sampler_logp), C)   TIS, policy tokens (vLLM rollouts)
     KL, entropy         k3 = exp(r) − r − 1, r = ref_logp − logp;   H = −Σ_v π_v log π_v
     loss                L = (1/Z) Σ_i Σ_{t in response_i} [ℓ_it + kl_coef·k3_it − entropy_coef·H_it],
                         Z = N × max_new_tokens ("constant", Dr. GRPO) or the response tokens ("token-mean")
@@ -119,6 +119,21 @@ def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
     return torch.exp(r) - r - 1.0  # (N, L)
 
 
+def truncated_is_weight(old_logp: Tensor, batch: dict, cap: float) -> Tensor | None:
+    """Truncated importance sampling (TIS) against the sampler → w (N, L), detached, or None (cap 0: off; no
+    sampler log-probs: HF generate returns none). vLLM draws the policy's tokens with its own kernels, so its
+    π_sampler is not quite the trainer's π_old: each policy token whose sampler log-prob is known (batch's
+    "sampler_mask", laid out by trainer.sampler_rows) is weighted w = min(π_old / π_sampler, C)
+    = min(exp(old_logp − sampler_logp), C); every other position gets 1."""
+    if cap <= 0 or "sampler_logp" not in batch:
+        return None
+    if cap < 1:
+        raise ValueError(f"truncated_is_weight: cap must be >= 1 (a cap below 1 scales every token down), got {cap}")
+    known = batch["sampler_mask"].bool() & batch["response_mask"].bool() & ~batch["offpolicy_mask"].bool()  # (N, L)
+    log_ratio = old_logp.detach() - batch["sampler_logp"].to(old_logp.dtype)  # (N, L)
+    return torch.clamp(torch.where(known, log_ratio, torch.zeros_like(log_ratio)).exp(), max=cap)  # (N, L)
+
+
 def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> float:
     """Z of the batch one optimizer step trains on (in `update`: its mini-batch, every micro-batch of it):
     N × max_new_tokens ("constant") or the response-token count ("token-mean", ≥ 1)."""
@@ -175,26 +190,33 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
 # ---------------------------------------------------------------------------------------------------
 def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, updates_per_batch: int = 1,
            clip_eps=0.2, shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
-           offpolicy_credit="shaped", amp=contextlib.nullcontext, max_grad_norm=1.0, **engine) -> dict:
+           offpolicy_credit="shaped", tis_cap=0.0, temperature=1.0, max_grad_norm=1.0, amp=contextlib.nullcontext,
+           **engine) -> dict:
     """k = `updates_per_batch` optimizer steps on one rollout batch, one per mini-batch of whole `groups` (each
-    row's group), in order. π_old: batch["old_logp"], else (k > 1) one no-grad pass first, else each forward's own,
-    detached (ρ = 1: the clip cannot bind). Each micro-batch's loss is ÷ its mini-batch's Z, so the accumulated
-    gradient is the mini-batch's. `engine`, `amp` and the metrics (means over the k steps): harness/trainer.py."""
+    row's group), in order; the first steps before any weight moved, so its π_old is its own forward (ρ = 1,
+    batch["old_logp"] unread there). Log-probs are of π at the rollout `temperature` (softmax(logits / T)); the
+    gradient is clipped to `max_grad_norm` (the paper's 1.0). Each micro-batch's loss is ÷ its mini-batch's Z, so
+    the accumulated gradient is the mini-batch's. `engine`, `amp` and the metrics (means over the k steps):
+    harness/trainer.py."""
     stats = []
-    minis = trainer.mini_batches(model, batch, groups, updates_per_batch, logprobs_and_entropy, amp=amp, **engine)
-    for mini in minis:  # with k > 1 after π_old's no-grad pass
+    minis = trainer.mini_batches(model, batch, groups, updates_per_batch, logprobs_and_entropy, amp=amp,
+                                 temperature=temperature, **engine)  # k > 1: π_old's no-grad pass on 2..k first
+    for mini in minis:
         step = trainer.Step(model, optimizer, mini, loss_normaliser(mini["response_mask"], loss_agg, max_new_tokens),
-                            logprobs_fn=logprobs_and_entropy, kl_coef=kl_coef, **engine)
+                            logprobs_fn=logprobs_and_entropy, kl_coef=kl_coef, tis_cap=tis_cap,
+                            temperature=temperature, **engine)
         for part in step.micro_batches():  # length-sorted; DDP exchanges gradients after the last one
             # BEGIN SOLUTION update
             with amp():  # around the forward and the loss only
                 logp, entropy = step.forward(part, entropy_grad=entropy_coef != 0)  # (n, L) each
-                old_logp = part.get("old_logp", logp.detach())  # no π_old pass (one step per batch): ρ = 1
+                # π_old: the batch's (a pass before any weight moved: the engine's or mini_batches'), else ρ = 1
+                old_logp = part.get("old_logp", logp.detach())
+                is_weight = truncated_is_weight(old_logp, part, tis_cap)  # (n, L) TIS vs vLLM's sampler, or None
                 loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"],
                                           part["offpolicy_mask"], z=step.z, clip_eps=clip_eps, kl_coef=kl_coef,
                                           shaping_gamma=shaping_gamma, offpolicy_credit=offpolicy_credit,
                                           ref_logp=step.reference_logprobs(part), entropy=entropy,
-                                          entropy_coef=entropy_coef, is_weight=step.sampler_weight(part, old_logp))
+                                          entropy_coef=entropy_coef, is_weight=is_weight)
             # END SOLUTION
             step.backward(loss, terms)  # ÷ the mini-batch's Z: its full gradient
         if step.clip_gradients(max_grad_norm):  # False: a non-finite loss or gradient norm, on any rank

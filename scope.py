@@ -29,20 +29,21 @@ MODES = ("scope", "grpo", "replace", "prm-reward")
 def main(args: "Args | dict") -> dict:
     args = config.as_args(Args, args)   # a dict: {flag name: value}, checked and resolved as typed flags
     run = wiring.start(args, paper())   # pre-flight (a refusal is one line, exit 2), run folder, models, logs
+    run.eval_before_training()   # a new run with --eval-every: step 0's accuracy, the "before" of the summary
     for step, problems, mine in run.steps():   # B problems drawn from (seed, step); `mine`: this rank's groups
         # ---------------------------------------------- 1. rollout: G samples per prompt, token ids kept
-        trajs = run.rollout(problems, mine)
+        trajs = run.rollout(problems, mine)   # with --overlap-old-logp it also starts π_old's pass over them
         # ---------------------------------------------- 2. grade: outcome reward 1/0 from the final \boxed{}
         for t, correct in zip(trajs, [grade(t.text, t.answer) for t in trajs]):
             t.correct, t.reward = correct, float(correct)
         # ---------------------------------------------- 3. PRM: score the failures' steps, find each first error
-        with run.phase("prm"):
+        with run.prm_phase():   # --mode prm-reward also adds the PRM's score to each reward here
             locate_first_errors(trajs, run.prm, run.tokenizer, args.tau, args.mode, args.prm_reward_coef)
         # ---------------------------------------------- 4. select the most promising failure of each group
         picks = select_failures(trajs, mine, args.mode, args.rectify_groups, args.select_tiebreak)
         # ---------------------------------------------- 5. rectify: keep the prefix ids, a refiner writes the rest
         merged, traces = trajs, []   # also what a refiner that stopped answering leaves (a warning, no repair)
-        with run.phase("refine", picks) as seed:   # seed: from (seed, step) and the picks' global index
+        with run.refine_phase(picks) as seed:   # seed: from (seed, step) and the picks' global index
             merged, traces = rectify(trajs, picks, run.refiner, run.tokenizer, attempts=args.refine_attempts,
                                      merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=seed)
         # ---------------------------------------------- 6. advantages over each merged group: A = r − mean(r)
@@ -50,14 +51,18 @@ def main(args: "Args | dict") -> dict:
         advantages = group_advantages([t.reward for t in merged], groups=groups, scale_std=args.adv_std)
         advantages = zero_repair_advantages(merged, advantages) if args.repair_advantage == "zero" else advantages
         # ---------------------------------------------- 7. update: --updates-per-batch optimizer steps
-        with run.phase("update"):
-            batch = build_batch([t.prompt_ids for t in merged], [t.response_ids for t in merged],
-                                [t.offpolicy_mask for t in merged], advantages, run.pad_id)
-            batch = repair_credit_only(batch, merged, args.repair_credit)   # "all" unless a credit-split control
-            stats = update(run.model, run.optimizer, run.on_device(batch, merged), groups, **run.update_engine(),
+        batch = build_batch([t.prompt_ids for t in merged], [t.response_ids for t in merged],
+                            [t.offpolicy_mask for t in merged], advantages, run.pad_id)
+        batch = repair_credit_only(batch, merged, args.repair_credit)   # "all" unless a credit-split control
+        batch = run.with_sampler_logprobs(batch, merged)   # + vLLM's log-probs of the rollout tokens, for TIS
+        batch = run.with_old_logprobs(batch, merged)   # + π_old from the pass the rollout started, if any
+        with run.update_phase():   # the policy in train mode (vLLM asleep, FSDP2 resharded): no data changed
+            stats = update(run.model, run.optimizer, run.on_device(batch), groups, clip_eps=args.clip_eps,
                            updates_per_batch=args.updates_per_batch, offpolicy_credit=args.offpolicy_credit,
-                           clip_eps=args.clip_eps, loss_agg=args.loss_agg, max_new_tokens=args.max_new_tokens,
-                           kl_coef=args.kl_coef, shaping_gamma=args.shaping_gamma, entropy_coef=args.entropy_coef)
+                           loss_agg=args.loss_agg, max_new_tokens=args.max_new_tokens, shaping_gamma=args.shaping_gamma,
+                           kl_coef=args.kl_coef, ref_model=run.ref_model, entropy_coef=args.entropy_coef,
+                           tis_cap=args.tis_cap, temperature=args.temperature, max_grad_norm=args.max_grad_norm,
+                           **run.update_engine())   # micro-batches, chunks, autocast, torchrun: the loss unchanged
         # ---------------------------------------------- 8. sync: push the new weights into the rollout engine
         run.push_weights()
         # ---------------------------------------------- 9. log, periodic eval, checkpoint

@@ -38,7 +38,7 @@ docs/vllm.md. Implementation notes:
    generate is used only where that is safe (the CPU, or a GPU whose free memory holds the refiner by the
    memory plan: harness/preflight.check_refiner_fallback), otherwise the run stops naming the flags that fit.
 7. In-process vLLM also returns the log-probability of each sampled token (`Completion.logprobs`,
-   `logprobs=0`: of the distribution that drew it), for trainer.truncated_is_weight; HF generate (the sampler
+   `logprobs=0`: of the distribution that drew it), for grpo.truncated_is_weight; HF generate (the sampler
    is the trained model) and the served refiner (its tokens are off-policy) return None.
 8. vLLM 0.33 on CUDA runs Model Runner V2, which caps a request at 1,024 allowed ids and 1,024 logit-bias entries:
    the embedding rows beyond the tokenizer are banned with `logit_bias` (`surplus_ban`), never listed as allowed.

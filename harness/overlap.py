@@ -8,7 +8,7 @@ between the rollout and the update, so that pass can run while the PRM scores an
 prefix of one rollout's tokens (a repair keeps the prefix ids and the refiner's tokens follow them), and a causal
 LM's log-prob at position t depends on the tokens up to t only, so each position where the loss reads π_old takes
 the value of the rollout that shares the row's tokens up to there. The refiner's tokens get 0: the loss never
-reads π_old there (grpo.clipped_surrogate and trainer.Step.sampler_weight mask them out; tests/test_overlap.py).
+reads π_old there (grpo.clipped_surrogate and grpo.truncated_is_weight mask them out; tests/test_overlap.py).
 
 It saves time only when the GPU runs both streams' kernels at once: the PRM and the refiner on their own `vllm
 serve` need CUDA MPS (`nvidia-cuda-mps-control -d`) for that; in this process they share the GPU by streams.

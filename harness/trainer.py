@@ -3,8 +3,7 @@
 `Step` runs what surrounds the loss: length-sorted micro-batches (under torchrun padded with zero-weight ones,
 so every rank runs the same forwards), one gradient exchange per step, the whole batch's Z over the ranks,
 the forward pass in chunks of float32 log-softmax at the rollout temperature, the KL reference's log-probs,
-the truncated importance weight against vLLM's sampler, the gradient norm of DTensor shards, the non-finite
-skip and the metrics. Below it: π_old's no-grad pass and the mini-batches of several steps per rollout batch.
+the gradient norm of DTensor shards, the non-finite skip and the metrics. Below it: π_old's no-grad pass and the mini-batches of several steps per rollout batch.
 The per-token log-prob function (grpo.logprobs_and_entropy) is passed in: harness/ imports nothing above it.
 Choices and reasons: docs/choices.md, row "7 update"; memory: docs/memory.md.
 """
@@ -37,7 +36,7 @@ class Step:
         if dist is not None:   # Z of the global batch; ÷ world: the ranks' gradients are averaged, not summed
             self.z = dist.sum(z) / dist.world
             self.n_micro = int(dist.max(self.n_micro))   # the same count on every rank: FSDP all-gathers in each
-        self.loss_total, self.parts, self.is_mask = 0.0, [], None
+        self.loss_total, self.parts = 0.0, []
         optimizer.zero_grad(set_to_none=True)
 
     def micro_batches(self):
@@ -47,10 +46,10 @@ class Step:
         micro-batch (`no_sync` on the others); FSDP2 reduce-scatters every micro-batch's gradients into its shards;
         one process holds nothing."""
         for self.i in range(self.n_micro):
-            part, self.keep, self.padding = micro_batch(self.batch, self.plan, self.i, self.extents, self.device)
+            self.part, self.keep, self.padding = micro_batch(self.batch, self.plan, self.i, self.extents, self.device)
             last = self.i == self.n_micro - 1
             with contextlib.nullcontext() if self.dist is None or last else self.dist.no_sync(self.model):
-                yield part
+                yield self.part
 
     def forward(self, part: dict, entropy_grad: bool) -> tuple[Tensor, Tensor]:
         """(logp, entropy) of this micro-batch, both (n, L), with gradients through logp."""
@@ -65,21 +64,14 @@ class Step:
         return token_logprobs(self.ref_model, part["input_ids"], part["attention_mask"], part["response_mask"],
                               self.mb, self.chunk_tokens, self.temperature, logprobs_fn=self.logprobs_fn)[0]
 
-    def sampler_weight(self, part: dict, old_logp: Tensor) -> Tensor | None:
-        """The truncated importance weight (n, L) of the policy's own tokens whose sampler log-prob is known
-        (vLLM rollouts; `truncated_is_weight`); None with tis_cap 0 or no sampler log-probs."""
-        self.is_mask = None
-        if self.tis_cap <= 0 or "sampler_logp" not in part:
-            return None
-        self.is_mask = part["sampler_mask"].bool() & part["response_mask"].bool() & ~part["offpolicy_mask"].bool()
-        return truncated_is_weight(old_logp, part["sampler_logp"], self.is_mask, self.tis_cap)   # (n, L)
-
     def backward(self, loss: Tensor, terms: dict) -> None:
         """The micro-batch's backward pass (a padding one with weight 0) and its share of the metrics."""
         (loss * 0.0 if self.padding else loss).backward()
         if not self.padding:
             self.loss_total += float(loss.detach())
-            extra = {} if self.is_mask is None else {"is_mask": self.is_mask, "is_cap": float(self.tis_cap)}
+            extra = {}   # TIS: the policy tokens that carry a weight, and the cap, for the metrics
+            if terms.get("is_weight") is not None:
+                extra = {"is_mask": self.part["sampler_mask"].bool() & terms["on"], "is_cap": float(self.tis_cap)}
             self.parts.append({**terms, **extra})
 
     def clip_gradients(self, max_grad_norm) -> bool:
@@ -258,20 +250,8 @@ def tempered(logits: Tensor, targets: Tensor, logprobs_fn, entropy_grad: bool, t
 
 
 # ---------------------------------------------------------------------------------------------------
-# Importance weights, metrics, micro-batches, shape checks
+# Metrics, micro-batches, shape checks
 # ---------------------------------------------------------------------------------------------------
-def truncated_is_weight(train_logp: Tensor, sampler_logp: Tensor, mask: Tensor, cap: float) -> Tensor:
-    """Truncated importance weight of each token for the sampler / trainer mismatch (docs/choices.md):
-    w = min(π_train / π_sampler, C) = min(exp(train_logp − sampler_logp), C), detached; 1 where `mask` is 0.
-
-    train_logp, sampler_logp, mask: (N, L); cap C >= 1. The log-ratio is zeroed off the mask before exp."""
-    if cap < 1:
-        raise ValueError(f"truncated_is_weight: cap must be >= 1 (a cap below 1 scales every token down), got {cap}")
-    mask = mask.bool()  # (N, L)
-    log_ratio = torch.where(mask, train_logp.detach() - sampler_logp.to(train_logp.dtype), torch.zeros_like(train_logp))
-    return torch.clamp(torch.exp(log_ratio), max=cap)  # (N, L) truncated IS weight
-
-
 def loss_metrics(terms: dict) -> dict:
     """Python-float metrics of `policy_loss`'s terms (one batch, or micro-batches joined by `join_terms`):
     clip fraction and mean ratio over the policy's tokens, mean f(π) over the refiner's, the refiner's share

@@ -3,8 +3,10 @@ of each step, the logs, the closing summary. Nothing here is SCOPE; it lets scop
 
 `start(args, paper)` runs the pre-flight (every refusal one line, exit 2, before anything loads), opens the run
 folder (lock, resume, config.json) and loads the policy, its rollout engine, the PRM and the refiner, returning a
-`Run`: `run.steps()`, `run.rollout`, `run.phase(name)` (timers, PRM offload, the toy reseed, autocast, vLLM sleep),
-`run.push_weights()`, `run.end_step(...)` (gather, metrics, eval, log, checkpoint), `run.finish()`. `paper` holds
+`Run`, whose verbs scope.main calls in order: `eval_before_training`, `steps`, `rollout`, `prm_phase`,
+`refine_phase`, `with_sampler_logprobs`, `with_old_logprobs`, `update_phase`, `push_weights`, `end_step` (gather,
+metrics, eval, log, checkpoint), `finish`; each docstring says what it adds to the step's data, or that it changes
+none (timers, PRM offload, autocast, vLLM sleep). `paper` holds
 the pieces of the five top-level files the engine builds and calls (this package imports none of them). Under
 torchrun (harness/dist.py) every rank runs the loop; rank 0 alone writes and prints. `calm_interrupt(args)` turns
 Ctrl-C or SIGTERM into one line naming the last checkpoint and the command that resumes it.
@@ -415,12 +417,10 @@ class Run:
 
     def steps(self):
         """(step, the step's B problems, this rank's groups) for each step still to run, with a progress bar on a
-        terminal; first the evaluation before training (step 0) of a new run. Each step's torch seed and its
+        terminal. Each step's torch seed and its
         problems (drawn with replacement only when there are fewer than B) derive from (seed, step) alone."""
         a = self.args
         B, mine = a.prompts_per_step, self.dist.groups(a.prompts_per_step)   # this rank's whole groups of the B
-        if self.start_step == 1 and a.eval_every:
-            self.eval_before_training()   # step 0 of metrics.jsonl: the "before" of the closing summary
         self.clock = progress.StepClock(self.start_step, a.steps)   # k/N and ETA, from here: not the eval before
         for step in tqdm(range(self.start_step, a.steps + 1), initial=self.start_step - 1, total=a.steps,
                          desc="steps", disable=not sys.stderr.isatty() or not self.dist.main):
@@ -440,23 +440,56 @@ class Run:
         return seed_for(self.args.seed, self.step, phase) + offset
 
     @contextlib.contextmanager
-    def phase(self, name: str, items: list | None = None):
-        """Time the block as time_<name>. "prm": the PRM on the GPU (--prm-offload) and the toy PRM's noise
-        reseeded from (seed, step). "refine": autocast around an HF refiner; yields the phase's seed (`seed`);
-        a served refiner that stops answering (GeneratorUnavailable) ends the block with a warning and the
-        step goes on without repairs. "update": the π_old pass of --overlap-old-logp finished, vLLM asleep (--rollout-sleep: its weights and KV cache freed),
-        FSDP2's gathered weights dropped, the policy in train mode for the block."""
+    def timed(self, name: str):
+        """Time the block as time_<name>; on a GPU also its peak memory, against the plan (harness/phase_memory.py)."""
         t0 = time.time()
-        with phase_memory.phase(name):   # on a GPU: the phase's peak memory, against the plan (harness/phase_memory.py)
-            yield from _phase_steps(self, name, items)
+        with phase_memory.phase(name):
+            yield
         self.times[name] = time.time() - t0
+
+    @contextlib.contextmanager
+    def prm_phase(self):
+        """Step 3's block (time_prm). Changes no data: the PRM sits on the GPU inside it (--prm-offload: in CPU
+        memory outside it), and the toy PRM's noise is reseeded from (seed, step)."""
+        with self.timed("prm"), self.prm_on_device():
+            if self.args.toy and self.prm:
+                self.prm.reseed(self.seed("prm"))
+            yield
+
+    @contextlib.contextmanager
+    def refine_phase(self, picks: list):
+        """Step 5's block (time_refine); yields the refiner's seed, from (seed, step) and the picks' global index
+        (vLLM: pick i takes seed + i·attempts); autocast around an HF refiner. A served refiner that stops
+        answering (GeneratorUnavailable) ends the block with a warning: the step trains on its rollouts unrepaired."""
+        with self.timed("refine"):
+            seed = self.seed("refine", picks, per_item=self.args.refine_attempts)
+            try:
+                with self.amp_for(getattr(self.refiner, "generator", None)):
+                    yield seed
+            except GeneratorUnavailable as err:
+                tqdm.write(f"warning: the refiner did not answer, no rectification this step: {err}")
+                self.unavailable = True
+
+    @contextlib.contextmanager
+    def update_phase(self):
+        """Step 7's block (time_update). Changes no data: vLLM asleep (--rollout-sleep: its weights and KV cache
+        freed), FSDP2's gathered weights dropped, the policy in train mode inside it."""
+        with self.timed("update"):
+            if self.old_logp is not None:   # --overlap-old-logp: its pass ends before the policy leaves eval mode
+                self.old_logp.result()
+            if self.use_vllm and self.args.rollout_sleep:
+                self.generator.sleep()   # sync_weights wakes the weights, the next rollout the KV cache
+            dist.reshard(self.policy)
+            self.policy.train()
+            yield
+            self.policy.eval()
 
     def rollout(self, problems: list[dict], groups: range) -> list:
         """Step 1: G samples per prompt of `groups` at the rollout temperature, one batched call, kept as token
         ids (paper.trajectory each). vLLM seeds prompt i with seed + i·G, so a rank samples its slice alone; HF
         generate draws one stream for the whole call, so each rank samples all B prompts and keeps its groups.
         With --overlap-old-logp, π_old of the rows starts here on a worker thread (harness/overlap.py)."""
-        with self.phase("rollout"):
+        with self.timed("rollout"):
             a = self.args
             todo = groups if self.use_vllm else range(len(problems))
             prompts = [format_prompt(self.tokenizer, problems[b]["question"], a.system_prompt or None) for b in todo]
@@ -483,37 +516,43 @@ class Run:
     def pad_id(self) -> int:
         return pad_or_eos(self.tokenizer)
 
-    def on_device(self, batch: dict, trajs: list) -> dict:
-        """The update's batch (grpo.build_batch of `trajs`) on the device, with what the engine adds: vLLM's
-        sampler log-probs for the truncated importance weight (--tis-cap > 0; HF generate returns none) and, with
-        --overlap-old-logp, the π_old that the pass started by `rollout` computed (harness/overlap.py; its time is
-        logged as time_old_logp), so the update skips its own."""
-        if self.args.tis_cap > 0 and any(t.sampler_logp for t in trajs):
-            batch = {**batch, **trainer.sampler_rows([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                                                     [t.sampler_logp for t in trajs], batch["input_ids"].shape[1])}
-        if self.old_logp is not None:
-            pending, self.old_logp = self.old_logp, None
-            old = pending.for_batch(batch, overlap.later_rows([t.group for t in trajs], self.args.updates_per_batch))
-            self.times["old_logp"] = pending.seconds
-            if old is None:   # no rollout holds some row's policy tokens: the update computes π_old itself
-                tqdm.write("warning: a row's policy tokens are no rollout's prefix; π_old computed in the update")
-            else:
-                batch = {**batch, "old_logp": old}
+    def with_sampler_logprobs(self, batch: dict, trajs: list) -> dict:
+        """The batch plus "sampler_logp" and "sampler_mask" (N, L): vLLM's log-prob of each rollout token (a repair:
+        of its kept prefix), read by grpo.truncated_is_weight. The batch as it is with --tis-cap 0 or HF generate
+        (it returns none)."""
+        if self.args.tis_cap <= 0 or not any(t.sampler_logp for t in trajs):
+            return batch
+        return {**batch, **trainer.sampler_rows([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
+                                                [t.sampler_logp for t in trajs], batch["input_ids"].shape[1])}
+
+    def with_old_logprobs(self, batch: dict, trajs: list) -> dict:
+        """The batch plus "old_logp" (N, L): π_old of mini-batches 2..k's rows, from the pass `rollout` started
+        (--overlap-old-logp; its time is time_old_logp), so grpo.update skips its own. The batch as it is without
+        that pass, or when some row's policy tokens are no rollout's prefix (a warning)."""
+        if self.old_logp is None:
+            return batch
+        pending, self.old_logp = self.old_logp, None
+        old = pending.for_batch(batch, overlap.later_rows([t.group for t in trajs], self.args.updates_per_batch))
+        self.times["old_logp"] = pending.seconds
+        if old is None:
+            tqdm.write("warning: a row's policy tokens are no rollout's prefix; π_old computed in the update")
+            return batch
+        return {**batch, "old_logp": old}
+
+    def on_device(self, batch: dict) -> dict:
         return {k: v.to(self.device) for k, v in batch.items()}
 
     def update_engine(self) -> dict:
-        """grpo.update's engine settings: micro-batches, the gradient clip (--max-grad-norm), the log-softmax chunk,
-        bf16 autocast around each forward (update_amp), the KL reference, the truncated importance weight's cap,
-        the rollout temperature (log-probs of the distribution the rollouts came from), torchrun."""
+        """How the engine runs grpo.update, none of it changing the loss: micro-batches, the log-softmax chunk,
+        bf16 autocast around each forward (update_amp), torchrun's gradient exchange."""
         a = self.args
-        return dict(micro_batch_size=a.micro_batch_size, max_grad_norm=a.max_grad_norm, chunk_tokens=a.logprob_chunk,
-                    amp=self.update_amp, ref_model=self.ref_model, tis_cap=a.tis_cap, temperature=a.temperature,
+        return dict(micro_batch_size=a.micro_batch_size, chunk_tokens=a.logprob_chunk, amp=self.update_amp,
                     dist=self.dist if self.dist.world > 1 else None)
 
     def push_weights(self) -> None:
         """Step 8: the updated weights into the vLLM rollout engine (FSDP2: every rank gathers the full tensors
         for its own engine); nothing with HF generate, which samples from the policy itself."""
-        with self.phase("sync"):
+        with self.timed("sync"):
             if self.use_vllm:
                 self.generator.sync_weights(dist.FullView(self.policy) if self.args.fsdp else self.policy)
 
@@ -562,7 +601,10 @@ class Run:
             self.tracker.log(m)
 
     def eval_before_training(self) -> None:
-        """Step 0: the accuracy before any update, recorded (the closing summary's "before") and printed."""
+        """Step 0 of a new run with --eval-every > 0: the accuracy before any update, recorded in metrics.jsonl
+        (the closing summary's "before") and printed. Nothing on a resume."""
+        if self.start_step != 1 or not self.args.eval_every:
+            return
         acc = self.evaluate()
         if self.dist.main:
             self.record({"step": 0, "mode": self.args.mode, "eval_acc": acc})
@@ -673,34 +715,6 @@ def start(args, paper: Paper) -> Run:
     print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")
     return run
-
-
-def _phase_steps(run, name: str, items: list | None):
-    """The body of `Run.phase` for one phase (a generator: it yields where the block runs)."""
-    if name == "prm":
-        with run.prm_on_device():
-            if run.args.toy and run.prm:
-                run.prm.reseed(run.seed("prm"))
-            yield
-    elif name == "refine":
-        seed = run.seed("refine", items, per_item=run.args.refine_attempts)   # vLLM: pick i takes seed + i·attempts
-        try:
-            with run.amp_for(getattr(run.refiner, "generator", None)):
-                yield seed
-        except GeneratorUnavailable as err:
-            tqdm.write(f"warning: the refiner did not answer, no rectification this step: {err}")
-            run.unavailable = True
-    elif name == "update":
-        if run.old_logp is not None:   # --overlap-old-logp: its pass ends before the policy leaves eval mode
-            run.old_logp.result()
-        if run.use_vllm and run.args.rollout_sleep:
-            run.generator.sleep()   # sync_weights wakes the weights, the next rollout the KV cache
-        dist.reshard(run.policy)   # FSDP2: drop the full weights a generation left gathered
-        run.policy.train()
-        yield
-        run.policy.eval()
-    else:
-        yield
 
 
 def step_metrics(step: int, args, rollouts: list, trained: list, traces: list[dict], stats: dict, times: dict,

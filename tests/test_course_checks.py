@@ -299,9 +299,10 @@ def test_repair_keeps_the_prefix_ids_and_survives_a_stopped_refiner():
     assert fixed.offpolicy_mask == [0] * 18 + [1] * n_suffix
     trajs, prm, args = step_world(tok)   # scope.main's step 5 with a refiner that stopped answering
     run = types.SimpleNamespace(args=args, refiner=FakeRefiner(down=True), times={}, unavailable=False,
-                                seed=lambda phase, items=None, per_item=1: 0, amp_for=lambda generator: contextlib.nullcontext())
+                                seed=lambda phase, items=None, per_item=1: 0, amp_for=lambda generator: contextlib.nullcontext(),
+                                timed=lambda name: contextlib.nullcontext())
     merged, traces = trajs, []
-    with wiring.Run.phase(run, "refine", [(0, 18)]) as seed:
+    with wiring.Run.refine_phase(run, [(0, 18)]) as seed:
         merged, traces = rectify(trajs, [(0, 18)], run.refiner, tok, attempts=1, merge="replace", max_new_tokens=400,
                                  grade_fn=grade, seed=seed)
     assert run.unavailable and traces == [] and merged is trajs, "a stopped refiner: the step goes on with the rollouts"

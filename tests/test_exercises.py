@@ -601,8 +601,8 @@ WRONG = {
     "tis_weight_ignored": (("policy_loss",), [("grpo.py", "        on_loss = on_loss * torch.where(on, is_weight.detach(), "
                                                           "torch.ones_like(on_loss))", "        pass")],
                            ["tests/test_grpo.py::test_policy_loss_with_is_weight_by_hand"]),
-    "sampler_weight_dropped": (("update",), [("grpo.py", "is_weight=step.sampler_weight(part, old_logp))",
-                                              "is_weight=None)")],
+    "sampler_weight_dropped": (("update",), [("grpo.py", "is_weight = truncated_is_weight(old_logp, part, tis_cap)",
+                                              "is_weight = None")],
                                ["tests/test_grpo.py::test_update_weights_policy_tokens_by_the_truncated_ratio"]),
     "all_fail_rule_ignored": (("scope_step",), [("prm.py", 'if not idx or (rectify_groups == "all-fail" and any('
                                                            't.correct for t in trajs if t.group == b)):',
@@ -921,11 +921,11 @@ UPDATE_FILL = '''\
 with amp():
     logp, entropy = step.forward(part, entropy_grad=entropy_coef != 0)
     old_logp = part.get("old_logp", logp.detach())
+    is_weight = truncated_is_weight(old_logp, part, tis_cap)
     loss, terms = policy_loss(logp, old_logp, part["advantages"], part["response_mask"], part["offpolicy_mask"],
                               clip_eps=clip_eps, shaping_gamma=shaping_gamma, z=step.z,
                               ref_logp=step.reference_logprobs(part), kl_coef=kl_coef, entropy=entropy,
-                              entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit,
-                              is_weight=step.sampler_weight(part, old_logp))
+                              entropy_coef=entropy_coef, offpolicy_credit=offpolicy_credit, is_weight=is_weight)
 '''
 
 

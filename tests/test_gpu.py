@@ -760,7 +760,7 @@ def test_each_phase_peak_goes_to_the_metrics_next_to_the_plan():
     phase_memory.start(rows, cuda)
     try:
         for name, share in (("rollout", 1.05), ("prm", 0.5), ("update", 1.3)):
-            with wiring.Run.phase(run, name):   # the run's own phase timer and its memory record
+            with wiring.Run.timed(run, name):   # the run's own phase timer and its memory record
                 cuda.peak = int(share * plan["update" if name == "update" else "other"] * 2 ** 30)
         record = phase_memory.step_record()
     finally:

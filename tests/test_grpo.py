@@ -12,9 +12,9 @@ from torch.testing import assert_close
 
 from conftest import make_char_tokenizer, make_tiny_causal_lm
 from grpo import (build_batch, clipped_surrogate, entropy_from_logprobs, group_advantages, logprobs_and_entropy,
-                  loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs, update)
+                  loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs, truncated_is_weight, update)
 from harness.trainer import (chunked_logprobs_and_entropy, length_sorted_micro_batches, loss_metrics, padding_share,
-                             sampler_rows, truncated_is_weight)
+                             sampler_rows)
 
 LN = math.log
 
@@ -504,17 +504,23 @@ def test_update_non_finite_guard(how):
 # truncated importance sampling against the sampler (vLLM)
 # ---------------------------------------------------------------------------------------------------
 def test_truncated_is_weight_by_hand():
-    """w = min(π_train / π_sampler, C), 1 off the mask, detached."""
-    train = torch.tensor([[LN(0.5), LN(0.2), LN(0.9), LN(0.7)]], requires_grad=True)
-    sampler = torch.tensor([[LN(0.25), LN(0.4), LN(0.3), LN(0.1)]])
-    w = truncated_is_weight(train, sampler, torch.tensor([[1, 1, 1, 0]]), cap=2.5)
-    # 0.5/0.25 = 2 (under the cap), 0.2/0.4 = 0.5, 0.9/0.3 = 3 -> 2.5 (capped), masked -> 1 (7 unmasked)
-    assert_close(w, torch.tensor([[2.0, 0.5, 2.5, 1.0]]))
+    """w = min(π_old / π_sampler, C) on the policy tokens with a known sampler log-prob, 1 elsewhere, detached;
+    None when TIS is off (cap 0) or the batch has no sampler log-probs."""
+    old = torch.tensor([[0.0, LN(0.5), LN(0.2), LN(0.9), LN(0.7), LN(0.6)]], requires_grad=True)
+    sampler = torch.tensor([[9.0, LN(0.25), LN(0.4), LN(0.3), LN(0.1), LN(0.1)]])
+    batch = {"sampler_logp": sampler, "sampler_mask": torch.tensor([[0, 1, 1, 1, 0, 1]]),
+             "response_mask": torch.tensor([[0, 1, 1, 1, 1, 1]]), "offpolicy_mask": torch.tensor([[0, 0, 0, 0, 0, 1]])}
+    w = truncated_is_weight(old, batch, cap=2.5)
+    # prompt -> 1; 0.5/0.25 = 2 (under the cap), 0.2/0.4 = 0.5, 0.9/0.3 = 3 -> 2.5 (capped); unknown sampler
+    # log-prob -> 1 (7 otherwise); refiner token -> 1 (6 otherwise)
+    assert_close(w, torch.tensor([[1.0, 2.0, 0.5, 2.5, 1.0, 1.0]]))
     assert not w.requires_grad
-    sampler[0, 3] = float("inf")  # junk off the mask never reaches the weight
-    assert_close(truncated_is_weight(train, sampler, torch.tensor([[0, 0, 0, 0]]), cap=2.0), torch.ones(1, 4))
+    sampler[0, 4] = float("inf")  # junk where no sampler log-prob is known never reaches the weight
+    assert_close(truncated_is_weight(old, batch, cap=2.5), w)
+    assert truncated_is_weight(old, batch, cap=0.0) is None
+    assert truncated_is_weight(old, {k: v for k, v in batch.items() if k != "sampler_logp"}, cap=2.0) is None
     with pytest.raises(ValueError, match="cap must be >= 1"):
-        truncated_is_weight(train, sampler, torch.ones(1, 4), cap=0.5)
+        truncated_is_weight(old, batch, cap=0.5)
 
 
 def test_policy_loss_with_is_weight_by_hand():

@@ -33,7 +33,7 @@ def traj(prompt, response):
 
 
 def test_the_loss_never_reads_old_logp_on_refiner_tokens():
-    """policy_loss, its gradient, its metrics and the TIS weight (trainer.Step.sampler_weight's mask) are the same
+    """policy_loss, its gradient, its metrics and the TIS weight (grpo.truncated_is_weight) are the same
     whatever π_old holds on refiner tokens and off the response: 0 there is as good as the model's value."""
     torch.manual_seed(0)
     resp = torch.tensor([[0, 1, 1, 1, 1, 0], [0, 0, 1, 1, 1, 1]])
@@ -47,7 +47,8 @@ def test_the_loss_never_reads_old_logp_on_refiner_tokens():
     for old_logp in (old, garbage):
         logp = (old + 0.3 * torch.randn(2, 6, generator=torch.Generator().manual_seed(1))).requires_grad_()
         is_mask = torch.ones_like(resp).bool() & resp.bool() & ~off.bool()
-        weight = trainer.truncated_is_weight(old_logp, sampler, is_mask, 2.0)
+        weight = grpo.truncated_is_weight(old_logp, {"sampler_logp": sampler, "sampler_mask": torch.ones_like(resp),
+                                                     "response_mask": resp, "offpolicy_mask": off}, 2.0)
         loss, terms = grpo.policy_loss(logp, old_logp, adv, resp, off, clip_eps=0.2, max_new_tokens=6,
                                        is_weight=weight)
         loss.backward()

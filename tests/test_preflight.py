@@ -469,10 +469,10 @@ def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
     run = AutocastRun(args, "", "cpu", False, model, SimpleNamespace(pad_token_id=0, eos_token_id=0), None, None,
                       None, None, Recording(model.parameters(), lr=1e-3), [], [], 1, None, None, 0.0, model=model)
     trajs = [Trajectory("q", "1", g, [1, 2, 3], [4 + g, 5, 6], "", reward=float(g % 2)) for g in range(4)]
-    with run.phase("update"):   # as scope.main runs step 7
-        batch = build_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
-                            [t.offpolicy_mask for t in trajs], torch.tensor([0.5, -0.5, 0.5, -0.5]), run.pad_id)
-        stats = update(run.model, run.optimizer, run.on_device(batch, trajs), [t.group for t in trajs],
+    batch = build_batch([t.prompt_ids for t in trajs], [t.response_ids for t in trajs],
+                        [t.offpolicy_mask for t in trajs], torch.tensor([0.5, -0.5, 0.5, -0.5]), run.pad_id)
+    with run.update_phase():   # as scope.main runs step 7
+        stats = update(run.model, run.optimizer, run.on_device(batch), [t.group for t in trajs],
                        **run.update_engine(), updates_per_batch=args.updates_per_batch,
                        max_new_tokens=args.max_new_tokens)
     assert stats["skipped"] == 0.0 and stats["grad_norm"] > 0

@@ -384,7 +384,7 @@ def test_real_layout_prm_equals_vllm_native_step_pooling(tmp_path):
 
 
 def test_vllm_returns_the_sampled_tokens_logprobs_and_they_match_hf(engine, tok, hf_model):
-    """The sampler's log-probs that trainer.truncated_is_weight divides by: vLLM (logprobs=0, processed_logprobs)
+    """The sampler's log-probs that grpo.truncated_is_weight divides by: vLLM (logprobs=0, processed_logprobs)
     returns one per sampled id, and for the same float32 weights at temperature 1 they equal the HF model's
     log-probs of those ids over the tokenizer's ids to 1e-3 (the model has more embedding rows than the tokenizer
     has ids, as Qwen2.5 does, and vLLM's logit_bias bans the surplus rows). The trainer's log-probs

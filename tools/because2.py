@@ -304,10 +304,10 @@ def step1_batch(seed: int, style: str, start_path: str):
     for t in trajs:
         t.correct = grade(t.text, t.answer)
         t.reward = float(t.correct)
-    with run.phase("prm"):
+    with run.prm_phase():
         scope.locate_first_errors(trajs, run.prm, run.tokenizer, args.tau, args.mode, args.prm_reward_coef)
     picks = scope.select_failures(trajs, mine, args.mode, args.rectify_groups, args.select_tiebreak)
-    with run.phase("refine", picks) as seed:
+    with run.refine_phase(picks) as seed:
         merged, traces = scope.rectify(trajs, picks, run.refiner, run.tokenizer, attempts=args.refine_attempts,
                                        merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=seed)
     advantages = scope.group_advantages([t.reward for t in merged], groups=[t.group for t in merged],

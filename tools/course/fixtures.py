@@ -282,7 +282,7 @@ def run_scope_step(m, ctx, c):
                                                      args.select_tiebreak)]
     merged, traces = m.refine.rectify(trajs, picks, FakeRefiner(c["suffixes"]), tok, attempts=args.refine_attempts,
                                       merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=0)
-    unavailable = False   # the engine's (harness/wiring.py Run.phase), not the student's
+    unavailable = False   # the engine's (harness/wiring.py Run.refine_phase), not the student's
     adv = m.grpo.group_advantages([t.reward for t in merged], groups=[t.group for t in merged], scale_std=c["adv_std"])
     merged = [(t.group, t.response_ids, t.offpolicy_mask, t.reward, t.source) for t in merged]
     return {"located": located, "picks": picks, "merged": merged,

@@ -287,16 +287,17 @@ EXERCISES = [
              "batch's z",
              breaks=DIST_GRADIENTS + SCOPE_RUNS,
              expects="inside the given loop, write: logp and entropy of `part` (`step.forward`), old_logp and "
-                     "`loss, terms = policy_loss(…)` with the reference log-probs and the importance weight from "
-                     "`step`; the given code after it reads loss and terms and does the backward pass",
+                     "`loss, terms = policy_loss(…)` with the reference log-probs from `step` and the importance "
+                     "weight from `truncated_is_weight`; the given code after it reads loss and terms and does the "
+                     "backward pass",
              given="the loop over micro-batches and everything `harness/trainer.py`'s `Step` does around it "
                    "(torchrun's zero-weight padding micro-batch, the single gradient exchange, the backward pass, "
                    "the clip, the non-finite skip, the metrics). Optional extension: read harness/dist.py and "
                    "explain why every rank must run the same number of micro-batches under FSDP",
              hints=("`step.forward(part, entropy_grad)` gives (logp, entropy) at the rollouts' temperature.",
                     "Without part['old_logp'] use this forward's own log-probs, detached.",
-                    "`step.reference_logprobs(part)` (None without KL) and `step.sampler_weight(part, old_logp)` "
-                    "(None without vLLM log-probs) are policy_loss's ref_logp and is_weight.",
+                    "`step.reference_logprobs(part)` (None without KL) and `truncated_is_weight(old_logp, part, "
+                    "tis_cap)` (None without vLLM log-probs) are policy_loss's ref_logp and is_weight.",
                     "Each micro-batch's loss is divided by its whole mini-batch's z (`step.z`), so the accumulated "
                     "gradient is the whole mini-batch's.")),
 ]
