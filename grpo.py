@@ -37,7 +37,7 @@ LOSS_AGGS = ("constant", "token-mean")
 
 
 # ---------------------------------------------------------------------------------------------------
-# 6. Advantages
+# 6. Advantages: scope.py's step 6, and the phantom-success control
 # ---------------------------------------------------------------------------------------------------
 def group_advantages(rewards, group_size: int | None = None, scale_std: bool = False, *, groups=None) -> Tensor:
     """Advantages for rewards laid out group by group: (B*G,) → (B*G,).
@@ -75,8 +75,15 @@ def group_advantages(rewards, group_size: int | None = None, scale_std: bool = F
     # END SOLUTION
 
 
+def zero_repair_advantages(trajs: list, advantages: Tensor) -> Tensor:
+    """--repair-advantage zero, the phantom-success control: the accepted repairs already counted in their groups'
+    means; here their own advantage becomes 0, so no gradient flows through their tokens while the group's other
+    rollouts keep the shifted baseline. trajs: refine.Trajectory, a repair's source not "policy"; advantages: (N,)."""
+    return advantages * advantages.new_tensor([t.source == "policy" for t in trajs])   # (N,)
+
+
 # ---------------------------------------------------------------------------------------------------
-# 7. The loss, one term per function
+# 7.1 The loss, one term per function
 # ---------------------------------------------------------------------------------------------------
 def clipped_surrogate(logp: Tensor, old_logp: Tensor, advantages: Tensor, mask: Tensor,
                       clip_eps: float) -> tuple[Tensor, Tensor, Tensor]:
@@ -149,7 +156,7 @@ def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> flo
 
 
 # ---------------------------------------------------------------------------------------------------
-# 7. The loss: the terms composed
+# 7.2 The loss: the terms composed
 # ---------------------------------------------------------------------------------------------------
 def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, clip_eps=0.2,
                 shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, z=None, ref_logp=None, kl_coef=0.0,
@@ -186,7 +193,7 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
 
 
 # ---------------------------------------------------------------------------------------------------
-# 7. The update: k optimizer steps per rollout batch
+# 7.3 The update: k optimizer steps per rollout batch (scope.py's step 7)
 # ---------------------------------------------------------------------------------------------------
 def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, updates_per_batch: int = 1,
            clip_eps=0.2, shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,

@@ -18,7 +18,7 @@ PRM_SYSTEM = "Please reason step by step, and put your final answer within \\box
 
 
 # ---------------------------------------------------------------------------------------------------
-# 1. Lossless step splitting
+# 3.1 Lossless step splitting (scope.py's step 3 works on steps)
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -68,7 +68,7 @@ def split_steps(text: str, *, min_chars: int = 8, max_steps: int = 40) -> list[s
 
 
 # ---------------------------------------------------------------------------------------------------
-# 2. Step -> token spans
+# 3.2 Step -> token spans
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -154,7 +154,7 @@ def _char_reach(tokenizer, ids: list[int], text: str) -> tuple[list[int], list[b
 
 
 # ---------------------------------------------------------------------------------------------------
-# 3. First error, the cut, κ (pure)
+# 3.3 First error, the cut, κ (pure)
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -195,7 +195,7 @@ def keep_ratio(cut: int, n_steps: int) -> float:
 
 
 # ---------------------------------------------------------------------------------------------------
-# 3. Locating the first errors of a batch (step 3 of scope.py)
+# 3.4 Locating the first errors of a batch: scope.py's step 3
 # ---------------------------------------------------------------------------------------------------
 def kept_tokens(spans: list[tuple[int, int]], cut: int, n_tokens: int) -> int:
     """Tokens of a failed response kept before its cut: where step `cut` starts, all n_tokens when the cut lies
@@ -229,7 +229,7 @@ def locate_first_errors(trajs: list, prm, tokenizer, tau: float, mode: str = "sc
 
 
 # ---------------------------------------------------------------------------------------------------
-# 4. The most promising failure of each group (step 4 of scope.py)
+# 4. The most promising failure of each group: scope.py's step 4
 # ---------------------------------------------------------------------------------------------------
 
 
@@ -277,14 +277,18 @@ def select_failures(trajs: list, groups, mode: str = "scope", rectify_groups: st
         j = select_candidate([trajs[i].keep_ratio for i in idx],
                              [mean_score(trajs[i].step_scores[:trajs[i].cut]) for i in idx],
                              [len(trajs[i].response_ids) for i in idx], tiebreak=tiebreak)
-        if j is not None:
-            picks.append((idx[j], 0 if mode == "replace" else trajs[idx[j]].prefix_len))
+        if j is None:
+            continue
+        if mode == "replace":   # Table 3's "replace": the refiner rewrites the whole solution of the same pick
+            picks.append((idx[j], 0))
+        else:                   # SCOPE: keep the policy's own tokens before the first error
+            picks.append((idx[j], trajs[idx[j]].prefix_len))
     return picks
     # END SOLUTION
 
 
 # ---------------------------------------------------------------------------------------------------
-# 5. The process reward model: P(step correct) per step
+# 3.5 The process reward model: P(step correct) per step (step 3 calls its score_batch)
 # ---------------------------------------------------------------------------------------------------
 
 

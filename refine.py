@@ -7,13 +7,19 @@ with an `offpolicy_mask` on the refiner's tokens (LUFFY's prefix_mask, mirrored:
     merged, traces = rectify(trajs, [(index, prefix_len)], refiner, policy_tok, attempts=2, merge="replace",
                              max_new_tokens=1024, grade_fn=grader.grade)
 
-The refiner is the engine's (harness/refiner.py). Tests: tests/test_refine.py. The prefix as text, the splice and
-its EOS, the budgets, the attempts and the merge are open choices (docs/choices.md, rows "5 rectify").
+The refiner continues the kept prefix (`refiner_prompt`); the engine sends that prompt (harness/refiner.py). Tests:
+tests/test_refine.py. The prompt, the prefix as text, the splice and its EOS, the budgets, the attempts and the
+merge are open choices (docs/choices.md, rows "5 rectify").
 """
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from harness.generate import Suffix, turn_end_id
+from harness.generate import turn_end_id
 from harness.refiner import check_picks, trace
+
+REFINE_PROMPTS = ("continue", "hint")
+HINT = ("\n\nA partial solution follows. It is correct up to where it stops, and the next step would contain "
+        "a mistake. Continue it from exactly where it stops, avoid that mistake, and finish the solution.")
 
 
 @dataclass
@@ -47,6 +53,22 @@ class Trajectory:
                              f"entries but response_ids has {len(self.response_ids)}")
 
 
+class Suffix(NamedTuple):
+    """One refiner attempt: its text, and whether the refiner stopped by itself (EOS) rather than at its budget.
+    A refiner's continue_from returns these pairs, [pick][attempt]."""
+    text: str
+    finished: bool
+
+
+def refiner_prompt(question: str, prefix: str, style: str = "continue") -> tuple[str, str]:
+    """The refiner's prompt (--refine-prompt): (the user's turn, the start of the assistant's turn). The refiner
+    CONTINUES the kept prefix: the prefix opens its own answer, so what it writes next is the rest of the same
+    solution. "hint" also says that the next step would be a mistake (only when something is kept)."""
+    if style not in REFINE_PROMPTS:
+        raise ValueError(f"refiner_prompt: style must be one of {REFINE_PROMPTS}, got {style!r}")
+    return (question + HINT if style == "hint" and prefix else question), prefix
+
+
 def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, tokenizer, *, attempts: int = 2,
             merge: str = "replace", max_new_tokens: int, grade_fn, seed: int | None = None,
             ) -> tuple[list[Trajectory], list[dict]]:
@@ -63,8 +85,10 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
     originals = [trajs[index] for index, _ in picks]
     prefixes = [t.response_ids[:prefix_len] for t, (_, prefix_len) in zip(originals, picks)]
     prefix_texts = [tokenizer.decode(p, skip_special_tokens=True) for p in prefixes]   # the refiner reads text
+    # the refiner reads refiner_prompt(question, prefix text) in its own chat template and tokens
     suffixes = refiner.continue_from([t.question for t in originals], prefix_texts, n=attempts,
                                      max_tokens=[max_new_tokens - len(p) for p in prefixes], seed=seed)
+    suffixes = [[Suffix(*s) for s in row] for row in suffixes]   # [pick][attempt]: (text, finished)
     end_id = turn_end_id(tokenizer)  # what ends the assistant turn of the policy's prompt (choice 3)
     accepted: dict[int, Trajectory] = {}  # index of the original -> its repaired trajectory
     traces = []
@@ -129,13 +153,6 @@ def merge_into(trajs: list[Trajectory], accepted: dict[int, Trajectory], merge: 
         if merge == "append" and last_of_group[t.group] == i:
             out.extend(accepted[j] for j in sorted(accepted) if trajs[j].group == t.group)
     return out
-
-
-def zero_repair_advantages(trajs: list[Trajectory], advantages):
-    """--repair-advantage zero, the phantom-success control: the accepted repairs already counted in their groups'
-    means; here their own advantage becomes 0, so no gradient flows through their tokens while the group's other
-    rollouts keep the shifted baseline. advantages: (N,) tensor."""
-    return advantages * advantages.new_tensor([t.source == "policy" for t in trajs])   # (N,)
 
 
 def repair_credit_only(batch: dict, trajs: list[Trajectory], part: str) -> dict:

@@ -16,12 +16,12 @@ from functools import partial
 import eval as evaluation   # `eval` would shadow the builtin
 import prm
 import refine
-from grpo import build_batch, group_advantages, logprobs_and_entropy, update
+from grpo import build_batch, group_advantages, logprobs_and_entropy, update, zero_repair_advantages
 from harness import config, wiring
 from harness.config import arg
 from harness.grader import grade
 from prm import locate_first_errors, select_failures
-from refine import rectify, repair_credit_only, zero_repair_advantages
+from refine import rectify, repair_credit_only
 
 MODES = ("scope", "grpo", "replace", "prm-reward")
 
@@ -73,7 +73,8 @@ def main(args: "Args | dict") -> dict:
 def paper() -> wiring.Paper:
     """What the engine builds and calls from this layer (harness/ imports nothing from the five top-level files)."""
     return wiring.Paper(refine.Trajectory, prm.ProcessRewardModel, evaluation.evaluate,
-                        evaluation.near_miss_at_k, evaluation.discarded_valid_share, logprobs_and_entropy)
+                        evaluation.near_miss_at_k, evaluation.discarded_valid_share, logprobs_and_entropy,
+                        refine.refiner_prompt)
 
 
 @dataclass
@@ -107,8 +108,8 @@ class Args(config.EngineArgs):
     refine_attempts: int = arg(2, "refiner attempts per selected failure (one batched call); first correct wins")
     refiner_max_tokens: int = arg(640, "most new tokens a refiner suffix may take (and at most --max-new-tokens minus "
                                   "the kept prefix); a suffix cut there is graded like any other, and rejected")
-    refine_prompt: str = arg("continue", "refiner prompt: continue the prefix, or hint that a mistake follows",
-                             ("continue", "hint"))
+    refine_prompt: str = arg("continue", "refiner prompt: continue the prefix, or hint that a mistake follows "
+                             "(refine.refiner_prompt)", refine.REFINE_PROMPTS)
     merge: str = arg("replace", "a repaired trajectory replaces the failure, or joins the group",
                      ("replace", "append"))
     prm_reward_coef: float = arg(0.5, "λ of --mode prm-reward: reward = outcome + λ · mean PRM step score")

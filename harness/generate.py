@@ -66,15 +66,6 @@ from transformers import GenerationConfig
 DEFAULT_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
 
 
-@dataclass(frozen=True)
-class Suffix:
-    """One refiner continuation: its text and whether the refiner stopped by itself (EOS) rather than at its
-    token budget (refiner.Refiner and toy.OracleRefiner return them)."""
-
-    text: str
-    finished: bool
-
-
 @dataclass
 class Completion:
     """One sampled continuation of one prompt."""

@@ -1,37 +1,34 @@
-"""refiner.py — the refiner's engine: its prompt and one batched generate call over any generator.
+"""refiner.py — the refiner's engine: one batched generate call over any generator, in the refiner's tokens.
 
-Not the paper's splice (refine.py): `Refiner.continue_from` turns kept prefixes (text) into suffixes
-(`generate.Suffix`), which `refine.rectify` splices onto the policy's own prefix ids. The prompt (continue, or a
-hint that a mistake follows) and the budgets are open choices (docs/choices.md, rows "5 rectify"). Below it,
-rectify's argument checks (`check_picks`) and its log record of each pick (`trace`, traces.jsonl).
+Not the paper's (refine.py): `Refiner.continue_from` sends the prompts refine.py builds (`refine.refiner_prompt`,
+passed in as `prompt`) through the refiner's chat template and tokenizer and returns (text, finished) pairs, which
+`refine.rectify` reads as `refine.Suffix`es and splices onto the policy's own prefix ids. The budgets are open
+choices (docs/choices.md, rows "5 rectify"). Below it, rectify's argument checks (`check_picks`) and its log
+record of each pick (`trace`, traces.jsonl).
 """
-from harness.generate import DEFAULT_SYSTEM, Suffix, format_prompt
-
-HINT = ("\n\nA partial solution follows. It is correct up to where it stops, and the next step would contain "
-        "a mistake. Continue it from exactly where it stops, avoid that mistake, and finish the solution.")
+from harness.generate import DEFAULT_SYSTEM, format_prompt
 
 
 class Refiner:
-    """Continues kept prefixes with any generator (HF / vLLM / OpenAI) and the REFINER's tokenizer."""
+    """Continues kept prefixes with any generator (HF / vLLM / OpenAI) and the REFINER's tokenizer. `prompt`:
+    (question, kept prefix text) → (the user's turn, the start of the assistant's turn), refine.refiner_prompt."""
 
-    def __init__(self, generator, tokenizer, *, prompt_style: str = "continue", temperature: float = 0.7,
-                 top_p: float = 1.0, max_tokens: int | None = None):
-        if prompt_style not in ("continue", "hint"):
-            raise ValueError(f"prompt_style must be 'continue' or 'hint', got {prompt_style!r}")
-        self.generator, self.tokenizer, self.prompt_style = generator, tokenizer, prompt_style
+    def __init__(self, generator, tokenizer, *, prompt, temperature: float = 0.7, top_p: float = 1.0,
+                 max_tokens: int | None = None):
+        self.generator, self.tokenizer, self.prompt = generator, tokenizer, prompt
         self.temperature, self.top_p = temperature, top_p
         self.max_tokens = max_tokens   # --refiner-max-tokens: no suffix decodes past it (None: the item's budget)
 
     def prompt_ids(self, question: str, prefix: str) -> list[int]:
-        """The refiner's prompt: question in its chat template, then the prefix opening the assistant turn."""
-        user = question + HINT if self.prompt_style == "hint" and prefix else question
+        """`prompt`'s user turn in the refiner's chat template, then its assistant start as plain tokens."""
+        user, start = self.prompt(question, prefix)
         ids = format_prompt(self.tokenizer, user, DEFAULT_SYSTEM)
-        return ids + self.tokenizer.encode(prefix, add_special_tokens=False) if prefix else ids
+        return ids + self.tokenizer.encode(start, add_special_tokens=False) if start else ids
 
     def continue_from(self, questions: list[str], prefixes: list[str], *, n: int, max_tokens: list[int] | int,
-                      seed: int | None = None) -> list[list[Suffix]]:
-        """Suffixes [item][attempt]: n continuations of each prefix, one batched generate call. A suffix clipped
-        to its item's budget is not finished (it stopped at the budget, not at EOS)."""
+                      seed: int | None = None) -> list[list[tuple[str, bool]]]:
+        """(text, finished) [item][attempt]: n continuations of each prefix, one batched generate call. A text
+        clipped to its item's budget is not finished (it stopped at the budget, not at EOS)."""
         if len(questions) != len(prefixes):
             raise ValueError(f"continue_from: {len(questions)} questions but {len(prefixes)} prefixes")
         budgets = [max_tokens] * len(questions) if isinstance(max_tokens, int) else list(max_tokens)
@@ -47,8 +44,8 @@ class Refiner:
         outs = self.generator.generate(prompts, n=n, temperature=self.temperature, top_p=self.top_p,
                                        max_tokens=[max(b, 0) for b in budgets] if per_item else max(max(budgets), 0),
                                        seed=seed)
-        return [[Suffix(c.text, c.finished) if len(c.ids) <= b
-                 else Suffix(self.tokenizer.decode(c.ids[:max(b, 0)], skip_special_tokens=True), False)
+        return [[(c.text, c.finished) if len(c.ids) <= b
+                 else (self.tokenizer.decode(c.ids[:max(b, 0)], skip_special_tokens=True), False)
                  for c in row] for row, b in zip(outs, budgets)]
 
 
@@ -73,9 +70,9 @@ def check_picks(trajs: list, picks: list[tuple[int, int]], attempts: int, merge:
         seen.add(index)
 
 
-def trace(t, prefix_len: int, prefix_text: str, tries: list[Suffix], verdicts: list[bool], repaired) -> dict:
+def trace(t, prefix_len: int, prefix_text: str, tries: list, verdicts: list[bool], repaired) -> dict:
     """One pick's trace (traces.jsonl; the viewer of tools/report.py): the PRM facts, the kept text, every
-    attempt with its verdict, and the reward before and after."""
+    attempt (refine.Suffix) with its verdict, and the reward before and after."""
     return {"group": t.group, "question": t.question, "answer": t.answer,
             "mode": "scope" if prefix_len else "replace",
             "steps": t.steps, "scores": t.step_scores, "cut": t.cut,

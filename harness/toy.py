@@ -96,7 +96,6 @@ import time
 
 import torch
 
-from harness.generate import Suffix
 
 VERSION = 3  # bump when a change to this file should invalidate cached warm starts
 EOS = "<|endoftext|>"
@@ -519,8 +518,8 @@ class ToyPRM:
 class OracleRefiner:
     """Writes the remaining steps correctly from the prefix's last value (choice 3), in the style of the
     prefix's last operation step (style 0 without one, choice 10); deterministic.
-    Same continue_from as refiner.Refiner: `generate.Suffix`es (unfinished when cut at max_tokens), in the toy
-    tokenizer's vocabulary.
+    Same continue_from as refiner.Refiner: (text, finished) pairs (unfinished when cut at max_tokens), in the
+    toy tokenizer's vocabulary.
 
     `style` = k (scope.py --toy-refiner-style k) writes every suffix in style k whatever the prefix's style:
     a foreign voice for a policy that never wrote style k (a prefix-keeping repair becomes a mixed text, a
@@ -537,7 +536,7 @@ class OracleRefiner:
         self.style, self.empty_styles = style, empty_styles
 
     def continue_from(self, questions: list[str], prefixes: list[str], *, n: int, max_tokens, seed=None
-                      ) -> list[list[Suffix]]:
+                      ) -> list[list[tuple[str, bool]]]:
         if len(questions) != len(prefixes):
             raise ValueError(f"continue_from: {len(questions)} questions but {len(prefixes)} prefixes")
         if isinstance(max_tokens, int):
@@ -560,7 +559,7 @@ class OracleRefiner:
             # join onto the prefix at a step boundary, adding whatever part of "\n\n" it lacks
             lead = "" if not prefix or prefix.endswith(STEP_SEP) else ("\n" if prefix.endswith("\n") else STEP_SEP)
             full = lead + STEP_SEP.join(steps)
-            suffix = Suffix(full[:max(0, limit)], finished=len(full) <= limit)   # one char = one token
+            suffix = (full[:max(0, limit)], len(full) <= limit)   # one char = one token
             out.append([suffix] * n)
         return out
 

@@ -13,6 +13,7 @@ Ctrl-C or SIGTERM into one line naming the last checkpoint and the command that 
 """
 import atexit
 import contextlib
+import functools
 import json
 import os
 import random
@@ -141,7 +142,7 @@ def load_prm(args, device: str, prm_class, use_vllm: bool = False, run_dir: str 
         return prm_class(args.prm, device=device, dtype=torch.bfloat16 if device.startswith("cuda") else None)
 
 
-def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
+def load_refiner(args, generator, tokenizer, device: str, run_dir: str, refiner_prompt):
     """The refiner of --mode scope/replace (None otherwise): a `Refiner` (harness/refiner.py) over the policy
     itself, a served model (--refiner-url), a separate model on its own `vllm serve` (when vLLM is installed:
     refiner work never goes through HF generate then; generate.serve_with_vllm), or, without vLLM, a separate
@@ -150,14 +151,15 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
     room (the CPU, or enough free GPU memory); otherwise the run stops in one line naming the flags that fit."""
     if args.mode not in ("scope", "replace"):
         return None
+    prompt = functools.partial(refiner_prompt, style=args.refine_prompt)   # refine.refiner_prompt, --refine-prompt
     if args.refiner == "policy":   # self-refinement: the current policy, through the same engine
-        return Refiner(generator, tokenizer, prompt_style=args.refine_prompt, max_tokens=args.refiner_max_tokens)
+        return Refiner(generator, tokenizer, prompt=prompt, max_tokens=args.refiner_max_tokens)
     if args.refiner_url:           # a refiner served elsewhere (`vllm serve MODEL`); also in the toy world
         from harness.generate import OpenAIGenerator
         with loading(args.refiner):
             refiner_tokenizer = load_tokenizer(args.refiner)
         return Refiner(OpenAIGenerator(args.refiner_url, args.refiner, refiner_tokenizer, args.refiner_timeout),
-                       refiner_tokenizer, prompt_style=args.refine_prompt, max_tokens=args.refiner_max_tokens)
+                       refiner_tokenizer, prompt=prompt, max_tokens=args.refiner_max_tokens)
     if args.toy and args.refiner == "toy-model":   # a stronger toy model through the real Refiner + HF generate
         from harness import toy
         if args.toy_refiner_style != "prefix":
@@ -165,7 +167,7 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
                              "model refiner writes the styles it was trained on, continuing the prefix's")
         refiner_model, refiner_tokenizer = toy.refiner_model(CACHE_DIR, seed=0, **toy_styles(args))
         return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.gen_batch_size),
-                       refiner_tokenizer, prompt_style=args.refine_prompt, max_tokens=args.refiner_max_tokens)
+                       refiner_tokenizer, prompt=prompt, max_tokens=args.refiner_max_tokens)
     if args.toy:                   # toy-oracle (or its old name, toy): rule-based, never fails
         from harness import toy
         return toy.OracleRefiner(None if args.toy_refiner_style == "prefix" else int(args.toy_refiner_style),
@@ -181,7 +183,7 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
             served = serve_with_vllm(args.refiner, refiner_tokenizer, log_path=log_path,
                                      cpu=not device.startswith("cuda"), gpu_memory_utilization=args.refiner_mem,
                                      timeout=args.refiner_timeout, extra=quantization_flags(args.refiner_quantization))
-            return Refiner(served, refiner_tokenizer, prompt_style=args.refine_prompt, max_tokens=args.refiner_max_tokens)
+            return Refiner(served, refiner_tokenizer, prompt=prompt, max_tokens=args.refiner_max_tokens)
         except RuntimeError as err:   # HF generate only where it fits; else one line with the flags that do
             preflight.check_refiner_fallback(args, device, str(err), log_path)
             print(f"warning: the refiner server did not start, refining through HF generate instead: {err}",
@@ -193,7 +195,7 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str):
     with loading(args.refiner):    # no vLLM (or its server failed to start where HF generate fits): HF generate
         refiner_model, refiner_tokenizer = load_causal_lm(args.refiner, device)   # bf16 on CUDA
     return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.gen_batch_size),
-                   refiner_tokenizer, prompt_style=args.refine_prompt, max_tokens=args.refiner_max_tokens)
+                   refiner_tokenizer, prompt=prompt, max_tokens=args.refiner_max_tokens)
 
 
 def restore_checkpoint(ckpt: str, optimizer, device: str, model=None, rank: int = 0) -> None:
@@ -348,6 +350,7 @@ class Paper:
     near_miss_at_k: object         # eval.near_miss_at_k and ...
     discarded_valid_share: object  # ... eval.discarded_valid_share: two of the step's metrics (`step_metrics`)
     logprobs: object = None        # grpo.logprobs_and_entropy: π_old beside the PRM and refiner (harness/overlap.py)
+    refiner_prompt: object = None  # refine.refiner_prompt: what `Refiner` sends the refiner (`load_refiner`)
 
 
 @dataclass
@@ -694,7 +697,7 @@ def start(args, paper: Paper) -> Run:
         model = dist.wrap(policy, d, args.fsdp)                       # DDP or FSDP2 under torchrun; else the policy
         generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
         prm = load_prm(args, device, paper.prm, use_vllm, run_dir)
-        refiner = load_refiner(args, generator, tokenizer, device, run_dir)
+        refiner = load_refiner(args, generator, tokenizer, device, run_dir, paper.refiner_prompt)
     optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr,   # after wrap: FSDP2's parameters are shards
                                   fused=args.fused_adamw and device.startswith("cuda"))   # fused: same update
     prm_offload = prm is not None and not args.toy and preflight.prm_offloaded(args, device, use_vllm)

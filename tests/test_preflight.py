@@ -410,11 +410,11 @@ def test_a_refiner_server_that_fails_for_memory_stops_instead_of_loading_7b(monk
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (10 * GIB, 80 * GIB))
     args = scope.Args(model="Qwen2.5-1.5B", gen_batch_size=48)
     with pytest.raises(SystemExit) as exc:
-        wiring.load_refiner(args, None, None, "cuda:0", str(tmp_path))
+        wiring.load_refiner(args, None, None, "cuda:0", str(tmp_path), scope.refine.refiner_prompt)
     assert exc.value.code == 2 and loaded == []
     err = [x for x in capsys.readouterr().err.strip().splitlines() if x]
     assert len(err) == 1 and "--refiner policy" in err[0] and "refiner_server.log" in err[0], err
-    refiner = wiring.load_refiner(args, None, None, "cpu", str(tmp_path))   # the CPU: HF generate is safe
+    refiner = wiring.load_refiner(args, None, None, "cpu", str(tmp_path), scope.refine.refiner_prompt)   # the CPU: HF generate is safe
     assert loaded == [args.refiner] and refiner.generator == ("hf", 48)
 
 

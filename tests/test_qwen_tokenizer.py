@@ -31,7 +31,7 @@ sys.path.insert(0, ROOT)
 from harness.generate import DEFAULT_SYSTEM, format_prompt  # noqa: E402
 from prm import PRM_SYSTEM, ProcessRewardModel, split_steps, step_token_spans  # noqa: E402
 from harness.refiner import Refiner  # noqa: E402
-from refine import splice  # noqa: E402
+from refine import refiner_prompt, splice  # noqa: E402
 
 SOLUTION = ("We need $\\frac{3}{4} + \\frac{1}{6}$.\n\n"
             "The common denominator is 12, so $\\frac{9}{12} + \\frac{2}{12} = \\frac{11}{12}$.\n\n\n"
@@ -130,7 +130,7 @@ def test_refiner_splice_on_qwen_tokens(qwen_tokenizer):
 def test_refiner_prompt_on_qwen_tokens(qwen_tokenizer):
     tok = qwen_tokenizer
     prefix = "We need $\\frac{3}{4} + \\frac{1}{6}$.\n\n"
-    ids = Refiner(None, tok).prompt_ids("Compute it.", prefix)
+    ids = Refiner(None, tok, prompt=refiner_prompt).prompt_ids("Compute it.", prefix)
     assert tok.decode(ids).endswith("<|im_start|>assistant\n" + prefix)
     assert ids[-len(tok.encode(prefix)):] == tok.encode(prefix, add_special_tokens=False)
 

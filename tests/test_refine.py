@@ -5,8 +5,8 @@ import pytest
 from conftest import make_char_tokenizer
 
 from harness.generate import DEFAULT_SYSTEM, Completion, HFGenerator, format_prompt
-from harness.refiner import HINT, Refiner
-from refine import Suffix, Trajectory, rectify, splice
+from harness.refiner import Refiner
+from refine import HINT, Suffix, Trajectory, rectify, refiner_prompt, splice
 
 TRACE_KEYS = {"group", "question", "answer", "mode", "steps", "scores", "cut", "keep_ratio", "keep_ratio_tokens",
               "prefix_text", "suffixes", "suffix_finished", "attempt_correct", "accepted", "reward_before", "reward_after"}
@@ -107,27 +107,28 @@ class RecordingGenerator:
 
 
 def test_refiner_prompt_continues_the_assistant_turn(bpe_tokenizer):
-    refiner = Refiner(RecordingGenerator(bpe_tokenizer, []), bpe_tokenizer)
+    refiner = Refiner(RecordingGenerator(bpe_tokenizer, []), bpe_tokenizer, prompt=refiner_prompt)
     prefix = "First, compute 12 * 4 = 48.\n\n"
     text = bpe_tokenizer.decode(refiner.prompt_ids("Q?", prefix))
     assert text == (f"<|im_start|>system\n{DEFAULT_SYSTEM}<|im_end|>\n<|im_start|>user\nQ?<|im_end|>\n"
                     f"<|im_start|>assistant\n{prefix}")
-    hint = Refiner(RecordingGenerator(bpe_tokenizer, []), bpe_tokenizer, prompt_style="hint")
+    hint = Refiner(RecordingGenerator(bpe_tokenizer, []), bpe_tokenizer,
+                   prompt=lambda q, p: refiner_prompt(q, p, style="hint"))
     assert f"user\nQ?{HINT}<|im_end|>" in bpe_tokenizer.decode(hint.prompt_ids("Q?", prefix))
     assert HINT not in bpe_tokenizer.decode(hint.prompt_ids("Q?", ""))  # nothing to warn about
     plain = make_char_tokenizer()
     plain.chat_template = None
-    assert plain.decode(Refiner(None, plain).prompt_ids("Q?", "Step 1")) == "Question: Q?\nSolution:\nStep 1"
-    with pytest.raises(ValueError, match="prompt_style"):
-        Refiner(None, plain, prompt_style="fix")
+    assert plain.decode(Refiner(None, plain, prompt=refiner_prompt).prompt_ids("Q?", "Step 1")) == "Question: Q?\nSolution:\nStep 1"
+    with pytest.raises(ValueError, match="style must be one of"):
+        refiner_prompt("Q?", "Step 1", style="fix")
 
 
 def test_continue_from_one_call_and_per_item_budgets(char_tokenizer):
     gen = RecordingGenerator(char_tokenizer, ["abcdefgh", "xy"])
-    refiner = Refiner(gen, char_tokenizer, temperature=0.5, top_p=0.9)
+    refiner = Refiner(gen, char_tokenizer, prompt=refiner_prompt, temperature=0.5, top_p=0.9)
     out = refiner.continue_from(["q1", "q2"], ["p1", ""], n=2, max_tokens=[3, 6], seed=11)
-    assert [[x.text for x in row] for row in out] == [["abc", "xy"], ["abcdef", "xy"]]  # clipped to 3 and 6 tokens
-    assert [[x.finished for x in row] for row in out] == [[False, True], [False, True]]  # a clipped text is cut
+    assert [[text for text, _ in row] for row in out] == [["abc", "xy"], ["abcdef", "xy"]]  # clipped to 3 and 6 tokens
+    assert [[finished for _, finished in row] for row in out] == [[False, True], [False, True]]  # a clipped text is cut
     [call] = gen.calls
     assert call["n"] == 2 and call["max_tokens"] == 6 and call["seed"] == 11
     assert call["temperature"] == 0.5 and call["top_p"] == 0.9 and len(call["prompts"]) == 2
@@ -255,7 +256,8 @@ def test_rectify_end_to_end_with_hf_refiner(policy_tok, bpe_tokenizer, tiny_caus
         seen.append(text)
         return gold == "any"
 
-    refiner = Refiner(HFGenerator(tiny_causal_lm(bpe_tokenizer, seed=1), bpe_tokenizer), bpe_tokenizer)
+    refiner = Refiner(HFGenerator(tiny_causal_lm(bpe_tokenizer, seed=1), bpe_tokenizer), bpe_tokenizer,
+                      prompt=refiner_prompt)
     picks = [(1, len(trajs[1].response_ids) // 2), (4, 3)]
     max_new = 40
     new, traces = rectify(trajs, picks, refiner, policy_tok, attempts=3, merge=merge, max_new_tokens=max_new,
@@ -298,9 +300,9 @@ def test_truncated_refiner_text_gets_no_eos_and_is_judged_truncated(bpe_tokenize
     for finished in (False, True):
         completion = Completion(ids=char_tokenizer.encode(text), text=text, finished=finished)
         gen = type("Gen", (), {"generate": lambda self, prompts, **kw: [[completion] for _ in prompts]})()
-        refiner = Refiner(gen, char_tokenizer)
+        refiner = Refiner(gen, char_tokenizer, prompt=refiner_prompt)
         [[suffix]] = refiner.continue_from(["q"], [""], n=1, max_tokens=budget)
-        assert suffix.finished is finished and suffix.text == text
+        assert suffix == (text, finished)
         assert len(bpe_tokenizer.encode(text)) < budget  # shorter than the budget in policy tokens
         new, [trace] = rectify(trajs, [(0, 0)], refiner, bpe_tokenizer, attempts=1, max_new_tokens=budget,
                                grade_fn=lambda t, a: True)

@@ -164,12 +164,12 @@ def test_rectify_sends_each_pick_its_own_budget_to_a_served_refiner(char_tokeniz
     the refiner's max_tokens (--refiner-max-tokens), so no pick decodes past its own. HF generate gets the largest (one random stream: the
     toy world's records stay as they were) and clips each pick to its own."""
     from harness.refiner import Refiner
-    from refine import Trajectory, rectify
+    from refine import Trajectory, rectify, refiner_prompt
 
     trajs = [Trajectory(question="1+1?", answer="2", group=g, prompt_ids=[5], response_ids=list(range(7, 7 + 30)),
                         text="x") for g in range(3)]
     gen = BudgetRecorder(char_tokenizer, per_prompt_budgets=served)
-    rectify(trajs, [(0, 0), (1, 10), (2, 25)], Refiner(gen, char_tokenizer, max_tokens=35), char_tokenizer,
+    rectify(trajs, [(0, 0), (1, 10), (2, 25)], Refiner(gen, char_tokenizer, prompt=refiner_prompt, max_tokens=35), char_tokenizer,
             attempts=2, max_new_tokens=40, grade_fn=lambda text, answer: False)
     assert gen.calls == ([[35, 30, 15]] if served else [35])
 
@@ -356,7 +356,7 @@ def test_fp8_flags_reach_the_served_command_lines(monkeypatch, tmp_path, char_to
     monkeypatch.setattr(wiring, "load_tokenizer", lambda name: char_tokenizer)
     for quantization in ("fp8", "none"):
         args = scope.Args(refiner="some/refiner", refiner_quantization=quantization)
-        wiring.load_refiner(args, None, char_tokenizer, "cuda", str(tmp_path))
+        wiring.load_refiner(args, None, char_tokenizer, "cuda", str(tmp_path), scope.refine.refiner_prompt)
         served_prm.serve_prm("some/prm", char_tokenizer, sep_id=7, log_path="", gpu_memory_utilization=0.2,
                              kv_cache_bytes=1 << 30, max_model_len=4096, quantization=quantization)
     fp8_refiner, fp8_prm, bf16_refiner, bf16_prm = started
@@ -385,7 +385,7 @@ def test_fp8_without_a_server_stops_instead_of_running_bf16(monkeypatch, tmp_pat
     monkeypatch.setattr(wiring, "vllm_importable", lambda: False)
     with pytest.raises(SystemExit):
         wiring.load_refiner(scope.Args(refiner="some/refiner", refiner_quantization="fp8"), None, char_tokenizer,
-                            "cpu", str(tmp_path))
+                            "cpu", str(tmp_path), scope.refine.refiner_prompt)
     said = capsys.readouterr().err.strip()
     assert "\n" not in said and "--refiner-quantization fp8: needs the refiner on its own vllm serve" in said
     with pytest.raises(SystemExit):

@@ -275,7 +275,7 @@ def test_a_phantom_repair_counts_in_its_group_mean_but_gets_advantage_zero():
     keep: A_repair = 7/8, A_fail = −1/8. zero: A_repair = 0, the 7 failures still −1/8 (the mean moved).
     Group 1 (rewards 1, 0, 0, 0, 0, 0, 0, 0, no repair) is untouched: 7/8 and −1/8."""
     from grpo import group_advantages
-    from refine import zero_repair_advantages
+    from grpo import zero_repair_advantages
 
     def advantages(trajs):
         return group_advantages([t.reward for t in trajs], groups=[t.group for t in trajs])

@@ -9,8 +9,8 @@ from harness import toy
 
 
 def oracle_texts(refiner, *args, **kwargs) -> list[list[str]]:
-    """The texts of an oracle refiner's continuations (refine.Suffix)."""
-    return [[s.text for s in row] for row in refiner.continue_from(*args, **kwargs)]
+    """The texts of an oracle refiner's continuations ((text, finished) pairs)."""
+    return [[text for text, _ in row] for row in refiner.continue_from(*args, **kwargs)]
 
 
 def boxed(text):
@@ -134,8 +134,8 @@ def test_oracle_follows_a_wrong_prefix_and_truncates():
     assert suffix.startswith("\n\nSo 12 * 3 = 36.")
     [[suffix]] = oracle_texts(ref, [q], [""], n=1, max_tokens=[10])
     assert suffix == "So 7 + 5 ="
-    assert ref.continue_from([q], [""], n=1, max_tokens=[200])[0][0].finished      # it stopped by itself
-    assert not ref.continue_from([q], [""], n=1, max_tokens=[10])[0][0].finished   # cut at its budget
+    assert ref.continue_from([q], [""], n=1, max_tokens=[200])[0][0][1]      # finished: it stopped by itself
+    assert not ref.continue_from([q], [""], n=1, max_tokens=[10])[0][0][1]   # cut at its budget
 
 
 def test_tokenizer_round_trip(problems):

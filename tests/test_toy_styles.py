@@ -22,8 +22,8 @@ BY_HAND = {0: ["So 7 + 5 = 12.", "So 12 * 3 = 36.", "So 36 - 4 = 32.", "So 32 + 
 
 
 def oracle_texts(refiner, *args, **kwargs) -> list[list[str]]:
-    """The texts of an oracle refiner's continuations (refine.Suffix)."""
-    return [[s.text for s in row] for row in refiner.continue_from(*args, **kwargs)]
+    """The texts of an oracle refiner's continuations ((text, finished) pairs)."""
+    return [[text for text, _ in row] for row in refiner.continue_from(*args, **kwargs)]
 
 
 def steps_of(text):

@@ -204,10 +204,10 @@ def test_prefix_continuation_keeps_the_prefix_ids(engine, tok):
     prefix = full[:k]
     tail = greedy(engine, [prompt + prefix], max_tokens=30 - k)[0]
     assert tail == full[k:]
-    refiner = Refiner(engine, tok, temperature=0.0)
+    refiner = Refiner(engine, tok, prompt=refiner_prompt, temperature=0.0)
     [[suffix]] = refiner.continue_from(["compute 12 * 4 - 5"], [tok.decode(prefix)], n=1, max_tokens=[20])
-    response, mask = splice(prefix, suffix.text, tok, max_new_tokens=40, eos_id=tok.eos_token_id,
-                            finished=suffix.finished)
+    text, finished = suffix
+    response, mask = splice(prefix, text, tok, max_new_tokens=40, eos_id=tok.eos_token_id, finished=finished)
     assert response[:k] == prefix and mask[:k] == [0] * k and len(mask) == len(response)
     assert set(mask[k:]) <= {1}
 
@@ -297,6 +297,7 @@ def test_refiner_tokens_per_second_vllm_serve_vs_hf(tmp_path, qwen_models):
 
     from harness.generate import load_tokenizer, serve_with_vllm
     from harness.refiner import Refiner
+    from refine import refiner_prompt
 
     tok = load_tokenizer(qwen_models["refiner"])
     hf = HFGenerator(AutoModelForCausalLM.from_pretrained(qwen_models["refiner"]).eval(), tok, micro_batch_size=16)
@@ -304,7 +305,7 @@ def test_refiner_tokens_per_second_vllm_serve_vs_hf(tmp_path, qwen_models):
                              timeout=120, startup_timeout=900)
     questions = [f"Compute ${a} \\cdot {a + 1} + \\frac{{{a}}}{{2}}$." for a in range(8)]
     prefixes = ["We first multiply.\n\n"] * 8
-    prompts = [Refiner(None, tok).prompt_ids(q, p) for q, p in zip(questions, prefixes)]  # the refiner's prompts
+    prompts = [Refiner(None, tok, prompt=refiner_prompt).prompt_ids(q, p) for q, p in zip(questions, prefixes)]  # the refiner's prompts
     rates = {"hf": [], "vllm": []}
     try:
         for _ in range(3):

@@ -491,7 +491,8 @@ def test_per_pick_refiner_budgets_are_vllm033_requests(recorded, model_config, q
         assert sampling.max_tokens == body["max_tokens"] and sampling.n == 2 and sampling.seed == body["seed"]
         assert sampling.stop_token_ids == body["stop_token_ids"]
     engine = VLLMGenerator(str(tmp_path), tokenizer=qwen_tokenizer)
-    Refiner(engine, qwen_tokenizer).continue_from(["1+1?", "2+2?"], ["One.", ""], n=2, max_tokens=[17, 640], seed=3)
+    from refine import refiner_prompt
+    Refiner(engine, qwen_tokenizer, prompt=refiner_prompt).continue_from(["1+1?", "2+2?"], ["One.", ""], n=2, max_tokens=[17, 640], seed=3)
     (_, (_, params), _), = recorded[-1].calls
     assert [p.max_tokens for p in params] == [17, 640] and [p.seed for p in params] == [3, 5]
     for p in params:

@@ -485,7 +485,7 @@ def precheck_pi(start: dict, n_problems: int = 200) -> dict:
             whole += pi_of_tokens(model, tokenizer, p["question"], "", toy.STEP_SEP.join(steps))
             half = max(1, len(ops) // 2)
             prefix = toy.STEP_SEP.join(toy._chain_steps(start_value, ops)[:half]) + toy.STEP_SEP
-            rest = toy.OracleRefiner(style=k).continue_from([p["question"]], [prefix], n=1, max_tokens=256)[0][0].text
+            rest = toy.OracleRefiner(style=k).continue_from([p["question"]], [prefix], n=1, max_tokens=256)[0][0][0]
             pis = pi_of_tokens(model, tokenizer, p["question"], prefix, rest)
             suffix += pis
         out[str(k)] = {"whole_mean_pi": float(np.mean(whole)), "whole_geo_pi": float(np.exp(np.mean(np.log(whole)))),
