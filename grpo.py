@@ -46,22 +46,9 @@ def group_advantages(rewards, group_size: int | None = None, scale_std: bool = F
     A group whose rewards are all equal gets zero advantages (never NaN), also for a group of one.
     Groups of any size (the merged groups of --merge append): `groups`, each row's group, instead of group_size.
     """
-    if groups is not None:  # each group on its own
-        rewards = torch.as_tensor(rewards, dtype=torch.float32)  # (N,)
-        out = torch.zeros_like(rewards)  # (N,)
-        for g in dict.fromkeys(groups):
-            idx = torch.tensor([i for i, h in enumerate(groups) if h == g])
-            out[idx] = group_advantages(rewards[idx], len(idx), scale_std)
-        return out
-    rewards = torch.as_tensor(rewards)
-    if not rewards.is_floating_point():
-        rewards = rewards.float()
-    if rewards.dim() != 1:
-        raise ValueError(f"group_advantages: rewards must be 1-D (B*G,), got shape {tuple(rewards.shape)}")
-    if group_size is None or group_size < 1 or rewards.numel() % group_size != 0:
-        raise ValueError(f"group_advantages: {rewards.numel()} rewards do not split into groups of "
-                         f"group_size={group_size}")
-    r = rewards.view(-1, group_size)  # (B, G)
+    if groups is not None:  # groups of any size: this same formula on each group, one at a time
+        return trainer.per_group(group_advantages, rewards, groups, scale_std)
+    r = trainer.rewards_in_groups(rewards, group_size)  # (B, G) float; a bad shape is a one-line error
     # BEGIN SOLUTION group_advantages
     # GRPO group-relative advantage (DeepSeekMath eq. 3 without std; Dr. GRPO)
     adv = r - r.mean(dim=1, keepdim=True)  # (B, G)

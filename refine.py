@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from harness.generate import turn_end_id
-from harness.refiner import check_picks, trace
 
 REFINE_PROMPTS = ("continue", "hint")
 HINT = ("\n\nA partial solution follows. It is correct up to where it stops, and the next step would contain "
@@ -170,7 +169,39 @@ def repair_credit_only(batch: dict, trajs: list[Trajectory], part: str) -> dict:
 
 
 # ---------------------------------------------------------------------------------------------------
-# Plumbing
+# Plumbing: rectify's argument checks, its trace of each pick (traces.jsonl), copies
 # ---------------------------------------------------------------------------------------------------
+def check_picks(trajs: list[Trajectory], picks: list[tuple[int, int]], attempts: int, merge: str,
+                max_new_tokens: int) -> None:
+    """One-line ValueErrors for `rectify`'s arguments: the merge, the attempts, each pick's index and prefix."""
+    if merge not in ("replace", "append"):
+        raise ValueError(f"merge must be 'replace' or 'append', got {merge!r}")
+    if attempts < 1:
+        raise ValueError(f"attempts must be >= 1, got {attempts}")
+    seen = set()
+    for k, (index, prefix_len) in enumerate(picks):
+        if not 0 <= index < len(trajs):
+            raise ValueError(f"rectify: pick {k} names trajectory {index}, but there are {len(trajs)}")
+        if not 0 <= prefix_len <= min(len(trajs[index].response_ids), max_new_tokens):
+            raise ValueError(f"rectify: pick {k} keeps {prefix_len} tokens of trajectory {index}, which has "
+                             f"{len(trajs[index].response_ids)} (max_new_tokens={max_new_tokens})")
+        if index in seen:
+            raise ValueError(f"rectify: trajectory {index} is picked twice")
+        seen.add(index)
+
+
+def trace(t: Trajectory, prefix_len: int, prefix_text: str, tries: list[Suffix], verdicts: list[bool],
+          repaired: Trajectory | None) -> dict:
+    """One pick's trace (traces.jsonl; the viewer of tools/report.py): the PRM facts, the kept text, every
+    attempt with its verdict, and the reward before and after."""
+    return {"group": t.group, "question": t.question, "answer": t.answer,
+            "mode": "scope" if prefix_len else "replace",
+            "steps": t.steps, "scores": t.step_scores, "cut": t.cut,
+            "keep_ratio": t.keep_ratio, "keep_ratio_tokens": t.keep_ratio_tokens, "prefix_text": prefix_text,
+            "suffixes": [s.text for s in tries], "suffix_finished": [s.finished for s in tries],
+            "attempt_correct": verdicts, "accepted": repaired is not None,
+            "reward_before": t.reward, "reward_after": repaired.reward if repaired is not None else t.reward}
+
+
 def _copy(values: list | None) -> list | None:
     return None if values is None else list(values)

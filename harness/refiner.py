@@ -3,8 +3,7 @@
 Not the paper's (refine.py): `Refiner.continue_from` sends the prompts refine.py builds (`refine.refiner_prompt`,
 passed in as `prompt`) through the refiner's chat template and tokenizer and returns (text, finished) pairs, which
 `refine.rectify` reads as `refine.Suffix`es and splices onto the policy's own prefix ids. The budgets are open
-choices (docs/choices.md, rows "5 rectify"). Below it, rectify's argument checks (`check_picks`) and its log
-record of each pick (`trace`, traces.jsonl).
+choices (docs/choices.md, rows "5 rectify").
 """
 from harness.generate import DEFAULT_SYSTEM, format_prompt
 
@@ -47,36 +46,3 @@ class Refiner:
         return [[(c.text, c.finished) if len(c.ids) <= b
                  else (self.tokenizer.decode(c.ids[:max(b, 0)], skip_special_tokens=True), False)
                  for c in row] for row, b in zip(outs, budgets)]
-
-
-# ---------------------------------------------------------------------------------------------------
-# refine.rectify's input checks and its trace (t, repaired: refine.Trajectory)
-# ---------------------------------------------------------------------------------------------------
-def check_picks(trajs: list, picks: list[tuple[int, int]], attempts: int, merge: str, max_new_tokens: int) -> None:
-    """One-line ValueErrors for `rectify`'s arguments: the merge, the attempts, each pick's index and prefix."""
-    if merge not in ("replace", "append"):
-        raise ValueError(f"merge must be 'replace' or 'append', got {merge!r}")
-    if attempts < 1:
-        raise ValueError(f"attempts must be >= 1, got {attempts}")
-    seen = set()
-    for k, (index, prefix_len) in enumerate(picks):
-        if not 0 <= index < len(trajs):
-            raise ValueError(f"rectify: pick {k} names trajectory {index}, but there are {len(trajs)}")
-        if not 0 <= prefix_len <= min(len(trajs[index].response_ids), max_new_tokens):
-            raise ValueError(f"rectify: pick {k} keeps {prefix_len} tokens of trajectory {index}, which has "
-                             f"{len(trajs[index].response_ids)} (max_new_tokens={max_new_tokens})")
-        if index in seen:
-            raise ValueError(f"rectify: trajectory {index} is picked twice")
-        seen.add(index)
-
-
-def trace(t, prefix_len: int, prefix_text: str, tries: list, verdicts: list[bool], repaired) -> dict:
-    """One pick's trace (traces.jsonl; the viewer of tools/report.py): the PRM facts, the kept text, every
-    attempt (refine.Suffix) with its verdict, and the reward before and after."""
-    return {"group": t.group, "question": t.question, "answer": t.answer,
-            "mode": "scope" if prefix_len else "replace",
-            "steps": t.steps, "scores": t.step_scores, "cut": t.cut,
-            "keep_ratio": t.keep_ratio, "keep_ratio_tokens": t.keep_ratio_tokens, "prefix_text": prefix_text,
-            "suffixes": [s.text for s in tries], "suffix_finished": [s.finished for s in tries],
-            "attempt_correct": verdicts, "accepted": repaired is not None,
-            "reward_before": t.reward, "reward_after": repaired.reward if repaired is not None else t.reward}

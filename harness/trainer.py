@@ -252,6 +252,30 @@ def tempered(logits: Tensor, targets: Tensor, logprobs_fn, entropy_grad: bool, t
 # ---------------------------------------------------------------------------------------------------
 # Metrics, micro-batches, shape checks
 # ---------------------------------------------------------------------------------------------------
+def rewards_in_groups(rewards, group_size: int | None) -> Tensor:
+    """grpo.group_advantages' input as a float (B, G) tensor: rewards (B*G,) laid out group by group."""
+    rewards = torch.as_tensor(rewards)
+    if not rewards.is_floating_point():
+        rewards = rewards.float()
+    if rewards.dim() != 1:
+        raise ValueError(f"group_advantages: rewards must be 1-D (B*G,), got shape {tuple(rewards.shape)}")
+    if group_size is None or group_size < 1 or rewards.numel() % group_size != 0:
+        raise ValueError(f"group_advantages: {rewards.numel()} rewards do not split into groups of "
+                         f"group_size={group_size}")
+    return rewards.view(-1, group_size)  # (B, G)
+
+
+def per_group(advantages_fn, rewards, groups: list, scale_std: bool) -> Tensor:
+    """`advantages_fn` (grpo.group_advantages) on each group of `groups` (each row's group, any sizes, any order)
+    as one group of its own size; the results back in the rows' order, (N,)."""
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)  # (N,)
+    out = torch.zeros_like(rewards)  # (N,)
+    for g in dict.fromkeys(groups):
+        idx = torch.tensor([i for i, h in enumerate(groups) if h == g])
+        out[idx] = advantages_fn(rewards[idx], len(idx), scale_std)
+    return out
+
+
 def loss_metrics(terms: dict) -> dict:
     """Python-float metrics of `policy_loss`'s terms (one batch, or micro-batches joined by `join_terms`):
     clip fraction and mean ratio over the policy's tokens, mean f(π) over the refiner's, the refiner's share
