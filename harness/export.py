@@ -41,7 +41,7 @@ EVAL_TEMPERATURE = 0.6   # the periodic evaluation's sampling temperature (harne
 PLAIN_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'user' %}Question: {{ message['content'] }}\n"
                   "{% endif %}{% endfor %}{% if add_generation_prompt %}Solution:\n{% endif %}")
 SAMPLE_TEXTS = ("Question: Start at 7, add 5, times 2.\nSolution:\nSo 7 + 5 = 12.\n\nSo 12 * 2 = 24.\n\n\\boxed{24}",
-                "Let $x = 2$. Then $x^2 + 1 = 5$, so the answer is \\boxed{5}.")
+                "Let $x = 2$. Then $x^2 + 1 = 5$, so the answer is \\boxed{5}.", "Hello, World! 3.14 é")
 
 
 # the card's example, with its answer: a problem of the toy world (harness/toy.py: add, minus, times 2 only), and one
@@ -76,7 +76,10 @@ def is_char_level(tokenizer) -> bool:
 
 def byte_level_char_tokenizer(tokenizer):
     """The char-level tokenizer rewritten as a byte-level BPE without merges: the same id for every character
-    and special token, the pre-tokenizer and decoder Qwen2Tokenizer builds, so AutoTokenizer reads it as saved."""
+    and special token, the pre-tokenizer and decoder Qwen2Tokenizer builds, so AutoTokenizer reads it as saved.
+    Qwen2Tokenizer has no unknown token (it drops a byte its vocabulary lacks), so every byte the toy alphabet
+    lacks gets an id of its own after the trained ones; `export_model` gives those ids <unk>'s embedding, so the
+    model reads such a character as it read <unk>, and decode gives the character back."""
     from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
     from transformers.models.qwen2.tokenization_qwen2 import PRETOKENIZE_REGEX
@@ -92,6 +95,8 @@ def byte_level_char_tokenizer(tokenizer):
             vocab[names[tok.encode()[0]]] = i
         else:
             raise ValueError(f"export: the character {tok!r} is not one byte; a byte-level vocabulary cannot hold it")
+    for b in range(256):   # the bytes the toy alphabet lacks: new ids, read as <unk> (export_model)
+        vocab.setdefault(names[b], max(vocab.values()) + 1)
     core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=None, continuing_subword_prefix="",
                                 end_of_word_suffix="", fuse_unk=False, byte_fallback=False))
     core.normalizer = normalizers.NFC()
@@ -116,6 +121,20 @@ def portable_tokenizer(tokenizer):
     return out
 
 
+def unknown_rows(model, n_tokens: int, unk_id: int | None) -> None:
+    """Grow the embedding (and a separate output layer) to `n_tokens` rows, each new row a copy of <unk>'s: the
+    ids byte_level_char_tokenizer adds for the bytes the toy alphabet lacks. Nothing when none were added."""
+    n_rows = model.get_input_embeddings().weight.shape[0]
+    if n_tokens <= n_rows:
+        return
+    if unk_id is None:
+        raise ValueError("export: the tokenizer adds ids but has no <unk> whose embedding they could take")
+    model.resize_token_embeddings(n_tokens, mean_resizing=False)
+    with torch.no_grad():
+        for layer in {model.get_input_embeddings(), model.get_output_embeddings()} - {None}:
+            layer.weight[n_rows:] = layer.weight[unk_id]
+
+
 def check_round_trip(folder: str, original, texts=SAMPLE_TEXTS) -> None:
     """AutoTokenizer on `folder` must give the original tokenizer's ids and decode them to the same text, and
     its chat template must render the prompt the policy was trained with; raises ValueError naming the text."""
@@ -123,9 +142,11 @@ def check_round_trip(folder: str, original, texts=SAMPLE_TEXTS) -> None:
 
     loaded = AutoTokenizer.from_pretrained(folder)
     for text in texts:
-        if is_char_level(original) and any(ch not in original.get_vocab() for ch in text):
-            continue   # a character the toy vocabulary lacks: <unk> in the original, dropped by Qwen2Tokenizer
         ids, want = loaded.encode(text, add_special_tokens=False), original.encode(text, add_special_tokens=False)
+        if is_char_level(original) and any(ch not in original.get_vocab() for ch in text):
+            if loaded.decode(ids) != text:   # a character the toy vocabulary lacks: its own ids, read as <unk>
+                raise ValueError(f"export: AutoTokenizer on {folder} loses a character of {text!r}")
+            continue
         back = loaded.decode(ids)   # as the original reads it (a tokenizer that drops a character drops it in both)
         if ids != want or back != original.decode(want):
             raise ValueError(f"export: AutoTokenizer on {folder} does not read the tokenizer as trained: "
@@ -269,6 +290,8 @@ def export_model(model, tokenizer, out: str, config: dict, records: list[dict]) 
     os.makedirs(tmp)
     half = copy.deepcopy(model).to(torch.bfloat16)
     half.config.dtype = "bfloat16"
+    portable = portable_tokenizer(tokenizer)
+    unknown_rows(half, len(portable), tokenizer.unk_token_id)
     from transformers.utils import logging as hf_logging
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()   # "Writing model shards" would be a carriage-return bar in a run's log
@@ -276,7 +299,6 @@ def export_model(model, tokenizer, out: str, config: dict, records: list[dict]) 
     if bars:
         hf_logging.enable_progress_bar()
     del half
-    portable = portable_tokenizer(tokenizer)
     portable.save_pretrained(tmp)
     GenerationConfig(do_sample=True, temperature=EVAL_TEMPERATURE, top_p=1.0,
                      max_new_tokens=config.get("eval_max_new_tokens", 1024), eos_token_id=tokenizer.eos_token_id,

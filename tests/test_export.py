@@ -198,6 +198,27 @@ def test_the_toy_tokenizer_keeps_a_character_it_does_not_know_visible():
     assert ids.count(tokenizer.unk_token_id) == 4 and tokenizer.decode(ids) == "<unk>ello, <unk>orld<unk> <unk>"
 
 
+def test_the_exported_tokenizer_keeps_a_character_the_toy_alphabet_lacks(exported):
+    """Qwen2Tokenizer (what AutoTokenizer makes of model/) has no unknown token and dropped such a character:
+    "Hello, World! 3.14 é" came back as "ello, orld 3.14 ". Now each byte the alphabet lacks has an id whose
+    embedding is <unk>'s: the text comes back whole and the model reads it as it reads <unk>."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    run, out = exported
+    text = "Hello, World! 3.14 é"
+    tokenizer, trained = AutoTokenizer.from_pretrained(out), load_tokenizer(os.path.join(run, "checkpoint"))
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text
+    new = sorted({i for i in ids if i >= len(trained)})   # H, W, !, é's two bytes: ids after the trained ones
+    assert len(new) == 5 and len(ids) == len(text) + 1   # é is two bytes
+    model = AutoModelForCausalLM.from_pretrained(out)
+    emb = model.get_input_embeddings().weight
+    assert emb.shape[0] == len(tokenizer) > len(trained)
+    assert all(torch.equal(emb[i], emb[trained.unk_token_id]) for i in new)
+    known = tokenizer.encode("So 7 + 5 = 12.", add_special_tokens=False)
+    assert known == trained.encode("So 7 + 5 = 12.", add_special_tokens=False)   # the trained ids unchanged
+
+
 def test_a_run_started_from_an_exported_folder_exports_its_own(exported, tmp_path):
     """A run whose policy came from a model/ folder could not export its own model/ (nor could
     `python -m harness.export`): the check wanted back characters that the byte-level tokenizer had never held."""
