@@ -198,7 +198,7 @@ def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, up
     for mini in minis:
         step = trainer.Step(model, optimizer, mini, loss_normaliser(mini["response_mask"], loss_agg, max_new_tokens),
                             logprobs_fn=logprobs_and_entropy, kl_coef=kl_coef, tis_cap=tis_cap,
-                            temperature=temperature, **engine)
+                            temperature=temperature, **engine)  # step.z: this Z (torchrun: all ranks' sum ÷ world)
         for part in step.micro_batches():  # length-sorted; DDP exchanges gradients after the last one
             # BEGIN SOLUTION update
             with amp():  # around the forward and the loss only
