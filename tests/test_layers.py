@@ -1,4 +1,5 @@
-"""The layers: harness/ is the engine under the five top-level files (the paper) and imports none of them."""
+"""The layers: harness/ is the engine under the five top-level files (the paper) and imports none of them, nor
+tools/ (the studies and the course, which sit on top of both); the modules of tools/ import each other one way."""
 import ast
 import os
 
@@ -28,6 +29,14 @@ def test_harness_imports_nothing_from_the_method_files():
     found = [f"harness/{name}:{line}: {module}" for name in sorted(os.listdir(harness)) if name.endswith(".py")
              for line, module in imported_modules(os.path.join(harness, name)) if module in METHOD_FILES]
     assert not found, "harness/ imports the method files:\n" + "\n".join(found)
+
+
+def test_harness_imports_nothing_from_tools():
+    """Every harness/*.py, parsed: no `import tools...` or `from tools... import ...`, lazy or not."""
+    harness = os.path.join(ROOT, "harness")
+    found = [f"harness/{name}:{line}: {module}" for name in sorted(os.listdir(harness)) if name.endswith(".py")
+             for line, module in imported_modules(os.path.join(harness, name)) if module == "tools"]
+    assert not found, "harness/ imports tools/:\n" + "\n".join(found)
 
 
 def test_the_check_sees_a_lazy_import(tmp_path):
