@@ -25,11 +25,7 @@ import numpy as np  # noqa: E402
 from harness.progress import StudyClock  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
-
-
 DIVERSITY = ["distinct_1", "distinct_4", "one_minus_self_bleu", "one_minus_self_rouge", "div_score"]
-
-
 GRID = {"grpo": "--mode grpo",
         "scope any/replace": "--mode scope --rectify-groups any --merge replace",
         "scope any/append": "--mode scope --rectify-groups any --merge append",
@@ -350,8 +346,6 @@ COLS = [("acc_t1", "acc T=1.0"), ("acc_t06", "acc T=0.6"), ("pass@4", "pass@4"),
         ("frac_all_fail", "all-fail (train)"), ("near_miss@1", "near-miss@1"), ("discarded_valid", "discarded valid"),
         ("div_score", "div-score"), ("entropy_last5", "entropy"), ("accept_rate", "accepted"),
         ("rectified_all_fail", "repairs in all-fail groups")]
-
-
 DIFFS = [("acc_t1", "Δ acc T=1.0"), ("acc_t06", "Δ acc T=0.6"), ("pass@16", "Δ pass@16")]
 
 
