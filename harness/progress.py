@@ -137,7 +137,7 @@ def summary_to_file(path: str, enabled: bool = True):
 
 
 def closing_outputs(run_dir: str) -> dict:
-    """What a finished run leaves beside its logs, each path printed on one line: curves.png (tools/report.py's
+    """What a finished run leaves beside its logs, each path printed on one line: curves.png (harness/curves.py's
     plot of metrics.jsonl) and model/ (harness/export.py). A failure of either is one warning line naming the
     command that retries it, never the run's end (its checkpoint is saved)."""
     written = {}
@@ -145,7 +145,7 @@ def closing_outputs(run_dir: str) -> dict:
         import matplotlib
 
         matplotlib.use("Agg")
-        from tools.report import plot_runs
+        from harness.curves import plot_runs
         written["curves"] = plot_runs([run_dir], os.path.join(run_dir, "curves.png"))
     except Exception as err:   # the run is done; a missing picture must not turn it into a failure
         print(f"warning: no curves.png ({type(err).__name__}: {err}); python -m tools.report --plot {run_dir}",

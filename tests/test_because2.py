@@ -9,6 +9,7 @@ import torch
 from harness import toy
 from tools import because2 as b2
 from tools import experiment as ex
+from tools import studies
 
 
 def args_():
@@ -151,7 +152,7 @@ def test_repair_token_probs_teacher_forces_prefix_and_suffix_one_token_at_a_time
     model = tiny_causal_lm(char_tokenizer)
     trace = {"question": "1+2?", "prefix_text": "a=1", "steps": ["a=1", "b=23"], "suffixes": ["zz", "b=x3"],
              "attempt_correct": [False, True]}
-    pi, kept, corrected = ex.repair_token_probs(model, char_tokenizer, trace)
+    pi, kept, corrected = studies.repair_token_probs(model, char_tokenizer, trace)
     head = format_prompt(char_tokenizer, "1+2?")
     ids = head + char_tokenizer.encode("a=1b=x3", add_special_tokens=False)
     expected = []

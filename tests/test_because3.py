@@ -10,6 +10,7 @@ import torch
 from tools import because2 as b2
 from tools import because3 as b3
 from tools import experiment as ex
+from tools import studies
 
 
 def args_(out="results/toy"):
@@ -82,7 +83,7 @@ def test_plan_pairs_the_cells_by_seed_then_retrains_because2s_scope_runs():
     retrain = [j for j in jobs if j["kind"] == "retrain"]
     assert [j["seed"] for j in retrain] == list(range(5, 13))
     for j in retrain:   # exactly the command of because2's record of that seed
-        rec = ex.read_json(os.path.join("results/toy/because2/records", j["name"] + ".json"))
+        rec = studies.read_json(os.path.join("results/toy/because2/records", j["name"] + ".json"))
         if rec is not None:
             assert rec["command"] == b2.record_key(j, args)[0]
 
@@ -129,8 +130,8 @@ def test_tracking_follows_one_fixed_set_of_repairs_from_its_origin_on(tmp_path, 
         return [0.9, model.step / 100, 0.5], 1, 0
 
     monkeypatch.setattr(generate, "load_causal_lm", lambda path, device: (Checkpoint(path), None))
-    monkeypatch.setattr(b3.ex, "repair_token_probs", probs)
-    monkeypatch.setattr(b3.ex, "mean", lambda xs: sum(xs) / len(xs) if xs else None)
+    monkeypatch.setattr(studies, "repair_token_probs", probs)
+    monkeypatch.setattr(studies, "mean", lambda xs: sum(xs) / len(xs) if xs else None)
     out = b3.tracking(str(run), str(tmp_path / "start"))
     assert sorted(out) == ["0", "25", "50"]
     assert sorted(out["0"], key=int) == ["0", "25", "50", "75", "100"]

@@ -1,4 +1,5 @@
-"""The layers: harness/ is the engine under the five top-level files (the paper) and imports none of them."""
+"""The layers: harness/ is the engine under the five top-level files (the paper) and imports none of them, nor
+tools/ (the studies and the course, which sit on top of both); the modules of tools/ import each other one way."""
 import ast
 import os
 
@@ -28,6 +29,92 @@ def test_harness_imports_nothing_from_the_method_files():
     found = [f"harness/{name}:{line}: {module}" for name in sorted(os.listdir(harness)) if name.endswith(".py")
              for line, module in imported_modules(os.path.join(harness, name)) if module in METHOD_FILES]
     assert not found, "harness/ imports the method files:\n" + "\n".join(found)
+
+
+def test_harness_imports_nothing_from_tools():
+    """Every harness/*.py, parsed: no `import tools...` or `from tools... import ...`, lazy or not."""
+    harness = os.path.join(ROOT, "harness")
+    found = [f"harness/{name}:{line}: {module}" for name in sorted(os.listdir(harness)) if name.endswith(".py")
+             for line, module in imported_modules(os.path.join(harness, name)) if module == "tools"]
+    assert not found, "harness/ imports tools/:\n" + "\n".join(found)
+
+
+def package_imports(root: str, package: str) -> dict:
+    """{module file: {imported module file: line}} among the .py files of the folder root/package, subpackages
+    included, from every import at any depth: `from tools import x`, `import tools.x`, `from tools.x import y`
+    and relative imports (`from .x import y`). Files are named relative to `root`."""
+    files = {}   # dotted module name -> file
+    for folder, _, names in os.walk(os.path.join(root, package)):
+        for name in names:
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(folder, name), root)
+                files[rel[:-3].replace(os.sep, ".").removesuffix(".__init__")] = rel
+    graph = {}
+    for module, rel in files.items():
+        with open(os.path.join(root, rel), encoding="utf-8") as f:
+            tree = ast.parse(f.read(), filename=rel)
+        here = module if rel.endswith("__init__.py") else module.rpartition(".")[0]   # its package
+        edges = graph.setdefault(rel, {})
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = ".".join(here.split(".")[:len(here.split(".")) - node.level + 1]) if node.level else ""
+                source = ".".join(part for part in (base, node.module) if part)
+                targets = [f"{source}.{alias.name}" for alias in node.names]   # a module, or a name in `source`
+            else:
+                continue
+            for target in targets:
+                while target and target not in files:
+                    target = target.rpartition(".")[0]
+                if target:
+                    edges.setdefault(files[target], node.lineno)
+    return graph
+
+
+def import_cycles(graph: dict) -> list[list[str]]:
+    """One cycle (its files, the first repeated at the end) for each back edge of a depth-first walk: none
+    when the imports run one way."""
+    cycles, state, stack = [], {}, []
+
+    def visit(node):
+        state[node] = "open"
+        stack.append(node)
+        for target in graph.get(node, {}):
+            if state.get(target) == "open":
+                cycles.append(stack[stack.index(target):] + [target])
+            elif target not in state:
+                visit(target)
+        stack.pop()
+        state[node] = "done"
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node)
+    return cycles
+
+
+def test_tools_modules_import_each_other_one_way():
+    """The import graph of tools/ (every import at any depth, lazy ones inside functions too) has no cycle."""
+    graph = package_imports(ROOT, "tools")
+    assert graph["tools/because.py"].keys() >= {"tools/regime.py"}   # the walk sees the imports among tools/
+    named = [" -> ".join(f"{a}:{graph[a][b]}" for a, b in zip(cycle, cycle[1:])) + f" -> {cycle[-1]}"
+             for cycle in import_cycles(graph)]
+    assert not named, "import cycles among tools/ (file:line of each import):\n" + "\n".join(named)
+
+
+def test_the_cycle_check_sees_a_lazy_circle(tmp_path):
+    """A package whose module a imports b at the top and b imports a inside a function: the walk finds the
+    circle a -> b -> a; c's relative import of a is one edge and no circle."""
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from pkg import b\n")
+    (pkg / "b.py").write_text("def f():\n    import pkg.a\n    return pkg.a\n")
+    (pkg / "c.py").write_text("from .a import f\n")
+    graph = package_imports(str(tmp_path), "pkg")
+    assert graph["pkg/c.py"] == {"pkg/a.py": 1} and graph["pkg/b.py"] == {"pkg/a.py": 2}
+    assert import_cycles(graph) == [["pkg/a.py", "pkg/b.py", "pkg/a.py"]]
 
 
 def test_the_check_sees_a_lazy_import(tmp_path):

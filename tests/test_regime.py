@@ -7,6 +7,7 @@ import pytest
 
 from tools import experiment as ex
 from tools import regime
+from tools import studies
 
 
 def _run(group, row, seed, *, reward, eval_acc, all_fail=None, acc=0.5, first3=0.5):
@@ -28,13 +29,14 @@ def test_plan_is_seed_major_with_every_start_and_row():
     assert {j["row"] for j in trained} == {"grpo", "scope (paper): any/replace", "best: scope any/append",
                                            "replace (whole)"}
     weak = next(j for j in trained if j["group"] == "regime-weak-6ops" and j["row"] == "grpo")
-    cmd = ex.scope_command(weak, args)
+    cmd = studies.scope_command(weak, args)
     assert cmd[cmd.index("--steps") + 1] == "100" and cmd[cmd.index("--eval-every") + 1] == "25"
     assert "--dataset" in cmd and "--model" in cmd                       # 6-operation task, weaker SFT
     strong = next(j for j in trained if j["group"] == "regime-main-ladder")
-    assert "--dataset" not in ex.scope_command(strong, args) and "--model" not in ex.scope_command(strong, args)
+    strong_cmd = studies.scope_command(strong, args)
+    assert "--dataset" not in strong_cmd and "--model" not in strong_cmd
     middle = next(j for j in trained if j["group"] == "regime-weak-ladder")
-    assert ex.start_path(middle, args) == ex.start_path(weak, args) != ex.start_path(strong, args)
+    assert studies.start_path(middle, args) == studies.start_path(weak, args) != studies.start_path(strong, args)
     assert len({j["name"] for j in jobs}) == len(jobs)
     only = regime.plan_regime(ex.parse_args(["--stage", "regime", "--seeds", "3", "--regime-rows", "grpo,replace (whole)"]),
                               ["weak-6ops"])
@@ -91,7 +93,7 @@ def test_ablations_run_only_where_a_scope_row_separates_upward():
     jobs = regime.plan_ablations(args, up + flat, ["main-ladder", "weak-6ops"])
     assert {j["group"] for j in jobs} == {"regime-weak-6ops"} and len(jobs) == 2 * len(regime.ABLATIONS)
     unit = next(j for j in jobs if j["row"].endswith("unit credit"))
-    cmd = ex.scope_command(unit, args)
+    cmd = studies.scope_command(unit, args)
     assert cmd[cmd.index("--offpolicy-credit") + 1] == "unit" and cmd[cmd.index("--merge") + 1] == "replace"
     forced = ex.parse_args(["--stage", "regime", "--seeds", "0", "--regime-ablations", "main-ladder"])
     assert {j["group"] for j in regime.plan_ablations(forced, flat, ["main-ladder"])} == {"regime-main-ladder"}
@@ -138,10 +140,10 @@ def test_a_record_with_the_same_command_is_read_not_retrained(tmp_path, monkeypa
     path = regime.record_path(j, args)
     os.makedirs(os.path.dirname(path))
     with open(path, "w") as f:
-        json.dump({"command": ex.scope_command(j, args)[1:], "start": j["start"], "eval_settings": settings,
+        json.dump({"command": studies.scope_command(j, args)[1:], "start": j["start"], "eval_settings": settings,
                    "result": {"name": j["name"], "eval": {"acc_t1": 0.25}}}, f)
     calls = []
-    monkeypatch.setattr(ex, "run_job", lambda job, a: calls.append(job) or {"stub": True})
+    monkeypatch.setattr(studies, "run_job", lambda job, a: calls.append(job) or {"stub": True})
     assert regime.run_recorded(j, args)["eval"]["acc_t1"] == 0.25 and not calls
     args.max_new_tokens = 96                     # another command: the record is stale
     with pytest.raises(Exception):
@@ -166,9 +168,9 @@ def test_diversity_plan_and_report_by_hand():
     jobs = regime.plan_diversity(args)
     trained = [j for j in jobs if j["steps"]]
     assert [j["row"] for j in trained] == list(regime.DIVERSITY_ROWS) * 2
-    cmd = ex.scope_command(trained[1], args)
+    cmd = studies.scope_command(trained[1], args)
     assert cmd[cmd.index("--toy-styles") + 1] == "3" and cmd[cmd.index("--steps") + 1] == "100"
-    assert ex.start_settings(trained[1], args) == {"styles": 3} and "--model" in cmd
+    assert studies.start_settings(trained[1], args) == {"styles": 3} and "--model" in cmd
 
     def run(row, seed, entropy):
         return {"group": "diversity", "row": row, "seed": seed, "steps": 4, "name": f"{row}{seed}",
@@ -194,11 +196,11 @@ def test_because_plan_is_seed_major_with_the_new_switches():
     assert len(jobs) == 12 and [j["seed"] for j in jobs] == [0] * 5 + [1] * 5 + [0, 1]   # the added cell last
     added = jobs[-1]
     strong = next(j for j in regime.plan_regime(args, ["main-ladder"]) if j["row"] == "best: scope any/append")
-    assert added["group"] == strong["group"] and ex.start_path(added, args) == ex.start_path(strong, args)
-    whole_append = ex.scope_command(added, args)
+    assert added["group"] == strong["group"] and studies.start_path(added, args) == studies.start_path(strong, args)
+    whole_append = studies.scope_command(added, args)
     assert whole_append[whole_append.index("--mode") + 1] == "replace"
     assert whole_append[whole_append.index("--merge") + 1] == "append"
-    cmd = {j["row"]: ex.scope_command(j, args) for j in jobs if j["seed"] == 0}
+    cmd = {j["row"]: studies.scope_command(j, args) for j in jobs if j["seed"] == 0}
     assert cmd["keep-foreign"][-5:] == ["--merge", "replace", "--toy-refiner-style", "1", "--seed", "0"][-5:]
     assert "--repair-advantage" in cmd["keep-in-style-phantom"] and "--toy-styles" not in cmd["keep-foreign"]
     assert cmd["whole-foreign"][cmd["whole-foreign"].index("--mode") + 1] == "replace"
@@ -207,8 +209,8 @@ def test_because_plan_is_seed_major_with_the_new_switches():
     assert teacher[teacher.index("--toy-refiner-style") + 1] == "1" and teacher[teacher.index("--mode") + 1] == "replace"
     weak = next(j for j in jobs if j["row"] == "keep-foreign")
     ref = next(j for j in regime.plan_regime(args, ["weak-ladder"]) if j["row"] == "grpo")
-    assert ex.start_path(weak, args) == ex.start_path(ref, args) and weak["group"] == ref["group"]
-    assert ex.eval_styles(weak, args) == 3 and ex.eval_styles(ref, args) == 1
+    assert studies.start_path(weak, args) == studies.start_path(ref, args) and weak["group"] == ref["group"]
+    assert studies.eval_styles(weak, args) == 3 and studies.eval_styles(ref, args) == 1
 
 
 def test_contrast_by_seed_and_the_interaction_by_hand():
@@ -222,7 +224,7 @@ def test_contrast_by_seed_and_the_interaction_by_hand():
                for (row, s), a in acc.items()]
     by = because.contrast_by_seed(results, "g", {"kF": 1, "wF": -1, "kI": -1, "wI": 1})
     assert list(by) == [0, 1] and by[0] == pytest.approx(0.2) and by[1] == pytest.approx(0.1)
-    c = ex.ci95(list(by.values()))
+    c = studies.ci95(list(by.values()))
     assert c["mean"] == pytest.approx(0.15) and c["lo"] == pytest.approx(0.15 - 12.7062 * 0.05, abs=1e-5)
     assert because.verdict(c, 0.02) == "cannot tell"
     assert because.verdict({"lo": 0.01, "hi": 0.3}, 0.02) == "> 0"
@@ -238,13 +240,13 @@ def test_t_quantile_and_interval_by_hand():
     too narrow): df 1 12.706, 4 2.776, 20 2.086, 30 2.042; the interval of [1, 2, 3, 4, 5]: mean 3, sd √2.5,
     half-width 2.776 · √2.5 / √5 = 1.963."""
     for df, t in ((1, 12.706), (4, 2.776), (10, 2.228), (20, 2.086), (30, 2.042), (100, 1.984)):
-        assert ex.t975(df) == pytest.approx(t, abs=5e-4)
-    c = ex.ci95([1.0, 2.0, 3.0, 4.0, 5.0])
+        assert studies.t975(df) == pytest.approx(t, abs=5e-4)
+    c = studies.ci95([1.0, 2.0, 3.0, 4.0, 5.0])
     assert c["n"] == 5 and c["mean"] == 3.0 and c["hi"] - 3.0 == pytest.approx(1.963, abs=1e-3)
-    wide = ex.ci95([float(i % 2) for i in range(21)])   # 20 degrees of freedom: 2.086, not 1.96
+    wide = studies.ci95([float(i % 2) for i in range(21)])   # 20 degrees of freedom: 2.086, not 1.96
     assert (wide["hi"] - wide["lo"]) / 2 == pytest.approx(2.086 * np.std([i % 2 for i in range(21)], ddof=1)
                                                           / np.sqrt(21), rel=1e-3)
-    assert ex.ci95([0.4])["lo"] is None and ex.ci95([])["n"] == 0
+    assert studies.ci95([0.4])["lo"] is None and studies.ci95([])["n"] == 0
 
 
 def test_seed_problem_bootstrap_by_hand():

@@ -147,7 +147,7 @@ def test_unknown_toy_refiner_is_refused(tmp_path, capsys):
 # ---------------------------------------------------------------- the study's statistics
 
 def test_ci95_hand_numbers():
-    from tools.experiment import ci95
+    from tools.studies import ci95
 
     c = ci95([0.01, 0.03, 0.02])           # mean 0.02, sd 0.01, t_{0.975,2} = 4.3027
     assert c["mean"] == pytest.approx(0.02)
@@ -156,7 +156,7 @@ def test_ci95_hand_numbers():
 
 
 def test_paired_difference_matches_seeds():
-    from tools.experiment import paired
+    from tools.studies import paired
 
     def run(row, seed, acc):
         return {"row": row, "seed": seed, "group": "main", "steps": 5, "eval": {"acc_t1": acc}, "train": {}}
@@ -169,7 +169,8 @@ def test_paired_difference_matches_seeds():
 def test_study_plan_has_every_row():
     """Stage 1: 7 grid rows x seeds (+ 2 warm-start evals); stage 2 from the ranking: best + unit credit /
     model refiner / PRM noise 0.2, long runs of grpo and best (4x steps, long seeds), weak start rows."""
-    from tools.experiment import GRID, parse_args, plan_grid, plan_stage2, scope_command
+    from tools.experiment import parse_args, plan_grid, plan_stage2
+    from tools.studies import GRID, scope_command
 
     args = parse_args(["--seeds", "0,1,2,3,4", "--steps", "40"])
     grid = plan_grid(args)
@@ -220,7 +221,7 @@ def test_repair_credit_hand_numbers():
     """Group [0, 0, 1, 0] (G = 4), the picked 0 repaired to 1. replace: [1, 0, 1, 0], mean 0.5, A_repair = 0.5;
     append: [0, 0, 1, 0, 1], mean 0.4, A_repair = 0.6, A_fail = -0.4. Shaped weight at π = 0.77, γ = 0.1:
     0.1 * 0.77 / 0.87² = 0.101733...; unit: 1."""
-    from tools.experiment import repair_credit
+    from tools.studies import repair_credit
 
     trace = {"group_rewards": [0.0, 0.0, 1.0, 0.0], "reward_before": 0.0, "reward_after": 1.0}
     r = repair_credit(trace, "replace", [0.77, 0.97], 0)
@@ -235,7 +236,8 @@ def test_repair_credit_hand_numbers():
 def test_weak_start_policy_is_passed_to_the_weak_runs_only():
     """--weak-start names another toy warm start (an earlier SFT stop): the weak group's runs start from it
     (--model its cache folder), the main group's from the shipped one; a bad JSON stops at parsing."""
-    from tools.experiment import parse_args, plan_grid, plan_stage2, scope_command, start_path
+    from tools.experiment import parse_args, plan_grid, plan_stage2
+    from tools.studies import scope_command, start_path
 
     args = parse_args(["--weak-start", '{"sft_steps": 300}'])
     weak = next(j for j in plan_stage2(args, ["scope any/replace", "scope any/append"]) if j["group"] == "weak")
@@ -356,7 +358,7 @@ LEAK_JOB = '''
 import os, subprocess
 
 def work(j, args):
-    """One study job that never ends: a run (sleep) started the way experiment.train starts scope.py."""
+    """One study job that never ends: a run (sleep) started the way studies.train starts scope.py."""
     with open(os.path.join(os.environ["LEAK_DIR"], f"worker{j['i']}"), "w") as f:
         f.write(str(os.getpid()))
     path = os.path.join(os.environ["LEAK_DIR"], f"run{j['i']}")
@@ -374,7 +376,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
 def test_stopping_a_study_stops_its_workers_and_their_runs(tmp_path, sig):
-    """A study (tools.experiment.run_all, 2 workers, jobs that never end) stopped by SIGTERM or Ctrl-C's SIGINT
+    """A study (tools.studies.run_all, 2 workers, jobs that never end) stopped by SIGTERM or Ctrl-C's SIGINT
     sent to its own process only (a study in the background): within seconds no worker and no run is left."""
     import signal
     import subprocess
@@ -387,8 +389,9 @@ def test_stopping_a_study_stops_its_workers_and_their_runs(tmp_path, sig):
     # shell starts a background job with SIGINT ignored, and Python then installs no KeyboardInterrupt)
     code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             f"import sys, time, argparse; sys.path[:0] = [{root!r}, {str(tmp_path)!r}]\n"
-            "from tools import experiment as ex\nimport leakjob\n"
-            "ex.run_all([{'i': i} for i in range(4)], argparse.Namespace(jobs=2), time.time(), worker=leakjob.work)\n")
+            "from tools import studies\nimport leakjob\n"
+            "studies.run_all([{'i': i} for i in range(4)], argparse.Namespace(jobs=2), time.time(),"
+            " worker=leakjob.work)\n")
     study = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "LEAK_DIR": str(tmp_path)},
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -35,7 +35,7 @@ held-out problems x 16 samples at T = 1.0, in-training eval every 25 steps on 20
                            the hard one), and a drift to it cannot be style 0's head start.
     read from the diversity stage's records: grpo, SCOPE (paper) (length tie-break).
 
-Contrasts, paired by seed, mean and 95 % t-interval over the 5 seeds (tools/experiment.py ci95), on held-out
+Contrasts, paired by seed, mean and 95 % t-interval over the 5 seeds (tools/studies.py ci95), on held-out
 accuracy at T = 1.0 (acc) unless named; next to each interval of a new contrast, a seed x problem bootstrap
 interval (`seed_problem_bootstrap`: seeds and problems both resampled, 4000 draws, percentiles; the reference
 records predate per-problem counts, so their runs enter it through the seed draw only).
@@ -100,24 +100,24 @@ import time
 
 import numpy as np
 
-from tools import experiment as ex
+from tools import studies
 from tools import regime
 
 FOREIGN = "1"   # choice 1
 WEAK = "weak-ladder"
-WEAK_ROWS = {   # label: scope.py flags (tools/experiment.py GRID rows + the new switches)
-    "keep-foreign": f"{ex.GRID['scope any/replace']} --toy-refiner-style {FOREIGN}",
-    "whole-foreign": f"{ex.GRID['replace (whole)']} --toy-refiner-style {FOREIGN}",
-    "keep-in-style-phantom": f"{ex.GRID['scope any/replace']} --repair-advantage zero",
+WEAK_ROWS = {   # label: scope.py flags (tools/studies.py GRID rows + the new switches)
+    "keep-foreign": f"{studies.GRID['scope any/replace']} --toy-refiner-style {FOREIGN}",
+    "whole-foreign": f"{studies.GRID['replace (whole)']} --toy-refiner-style {FOREIGN}",
+    "keep-in-style-phantom": f"{studies.GRID['scope any/replace']} --repair-advantage zero",
 }
 WEAK_REFS = ("grpo", "scope (paper): any/replace", "replace (whole)")   # regime records of weak-ladder
 STYLE_ROWS = {
-    "scope index tie-break": f"{ex.GRID['scope any/replace']} --select-tiebreak index",
-    "whole one-style teacher": f"{ex.GRID['replace (whole)']} --toy-refiner-style {FOREIGN}",
+    "scope index tie-break": f"{studies.GRID['scope any/replace']} --select-tiebreak index",
+    "whole one-style teacher": f"{studies.GRID['replace (whole)']} --toy-refiner-style {FOREIGN}",
 }
 STYLE_REFS = ("grpo", "scope (paper): any/replace")   # diversity records
 STRONG = "main-ladder"
-STRONG_ROWS = {"whole-append": f"{ex.GRID['replace (whole)']} --merge append"}   # added after the study (A1)
+STRONG_ROWS = {"whole-append": f"{studies.GRID['replace (whole)']} --merge append"}   # added after the study (A1)
 APPEND = "best: scope any/append"   # its regime-map reference row
 KEEP_I, WHOLE_I = "scope (paper): any/replace", "replace (whole)"
 ACC_MARGIN, NATS_MARGIN = 0.02, 0.15   # the "≈ 0" margins of the reading rule
@@ -134,15 +134,15 @@ def plan(args) -> list[dict]:
     styles_start = json.dumps({"styles": 3})
     jobs = []
     for seed in args.seed_list:
-        jobs += [ex.job(row, seed, flags, args, group=f"regime-{WEAK}", steps=args.regime_steps, task=weak_task,
-                        start=json.dumps(weak_settings), eval_every=args.regime_eval_every)
+        jobs += [studies.job(row, seed, flags, args, group=f"regime-{WEAK}", steps=args.regime_steps, task=weak_task,
+                             start=json.dumps(weak_settings), eval_every=args.regime_eval_every)
                  for row, flags in WEAK_ROWS.items()]
-        jobs += [ex.job(row, seed, f"{flags} --toy-styles 3", args, group="diversity", steps=args.diversity_steps,
-                        start=styles_start, eval_every=args.regime_eval_every)
+        jobs += [studies.job(row, seed, f"{flags} --toy-styles 3", args, group="diversity", steps=args.diversity_steps,
+                             start=styles_start, eval_every=args.regime_eval_every)
                  for row, flags in STYLE_ROWS.items()]
     for seed in args.seed_list:
-        jobs += [ex.job(row, seed, flags, args, group=f"regime-{STRONG}", steps=args.regime_steps, task=strong_task,
-                        start=json.dumps(strong_settings), eval_every=args.regime_eval_every)
+        jobs += [studies.job(row, seed, flags, args, group=f"regime-{STRONG}", steps=args.regime_steps,
+                             task=strong_task, start=json.dumps(strong_settings), eval_every=args.regime_eval_every)
                  for row, flags in STRONG_ROWS.items()]
     return jobs
 
@@ -170,14 +170,14 @@ def read_references(args) -> list[dict]:
 
 def run_one(j: dict, args) -> dict:
     """A new run's record (trained first if missing), with its mechanism figures (π of the refiner's tokens
-    at step 1, `ex.mechanism`) added to the record once."""
-    os.chdir(ex.ROOT)
+    at step 1, `studies.mechanism`) added to the record once."""
+    os.chdir(studies.ROOT)
     r = regime.run_recorded(j, args)
     if "mechanism" not in r:
-        mech = ex.mechanism([r], args) if os.path.exists(os.path.join("runs", j["name"], "traces.jsonl")) else {}
+        mech = studies.mechanism([r], args) if os.path.exists(os.path.join("runs", j["name"], "traces.jsonl")) else {}
         r["mechanism"] = next(iter(mech.values()), None)
         path = regime.record_path(j, args)
-        record = ex.read_json(path)
+        record = studies.read_json(path)
         record["result"] = r
         with open(path, "w") as f:
             json.dump(record, f)
@@ -192,7 +192,7 @@ def contrast_by_seed(results: list[dict], group: str, coefs: dict, key: str = "a
     seeds = sorted({s for _, s in by})
     out = {}
     for s in seeds:
-        vals = [ex.value(by[(row, s)], key) if (row, s) in by else None for row in coefs]
+        vals = [studies.value(by[(row, s)], key) if (row, s) in by else None for row in coefs]
         if all(v is not None for v in vals):
             out[s] = sum(c * v for c, v in zip(coefs.values(), vals))
     return out
@@ -313,7 +313,7 @@ def contrasts(results: list[dict], n: int = 16) -> dict:
     out = {}
     for name, (group, coefs, key, margin) in CONTRASTS.items():
         by_seed = contrast_by_seed(results, group, coefs, key)
-        c = ex.ci95(list(by_seed.values()))
+        c = studies.ci95(list(by_seed.values()))
         row = {"seeds": sorted(by_seed), "per_seed": by_seed, "t": c, "verdict": verdict(c, margin), "key": key}
         if key == "acc_t1" and by_seed:
             D = per_problem_matrix(results, group, coefs, sorted(by_seed), n)
@@ -334,7 +334,7 @@ def multiplicity(refs: list[dict]) -> list[dict]:
     tests = [t for t in tests if len(t["diffs"]) >= 2]
     ps = [paired_p(t["diffs"]) for t in tests]
     for t, p, adj in zip(tests, ps, holm(ps)):
-        t.update(ci=ex.ci95(t["diffs"]), p=p, p_holm=adj, survives=adj <= 0.05)
+        t.update(ci=studies.ci95(t["diffs"]), p=p, p_holm=adj, survives=adj <= 0.05)
     return tests
 
 
@@ -349,12 +349,12 @@ def style_table(results: list[dict]) -> list[dict]:
             if not any(shares):
                 continue
             rows.append({"group": group, "row": row, "seeds": [r["seed"] for r in rs],
-                         "entropy": ex.mean([r["eval"].get("style_entropy") for r in rs]),
+                         "entropy": studies.mean([r["eval"].get("style_entropy") for r in rs]),
                          "share_correct": np.mean([s for s in shares if s], 0).tolist(),
                          "dominant": [dominant_style(s) for s in shares],
                          "share_all": np.mean([r["eval"]["style_share_all"] for r in rs if r["eval"].get("style_share_all")],
                                               0).tolist() if any(r["eval"].get("style_share_all") for r in rs) else None,
-                         "other_all": ex.mean([r["eval"].get("style_other_all") for r in rs])})
+                         "other_all": studies.mean([r["eval"].get("style_other_all") for r in rs])})
     return rows
 
 
@@ -363,7 +363,7 @@ def mechanism_table(results: list[dict]) -> dict:
     out = {}
     for row in dict.fromkeys(r["row"] for r in results if r.get("mechanism")):
         ms = [r["mechanism"] for r in results if r["row"] == row and r.get("mechanism")]
-        out[row] = {k: ex.mean([m.get(k) for m in ms]) for k in
+        out[row] = {k: studies.mean([m.get(k) for m in ms]) for k in
                     ("per_run", "in_all_fail_groups", "kept", "refiner_tokens", "a_repair",
                      "refiner_pi", "refiner_coef", "corrected_pi")}
         out[row]["runs"] = len(ms)
@@ -387,15 +387,15 @@ def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tupl
     for name, c in con.items():
         b = c.get("bootstrap")
         boot = f"[{b['lo']:+.3f}, {b['hi']:+.3f}]" if b else "–"
-        md.append(f"| {name} | {len(c['seeds'])} | {ex.fmt_ci(c['t'])} | {boot} | {c['verdict']} |")
+        md.append(f"| {name} | {len(c['seeds'])} | {studies.fmt_ci(c['t'])} | {boot} | {c['verdict']} |")
     md += ["", "## Rows (mean ± sd over seeds)\n", "| start | row | seeds | acc T=1.0 | pass@16 | style entropy |",
            "|---" * 6 + "|"]
     for group in (f"regime-{WEAK}", "diversity", f"regime-{STRONG}"):
         for row in dict.fromkeys(r["row"] for r in results if r["group"] == group and r["steps"]):
             rs = [r for r in results if r["group"] == group and r["row"] == row]
-            md.append(f"| {group} | {row} | {len(rs)} | {ex.mean_sd([ex.value(r, 'acc_t1') for r in rs])} | "
-                      f"{ex.mean_sd([ex.value(r, 'pass@16') for r in rs])} | "
-                      f"{ex.mean_sd([r['eval'].get('style_entropy') for r in rs])} |")
+            md.append(f"| {group} | {row} | {len(rs)} | {studies.mean_sd([studies.value(r, 'acc_t1') for r in rs])} | "
+                      f"{studies.mean_sd([studies.value(r, 'pass@16') for r in rs])} | "
+                      f"{studies.mean_sd([r['eval'].get('style_entropy') for r in rs])} |")
     md += ["", "## Styles of the final policy (T = 1.0)\n",
            "| start | row | seeds | entropy of correct | shares of correct 0 / 1 / 2 | dominant style per seed | "
            "shares of all samples 0 / 1 / 2 | other (mixed or malformed) of all |", "|---" * 8 + "|"]
@@ -403,7 +403,7 @@ def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tupl
         sh = lambda v: "–" if v is None else " / ".join(f"{x:.2f}" for x in v)   # noqa: E731
         md.append(f"| {s['group']} | {s['row']} | {s['seeds']} | {f3(s['entropy'])} | {sh(s['share_correct'])} | "
                   f"{s['dominant']} | {sh(s['share_all'])} | {f3(s['other_all'])} |")
-    md += ["", "## Mechanism of the new rows (step 1, policy = the start; tools/experiment.py mechanism)\n",
+    md += ["", "## Mechanism of the new rows (step 1, policy = the start; tools/studies.py mechanism)\n",
            "| row | runs | repairs/run | in all-fail groups | kept / refiner tokens | A_repair | "
            "π refiner | coef refiner | π corrected |", "|---" * 9 + "|"]
     for row, m in mech.items():
@@ -413,7 +413,7 @@ def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tupl
     md += ["", "## Multiplicity: the nine map comparisons and the pooled weak-start contrast (Holm)\n",
            "| comparison (acc T=1.0) | pairs | mean [95 % t-interval] | p | Holm p | survives at 0.05 |", "|---" * 6 + "|"]
     for t in mult:
-        md.append(f"| {t['name']} | {t['ci']['n']} | {ex.fmt_ci(t['ci'])} | {t['p']:.4f} | {t['p_holm']:.4f} | "
+        md.append(f"| {t['name']} | {t['ci']['n']} | {studies.fmt_ci(t['ci'])} | {t['p']:.4f} | {t['p_holm']:.4f} | "
                   f"{'yes' if t['survives'] else 'no'} |")
     summary = {"contrasts": con, "multiplicity": mult, "styles": styles, "mechanism": mech,
                "new_runs": len(new), "planned": planned}
@@ -428,8 +428,8 @@ def main(args) -> None:
     t0 = time.time()
     args.eval_n_cool = 0                          # the regime stage's settings (its choice 1)
     args.train_eval_size = args.regime_eval_size
-    toy.warm_start(os.path.join(ex.ROOT, "cache"), seed=0, **regime.STARTS[WEAK][0])
-    toy.warm_start(os.path.join(ex.ROOT, "cache"), seed=0, styles=3)
+    toy.warm_start(os.path.join(studies.ROOT, "cache"), seed=0, **regime.STARTS[WEAK][0])
+    toy.warm_start(os.path.join(studies.ROOT, "cache"), seed=0, styles=3)
     jobs = plan(args)
     refs = read_references(args)
     print(f"because: {len(jobs)} runs, {args.jobs} at a time; {len(refs)} reference runs read from records", flush=True)
@@ -438,7 +438,7 @@ def main(args) -> None:
         print(f"{len(new)} of {len(jobs)} runs recorded; not run yet: "
               f"{[j['name'] for j in jobs if regime.recorded(j, args) is None]}", flush=True)
     else:
-        new = ex.run_all(jobs, args, t0, worker=run_one)
+        new = studies.run_all(jobs, args, t0, worker=run_one)
     text, summary = report(new, refs, args, (time.time() - t0) / 60)
     with open(os.path.join(args.out, "because.md"), "w") as f:
         f.write(text)
@@ -473,7 +473,7 @@ def precheck_pi(start: dict, n_problems: int = 200) -> dict:
     from harness import toy
     from harness.generate import load_causal_lm
 
-    model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(ex.ROOT, "cache"), seed=0, **start), "cpu")
+    model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(studies.ROOT, "cache"), seed=0, **start), "cpu")
     model.eval()
     problems = toy.make_problems(n_problems, seed=5)
     out = {}
@@ -508,7 +508,7 @@ def precheck_picks(n_problems: int = 300, group_size: int = 8, seed: int = 0) ->
     from prm import cut_point, keep_ratio, mean_score, select_candidate, split_steps
 
     torch.manual_seed(seed)
-    model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(ex.ROOT, "cache"), seed=0, styles=3), "cpu")
+    model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(studies.ROOT, "cache"), seed=0, styles=3), "cpu")
     problems = toy.make_problems(n_problems, seed=1)
     gen = HFGenerator(model.eval(), tokenizer, micro_batch_size=128)
     prompts = [format_prompt(tokenizer, p["question"]) for p in problems]
@@ -577,7 +577,7 @@ if __name__ == "__main__":
     p.add_argument("--precheck", action="store_true", help="π of oracle solutions per style, pick shares per tie-break")
     p.add_argument("--out", default="results/toy/because_precheck.json")
     a = p.parse_args()
-    os.chdir(ex.ROOT)
+    os.chdir(studies.ROOT)
     if not a.precheck:
         p.error("nothing to do: pass --precheck (the study itself: python -m tools.experiment --stage because)")
     import torch

@@ -39,7 +39,7 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 import numpy as np
 
 from tools import because
-from tools import experiment as ex
+from tools import experiment, studies
 from tools import regime
 
 STAGE = "because2"
@@ -51,10 +51,10 @@ OLD_SEEDS = tuple(range(0, 5))      # the recorded seeds of the regime map and t
 KEEP, PHANTOM, DOSE = "scope (paper): any/replace", "keep-in-style-phantom", "same-dose"
 FOREIGN, WHOLE_FOREIGN, GRPO, WHOLE = "keep-foreign", "whole-foreign", "grpo", "replace (whole)"
 ROWS = {   # label: (scope.py flags, wrapper option or None); labels as in the recorded runs they pair with
-    GRPO: (ex.GRID["grpo"], None),
-    KEEP: (ex.GRID["scope any/replace"], "keep-checkpoints"),
-    PHANTOM: (f"{ex.GRID['scope any/replace']} --repair-advantage zero", None),
-    DOSE: (f"{ex.GRID['scope any/replace']} --toy-refiner-style 1", "same-dose"),
+    GRPO: (studies.GRID["grpo"], None),
+    KEEP: (studies.GRID["scope any/replace"], "keep-checkpoints"),
+    PHANTOM: (f"{studies.GRID['scope any/replace']} --repair-advantage zero", None),
+    DOSE: (f"{studies.GRID['scope any/replace']} --toy-refiner-style 1", "same-dose"),
 }
 KEEP_EVERY = 25                      # T: a checkpoint copy every 25 steps
 TRACK_WINDOW = 5                     # T: the repairs of steps t+1 .. t+5 under the checkpoint of step t
@@ -153,8 +153,8 @@ def scope_run(argv: list[str]) -> None:
 def job(row: str, seed: int, args) -> dict:
     settings, task = regime.STARTS[WEAK]
     flags, wrap = ROWS[row]
-    j = ex.job(row, seed, flags, args, group=GROUP, steps=args.regime_steps, task=task,
-               start=json.dumps(settings), eval_every=args.regime_eval_every)
+    j = studies.job(row, seed, flags, args, group=GROUP, steps=args.regime_steps, task=task,
+                    start=json.dumps(settings), eval_every=args.regime_eval_every)
     return {**j, "kind": "run", "wrap": wrap}
 
 
@@ -171,7 +171,7 @@ def plan(args) -> list[dict]:
 
 def command(j: dict, args) -> list[str]:
     """The run's command: scope.py's, or through `scope_run` with its hook (keep-checkpoints saves every 25)."""
-    cmd = ex.scope_command(j, args)
+    cmd = studies.scope_command(j, args)
     if not j.get("wrap"):
         return cmd
     extra = ["--save-every", str(KEEP_EVERY)] if j["wrap"] == "keep-checkpoints" else []
@@ -190,10 +190,10 @@ def record_key(j: dict, args) -> tuple[list[str], dict]:
 def recorded(j: dict, args) -> dict | None:
     """The job's record's result when it holds this command and these eval settings, else None."""
     if j["kind"] == "mechanism":
-        old = ex.read_json(os.path.join(args.out, STAGE, "mechanism.json"))
+        old = studies.read_json(os.path.join(args.out, STAGE, "mechanism.json"))
         return old if old is not None and old.get("settings") == mechanism_settings() else None
     cmd, settings = record_key(j, args)
-    old = ex.read_json(record_path(j, args))
+    old = studies.read_json(record_path(j, args))
     return old["result"] if old is not None and old["command"] == cmd and old["eval_settings"] == settings else None
 
 
@@ -204,7 +204,7 @@ def train(j: dict, args) -> None:
     run_dir, cmd = os.path.join("runs", j["name"]), command(j, args)
     metrics = os.path.join(run_dir, "metrics.jsonl")
     done = os.path.exists(metrics) and any(json.loads(line)["step"] == j["steps"] for line in open(metrics))
-    if done and ex.read_json(os.path.join(run_dir, "command.json")) == {"command": cmd[1:]}:
+    if done and studies.read_json(os.path.join(run_dir, "command.json")) == {"command": cmd[1:]}:
         return
     os.makedirs(run_dir, exist_ok=True)
     for stale in ("final_eval.json", "command.json", "same_dose.json"):
@@ -225,7 +225,7 @@ def run_one(j: dict, args) -> dict:
 
     from harness.runs import environment
 
-    os.chdir(ex.ROOT)
+    os.chdir(studies.ROOT)
     torch.set_num_threads(1)
     done = recorded(j, args)
     if done is not None:
@@ -243,14 +243,14 @@ def run_one(j: dict, args) -> dict:
     t1 = time.time()
     run_dir = os.path.join("runs", j["name"])
     path = os.path.join(run_dir, "checkpoint")
-    ev = ex.evaluate_policy(path, j["task"], args, ex.eval_styles(j, args))
-    r = {**{k: v for k, v in j.items() if k not in ("kind",)}, "eval": ev, "train": ex.training_stats(run_dir),
+    ev = studies.evaluate_policy(path, j["task"], args, studies.eval_styles(j, args))
+    r = {**{k: v for k, v in j.items() if k not in ("kind",)}, "eval": ev, "train": studies.training_stats(run_dir),
          "repairs": regime.repairs_of(run_dir, j["steps"]),
          "wall_s": {"train": round(t1 - t0, 1), "eval": round(time.time() - t1, 1)}}
     if j["wrap"] == "same-dose":
-        r["same_dose"] = ex.read_json(os.path.join(run_dir, "same_dose.json"))
+        r["same_dose"] = studies.read_json(os.path.join(run_dir, "same_dose.json"))
     if j["wrap"] == "keep-checkpoints":
-        r["tracking"] = tracking(run_dir, ex.start_path(j, args))
+        r["tracking"] = tracking(run_dir, studies.start_path(j, args))
     cmd, settings = record_key(j, args)
     os.makedirs(os.path.dirname(record_path(j, args)), exist_ok=True)
     with open(record_path(j, args), "w") as f:
@@ -292,9 +292,9 @@ def step1_batch(seed: int, style: str, start_path: str):
     from harness import wiring
     from harness.grader import grade
 
-    argv = ["--toy", "--model", os.path.relpath(start_path, ex.ROOT), "--run-name",
+    argv = ["--toy", "--model", os.path.relpath(start_path, studies.ROOT), "--run-name",
             f"because2-mechanism-{style}-s{seed}", "--steps", "1", "--eval-every", "0", "--save-every", "1",
-            "--max-new-tokens", "128", "--overwrite", *ex.GRID["scope any/replace"].split(), "--seed", str(seed)]
+            "--max-new-tokens", "128", "--overwrite", *studies.GRID["scope any/replace"].split(), "--seed", str(seed)]
     if style != "prefix":
         argv += ["--toy-refiner-style", style]
     args = scope.parse_args(argv)
@@ -419,7 +419,7 @@ def mechanism(args) -> dict:
     from harness import toy
 
     s = mechanism_settings()
-    start = toy.cache_path(os.path.join(ex.ROOT, "cache"), seed=0, **regime.STARTS[WEAK][0])
+    start = toy.cache_path(os.path.join(studies.ROOT, "cache"), seed=0, **regime.STARTS[WEAK][0])
     problems = toy.make_problems(s["problems"], seed=0)
     results = [split_one(seed, style, start, problems, s["lr"]) for style in s["styles"] for seed in s["seeds"]]
     return {"settings": s, "command": "python -m tools.because2 (its first job)", "results": results}
@@ -447,13 +447,14 @@ def tracking(run_dir: str, start_path: str) -> dict:
         for t in traces:
             if not step < t["step"] <= step + TRACK_WINDOW:
                 continue
-            pi, n_kept, c = ex.repair_token_probs(model, tok, t)
+            pi, n_kept, c = studies.repair_token_probs(model, tok, t)
             kept += pi[:n_kept]
             regen += pi[n_kept:]
             if c is not None and c < len(pi) - n_kept:
                 corrected.append(pi[n_kept + c])
         out[str(step)] = {"repairs": sum(step < t["step"] <= step + TRACK_WINDOW for t in traces),
-                          "kept_pi": ex.mean(kept), "regenerated_pi": ex.mean(regen), "corrected_pi": ex.mean(corrected)}
+                          "kept_pi": studies.mean(kept), "regenerated_pi": studies.mean(regen),
+                          "corrected_pi": studies.mean(corrected)}
     return out
 
 
@@ -554,14 +555,14 @@ def read_references(args) -> list[dict]:
     out = []
     for row, (folder, slug) in REFERENCES.items():
         for seed in OLD_SEEDS:
-            rec = ex.read_json(os.path.join(args.out, folder, "records", f"study-{GROUP}-{slug}-s{seed}.json"))
+            rec = studies.read_json(os.path.join(args.out, folder, "records", f"study-{GROUP}-{slug}-s{seed}.json"))
             if rec is not None:
                 out.append(rec["result"])
     return out
 
 
 def report(new: list[dict], mech: dict | None, args, planned: int) -> tuple[str, dict]:
-    f = lambda c: ex.fmt_ci(c) if c["lo"] is not None else ("–" if c["mean"] is None else f"{c['mean']:+.3f}")  # noqa: E731
+    f = lambda c: studies.fmt_ci(c) if c["lo"] is not None else ("–" if c["mean"] is None else f"{c['mean']:+.3f}")  # noqa: E731
     runs = [r for r in new if r.get("steps")]
     results = runs + read_references(args)
     con = contrasts(results)
@@ -620,9 +621,9 @@ def main(argv=None) -> None:
     p.add_argument("--jobs", type=int, default=2, help="processes at once")
     p.add_argument("--out", default="results/toy")
     a = p.parse_args(argv)
-    args = ex.parse_args(["--out", a.out, "--jobs", str(a.jobs)])
+    args = experiment.parse_args(["--out", a.out, "--jobs", str(a.jobs)])
     args.stage, args.eval_n_cool, args.train_eval_size = STAGE, 0, args.regime_eval_size   # the regime map's settings
-    os.chdir(ex.ROOT)
+    os.chdir(studies.ROOT)
     t0 = time.time()
     jobs = plan(args)
     planned = sum(j["kind"] == "run" for j in jobs)
@@ -630,7 +631,7 @@ def main(argv=None) -> None:
         done = [{**j, "result": r} for j in jobs if (r := recorded(j, args)) is not None]
     else:
         from harness import toy
-        toy.warm_start(os.path.join(ex.ROOT, "cache"), seed=0, **regime.STARTS[WEAK][0])
+        toy.warm_start(os.path.join(studies.ROOT, "cache"), seed=0, **regime.STARTS[WEAK][0])
         done = run_jobs(jobs, args, t0)
     mech = next((d["result"] for d in done if d["kind"] == "mechanism"), None)
     new = [d["result"] for d in done if d["kind"] == "run"]
@@ -650,11 +651,12 @@ def run_jobs(jobs: list[dict], args, t0: float) -> list[dict]:
     import threading
 
     if threading.current_thread() is threading.main_thread():
-        ex._stop_on_sigterm()
+        studies._stop_on_sigterm()
     todo = [j for j in jobs if recorded(j, args) is None]
     done = [{**j, "result": recorded(j, args), "fresh": False} for j in jobs if j not in todo]
     print(f"because2: {len(jobs)} jobs, {len(done)} recorded, {len(todo)} to run, {args.jobs} at a time", flush=True)
-    pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=ex._worker_group)
+    pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
+                               initializer=studies._worker_group)
     try:
         pending = {pool.submit(run_one, j, args): j for j in todo}
         walls = []
@@ -674,7 +676,7 @@ def run_jobs(jobs: list[dict], args, t0: float) -> list[dict]:
                 print(f"[{len(done)}/{len(jobs)}] [{(time.time() - t0) / 60:.1f} min] {j['name']}: {what}; "
                       f"ETA {eta:.0f} min for {left} runs", flush=True)
     except BaseException:   # Ctrl-C, SIGTERM, a failed run: stop the workers and their scope.py runs
-        ex.stop_pool(pool)
+        studies.stop_pool(pool)
         raise
     pool.shutdown(wait=True)
     order = {j["name"]: i for i, j in enumerate(jobs)}
@@ -683,7 +685,7 @@ def run_jobs(jobs: list[dict], args, t0: float) -> list[dict]:
 
 if __name__ == "__main__":
     if "--scope-run" in sys.argv:
-        os.chdir(ex.ROOT)
+        os.chdir(studies.ROOT)
         scope_run([x for x in sys.argv[1:] if x != "--scope-run"])
     else:
         main()

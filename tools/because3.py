@@ -27,7 +27,7 @@ import time
 import numpy as np
 
 from tools import because, because2
-from tools import experiment as ex
+from tools import experiment, studies
 from tools import regime
 
 STAGE = "because3"
@@ -35,7 +35,7 @@ SEEDS = tuple(range(13))
 RETRAIN_SEEDS = tuple(range(5, 13))   # the because2 SCOPE-in-style runs retrained for T
 PREFIX, SUFFIX = "prefix-credit", "suffix-credit"
 KEEP, PHANTOM, GRPO = because2.KEEP, because2.PHANTOM, because2.GRPO
-SCOPE_FLAGS = ex.GRID["scope any/replace"]
+SCOPE_FLAGS = studies.GRID["scope any/replace"]
 ROWS = {PREFIX: f"{SCOPE_FLAGS} --repair-credit prefix", SUFFIX: f"{SCOPE_FLAGS} --repair-credit suffix"}
 ORIGINS = (0, 25, 50)                 # T: a fixed set of repairs (steps o+1 .. o+5) from the checkpoint of step o
 CHECKPOINTS = (0, 25, 50, 75, 100)
@@ -61,8 +61,8 @@ def plan(args) -> list[dict]:
     jobs = []
     for seed in SEEDS:
         for row, flags in ROWS.items():
-            j = ex.job(row, seed, flags, args, group=because2.GROUP, steps=args.regime_steps, task=task,
-                       start=json.dumps(settings), eval_every=args.regime_eval_every)
+            j = studies.job(row, seed, flags, args, group=because2.GROUP, steps=args.regime_steps, task=task,
+                            start=json.dumps(settings), eval_every=args.regime_eval_every)
             jobs.append({**j, "kind": "run", "wrap": "keep-checkpoints"})
     return jobs + [{**because2.job(KEEP, seed, args), "kind": "retrain"} for seed in RETRAIN_SEEDS]
 
@@ -74,7 +74,7 @@ def record_path(j: dict, args) -> str:
 def recorded(j: dict, args) -> dict | None:
     """The job's recorded result, None when there is no record; a record of another command or other eval
     settings is an error (records are never replaced)."""
-    old = ex.read_json(record_path(j, args))
+    old = studies.read_json(record_path(j, args))
     if old is None:
         return None
     cmd, settings = because2.record_key(j, args)
@@ -88,16 +88,16 @@ def run_one(j: dict, args) -> dict:
     """Train, evaluate and record one job (in a worker); a dirty tree is refused before any training."""
     import torch
 
-    os.chdir(ex.ROOT)
+    os.chdir(studies.ROOT)
     torch.set_num_threads(1)
     env = clean_environment()
     t0 = time.time()
     because2.train(j, args)
     t1 = time.time()
     run_dir = os.path.join("runs", j["name"])
-    ev = ex.evaluate_policy(os.path.join(run_dir, "checkpoint"), j["task"], args, ex.eval_styles(j, args))
-    r = {**{k: v for k, v in j.items() if k != "kind"}, "eval": ev, "train": ex.training_stats(run_dir),
-         "repairs": regime.repairs_of(run_dir, j["steps"]), "tracking": tracking(run_dir, ex.start_path(j, args)),
+    ev = studies.evaluate_policy(os.path.join(run_dir, "checkpoint"), j["task"], args, studies.eval_styles(j, args))
+    r = {**{k: v for k, v in j.items() if k != "kind"}, "eval": ev, "train": studies.training_stats(run_dir),
+         "repairs": regime.repairs_of(run_dir, j["steps"]), "tracking": tracking(run_dir, studies.start_path(j, args)),
          "wall_s": {"train": round(t1 - t0, 1), "eval": round(time.time() - t1, 1)}}
     cmd, settings = because2.record_key(j, args)
     os.makedirs(os.path.dirname(record_path(j, args)), exist_ok=True)
@@ -113,7 +113,7 @@ def clean_environment() -> dict:
 
     env = environment()
     if env["dirty"] is not False:
-        raise RuntimeError(f"because3: the tree at {ex.ROOT} differs from commit {env['commit']} "
+        raise RuntimeError(f"because3: the tree at {studies.ROOT} differs from commit {env['commit']} "
                            f"({', '.join(env['changed']) or 'git status failed'}); commit, or run from a clean worktree")
     return env
 
@@ -144,13 +144,13 @@ def token_pi(model, tokenizer, repairs: list[dict]) -> dict:
     """Mean π of the repairs' kept tokens, regenerated tokens and corrected tokens under `model`."""
     kept, regen, corrected = [], [], []
     for t in repairs:
-        pi, n_kept, c = ex.repair_token_probs(model, tokenizer, t)
+        pi, n_kept, c = studies.repair_token_probs(model, tokenizer, t)
         kept += pi[:n_kept]
         regen += pi[n_kept:]
         if c is not None and c < len(pi) - n_kept:
             corrected.append(pi[n_kept + c])
-    return {"repairs": len(repairs), "corrected_tokens": len(corrected), "kept_pi": ex.mean(kept),
-            "regenerated_pi": ex.mean(regen), "corrected_pi": ex.mean(corrected)}
+    return {"repairs": len(repairs), "corrected_tokens": len(corrected), "kept_pi": studies.mean(kept),
+            "regenerated_pi": studies.mean(regen), "corrected_pi": studies.mean(corrected)}
 
 
 # ---------------------------------------------------------------- statistics (pure) and the report
@@ -210,7 +210,7 @@ def reading(con: dict) -> str:
 
 
 def tracking_table(runs: list[dict]) -> list[str]:
-    f = lambda c: ex.fmt_ci(c) if c["lo"] is not None else ("–" if c["mean"] is None else f"{c['mean']:+.3f}")  # noqa: E731
+    f = lambda c: studies.fmt_ci(c) if c["lo"] is not None else ("–" if c["mean"] is None else f"{c['mean']:+.3f}")  # noqa: E731
     md = ["| cell | origin | checkpoint | runs | kept π | regenerated π | corrected π (mean [t-interval], SD) | "
           "corrected π − its value at the origin |", "|---" * 8 + "|"]
     for row in (PREFIX, SUFFIX, KEEP):
@@ -246,7 +246,7 @@ def report(new: list[dict], retrained: list[dict], args, planned: int) -> tuple[
         boot = f"[{b['lo']:+.3f}, {b['hi']:+.3f}]" if b else "–"
         pval = "–" if p is None else f"{p:.3f}" + ("" if adj is None else f" (Holm {adj:.3f})")
         loo = ", ".join(f"{v} ×{c['leave_one_out'].count(v)}" for v in sorted(set(c["leave_one_out"])))
-        md.append(f"| {'**' + name + '**' if c['primary'] else name} | {len(c['seeds'])} | {ex.fmt_ci(c['t'])} | "
+        md.append(f"| {'**' + name + '**' if c['primary'] else name} | {len(c['seeds'])} | {studies.fmt_ci(c['t'])} | "
                   f"{pval} | {boot} | {c['verdict']} | {loo} |")
     md += ["", "## Runs (acc at T = 1.0 per seed)\n", "| row | " + " | ".join(f"s{s}" for s in SEEDS) + " |",
            "|---" * 14 + "|"]
@@ -270,8 +270,8 @@ def read_because2(args) -> list[dict]:
     out = []
     for row in (GRPO, KEEP, PHANTOM):
         for seed in because2.NEW_SEEDS:
-            rec = ex.read_json(os.path.join(args.out, because2.STAGE, "records",
-                                            because2.job(row, seed, args)["name"] + ".json"))
+            rec = studies.read_json(os.path.join(args.out, because2.STAGE, "records",
+                                                 because2.job(row, seed, args)["name"] + ".json"))
             if rec is not None:
                 out.append(rec["result"])
     return out
@@ -286,14 +286,14 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="results/toy", help="the results folder (records are read from and written to it)")
     a = p.parse_args(argv)
     out = os.path.abspath(a.out)
-    args = ex.parse_args(["--out", out, "--jobs", str(a.jobs)])
+    args = experiment.parse_args(["--out", out, "--jobs", str(a.jobs)])
     args.stage, args.eval_n_cool, args.train_eval_size = STAGE, 0, args.regime_eval_size   # the regime map's settings
-    os.chdir(ex.ROOT)
+    os.chdir(studies.ROOT)
     t0 = time.time()
     jobs = plan(args)
     if not a.records_only:
         from harness import toy
-        toy.warm_start(os.path.join(ex.ROOT, "cache"), seed=0, **regime.STARTS[because2.WEAK][0])
+        toy.warm_start(os.path.join(studies.ROOT, "cache"), seed=0, **regime.STARTS[because2.WEAK][0])
         todo = [j for j in jobs if recorded(j, args) is None]
         try:
             env = clean_environment()
@@ -301,7 +301,7 @@ def main(argv=None) -> None:
             raise SystemExit(str(e)) from None
         print(f"because3: {len(jobs)} jobs, {len(jobs) - len(todo)} recorded, {len(todo)} to run, commit "
               f"{env['commit']}, CPU {env['cpu']} ({env['cpu_capability']})", flush=True)
-        ex.run_all(todo, args, t0, worker=run_one)
+        studies.run_all(todo, args, t0, worker=run_one)
     done = [{**j, "result": r} for j in jobs if (r := recorded(j, args)) is not None]
     new = [d["result"] for d in done if d["kind"] == "run"]
     retrained = [d["result"] for d in done if d["kind"] == "retrain"]

@@ -5,8 +5,8 @@ nothing (the paper's evaluation is eval.py). Two views:
 
  1. `--plot RUN [RUN ...]`: one PNG with the training curves of the runs side by side (paper Figs. 3-7:
     reward, held-out accuracy, keep ratio, acceptance, entropy, length, near-miss and discarded-valid
-    shares). Written next to the run (runs/<name>/curves.png; several runs: runs/curves_<a>_<b>.png) unless
-    --out names the file.
+    shares; drawn by harness/curves.py, as a finished run draws its own). Written next to the run
+    (runs/<name>/curves.png; several runs: runs/curves_<a>_<b>.png) unless --out names the file.
  2. `--trace RUN [--step N] [--html [FILE]]`: the rectifications of one step (the last one with any by
     default) as the paper's Fig. 12: the policy's steps with their PRM scores, the cut, each refiner
     attempt. `--html` also writes a self-contained page (default runs/<name>/trace_step<N>.html).
@@ -18,98 +18,10 @@ How to run (from the repository root):
 """
 import argparse
 import html
-import json
 import os
 import sys
 
-
-def read_jsonl(path: str) -> list[dict]:
-    """The records of a JSON-lines file; a bad line raises ValueError naming the file and line number."""
-    records = []
-    with open(path, encoding="utf-8") as f:
-        for line_no, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise ValueError(f"{path}, line {line_no}: not valid JSON ({err})") from err
-    return records
-
-
-def _run_file(run: str, name: str) -> str:
-    """runs/A -> runs/A/<name>; a file path is taken as is. FileNotFoundError names what is missing."""
-    path = os.path.join(run, name) if os.path.isdir(run) else run
-    if not os.path.isfile(path):
-        raise FileNotFoundError(f"{path}: no such file (expected a run directory holding {name}, or the file)")
-    return path
-
-
-def _field(row: dict, key: str) -> float | None:
-    value = row.get(key)
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _acceptance(row: dict) -> float | None:
-    tried, accepted = _field(row, "rectify_tried"), _field(row, "rectify_accepted")
-    return accepted / tried if tried and accepted is not None else None
-
-
-# (panel title, value of one metrics.jsonl row or None when the row lacks it)
-PLOT_PANELS = [
-    ("reward (mean)", lambda row: _field(row, "reward_mean")),
-    ("eval accuracy", lambda row: _field(row, "eval_acc")),
-    ("keep ratio (steps)", lambda row: _field(row, "keep_ratio_steps")),
-    ("rectification acceptance", _acceptance),
-    ("entropy", lambda row: _field(row, "entropy")),
-    ("response length (tokens)", lambda row: _field(row, "response_len")),
-    ("near-miss share (r=0)", lambda row: _field(row, "near_miss_frac")),
-    ("discarded valid share (r=0)", lambda row: _field(row, "discarded_valid_frac")),
-]
-
-
-def plot_runs(runs: list[str], out: str) -> str:
-    """One PNG with the training curves of several runs side by side (paper Figs. 3-7), from each run's
-    metrics.jsonl. x = "step" (the row index when absent); rows without a field are skipped; a panel no
-    run has data for says so. Returns `out`."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    logs = {}
-    for run in runs:
-        path = _run_file(run, "metrics.jsonl")
-        logs[os.path.basename(os.path.dirname(os.path.abspath(path)))] = read_jsonl(path)  # label: run dir name
-    cols = 4
-    fig, axes = plt.subplots((len(PLOT_PANELS) + cols - 1) // cols, cols,
-                             figsize=(4.5 * cols, 3.4 * ((len(PLOT_PANELS) + cols - 1) // cols)), squeeze=False)
-    colors = {label: f"C{i % 10}" for i, label in enumerate(logs)}  # one colour per run in every panel
-    for ax, (title, value) in zip(axes.flat, PLOT_PANELS):
-        any_data = False
-        for label, rows in logs.items():
-            points = [(row.get("step", i), value(row)) for i, row in enumerate(rows)]
-            points = [(x, y) for x, y in points if y is not None]
-            if points:
-                any_data = True
-                xs, ys = zip(*points)
-                ax.plot(xs, ys, marker="o" if len(points) <= 30 else None, markersize=3, color=colors[label])
-        if not any_data:
-            ax.text(0.5, 0.5, "no data", ha="center", va="center", transform=ax.transAxes, color="grey")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("step", fontsize=8)
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(PLOT_PANELS):]:
-        ax.axis("off")
-    # one legend naming every run (a run without data in the first panel, e.g. grpo's keep ratio, still gets its
-    # entry; regression: per-panel colour cycles used to shift and the legend then mislabelled later panels)
-    handles = [plt.Line2D([], [], color=colors[label], label=label) for label in logs]
-    if handles:
-        axes.flat[0].legend(handles=handles, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-    return out
-
+from harness.curves import plot_runs, read_jsonl, run_file
 
 ANSI = {"green": "\033[32m", "red": "\033[31m", "blue": "\033[34m", "dim": "\033[2m", "bold": "\033[1m"}
 
@@ -235,7 +147,7 @@ def runs_label(paths: list[str]) -> str:
 def plot_path(runs: list[str]) -> str:
     """Where --plot writes without --out: runs/<name>/curves.png for one run; runs/curves_<a>_<b>.png (beside
     the first run's folder) for several."""
-    paths = [_run_file(run, "metrics.jsonl") for run in runs]
+    paths = [run_file(run, "metrics.jsonl") for run in runs]
     first = os.path.dirname(os.path.abspath(paths[0]))
     if len(paths) == 1:
         return os.path.join(os.path.relpath(first), "curves.png")
@@ -251,7 +163,7 @@ def trained_steps(run_dir: str) -> list[int]:
 def show_traces(run: str, *, step: int | None, limit: int | None, html_out: str | None, color: bool) -> None:
     """Print the rectifications of one training step of a run (and write them as HTML when asked). A step the
     run did not train raises ValueError naming the range."""
-    path = _run_file(run, "traces.jsonl")
+    path = run_file(run, "traces.jsonl")
     run_dir = os.path.relpath(os.path.dirname(os.path.abspath(path)))
     records, steps = read_jsonl(path), trained_steps(run_dir)
     if step is not None and steps and not min(steps) <= step <= max(steps):
