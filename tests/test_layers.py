@@ -123,3 +123,27 @@ def test_the_check_sees_a_lazy_import(tmp_path):
     path.write_text("def f():\n    from refine import Refiner\n    import importlib\n"
                     "    return importlib.import_module('prm')\n")
     assert {m for _, m in imported_modules(str(path))} >= {"refine", "prm"}
+
+
+def code_lines(path: str, name: str, body_only: bool = False) -> int:
+    """Non-blank lines of function `name` in `path` that are not comments; body_only: without its def lines and
+    its docstring."""
+    with open(path, encoding="utf-8") as f:
+        src = f.read()
+    node = next(n for n in ast.parse(src).body if isinstance(n, ast.FunctionDef) and n.name == name)
+    start = node.lineno
+    if body_only:
+        first = node.body[1] if isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant) \
+            else node.body[0]
+        start = first.lineno
+    lines = src.splitlines()[start - 1:node.end_lineno]
+    return sum(1 for ln in lines if ln.strip() and not ln.strip().startswith("#"))
+
+
+def test_the_step_and_the_update_stay_short():
+    """The design card's limits: scope.py's main (the whole step, one screen) at most 35 lines besides comments,
+    grpo.py's update at most 25 besides its def lines, docstring and comments."""
+    main = code_lines(os.path.join(ROOT, "scope.py"), "main")
+    update = code_lines(os.path.join(ROOT, "grpo.py"), "update", body_only=True)
+    assert main <= 35, f"scope.py:main has {main} lines besides comments (at most 35)"
+    assert update <= 25, f"grpo.py:update has {update} lines besides its signature, docstring and comments (at most 25)"
