@@ -543,6 +543,7 @@ class Run:
         return {**batch, "old_logp": old}
 
     def on_device(self, batch: dict) -> dict:
+        """The batch's tensors on the run's device; no value changed."""
         return {k: v.to(self.device) for k, v in batch.items()}
 
     def update_engine(self) -> dict:
