@@ -196,7 +196,7 @@ def test_prefix_continuation_keeps_the_prefix_ids(engine, tok):
     no BOS), so greedy(prompt)[k:] == greedy(prompt + greedy(prompt)[:k]); and the SCOPE splice built on a
     refiner that runs through vLLM starts with exactly those prefix ids."""
     from harness.refiner import Refiner
-    from refine import splice
+    from refine import refiner_prompt, splice
 
     prompt = ids(tok, "First, compute")
     full = greedy(engine, [prompt], max_tokens=30)[0]
