@@ -114,11 +114,9 @@ def k3_kl(logp: Tensor, ref_logp: Tensor, mask: Tensor) -> Tensor:
 
 
 def truncated_is_weight(old_logp: Tensor, batch: dict, cap: float) -> Tensor | None:
-    """Truncated importance sampling (TIS) against the sampler → w (N, L), detached, or None (cap 0: off; no
-    sampler log-probs: HF generate returns none). vLLM draws the policy's tokens with its own kernels, so its
-    π_sampler is not quite the trainer's π_old: each policy token whose sampler log-prob is known (batch's
-    "sampler_mask", laid out by trainer.sampler_rows) is weighted w = min(π_old / π_sampler, C)
-    = min(exp(old_logp − sampler_logp), C); every other position gets 1."""
+    """TIS: vLLM's kernels give a sampled token a π_sampler a little off the trainer's π_old, so each policy token
+    whose sampler log-prob is known weighs w = min(exp(old_logp − sampler_logp), C), detached; 1 elsewhere.
+    → (N, L), or None when off (cap 0) or without sampler log-probs (HF generate has none)."""
     if cap <= 0 or "sampler_logp" not in batch:
         return None
     if cap < 1:
@@ -186,12 +184,10 @@ def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, up
            clip_eps=0.2, shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
            offpolicy_credit="shaped", tis_cap=0.0, temperature=1.0, max_grad_norm=1.0, amp=contextlib.nullcontext,
            **engine) -> dict:
-    """k = `updates_per_batch` optimizer steps on one rollout batch, one per mini-batch of whole `groups` (each
-    row's group), in order; the first steps before any weight moved, so its π_old is its own forward (ρ = 1,
-    batch["old_logp"] unread there). Log-probs are of π at the rollout `temperature` (softmax(logits / T)); the
-    gradient is clipped to `max_grad_norm` (the paper's 1.0). Each micro-batch's loss is ÷ its mini-batch's Z, so
-    the accumulated gradient is the mini-batch's. `engine`, `amp` and the metrics (means over the k steps):
-    harness/trainer.py."""
+    """k = `updates_per_batch` optimizer steps, one per mini-batch of whole `groups` (each row's group), in order;
+    the first steps before any weight moved: its π_old is its own forward (ρ = 1; batch["old_logp"] unread there).
+    π at the rollout `temperature`; the gradient clipped to `max_grad_norm` (the paper's 1.0); each micro-batch's
+    loss ÷ its mini-batch's Z. `engine`, `amp` and the metrics (means over the k steps): harness/trainer.py."""
     stats = []
     minis = trainer.mini_batches(model, batch, groups, updates_per_batch, logprobs_and_entropy, amp=amp,
                                  temperature=temperature, **engine)  # k > 1: π_old's no-grad pass on 2..k first
