@@ -410,3 +410,22 @@ def test_xattr_and_keyring_relays_score_nothing_twice_and_leave_nothing(tmp_path
         assert sum(r["points"] for r in results.values()) <= 8, (attempt, results)
         assert os.listxattr(target) == [] and relay_keys() == [], f"grading {attempt} left relay state"
     shutil.rmtree(base)
+
+
+def test_the_report_says_sealed_whatever_exit_status_the_students_code_gives(tmp_path):
+    """'sealed' is the worker's own word, one byte on a pipe written and closed before anything of the student's
+    runs: a copy whose code exits with the worker's could-not-seal status (seal.FAILED) is still graded as
+    sealed, and its row gives the exit status, not 'could not seal itself'."""
+    from tools.course import fixtures
+
+    assert seal.missing() == "", seal.missing()
+    out = tmp_path / "copy"
+    student_copy.generate(str(out))
+    with open(out / "prm.py", "a", encoding="utf-8") as fh:
+        fh.write(f"\nimport os\nos._exit({seal.FAILED})\n")
+    fx = tmp_path / "fx"
+    fixtures.write_fixtures(str(fx), seed=5, only=["split_steps"])
+    results = grade.grade(str(out), str(fx), only=["split_steps"], for_credit=True)
+    row = results["split_steps"]
+    assert row["sealed"] is True and row["points"] == 0, row
+    assert f"exit status {seal.FAILED}" in row["error"] and "could not seal" not in row["error"], row["error"]

@@ -255,11 +255,14 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
         with tempfile.TemporaryDirectory(prefix="grade-") as here:
             grading_folder(folder, name, here)
             torch.save(data["cases"], os.path.join(here, "cases.pt"))
+            status_r, status_w = os.pipe()   # the worker's one byte: sealed or not, before any student code
             with open(os.path.join(here, "job.json"), "w", encoding="utf-8") as f:
-                json.dump({"problem": name, "tokenizer": tokenizer, "seconds": seconds,
+                json.dump({"problem": name, "tokenizer": tokenizer, "seconds": seconds, "status_fd": status_w,
                            "hidden": [ROOT, folder] + list(hidden)}, f)
-            proc = seal.run([sys.executable, "-m", "_course.worker", here], here, seconds, sealed)
+            proc = seal.run([sys.executable, "-m", "_course.worker", here], here, seconds, sealed, pass_fds=(status_w,))
+            status = read_status(status_r, status_w)
             answers, stopped = [], (f"it ran past its time limit ({seconds + seal.GRACE} s) and was killed" if proc is None
+                                    else "it could not seal itself, so nothing was graded" if status == seal.NOT_SEALED
                                     else stop_reason(proc.returncode, proc.stderr))
             path = os.path.join(here, "answers.pt")
             if os.path.isfile(path) and not os.path.islink(path):
@@ -273,7 +276,7 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
         first = stopped
     if first:
         notes.append(f"graded twice: the first process stopped ({first})")
-    if sealed and proc is not None and proc.returncode == seal.FAILED:
+    if status == seal.NOT_SEALED:   # the worker's own word, written before the student's code ran; never its exit status
         sealed = False
     stopped = stopped or ("" if answers else "it wrote no answers")
     passed, error = 0, ""
@@ -290,6 +293,19 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
                           if "error" not in answer else f"case {k}: {answer['error']}")
         notes.append(f"case {k}: {why}")
     return {"passed": passed, "cases": len(data["outputs"]), "error": error, "sealed": sealed, "notes": notes}
+
+
+def read_status(read_end: int, write_end: int) -> bytes:
+    """The first byte the worker wrote to its status pipe (b"" when it never reached its seal), both ends closed.
+    Non-blocking: an orphan still holding the write end cannot stall the grader."""
+    os.close(write_end)
+    os.set_blocking(read_end, False)
+    try:
+        return os.read(read_end, 1)
+    except BlockingIOError:
+        return b""
+    finally:
+        os.close(read_end)
 
 
 def killed_from_outside(returncode: int) -> bool:
@@ -310,8 +326,6 @@ def stop_reason(returncode: int, stderr: str) -> str:
         how += " (its CPU-time limit)"
     elif signum == signal.SIGKILL:
         how += " (its CPU-time limit, or the out-of-memory killer)"
-    elif returncode == seal.FAILED:
-        how = "it could not seal itself, so nothing was graded"
     lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
     lines = [ln for ln in lines if ln.startswith("Fatal Python error")] or lines   # a crash: faulthandler's headline
     return how + (f": {lines[-1][:160]}" if lines else ", no output")

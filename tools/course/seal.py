@@ -28,6 +28,7 @@ MEMORY = 6 << 30                         # RLIMIT_AS, bytes
 PROCESSES = 256                          # RLIMIT_NPROC: processes and threads of IDENTITY
 GRACE = 15                               # seconds between a process's alarm and its kill
 FAILED = 3                               # the worker's exit status when it could not seal itself
+SEALED, NOT_SEALED = b"1", b"0"          # the one byte the worker writes to its status pipe before any student code
 # user, PID, network, IPC and mount namespaces (util-linux's unshare); no uid map, so inside it the process is
 # the unmapped uid; PID 1 of its namespace, so every process it forks dies with it; unshare's child gets SIGKILL
 # when unshare ends, and unshare when the grader ends (PR_SET_PDEATHSIG)
@@ -253,16 +254,17 @@ def _own_tasks() -> int:
     return n
 
 
-def run(argv: list, here: str, seconds: int, sealed: bool = True):
+def run(argv: list, here: str, seconds: int, sealed: bool = True, pass_fds=()):
     """Run `argv` in `here` as a graded process: inside NAMESPACES as IDENTITY (`as_identity`; when `sealed`), under
-    `limits`, with `environment`, killed `seconds` + GRACE after it starts. Returns the CompletedProcess, or None when
-    it was killed for time. The process seals the rest itself (`apply`) before it runs anything untrusted."""
+    `limits`, with `environment`, killed `seconds` + GRACE after it starts; `pass_fds` stay open in it (the status
+    pipe). Returns the CompletedProcess, or None when it was killed for time. The process seals the rest itself
+    (`apply`) before it runs anything untrusted."""
     if sealed:
         give_folder(here)
     try:
         prefix = [*as_identity(here), *NAMESPACES] if sealed else []
         return subprocess.run([*prefix, *argv], cwd=here, env=environment(here), capture_output=True, text=True,
-                              timeout=seconds + GRACE, preexec_fn=lambda: limits(seconds))
+                              timeout=seconds + GRACE, preexec_fn=lambda: limits(seconds), pass_fds=pass_fds)
     except subprocess.TimeoutExpired:
         return None
 

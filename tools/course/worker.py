@@ -1,7 +1,9 @@
 """The graded process of one problem: `python -m _course.worker FOLDER` inside the folder `grade.grading_folder`
 fills (this package is copied there as `_course`). It seals itself (`seal.apply`) before it imports anything,
 then runs the problem's runner on each held-out input and writes the answers; it never sees the expected
-outputs. Its exit status is seal.FAILED, and nothing of the student's has run, when it could not seal itself.
+outputs. Whether it sealed itself goes to the grader as one byte on the status pipe (job.json's "status_fd"),
+written and closed before anything of the student's runs, so no exit status or file of theirs can forge it;
+when it could not seal itself it exits with seal.FAILED and nothing of the student's has run.
 """
 import importlib
 import json
@@ -40,7 +42,9 @@ def worker(here: str) -> int:
         seal.apply(here, job["hidden"])
     except OSError as err:
         print(f"seal failed: {err}", file=sys.stderr)
+        report_seal(job, seal.NOT_SEALED)
         return seal.FAILED
+    report_seal(job, seal.SEALED)   # before anything of the student's is imported
     import torch
 
     from . import fixtures
@@ -72,6 +76,14 @@ def worker(here: str) -> int:
         signal.alarm(0)
     torch.save({"answers": answers}, os.path.join(here, "answers.pt"))
     return 0
+
+
+def report_seal(job: dict, status: bytes) -> None:
+    """Write the seal's status to the grader's pipe and close it: the student's code, which runs after, cannot."""
+    fd = job.get("status_fd")
+    if fd is not None:
+        os.write(fd, status)
+        os.close(fd)
 
 
 if __name__ == "__main__":
