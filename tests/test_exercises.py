@@ -449,7 +449,7 @@ def test_a_problem_past_its_time_limit_stops_at_the_limit(tmp_path):
 
 @pytest.mark.slow
 def test_every_stopped_grading_process_is_reported_with_its_reason(tmp_path):
-    """A group_advantages that ignores its alarm is killed 10 s after it (a whole copy grades in bounded time);
+    """A group_advantages that ignores its alarm is killed seal.GRACE (15 s) after it (a whole copy grades in bounded time);
     one that crashes the interpreter (SIGSEGV) is graded once more in a new folder, then reported with the
     signal and the faulthandler's last line; one that asks for more memory than the limit gets a MemoryError
     per case. None is a bare "died with no output"."""
