@@ -24,7 +24,7 @@ LAUNCH = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--npro
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def launch(args, cwd, timeout=150):
+def launch(args, cwd, timeout=300):
     """A 2-process torchrun launch; a non-zero exit or a timeout fails with its output."""
     try:
         proc = subprocess.run([*LAUNCH, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
