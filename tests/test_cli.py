@@ -1,5 +1,7 @@
 """harness/cli.py through scope.parse_args: --config FILE (YAML) and the hints for TRL's flag names."""
 import json
+import os
+import sys
 from dataclasses import asdict
 
 import pytest
@@ -131,6 +133,30 @@ def test_the_readmes_python_call_trains_with_warm_up_and_the_clip_it_is_given(tm
     assert lrs == pytest.approx([1e-4 / 4, 1e-4 * 2 / 4])   # the toy lr 1e-4, warmed up over 4 steps
     assert clips == [0.5, 0.5]
     assert json.loads((tmp_path / "runs" / "nb" / "config.json").read_text())["warmup_steps"] == 4
+
+
+def test_the_system_prompt_flag_reaches_every_rollout_and_evaluation_prompt(tmp_path, monkeypatch, toy_model_dir):
+    """--system-prompt (once a constant) is the system turn of every prompt the run builds: the rollouts' and the
+    evaluation's."""
+    from harness import generate, wiring
+
+    seen = []
+    build = generate.format_prompt
+
+    def recording(tokenizer, question, system=None, *a, **k):
+        caller = os.path.basename(sys._getframe(1).f_code.co_filename)
+        if caller != "export.py":   # the export's round trip checks the template with and without a system turn
+            seen.append((caller, system))
+        return build(tokenizer, question, system, *a, **k)
+
+    monkeypatch.setattr(wiring, "format_prompt", recording)     # the rollouts'
+    monkeypatch.setattr(generate, "format_prompt", recording)   # eval.py's, imported when it evaluates
+    monkeypatch.chdir(tmp_path)
+    scope.main({"toy": True, "model": toy_model_dir, "steps": 1, "prompts-per-step": 2, "group_size": 2,
+                "max_new_tokens": 32, "eval_size": 2, "eval_every": 1, "save_every": 100, "run_name": "sys",
+                "system_prompt": "Answer in one line."})
+    assert {caller for caller, _ in seen} == {"wiring.py", "eval.py"}, seen   # the rollouts and the evaluation
+    assert {system for _, system in seen} == {"Answer in one line."}, seen
 
 
 def test_a_negative_learning_rate_reaches_the_check_of_its_range(capsys):

@@ -25,6 +25,16 @@ def test_scalars_keep_the_numbers_and_drop_the_rest():
     assert trackers.scalars(record) == {"reward_mean": 0.25, "rectify_tried": 2.0, "skipped": 0.0, "eval_acc": 0.5}
 
 
+def test_tensorboard_says_where_it_logs_and_how_to_view_it(tmp_path, capsys):
+    """A newcomer could not find the event files: the run prints the logdir and the command that shows it."""
+    pytest.importorskip("tensorboard")
+    board = trackers.TensorBoard(str(tmp_path), {"lr": 1e-4}, first_step=1)
+    board.writer.close()
+    line = f"tensorboard: logging to {tmp_path}/tensorboard (view: tensorboard --logdir {tmp_path}/tensorboard)"
+    assert line in capsys.readouterr().out.splitlines()
+    assert os.listdir(tmp_path / "tensorboard")   # the event file is there
+
+
 @pytest.mark.slow
 def test_tensorboard_event_files_equal_metrics_jsonl(toy_model_dir, tmp_path):
     """Every number of every metrics.jsonl record (the step-0 evaluation included) is a TensorBoard scalar of
