@@ -46,7 +46,7 @@ def group_advantages(rewards, group_size: int | None = None, scale_std: bool = F
     A group whose rewards are all equal gets zero advantages (never NaN), also for a group of one.
     Groups of any size (the merged groups of --merge append): `groups`, each row's group, instead of group_size.
     """
-    if groups is not None:  # groups of any size: this same formula on each group, one at a time
+    if groups is not None:  # any sizes: this formula on each group, one at a time, back in the rows' order
         return trainer.per_group(group_advantages, rewards, groups, scale_std)
     r = trainer.rewards_in_groups(rewards, group_size)  # (B, G) float; a bad shape is a one-line error
     # BEGIN SOLUTION group_advantages
@@ -185,7 +185,8 @@ def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, up
            offpolicy_credit="shaped", tis_cap=0.0, temperature=1.0, max_grad_norm=1.0, amp=contextlib.nullcontext,
            **engine) -> dict:
     """k = `updates_per_batch` optimizer steps, one per mini-batch of whole `groups` (each row's group), in order;
-    the first steps before any weight moved: its π_old is its own forward (ρ = 1; batch["old_logp"] unread there).
+    the first steps before any weight moved: its π_old is its own forward (ρ = 1: mini_batches drops its "old_logp";
+    a k = 1 batch has one only if the caller gives it, which scope.py never does: --overlap-old-logp needs k > 1).
     π at the rollout `temperature`; the gradient clipped to `max_grad_norm` (the paper's 1.0); each micro-batch's
     loss ÷ its mini-batch's Z. `engine`, `amp` and the metrics (means over the k steps): harness/trainer.py."""
     stats = []
@@ -208,7 +209,7 @@ def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, up
                                           ref_logp=step.reference_logprobs(part), entropy=entropy,
                                           entropy_coef=entropy_coef, is_weight=is_weight)
             # END SOLUTION
-            step.backward(loss, terms)  # ÷ the mini-batch's Z: its full gradient
+            step.backward(loss, terms)  # the loss is already ÷ Z (z=step.z above): backward adds no scale
         if step.clip_gradients(max_grad_norm):  # False: a non-finite loss or gradient norm, on any rank
             optimizer.step()
         optimizer.zero_grad(set_to_none=True)

@@ -53,8 +53,9 @@ class Trajectory:
 
 
 class Suffix(NamedTuple):
-    """One refiner attempt: its text, and whether the refiner stopped by itself (EOS) rather than at its budget.
-    A refiner's continue_from returns these pairs, [pick][attempt]."""
+    """One refiner attempt: its text (the continuation only, without the prefix it continues), and whether the
+    refiner stopped by itself (EOS) rather than at its budget. A refiner's continue_from returns these pairs,
+    [pick][attempt]."""
     text: str
     finished: bool
 
@@ -76,7 +77,9 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
     picks: (index into trajs, prefix_len in tokens) per selected failure. `tokenizer` is the POLICY's. Every
     attempt is graded (the trace records each); the first correct one is accepted (`repaired`); a rejected
     pick leaves the list holding the very same Trajectory object. Each pick's suffix gets max_new_tokens minus
-    its prefix (the refiner may cap it lower). Returns (new list, one trace per pick).
+    its prefix, counted in the refiner's tokens (--refiner-max-tokens may cap it lower; a clipped suffix is not
+    finished); `splice` then holds the response to max_new_tokens in the policy's. Returns (new list, one trace
+    per pick).
     """
     check_picks(trajs, picks, attempts, merge, max_new_tokens)   # a public entry point: one-line errors
     if not picks:
@@ -158,8 +161,8 @@ def repair_credit_only(batch: dict, trajs: list[Trajectory], part: str) -> dict:
     """--repair-credit prefix | suffix, the credit-split controls: an accepted repair keeps its reward and its
     advantage (and its place in the group's mean), but only one part of its tokens carries loss. `prefix`: its
     kept tokens (the policy's own); `suffix`: the refiner's. The other part's tokens leave the response mask, so
-    they carry no loss (N and the --loss-agg constant normaliser unchanged). "all": the batch as it is.
-    batch: build_batch's dict, row i = trajs[i]."""
+    they carry no loss (N and the constant Z unchanged; --loss-agg token-mean's Z counts only the tokens left).
+    "all": the batch as it is. batch: build_batch's dict, row i = trajs[i]."""
     if part == "all":
         return batch
     repair = batch["response_mask"].new_tensor([t.source != "policy" for t in trajs]).bool().unsqueeze(1)  # (N, 1)

@@ -37,7 +37,7 @@ def main(args: "Args | dict") -> dict:
         for t, correct in zip(trajs, [grade(t.text, t.answer) for t in trajs]):
             t.correct, t.reward = correct, float(correct)
         # ---------------------------------------------- 3. PRM: score the failures' steps, find each first error
-        with run.prm_phase():   # --mode prm-reward also adds the PRM's score to each reward here
+        with run.prm_phase():   # no data changed (the PRM on the device); prm-reward: the next line adds to rewards
             locate_first_errors(trajs, run.prm, run.tokenizer, args.tau, args.mode, args.prm_reward_coef)
         # ---------------------------------------------- 4. select the most promising failure of each group
         picks = select_failures(trajs, mine, args.mode, args.rectify_groups, args.select_tiebreak)

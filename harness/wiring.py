@@ -529,9 +529,10 @@ class Run:
                                                 [t.sampler_logp for t in trajs], batch["input_ids"].shape[1])}
 
     def with_old_logprobs(self, batch: dict, trajs: list) -> dict:
-        """The batch plus "old_logp" (N, L): π_old of mini-batches 2..k's rows, from the pass `rollout` started
-        (--overlap-old-logp; its time is time_old_logp), so grpo.update skips its own. The batch as it is without
-        that pass, or when some row's policy tokens are no rollout's prefix (a warning)."""
+        """The batch plus "old_logp" (N, L): π_old of mini-batches 2..k's rows (0 on the first's, which never read
+        it), from the pass `rollout` started (--overlap-old-logp; its time is time_old_logp), so grpo.update skips
+        its own. The batch as it is without that pass, or when some row's policy tokens are no rollout's prefix
+        (a warning)."""
         if self.old_logp is None:
             return batch
         pending, self.old_logp = self.old_logp, None
