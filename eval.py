@@ -17,6 +17,7 @@ import math
 import os
 import re
 import sys
+import time
 from collections import Counter
 
 import numpy as np
@@ -278,8 +279,6 @@ def eval_progress(total: int, batch_size: int, label: str = ""):
     """Where an evaluation of `total` problems is: a tqdm bar on a terminal (none for one batch); off a terminal,
     with a `label`, one line per update: "eval math500: 64/500 problems, 41 s, ETA 4 min 39 s" (a log file gets
     no carriage returns); without a label, nothing (the training loop's periodic evaluation)."""
-    import time
-
     from tqdm.auto import tqdm
 
     from harness.progress import bar_disabled, duration
@@ -520,6 +519,7 @@ def run_evaluation(args: argparse.Namespace) -> dict:
     problems = {group: {name.strip(): load_problems(name.strip(), limit=args.limit)
                         for name in names.split(",") if name.strip()} for group, names in groups.items()}
     from harness.mathverify import for_name
+    from harness.runs import environment
     grade_fn = for_name(args.grader)   # a missing math-verify stops here, before the model loads
     generator, tokenizer = make_generator(args.model, args.backend, seed=args.seed, vllm_mem=args.vllm_mem,
                                           gen_batch_size=args.gen_batch_size)
@@ -527,7 +527,7 @@ def run_evaluation(args: argparse.Namespace) -> dict:
     settings = dict(n=args.n, temperature=args.temperature, top_p=args.top_p,
                     max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size)
     report = {"model": args.model, "model_label": model_name, **settings, "gen_batch_size": args.gen_batch_size,
-              "limit": args.limit, "grader": args.grader}
+              "limit": args.limit, "grader": args.grader, "environment": environment()}
     changes = run_changes(args.model)
     if changes:   # the checkpoint was trained under settings that changed on a resume: say so with the numbers
         report["run_config_changes"] = changes
@@ -536,8 +536,10 @@ def run_evaluation(args: argparse.Namespace) -> dict:
     for group, benchmarks in problems.items():
         results = {}
         for name, items in benchmarks.items():
+            start = time.perf_counter()
             result = evaluate(generator, tokenizer, items, keep_samples=keep, grade_fn=grade_fn, progress=_label(name),
                               **settings)
+            result["seconds"] = round(time.perf_counter() - start, 3)   # sampling and grading, not the model load
             if args.diversity:
                 result["diversity"] = diversity_summary(result["per_problem"])
             if keep and not args.save_samples:

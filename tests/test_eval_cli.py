@@ -89,8 +89,10 @@ def test_cli_end_to_end_on_local_jsonl(tiny_model_dir, tmp_path, capsys):
     report = json.loads(out.read_text())
     assert {"model", "n", "temperature", "max_new_tokens", "benchmarks", "ood"} <= set(report)
     res = report["benchmarks"][str(bench)]
-    assert {"acc", "pass@k", "n", "num_problems", "per_problem", "diversity"} <= set(res)
+    assert {"acc", "pass@k", "n", "num_problems", "per_problem", "diversity", "seconds"} <= set(res)
     assert set(res["pass@k"]) == {"1", "2"} and res["num_problems"] == 3 and res["n"] == 2
+    assert 0 < res["seconds"] < 600   # the benchmark's own sampling and grading time, to compare with training's
+    assert report["environment"]["torch"] == torch.__version__ and "commit" in report["environment"]
     assert 0.0 <= res["acc"] <= 1.0
     assert all(r["n"] == 2 and "samples" not in r for r in res["per_problem"])  # texts only with --save-samples
     printed = capsys.readouterr().out
