@@ -184,9 +184,9 @@ def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, up
            clip_eps=0.2, shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
            offpolicy_credit="shaped", tis_cap=0.0, temperature=1.0, max_grad_norm=1.0, amp=contextlib.nullcontext,
            **engine) -> dict:
-    """k = `updates_per_batch` optimizer steps, one per mini-batch of whole `groups` (each row's group), in order;
-    the first steps before any weight moved: its π_old is its own forward (ρ = 1: mini_batches drops its "old_logp";
-    a k = 1 batch has one only if the caller gives it, which scope.py never does: --overlap-old-logp needs k > 1).
+    """k = `updates_per_batch` optimizer steps, one per mini-batch of whole `groups` (each row's group), in order.
+    The first one steps before any weight moved, so its π_old is its own forward (ρ = 1): mini_batches drops its
+    "old_logp" (a k = 1 batch has one only if the caller gives it; scope.py never does: --overlap-old-logp needs k > 1).
     π at the rollout `temperature`; the gradient clipped to `max_grad_norm` (the paper's 1.0); each micro-batch's
     loss ÷ its mini-batch's Z. `engine`, `amp` and the metrics (means over the k steps): harness/trainer.py."""
     stats = []

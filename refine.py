@@ -76,10 +76,9 @@ def rectify(trajs: list[Trajectory], picks: list[tuple[int, int]], refiner, toke
 
     picks: (index into trajs, prefix_len in tokens) per selected failure. `tokenizer` is the POLICY's. Every
     attempt is graded (the trace records each); the first correct one is accepted (`repaired`); a rejected
-    pick leaves the list holding the very same Trajectory object. Each pick's suffix gets max_new_tokens minus
-    its prefix, counted in the refiner's tokens (--refiner-max-tokens may cap it lower; a clipped suffix is not
-    finished); `splice` then holds the response to max_new_tokens in the policy's. Returns (new list, one trace
-    per pick).
+    pick leaves the list holding the very same Trajectory object. The refiner may write max_new_tokens −
+    len(prefix) tokens of its own (--refiner-max-tokens may cap it lower; a suffix clipped there is not finished);
+    `splice` then holds the whole response to max_new_tokens policy tokens. Returns (new list, one trace per pick).
     """
     check_picks(trajs, picks, attempts, merge, max_new_tokens)   # a public entry point: one-line errors
     if not picks:

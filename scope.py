@@ -37,13 +37,13 @@ def main(args: "Args | dict") -> dict:
         for t, correct in zip(trajs, [grade(t.text, t.answer) for t in trajs]):
             t.correct, t.reward = correct, float(correct)
         # ---------------------------------------------- 3. PRM: score the failures' steps, find each first error
-        with run.prm_phase():   # no data changed (the PRM on the device); prm-reward: the next line adds to rewards
+        with run.prm_phase():   # moves the PRM, no data changed; the next line writes the failures' PRM facts
             locate_first_errors(trajs, run.prm, run.tokenizer, args.tau, args.mode, args.prm_reward_coef)
         # ---------------------------------------------- 4. select the most promising failure of each group
         picks = select_failures(trajs, mine, args.mode, args.rectify_groups, args.select_tiebreak)
         # ---------------------------------------------- 5. rectify: keep the prefix ids, a refiner writes the rest
         merged, traces = trajs, []   # also what a refiner that stopped answering leaves (a warning, no repair)
-        with run.refine_phase(picks) as seed:   # seed: from (seed, step) and the picks' global index
+        with run.refine_phase(picks) as seed:   # no data changed; seed: from (seed, step) and the picks' global index
             merged, traces = rectify(trajs, picks, run.refiner, run.tokenizer, attempts=args.refine_attempts,
                                      merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=seed)
         # ---------------------------------------------- 6. advantages over each merged group: A = r − mean(r)
@@ -54,7 +54,7 @@ def main(args: "Args | dict") -> dict:
         batch = build_batch([t.prompt_ids for t in merged], [t.response_ids for t in merged],
                             [t.offpolicy_mask for t in merged], advantages, run.pad_id)
         batch = repair_credit_only(batch, merged, args.repair_credit)   # "all" unless a credit-split control
-        batch = run.with_sampler_logprobs(batch, merged)   # + vLLM's log-probs of the rollout tokens, for TIS
+        batch = run.with_sampler_logprobs(batch, merged)   # + vLLM's log-probs of the policy's tokens, for TIS
         batch = run.with_old_logprobs(batch, merged)   # + π_old from the pass the rollout started, if any
         with run.update_phase():   # the policy in train mode (vLLM asleep, FSDP2 resharded): no data changed
             stats = update(run.model, run.optimizer, run.on_device(batch), groups, clip_eps=args.clip_eps,
