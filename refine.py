@@ -42,7 +42,7 @@ class Trajectory:
     prefix_len: int | None = None  # response tokens before the first error (the kept prefix), set in step 3
     keep_ratio_tokens: float | None = None  # prefix_len / len(response_ids)
     finished: bool = True  # the sampler stopped by itself (False: it hit max_new_tokens, a truncated response)
-    sampler_logp: list[float] | None = None  # the sampler's log-prob of the first len() response ids (vLLM only)
+    sampler_logp: list[float] | None = None  # vLLM's log-probs of response_ids[:len(it)] (a repair: its prefix)
 
     def __post_init__(self):
         if self.offpolicy_mask is None:
@@ -132,7 +132,7 @@ def splice(prefix_ids: list[int], suffix_text: str, tokenizer, *, max_new_tokens
 
 def repaired(t: Trajectory, response_ids: list[int], mask: list[int], text: str, prefix_len: int,
               end_id: int | None) -> Trajectory:
-    """The accepted repair of failure `t`: reward 1.0, its regrade's outcome reward (only a correct repair is
+    """The accepted repair of failure `t`: reward 1.0, the regrade's 0/1 outcome reward (only a correct repair is
     accepted); source "rectified" ("replaced" for an empty prefix); the refiner's tokens marked; the PRM facts
     copied from the original so the logs show what was salvaged; the sampler's log-probs of the kept prefix only."""
     return Trajectory(
