@@ -6,8 +6,8 @@ finished flag) out, honouring n, temperature, top-p, max tokens, seed and stoppi
 share one `generate(prompts, *, n, temperature, top_p, max_tokens, seed) -> list[list[Completion]]`
 (outer list: prompts, inner list: the n samples); the notes on each sit under its section's banner:
 2. `HFGenerator` (`model.generate`, or `lean_decode` for the CPU toy policy); 3. `VLLMGenerator` (in-process
-vLLM with a weight push, the rollout engine on a GPU); 4. `OpenAIGenerator` (a `/v1/completions` server);
-5. `serve_with_vllm` (the refiner as a `vllm serve` this process starts and owns).
+vLLM with a weight push, the rollout engine on a GPU); 4. `OpenAIGenerator` (a `/v1/completions` server:
+one elsewhere, `--refiner-url`, or 5. `serve_with_vllm`'s, the refiner as a `vllm serve` this process owns).
 The prompt format, the stop ids, `PLAIN_SAMPLING` and the clamped budget are choices (docs/choices.md, "1
 rollout"). Tests: tests/test_generate.py, tests/test_served.py; a real vLLM: tests/test_vllm.py (vLLM stage).
 """
