@@ -736,11 +736,20 @@ def _parent_death_signal():
     return lambda: prctl(1, sigterm)  # 1 = PR_SET_PDEATHSIG
 
 
+class ServerStartError(RuntimeError):
+    """A server that exited or did not answer during start-up; the message ends with its log's last lines (`tail`),
+    and `log_path` names the whole log."""
+
+    def __init__(self, message: str, log_path: str, tail: str):
+        super().__init__(message)
+        self.log_path, self.tail = log_path, tail
+
+
 class ServedModel:
     """A server process (normally `vllm serve`) started by this process, health-checked, and never orphaned.
 
     start(): the command runs in its own process group with stdout+stderr in `log_path`; GET `url`/health is
-    polled until it answers 200; the server dying or `startup_timeout` passing first is a RuntimeError that
+    polled until it answers 200; the server dying or `startup_timeout` passing first is a ServerStartError that
     quotes the log's last lines (and the process group is killed). close(): SIGTERM to the whole group (vLLM's
     engine-core child included), SIGKILL after `grace` seconds; idempotent.
     Exit paths covered: normal end and exceptions (close() is registered with atexit, and callers may use
@@ -768,14 +777,16 @@ class ServedModel:
             if not self.alive():
                 tail = self.log_tail()
                 self.close()
-                raise RuntimeError(f"the server exited during start-up ({self.describe_exit()}); "
-                                   f"log {self.log_path}, last lines:\n{tail}")
+                raise ServerStartError(f"the server exited during start-up ({self.describe_exit()}); "
+                                       f"log {self.log_path}, last lines:\n{tail}", self.log_path, tail)
             if self.healthy():
                 return self
             if time.time() > deadline:
                 self.close()
-                raise RuntimeError(f"the server did not answer {self.url}/health within {self.startup_timeout:g} s;"
-                                   f" log {self.log_path}, last lines:\n{self.log_tail()}")
+                tail = self.log_tail()
+                raise ServerStartError(f"the server did not answer {self.url}/health within "
+                                       f"{self.startup_timeout:g} s; log {self.log_path}, last lines:\n{tail}",
+                                       self.log_path, tail)
             time.sleep(1.0)
 
     def healthy(self, timeout: float = 5) -> bool:

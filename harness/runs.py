@@ -76,13 +76,28 @@ def unwritable(run_dir: str) -> str | None:
 @contextlib.contextmanager
 def removed_on_failure(run_dir: str, new: bool):
     """A new run's folder is removed again if what runs inside fails (a model that does not load, Ctrl-C while
-    loading): nothing was trained in it, and a folder left behind would refuse the corrected command."""
+    loading): nothing was trained in it, and a folder left behind would refuse the corrected command. Its server
+    logs (*.log, which the error names) stay: a folder holding only them is no run (holds_run) and counts as new."""
     try:
         yield
     except BaseException:
-        if new:
-            shutil.rmtree(run_dir, ignore_errors=True)
+        if new and os.path.isdir(run_dir):
+            for name in os.listdir(run_dir):
+                path = os.path.join(run_dir, name)
+                if os.path.isdir(path) and not os.path.islink(path):
+                    shutil.rmtree(path, ignore_errors=True)
+                elif not name.endswith(".log"):
+                    with contextlib.suppress(OSError):
+                        os.remove(path)
+            with contextlib.suppress(OSError):   # not empty: the logs stay in it
+                os.rmdir(run_dir)
         raise
+
+
+def only_logs(run_dir: str) -> bool:
+    """True when run_dir does not exist or holds nothing but the *.log files of a start that failed."""
+    return not os.path.isdir(run_dir) or all(name.endswith(".log") and os.path.isfile(os.path.join(run_dir, name))
+                                             for name in os.listdir(run_dir))
 
 
 # ---------------------------------------------------------------------------------------------------------- lock

@@ -28,14 +28,14 @@ import torch
 from tqdm import tqdm
 
 from harness import dist, overlap, phase_memory, preflight, trainer
-from harness.generate import (GeneratorUnavailable, HFGenerator, format_prompt, load_causal_lm, load_tokenizer,
-                              vllm_importable)
+from harness.generate import (GeneratorUnavailable, HFGenerator, ServerStartError, format_prompt, load_causal_lm,
+                              load_tokenizer, vllm_importable)
 from harness.preflight import MODEL_ALIASES
 from harness.refiner import Refiner
 from harness import trackers
 from harness import mathverify, progress   # --grader; step k/N + ETA, rollouts.jsonl, curves.png, summary.txt, model/
-from harness.runs import (acquire_lock, append_change, clear_run, environment, format_changes, read_changes, read_log,
-                          recover_checkpoint, release_lock, removed_on_failure, restore_rng, resume_hint,
+from harness.runs import (acquire_lock, append_change, clear_run, environment, format_changes, only_logs, read_changes,
+                          read_log, recover_checkpoint, release_lock, removed_on_failure, restore_rng, resume_hint,
                           save_checkpoint, stop, truncate_jsonl)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
@@ -44,15 +44,68 @@ CACHE_DIR = os.path.join(ROOT, "cache")        # toy warm starts (gitignored but
 
 @contextlib.contextmanager
 def loading(name: str):
-    """Turn a failed from_pretrained (missing weights, no network) into one clear error naming the model."""
+    """Turn a failed from_pretrained (missing weights, no network) into one clear error naming the model; a server
+    of it that did not start (generate.ServerStartError) into its message with the log's last lines, and a hint
+    only where the log names a cause (start_hint)."""
     try:
         yield
+    except ServerStartError as e:
+        hint = start_hint(name, str(e))
+        raise SystemExit(f"error: cannot start '{name}': {str(e).rstrip()}" + (f"\nhint: {hint}" if hint else "")
+                         ) from None
     except (OSError, ValueError, RuntimeError) as e:   # prm.ProcessRewardModel wraps its OSError in a RuntimeError
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        hint = ("the folder needs config.json, the weights and the tokenizer" if os.path.exists(name) else
-                "check the id; without network access, download it first (`hf download " + name + "`) or pass a "
-                "local folder")
-        raise SystemExit(f"error: cannot load '{name}': {first_line} ({hint})") from None
+        raise SystemExit(f"error: cannot load '{name}': {first_line} ({missing_model_hint(name)})") from None
+
+
+def missing_model_hint(name: str) -> str:
+    return ("the folder needs config.json, the weights and the tokenizer" if os.path.exists(name) else
+            "check the id; without network access, download it first (`hf download " + name + "`) or pass a "
+            "local folder")
+
+
+# the causes a start-up log names most often, by the words it names them with (lower case), first match wins
+START_CAUSES = (
+    ("memory", ("out of memory", "outofmemoryerror", "no available memory", "free memory on device",
+                "not enough memory", "insufficient memory", "available kv cache memory")),
+    ("port", ("address already in use", "errno 98")),
+    ("version", ("no module named", "cannot open shared object file", "unrecognized arguments",
+                 "unexpected keyword argument", "has no attribute", "cannot import name")),
+    ("model", ("repository not found", "repositorynotfounderror", "not a valid model identifier",
+               "is not a local folder", "localentrynotfounderror", "couldn't connect to", "offline mode",
+               "does not appear to have a file", "gated repo", "401 client error")),
+)
+
+
+def start_hint(name: str, log: str) -> str:
+    """The hint for an engine that did not start, matched on its log's text; "" when the log names no known cause."""
+    text = log.lower()
+    cause = next((cause for cause, words in START_CAUSES if any(w in text for w in words)), None)
+    return {"memory": "the GPU has less free memory than asked for: another process may hold it (nvidia-smi), or "
+                      "the plan is too tight (`--dry-run` prints it with the flags that shrink it)",
+            "port": "another process took the server's port as it started; run the command again",
+            "version": "the installed vLLM is not the one this project runs on (vllm 0.33, requirements.txt; "
+                       "docs/vllm.md)",
+            "model": missing_model_hint(name), None: ""}[cause]
+
+
+@contextlib.contextmanager
+def engine_starting(name: str):
+    """The in-process vLLM engine's start: a failure prints vLLM's traceback (its log), then one error line naming
+    the model, the exception's last line and the hint that fits it (start_hint)."""
+    try:
+        yield
+    except Exception as e:   # vLLM raises ValueError, RuntimeError, AssertionError, ImportError... at start-up
+        import traceback
+        traceback.print_exc()
+        last = (str(e).strip().splitlines() or [""])[-1]
+        chain, cause = [], e   # the root cause may sit below a wrapper ("Engine core initialization failed")
+        while cause is not None and len(chain) < 8:
+            chain.append(f"{type(cause).__name__}: {cause}")
+            cause = cause.__cause__ or cause.__context__
+        hint = start_hint(name, "\n".join(chain))
+        raise SystemExit(f"error: vLLM (in this process) did not start '{name}': {type(e).__name__}: {last}"
+                         + (f"\nhint: {hint}" if hint else "")) from None
 
 
 def mean(xs) -> float | None:
@@ -115,8 +168,9 @@ def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, worl
         kv_bytes, max_len = preflight.rollout_kv_need(args, world)   # sized by need, not a share of the card
         context = getattr(policy.config, "max_position_embeddings", None)
         max_len = min(max_len, context) if context else max_len   # never past the model's own context
-        return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed, max_model_len=max_len,
-                             sleep_mode=args.rollout_sleep, kv_cache_memory_bytes=kv_bytes, **launch)
+        with engine_starting(path):   # a failure: vLLM's traceback, then one line with the hint that fits
+            return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed, max_model_len=max_len,
+                                 sleep_mode=args.rollout_sleep, kv_cache_memory_bytes=kv_bytes, **launch)
     return HFGenerator(policy, tokenizer, micro_batch_size=args.gen_batch_size)
 
 
@@ -185,7 +239,11 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, refiner_
                                      timeout=args.refiner_timeout, extra=quantization_flags(args.refiner_quantization))
             return Refiner(served, refiner_tokenizer, prompt=prompt, max_tokens=args.refiner_max_tokens)
         except RuntimeError as err:   # HF generate only where it fits; else one line with the flags that do
-            preflight.check_refiner_fallback(args, device, str(err), log_path)
+            try:
+                preflight.check_refiner_fallback(args, device, str(err), log_path)
+            except SystemExit:         # the refusal, then what the server's log says
+                print(str(err).rstrip(), file=sys.stderr)
+                raise
             print(f"warning: the refiner server did not start, refining through HF generate instead: {err}",
                   file=sys.stderr)
     if args.refiner_quantization != "none":   # HF generate would run it in bf16: not what was asked for
@@ -685,13 +743,13 @@ def start(args, paper: Paper) -> Run:
         raise SystemExit(0)
 
     d.barrier()                                                       # every rank checked the folder before rank 0 writes
-    new_folder = not os.path.exists(run_dir)
+    new_folder = only_logs(run_dir)                                  # no folder, or a failed start's logs
     ckpt, start_step = d.broadcast(open_run(args, run_dir, resume_step) if d.main else None)
     seed_everything(args.seed)
     if args.toy:
         torch.set_num_threads(1)   # a 0.3 M-parameter model gains nothing from threads; on a shared 2-core machine
                                    # two threads per process were ~15x slower (oversubscription)
-    with removed_on_failure(run_dir, new_folder and d.main):          # a model that does not load leaves no folder
+    with removed_on_failure(run_dir, new_folder and d.main):          # a failed load leaves no run, only server logs
         base_path = base_model_path(args) if d.main else None        # rank 0 trains a missing toy warm start alone
         d.barrier()
         base_path = base_path or base_model_path(args)

@@ -3,7 +3,8 @@ served refiner stops answering. Default stage: a fake OpenAI-compatible server (
 stands in for `vllm serve`; the real `vllm serve` is exercised in tests/test_vllm.py (vLLM stage).
 
 1. start-up waits for GET /health, the log lands in the given file, close() leaves no process behind;
-2. a server that dies during start-up is one RuntimeError quoting its log;
+2. a server that dies during start-up is one RuntimeError quoting its log; a served PRM's start that fails keeps
+   that log in its run folder, and the error carries the log's tail and a hint only where the log names a cause;
 3. a trainer killed with SIGKILL takes its server with it (PR_SET_PDEATHSIG);
 4. the client gives up after bounded timeouts and retries (GeneratorUnavailable), never hangs;
 5. regression: a `scope.py` run whose refiner server dies or hangs mid-run goes on without rectification,
@@ -71,6 +72,57 @@ def test_server_that_dies_during_start_up_is_one_clear_error(tmp_path):
     with pytest.raises(RuntimeError, match="did not answer .*/health within 2 s"):
         slow.start()
     assert time.time() - t0 < 15 and gone(slow.proc.pid)
+
+
+def test_a_served_prm_that_dies_at_start_up_says_why_and_keeps_its_log(tmp_path, monkeypatch):
+    """Regression: a served PRM whose `vllm serve` exited at start-up was one line ending "…, last lines:" (the
+    tail it announced dropped) with a hub-download hint unrelated to the cause, and the new run folder holding its
+    log was deleted."""
+    from harness import generate, runs, served_prm, wiring
+
+    crash = ("import sys; print('INFO 12-03 starting the API server', flush=True)\n"
+             "def build(): raise ValueError('Model architectures [Qwen9ForProcessRewardModel] are not supported')\n"
+             "build()")
+    monkeypatch.setattr(generate, "vllm_serve_command", lambda *a, **k: [sys.executable, "-c", crash])
+    run_dir = tmp_path / "runs" / "r"
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.json").write_text("{}")
+    log = run_dir / "prm_server.log"
+    with pytest.raises(SystemExit) as exit_:
+        with runs.removed_on_failure(str(run_dir), True), wiring.loading("Qwen/Qwen2.5-Math-PRM-7B"):
+            served_prm.serve_prm("Qwen/Qwen2.5-Math-PRM-7B", None, sep_id=5, log_path=str(log),
+                                 gpu_memory_utilization=0.2, kv_cache_bytes=1 << 30, max_model_len=None,
+                                 startup_timeout=30)
+    err = str(exit_.value.code)
+    assert err.startswith("error: cannot start 'Qwen/Qwen2.5-Math-PRM-7B': the server exited during start-up "
+                          f"(exit code 1); log {log}, last lines:")
+    assert err.rstrip().endswith("ValueError: Model architectures [Qwen9ForProcessRewardModel] are not supported")
+    assert "hint" not in err and "hf download" not in err
+    assert log.exists() and "Traceback" in log.read_text()           # the log the error names is there to read
+    assert not (run_dir / "config.json").exists() and not runs.holds_run(str(run_dir)) and runs.only_logs(str(run_dir))
+
+
+def test_a_start_up_hint_only_where_the_log_names_its_cause(tmp_path):
+    """The hint follows the log's text (memory, port, vLLM version, a missing model); none for any other cause. The
+    in-process engine's failure is its exception's last line, with the hint its cause chain fits."""
+    from harness.wiring import engine_starting, start_hint
+
+    assert "nvidia-smi" in start_hint("m", "ValueError: Free memory on device (3.1/79.2 GiB) on startup is less than "
+                                           "desired GPU memory utilization (0.9, 71.3 GiB)")
+    assert "port" in start_hint("m", "OSError: [Errno 98] Address already in use")
+    assert "vllm 0.33" in start_hint("m", "vllm: error: unrecognized arguments: --runner pooling")
+    assert "hf download Qwen/X" in start_hint("Qwen/X", "huggingface_hub.errors.RepositoryNotFoundError: 404")
+    assert start_hint("m", "AssertionError: bias dtype float32 does not match bf16") == ""
+    with pytest.raises(SystemExit) as exit_:
+        with engine_starting("Qwen/Qwen2.5-1.5B"):
+            try:
+                raise RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB")
+            except RuntimeError as oom:
+                raise RuntimeError("Engine core initialization failed. See root cause above.") from oom
+    err = str(exit_.value.code)
+    assert err.splitlines()[0] == ("error: vLLM (in this process) did not start 'Qwen/Qwen2.5-1.5B': RuntimeError: "
+                                   "Engine core initialization failed. See root cause above.")
+    assert "nvidia-smi" in err.splitlines()[1]
 
 
 @pytest.mark.slow
