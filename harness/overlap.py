@@ -85,20 +85,17 @@ class OldLogprobs:
         stream's freed blocks for that stream); None on the CPU."""
         self.rows = padded_rows([t.prompt_ids for t in trajs], [t.response_ids for t in trajs], pad_id)
         self.value, self.error, self.seconds = None, None, 0.0
-        # the pass follows everything the caller has queued so far on its current stream (the weights' writers)
-        ready = None
+        # the pass follows every kernel queued so far on the device, on any stream: the weights' last writer may
+        # be the optimizer, the push to vLLM or vLLM's own stream, not the caller's current one
         if stream is not None:
-            ready = torch.cuda.Event()
-            ready.record(torch.cuda.current_stream(stream.device))
-        self.thread = threading.Thread(target=self._run, args=(model, stream, ready, old_logprobs_kwargs),
+            torch.cuda.synchronize(stream.device)
+        self.thread = threading.Thread(target=self._run, args=(model, stream, old_logprobs_kwargs),
                                        name="old-logprobs")
         self.thread.start()
 
-    def _run(self, model, stream, ready, kwargs) -> None:
+    def _run(self, model, stream, kwargs) -> None:
         t0 = time.time()
         try:
-            if stream is not None:   # the caller's stream, not the legacy default one: vLLM may run off stream 0
-                stream.wait_event(ready)
             with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
                 self.value = trainer.old_logprobs(model, self.rows, dist=None, **kwargs)  # (N0, L0)
                 if stream is not None:

@@ -538,6 +538,8 @@ class Run:
         with self.timed("update"):
             if self.old_logp is not None:   # --overlap-old-logp: its pass ends before the policy leaves eval mode
                 self.old_logp.result()
+                if self.old_logp_stream is not None and not (self.use_vllm and self.args.rollout_sleep):
+                    torch.cuda.empty_cache()   # its stream's cached blocks back to the update (nothing sleeps)
             if self.use_vllm and self.args.rollout_sleep:
                 self.generator.sleep()   # sync_weights wakes the weights, the next rollout the KV cache
             dist.reshard(self.policy)

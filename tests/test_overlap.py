@@ -101,42 +101,33 @@ def test_reused_old_logp_equals_the_update_pass_on_every_policy_token(rollouts_a
     assert job.seconds > 0 and not job.thread.is_alive()
 
 
-def test_the_pass_waits_on_the_callers_current_stream(rollouts_and_merged, monkeypatch):
-    """The side stream starts after an event recorded, in the caller's thread, on the caller's current stream (the
-    one its weight writes went to: vLLM may put a thread off the legacy default stream), never on
-    torch.cuda.default_stream. Stand-ins for torch.cuda's stream calls record who waited on what (no GPU here)."""
+def test_the_pass_starts_after_every_stream_of_the_device(rollouts_and_merged, monkeypatch):
+    """Regression: the side stream waited on an event of the caller's current stream only, while the weights' last
+    writer may be another stream (the optimizer's, the push to vLLM, vLLM's own). The whole device is synchronized,
+    in the caller's thread, before the worker thread starts. Stand-ins for torch.cuda's calls record the order (no
+    GPU here)."""
     import contextlib
     import threading
 
     model, trajs, _ = rollouts_and_merged
     seen = []
 
-    class Event:
-        def record(self, stream):
-            seen.append(("record", stream, threading.current_thread().name))
-
     class Side:
         device = "cuda:0"
 
-        def wait_event(self, event):
-            seen.append(("wait_event", event))
-
-        def wait_stream(self, stream):
-            seen.append(("wait_stream", stream))
-
         def synchronize(self):
-            seen.append(("synchronize",))
+            seen.append(("side stream synchronize", threading.current_thread().name))
 
-    monkeypatch.setattr(torch.cuda, "Event", Event)
-    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: "caller's stream")
-    monkeypatch.setattr(torch.cuda, "default_stream", lambda device=None: "legacy stream 0")
+    real_old_logprobs = overlap.trainer.old_logprobs
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: seen.append(
+        ("device synchronize", device, threading.current_thread().name)))
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
-    job = overlap.OldLogprobs(model, trajs, 0, stream=Side(), micro_batch_size=3,
-                              chunk_tokens=0)
+    monkeypatch.setattr(overlap.trainer, "old_logprobs", lambda *a, **k: (
+        seen.append(("pass", threading.current_thread().name)), real_old_logprobs(*a, **k))[1])
+    job = overlap.OldLogprobs(model, trajs, 0, stream=Side(), micro_batch_size=3, chunk_tokens=0)
     job.result()
-    assert seen[0] == ("record", "caller's stream", threading.current_thread().name)
-    assert seen[1][0] == "wait_event" and isinstance(seen[1][1], Event) and seen[-1] == ("synchronize",)
-    assert not any(s[0] == "wait_stream" for s in seen)
+    assert seen == [("device synchronize", "cuda:0", threading.current_thread().name), ("pass", "old-logprobs"),
+                    ("side stream synchronize", "old-logprobs")]
 
 
 def test_a_row_that_is_no_rollouts_prefix_gives_none(rollouts_and_merged):
