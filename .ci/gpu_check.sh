@@ -86,7 +86,7 @@ for part in "${parts[@]}"; do
   if [ -z "$status" ]; then
     if [ "$code" -ne 0 ]; then status="FAIL (pytest exit $code)"; tail -n 30 "$out/$part/log.txt"
     elif grep -q "^SKIPPED" "$out/$part/log.txt"; then
-      status="not run ($(grep -m1 "^SKIPPED" "$out/$part/log.txt" | sed 's/.*: //'))"
+      status="not run ($(grep -m1 "^SKIPPED" "$out/$part/log.txt" | sed -E 's/^SKIPPED \[[0-9]+\] [^ ]+:[0-9]+: //'))"
     else status=PASS; fi
   fi
   bytes=$(du -sb "$out/$part" | cut -f1)
@@ -129,7 +129,13 @@ if run:
                f"{run['table_ratio_h200']:.2f}); MPS {'running' if run['mps'] else 'not running'}"]
     if "device_peak_used_gib" in run:
         fields.append(f"device memory peak {run['device_peak_used_gib']:.1f} of {run['device_total_gib']:.1f} GiB "
-                      f"({run['device_used_before_gib']:.1f} before; allocator peak {run['allocator_peak_gib']:.1f})")
+                      f"({run['device_used_before_gib']:.1f} before; allocator peak {run['allocator_peak_gib']:.1f}, "
+                      f"the largest phase's)")
+    if run.get("phase_memory_gib"):   # each phase's largest peak over the SCOPE steps, against its plan
+        fields.append("memory per phase, allocated / reserved / planned GiB: " + ", ".join(
+            f"{name} {m['allocated']:.1f} / {m['reserved']:.1f} / "
+            f"{m['planned'] if m['planned'] is None else format(m['planned'], '.1f')}"
+            for name, m in run["phase_memory_gib"].items()))
 peak = figures.get("update-peak")
 if peak and peak["peak_gib"]:
     fields.append(f"update peak {peak['peak_gib']:.2f} GiB, planned {peak['planned_gib']:.2f} GiB "
@@ -148,9 +154,14 @@ if "vllm" in figures:
                   f"tokens")
 co = figures.get("co-run")
 if co:
-    fields.append(f"co-run: decode {co['decode_seconds']:.2f} s, update {co['update_seconds']:.2f} s, both "
-                  f"{co['both_seconds']:.2f} s: eta {co['eta']:.2f} (slowdown decode x{co['decode_slowdown']:.2f}, "
-                  f"update x{co['update_slowdown']:.2f}), MPS {'running' if co['mps'] else 'not running'}")
+    st = co["streams"]
+    fields.append(f"co-run{' (the CPU: orchestration only, its values mean nothing)' if where == 'cpu' else ''}, "
+                  f"medians of {co['repeats']} interleaved rounds: two processes, MPS "
+                  f"{'running' if co['mps'] else 'not running'}: decode {co['decode_seconds']:.2f} s, update "
+                  f"{co['update_seconds']:.2f} s, both {co['both_seconds']:.2f} s: {co['eta_label']} {co['eta']:.2f} "
+                  f"(slowdown decode x{co['decode_slowdown']:.2f}, update x{co['update_slowdown']:.2f}); one process, "
+                  f"decode on its own stream: decode {st['decode_seconds']:.2f} s, update {st['update_seconds']:.2f} s, "
+                  f"both {st['both_seconds']:.2f} s: {st['label']} {st['eta']:.2f}")
 measured = {p["part"]: p["seconds"] for p in parts}
 if where == "cpu":   # a part not run here (vllm without vLLM) is projected at the seconds it took to say so
     projected = {name: sum(h200_seconds({**figures.get(p["part"], {}), "part": p["part"], "cpu_seconds": p["seconds"]})

@@ -29,6 +29,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -227,10 +228,24 @@ def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: 
     figures["mps"] = mps_running()
     if device == "cuda":
         assert memory["peak_used"] >= memory["allocator_peak"] > 0
+        figures["phase_memory_gib"] = phase_memory_of(rows)   # the run folder is deleted after the part
+        peaks = [m["allocated"] for m in figures["phase_memory_gib"].values()]
         figures.update(device_total_gib=memory["total"] / 2**30, device_used_before_gib=memory["before"] / 2**30,
                        device_peak_used_gib=memory["peak_used"] / 2**30,
-                       allocator_peak_gib=memory["allocator_peak"] / 2**30)
+                       # phase_memory resets the allocator's peak at each phase: the run's is the largest phase's
+                       allocator_peak_gib=max(peaks + [memory["allocator_peak"] / 2**30]))
     return figures
+
+
+def phase_memory_of(rows: list[dict]) -> dict[str, dict]:
+    """{phase: {allocated, reserved, planned}} GiB from metrics.jsonl's mem_<phase>_* fields: the largest measured
+    peaks over the steps and the plan's figure (None where the plan has none)."""
+    names = sorted({k[4:-len("_allocated_gib")] for r in rows for k in r
+                    if k.startswith("mem_") and k.endswith("_allocated_gib")})
+    return {name: dict(allocated=max(r.get(f"mem_{name}_allocated_gib", 0) for r in rows),
+                       reserved=max(r.get(f"mem_{name}_reserved_gib", 0) for r in rows),
+                       planned=next((r[f"mem_{name}_planned_gib"] for r in reversed(rows)
+                                     if f"mem_{name}_planned_gib" in r), None)) for name in names}
 
 
 def preflight_params(shape: dict) -> int:
@@ -381,7 +396,7 @@ def vllm_follows_the_push(root: str, device: str) -> dict:
 def test_part_vllm(tmp_path):
     """Part "vllm": vLLM's CUDA model runner (not the CPU one of the vLLM stage), built as the run builds it, takes
     the pushed weights through sleep -> push -> wake. Its engine is shut down with the part's process."""
-    pytest.importorskip("vllm", reason="vllm is not installed (not run: no vllm)")
+    pytest.importorskip("vllm", reason="vllm is not installed")
     report(vllm_follows_the_push(str(tmp_path), "cuda"))
 
 
@@ -660,7 +675,38 @@ def test_part_co_run():
     eta and each one's slowdown, and whether MPS was running. On the CPU at tiny shapes: the orchestration."""
     figures = corun(DEVICE, tiny=DEVICE == "cpu")
     assert figures["decode_seconds"] > 0 and figures["update_seconds"] > 0 and figures["both_seconds"] > 0
+    assert figures["eta_label"] == ("η (MPS)" if figures["mps"] else "η (no MPS, time-slicing)")
+    assert figures["streams"]["label"] == "η (streams)" and figures["streams"]["both_seconds"] > 0
     report(dict(figures, bytes_real=0))
+
+
+def test_the_run_part_keeps_each_phases_memory_and_its_peak_is_the_largest():
+    """Regression: the run part's allocator peak was the last phase's (phase_memory resets it at each phase), and
+    the per-phase record in metrics.jsonl went with the part's deleted run folder."""
+    rows = [{"step": 1, "mem_rollout_allocated_gib": 6.0, "mem_rollout_reserved_gib": 7.0,
+             "mem_rollout_planned_gib": 6.5, "mem_update_allocated_gib": 20.0, "mem_update_reserved_gib": 22.0,
+             "mem_update_planned_gib": 19.0, "mem_sync_allocated_gib": 3.0, "mem_sync_reserved_gib": 22.5},
+            {"step": 2, "mem_rollout_allocated_gib": 6.5, "mem_rollout_reserved_gib": 6.8,
+             "mem_rollout_planned_gib": 6.5, "mem_update_allocated_gib": 21.0, "mem_update_reserved_gib": 21.5,
+             "mem_update_planned_gib": 19.0, "mem_sync_allocated_gib": 2.5, "mem_sync_reserved_gib": 22.5}]
+    assert phase_memory_of(rows) == {"rollout": dict(allocated=6.5, reserved=7.0, planned=6.5),
+                                     "sync": dict(allocated=3.0, reserved=22.5, planned=None),
+                                     "update": dict(allocated=21.0, reserved=22.0, planned=19.0)}
+
+
+def test_a_co_run_worker_that_stalls_silently_ends_the_part_at_its_deadline(monkeypatch):
+    """Regression: co-run checked its deadline only after a worker's line arrived, so a worker that hung without a
+    word held the part until the script's box killed it, with no figure and no words. Here both workers sleep
+    silently: the part ends at its deadline with one error naming the worker."""
+    import tools.gpu_check as gpu_check
+
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(gpu_check.subprocess, "Popen", lambda command, **kw: real_popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], **kw))
+    t0 = time.time()
+    with pytest.raises(RuntimeError, match=r"co-run: the decode worker said nothing within 2 s \(exit -9\)"):
+        gpu_check.corun("cpu", tiny=True, timeout=2)
+    assert time.time() - t0 < 20
 
 
 def test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu():

@@ -3,10 +3,17 @@ share, and the projection of each run's seconds on an H200 (docs/gpu-check.md).
 
 Part "co-run" (the design measurement, torch only): can one GPU decode and train at once? A 7B-shaped bf16 decoder
 (random weights, built here: Qwen2.5-Math-7B's layers, no rotary embedding, greedy) decodes 32 sequences x 640
-tokens from a 150-token context with a static KV cache (one CUDA graph per decode step on CUDA) in one process; one
-full-size grpo.update at Qwen2.5-1.5B's shape (128 rows of 256 + up to 1,024 tokens) in another. Each alone, then
-both at once:  eta = (T_update + T_decode - T_both) / min(T_update, T_decode)  (0: they time-slice; 1: the shorter
-one is free), and each one's slowdown. It starts no MPS daemon and changes no GPU setting: it says whether MPS ran.
+tokens from a 150-token context with a static KV cache (one CUDA graph per decode step on CUDA); one full-size
+grpo.update at Qwen2.5-1.5B's shape (128 rows of 256 + up to 1,024 tokens). Each alone, then both at once, in three
+interleaved rounds (medians):  eta = (T_update + T_decode - T_both) / min(T_update, T_decode)  (0: they time-slice;
+1: the shorter one is free). Measured twice:
+  - eta (processes): decode and update in two processes, as the trainer and its `vllm serve` refiner run. Without
+    MPS two processes time-slice, so this is eta (no MPS, time-slicing), about 0; under MPS it is eta (MPS), the
+    figure steptime's Hardware.corun assumes. It starts no MPS daemon and changes no GPU setting: it says whether
+    MPS ran, and labels the figure by it.
+  - eta (streams): both in ONE process, the decode's CUDA graph replayed from a second thread on its own CUDA
+    stream beside the update on the main thread's: what the hardware overlaps with no MPS and no second process,
+    an upper bound for eta (MPS).
 
     python -m tools.gpu_check corun                  # on a CUDA machine: the real shapes
     python -m tools.gpu_check corun --tiny           # tiny shapes on the CPU: the orchestration only
@@ -144,8 +151,10 @@ class StaticDecoder(torch.nn.Module):
         self.pos.add_(1)
 
 
-def decode_role(device: str, tiny: bool):
-    """(warm-up, one timed run) of the decode process: 32 x 640 tokens (tiny: 4 x 16) from a 150-token context."""
+def decode_role(device: str, tiny: bool, stream=None):
+    """(warm-up, one timed run) of the decode process: 32 x 640 tokens (tiny: 4 x 16) from a 150-token context.
+    `stream`: the CUDA stream the run replays on, waiting for that stream only (None: the current one, and the
+    whole device)."""
     shape, batch, prompt, new = (TINY_DECODER, 4, 8, 16) if tiny else (QWEN25_MATH_7B, 32, 150, 640)
     model = StaticDecoder(shape, batch, prompt + new + 1, device, torch.float32 if device == "cpu" else torch.bfloat16)
     replay = model.step
@@ -164,10 +173,11 @@ def decode_role(device: str, tiny: bool):
         replay = graph.replay
 
     def run():
-        model.start(prompt)
-        for _ in range(new):
-            replay()
-        synchronize(device)
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            model.start(prompt)
+            for _ in range(new):
+                replay()
+        stream.synchronize() if stream is not None else synchronize(device)
     return run, dict(sequences=batch, tokens=new, params=sum(t.numel() for t in [
         model.embed, *model.qkv, *model.out, *model.gate_up, *model.down]))
 
@@ -201,10 +211,24 @@ def serve_role(role: str, device: str, tiny: bool) -> None:
         print(f"done {time.perf_counter() - t0:.4f}", flush=True)
 
 
-def corun(device: str, tiny: bool, repeats: int = 2, timeout: float = 300) -> dict:
-    """Part "co-run": both workers built and warm, then each alone `repeats` times and both at once `repeats` times
-    (the medians): eta and each one's slowdown. Each worker is its own process, ended here whatever happens."""
+def eta(t_a: float, t_b: float, t_both: float) -> float:
+    """Co-run efficiency: (T_a + T_b - T_both) / min(T_a, T_b); 0 when the two time-slice, 1 when the shorter is free."""
+    return round((t_a + t_b - t_both) / min(t_a, t_b), 3)
+
+
+def eta_label(mps: bool) -> str:
+    """What eta (processes) measures: under MPS the figure Hardware.corun stands for, else time-slicing."""
+    return "η (MPS)" if mps else "η (no MPS, time-slicing)"
+
+
+def corun(device: str, tiny: bool, repeats: int = 3, timeout: float = 300) -> dict:
+    """Part "co-run": eta (processes), then eta (streams) (`corun_streams`). Both workers built and warm, then
+    `repeats` interleaved rounds of (decode alone, update alone, both at once), the medians: eta and each one's
+    slowdown. Each worker is its own process, ended here whatever happens; a worker that ends or says nothing by
+    the deadline (a silent stall included) is one RuntimeError with its last words."""
+    import queue
     import statistics
+    import threading
 
     env = {**os.environ, "PYTHONPATH": ROOT}
     if device == "cpu":
@@ -215,15 +239,30 @@ def corun(device: str, tiny: bool, repeats: int = 2, timeout: float = 300) -> di
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errs[role])
              for role in ("decode", "update")}
     deadline = time.time() + timeout
+    lines = {role: queue.Queue() for role in procs}   # each worker's stdout lines, read by a thread ("" at its end)
+
+    def pump(role):
+        for line in procs[role].stdout:
+            lines[role].put(line)
+        lines[role].put("")
+
+    for role in procs:
+        threading.Thread(target=pump, args=(role,), daemon=True, name=f"co-run {role} stdout").start()
 
     def read(role):
-        line = procs[role].stdout.readline()
-        if not line or time.time() > deadline:
+        try:
+            line = lines[role].get(timeout=max(deadline - time.time(), 0.01))
+        except queue.Empty:
+            line = ""
+        if not line:
+            if procs[role].poll() is None:   # stalled: it has nothing more to say
+                procs[role].kill()
             with contextlib.suppress(subprocess.TimeoutExpired):
                 procs[role].wait(timeout=10)            # an ended worker: its exit code and its last words
             errs[role].seek(0)
             tail = " | ".join(ln.strip()[:160] for ln in errs[role].read().strip().splitlines()[-2:])
-            raise RuntimeError(f"co-run: the {role} worker ended or stalled (exit {procs[role].poll()}): {tail}")
+            said = "ended" if time.time() < deadline else f"said nothing within {timeout:g} s"
+            raise RuntimeError(f"co-run: the {role} worker {said} (exit {procs[role].poll()}): {tail}")
         return line.split(" ", 1)
 
     def go(*roles):
@@ -234,16 +273,19 @@ def corun(device: str, tiny: bool, repeats: int = 2, timeout: float = 300) -> di
         own = {role: float(read(role)[1]) for role in roles}
         return time.perf_counter() - t0, own
 
+    ended = False
     try:
         facts = {}
         for role in procs:
             kind, rest = read(role)
             assert kind == "ready", (role, kind)
             facts[role] = json.loads(rest)
-        alone = {role: statistics.median(go(role)[1][role] for _ in range(repeats)) for role in procs}
-        both = [go("decode", "update") for _ in range(repeats)]
-        t_both = statistics.median(wall for wall, _ in both)
-        inside = {role: statistics.median(own[role] for _, own in both) for role in procs}
+        rounds = [(go("decode")[1]["decode"], go("update")[1]["update"], go("decode", "update"))
+                  for _ in range(repeats)]   # interleaved: a drift of the machine reaches all three alike
+        alone = {"decode": statistics.median(r[0] for r in rounds), "update": statistics.median(r[1] for r in rounds)}
+        t_both = statistics.median(r[2][0] for r in rounds)
+        inside = {role: statistics.median(r[2][1][role] for r in rounds) for role in procs}
+        ended = True
     finally:
         for p in procs.values():
             with contextlib.suppress(OSError, ValueError):
@@ -251,17 +293,64 @@ def corun(device: str, tiny: bool, repeats: int = 2, timeout: float = 300) -> di
                 p.stdin.close()
         for p in procs.values():
             try:
-                p.wait(timeout=30)
+                p.wait(timeout=30 if ended else 1)   # after a failure the other worker is not waited for
             except subprocess.TimeoutExpired:
                 p.kill()
         for f in errs.values():
             f.close()
     t_dec, t_upd = alone["decode"], alone["update"]
+    mps = mps_running()
     return dict(part="co-run", device=torch.cuda.get_device_name() if device == "cuda" else "cpu",
-                mps=mps_running(), decode_seconds=round(t_dec, 4), update_seconds=round(t_upd, 4),
-                both_seconds=round(t_both, 4), eta=round((t_upd + t_dec - t_both) / min(t_upd, t_dec), 3),
+                mps=mps, eta_label=eta_label(mps), repeats=repeats, decode_seconds=round(t_dec, 4),
+                update_seconds=round(t_upd, 4), both_seconds=round(t_both, 4), eta=eta(t_dec, t_upd, t_both),
                 decode_slowdown=round(inside["decode"] / t_dec, 3), update_slowdown=round(inside["update"] / t_upd, 3),
-                decode=facts["decode"], update=facts["update"])
+                decode=facts["decode"], update=facts["update"],
+                streams=corun_streams(device, tiny, repeats, max(deadline - time.time(), 30)))
+
+
+def corun_streams(device: str, tiny: bool, repeats: int = 3, timeout: float = 300) -> dict:
+    """eta (streams): the decode and the update of `corun` in this one process, the decode replayed from a second
+    thread on its own CUDA stream while the main thread runs the update on its stream; both warm, then `repeats`
+    interleaved rounds of (decode alone, update alone, both at once), the medians. A decode thread still running
+    after `timeout` is one RuntimeError."""
+    import statistics
+    import threading
+
+    side = torch.cuda.Stream() if device == "cuda" else None
+    decode, _ = decode_role(device, tiny, stream=side)
+    update, _ = update_role(device, tiny)
+    decode()
+    update()
+    deadline = time.time() + timeout
+
+    def timed(*runs):
+        synchronize(device)
+        t0 = time.perf_counter()
+        if len(runs) == 1:
+            runs[0]()
+        else:
+            errors = []
+
+            def decode_beside():
+                try:
+                    decode()
+                except BaseException as err:   # raised in the main thread below
+                    errors.append(err)
+            worker = threading.Thread(target=decode_beside, name="co-run decode", daemon=True)
+            worker.start()
+            update()
+            worker.join(timeout=max(deadline - time.time(), 0.01))
+            if worker.is_alive():
+                raise RuntimeError(f"co-run (streams): the decode thread still runs after {timeout:g} s")
+            if errors:
+                raise RuntimeError(f"co-run (streams): the decode thread failed: {errors[0]!r}") from errors[0]
+        synchronize(device)
+        return time.perf_counter() - t0
+
+    rounds = [(timed(decode), timed(update), timed(decode, update)) for _ in range(repeats)]
+    t_dec, t_upd, t_both = (statistics.median(r[k] for r in rounds) for k in range(3))
+    return dict(label="η (streams)", decode_seconds=round(t_dec, 4), update_seconds=round(t_upd, 4),
+                both_seconds=round(t_both, 4), eta=eta(t_dec, t_upd, t_both))
 
 
 # ------------------------------------------------------------------------------ the projection of the two runs
@@ -286,8 +375,8 @@ def h200_seconds(part: dict) -> float:
             # Python over 28 layers), a tiny update, the policy loaded from disk
             "run": 2 * 2 * (64 * 0.030 + train(16 * 100, 2)),
             "vllm": 60.0,   # the engine's start (compile, CUDA graphs) on a tiny model
-            # warm-ups, then each alone twice and both at once twice: about 4 + 2 rounds of each
-            "co-run": 6 * decode(p7, 640) + 6 * train(128 * (256 + 576), 1)}[part["part"]]
+            # twice (processes, streams): a warm-up, then 3 rounds of each alone and both at once
+            "co-run": 2 * 7 * (decode(p7, 640) + train(128 * (256 + 576), 1))}[part["part"]]
     return part["cpu_seconds"] + CUDA_START + part.get("bytes_real", 0) * 2 / DISK_RATE + work
 
 
