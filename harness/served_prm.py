@@ -99,10 +99,13 @@ def serve_command_extra(sep_id: int, kv_cache_bytes: int, dtype: str = "bfloat16
 
 # vLLM 0.33's --quantization fp8 quantizes every LinearBase, the score head's too, whose float32 bias then meets a
 # bf16 output in the CUTLASS FP8 GEMM (an assertion at start-up). Its online quantization takes per-layer targets
-# (config/quantization.py: QuantizationConfigArgs.targets, fnmatch patterns; a layer matching none stays as it is):
-# the decoder layers in FP8 with a per-tensor weight scale (the method --quantization fp8 picks for a bf16
-# checkpoint), `score.*` in its own dtype. Checked on vLLM 0.33.0 (tests/test_vllm33_contract.py).
-PRM_FP8_TARGETS = {"model.layers.*": "fp8_per_tensor"}
+# (config/quantization.py: QuantizationConfigArgs.targets, fnmatch patterns on each layer's module name; a layer
+# matching none stays as it is): the decoder layers' projections (qkv_proj, o_proj, gate_up_proj, down_proj) in FP8
+# with a per-tensor weight scale (the method --quantization fp8 picks for a bf16 checkpoint). Nothing else matches:
+# not each layer's attention (`model.layers.N.self_attn.attn`, whose KV cache would ask the same config for a method
+# and stop the start: online quantization does not support Attention), not the embeddings, not the score head
+# (built with no module name). Checked on vLLM 0.33.0 (tests/test_vllm33_contract.py).
+PRM_FP8_TARGETS = {"model.layers.*_proj": "fp8_per_tensor"}
 
 
 def prm_quantization_flags(quantization: str) -> list[str]:

@@ -413,10 +413,11 @@ def test_fp8_flags_reach_the_served_command_lines(monkeypatch, tmp_path, char_to
                              kv_cache_bytes=1 << 30, max_model_len=4096, quantization=quantization)
     fp8_refiner, fp8_prm, bf16_refiner, bf16_prm = started
     assert fp8_refiner[fp8_refiner.index("--quantization") + 1] == "fp8"
-    # the PRM: online FP8 of its decoder layers only (its score head keeps its dtype; tests/test_vllm33_contract.py)
+    # the PRM: online FP8 of its decoder layers' projections only (attention, embeddings and score head keep their
+    # dtype; tests/test_vllm33_contract.py)
     assert fp8_prm[fp8_prm.index("--quantization") + 1] == "online"
     assert json.loads(fp8_prm[fp8_prm.index("--quantization-config") + 1]) == {
-        "targets": {"model.layers.*": "fp8_per_tensor"}}
+        "targets": {"model.layers.*_proj": "fp8_per_tensor"}}
     assert "--runner" in fp8_prm and "--quantization" not in bf16_refiner + bf16_prm
 
 

@@ -396,38 +396,90 @@ def test_fp8_flags_reach_vllm033s_engine_args():
         assert refiner.quantization == want and refiner.gpu_memory_utilization == 0.25
 
 
-def test_prm_fp8_quantizes_the_decoder_layers_and_leaves_the_score_head(prm_model_config):
+def built_prefixes(cls) -> dict[str, str | None]:
+    """{callee: its prefix= argument as source text, or None without one} of each call in the source of `cls` (a
+    class: its __init__ may be wrapped by a decorator): the module names a vLLM model gives the layers it builds."""
+    import ast
+    import textwrap
+
+    calls = [node for node in ast.walk(ast.parse(textwrap.dedent(inspect.getsource(cls))))
+             if isinstance(node, ast.Call)]
+    return {ast.unparse(call.func): next((ast.unparse(k.value) for k in call.keywords if k.arg == "prefix"), None)
+            for call in calls}
+
+
+def test_prm_fp8_quantizes_the_projections_only(prm_model_config):
     """--prm-quantization fp8's command line, through 0.33's serve parser and EngineArgs, resolves to online
-    quantization whose config (OnlineQuantizationConfig, with Qwen2ForProcessRewardModel's fused-module mapping as
-    vLLM's loader gives it: model_loader.utils.configure_quant_config) puts every decoder linear layer in FP8 and
-    leaves score.0 and score.2 unquantized: their float32 bias never meets the FP8 GEMM's bf16 output (which
-    --quantization fp8, quantizing every LinearBase, would make it do). The refiner's --quantization fp8 is
-    Fp8Config, whose lm_head (ParallelLMHead) is no LinearBase: it stays bf16."""
+    quantization whose config (OnlineQuantizationConfig with Qwen2ForProcessRewardModel's fused-module mapping, as
+    vLLM's loader gives it: model_loader.utils.configure_quant_config) is asked, through 0.33's own
+    `resolve_quant_method` (what every LinearBase, VocabParallelEmbedding and Attention calls when it is built),
+    for each layer at the module name 0.33's Qwen2 code gives it (read from that code): every projection gets the
+    FP8 method class (`resolve_quant_method_cls`, which that call instantiates: the instance needs CUDA);
+    each layer's attention (`model.layers.N.self_attn.attn`: its KV cache asks the same config, and online
+    quantization refuses an Attention), the embeddings and the score head (two linears built with no module name:
+    their float32 bias never meets the FP8 GEMM's bf16 output) stay unquantized. Regression: the targets
+    `model.layers.*` matched the attention layers and the server stopped at start-up. The refiner's
+    --quantization fp8 is Fp8Config, whose lm_head (ParallelLMHead) is no LinearBase: it stays bf16."""
     _need_vllm33()
+    import torch
+    from vllm.config import LoadConfig
     from vllm.engine.arg_utils import EngineArgs
+    from vllm.model_executor.layers.attention import Attention
     from vllm.model_executor.layers.linear import (ColumnParallelLinear, LinearBase, MergedColumnParallelLinear,
-                                                   QKVParallelLinear, RowParallelLinear)
+                                                   QKVParallelLinear, RowParallelLinear, UnquantizedLinearMethod)
     from vllm.model_executor.layers.quantization import get_quantization_config
+    from vllm.model_executor.layers.quantization.base_config import resolve_quant_method
     from vllm.model_executor.layers.quantization.online.base import OnlineQuantizationConfig
     from vllm.model_executor.layers.quantization.online.fp8 import Fp8PerTensorOnlineLinearMethod
-    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead
-    from vllm.model_executor.models.qwen2_rm import Qwen2ForProcessRewardModel
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+    from vllm.model_executor.model_loader.utils import configure_quant_config
+    from vllm.model_executor.model_loader.weight_utils import get_quant_config
+    from vllm.model_executor.models import qwen2, qwen2_rm
 
     from harness.generate import quantization_flags, vllm_serve_command
 
-    engine = EngineArgs.from_cli_args(serve_args("/models/prm", 4242, quantization="fp8"))
+    # the module names 0.33 builds for Qwen2ForProcessRewardModel: model.embed_tokens, model.layers.N.self_attn.
+    # {qkv_proj, o_proj, attn}, model.layers.N.mlp.{gate_up_proj, down_proj}; the score head's two linears unnamed
+    reward = built_prefixes(qwen2_rm.Qwen2RewardBaseModel)
+    assert reward["Qwen2Model"] == "maybe_prefix(prefix, 'model')" and "nn.Sequential" in reward
+    assert reward["ColumnParallelLinear"] is None and reward["RowParallelLinear"] is None   # score.0, score.2
+    assert inspect.signature(ColumnParallelLinear.__init__).parameters["prefix"].default == ""
+    assert inspect.signature(RowParallelLinear.__init__).parameters["prefix"].default == ""
+    model = built_prefixes(qwen2.Qwen2Model)
+    assert model["VocabParallelEmbedding"] == "f'{prefix}.embed_tokens'" and model["make_layers"] == "f'{prefix}.layers'"
+    layer = built_prefixes(qwen2.Qwen2DecoderLayer)
+    assert layer["Qwen2Attention"] == "f'{prefix}.self_attn'" and layer["Qwen2MLP"] == "f'{prefix}.mlp'"
+    attention = built_prefixes(qwen2.Qwen2Attention)
+    assert (attention["QKVParallelLinear"], attention["RowParallelLinear"], attention["attn_cls"]) == (
+        "f'{prefix}.qkv_proj'", "f'{prefix}.o_proj'", "f'{prefix}.attn'")
+    assert "Attention" in inspect.getsource(qwen2.Qwen2Attention)   # attn_cls: Attention for a decoder
+    mlp = built_prefixes(qwen2.Qwen2MLP)
+    assert (mlp["MergedColumnParallelLinear"], mlp["RowParallelLinear"]) == ("f'{prefix}.gate_up_proj'",
+                                                                             "f'{prefix}.down_proj'")
+
+    _, path = prm_model_config
+    engine = EngineArgs.from_cli_args(serve_args(path, PRM_SEP, quantization="fp8"))
     assert engine.quantization == "online" and engine.runner == "pooling" and engine.dtype == "bfloat16"
-    assert get_quantization_config(engine.quantization) is OnlineQuantizationConfig
-    config = OnlineQuantizationConfig(engine.quantization_config)
-    config.packed_modules_mapping = dict(Qwen2ForProcessRewardModel.packed_modules_mapping)
-    layers = [(QKVParallelLinear, "self_attn.qkv_proj"), (RowParallelLinear, "self_attn.o_proj"),
-              (MergedColumnParallelLinear, "mlp.gate_up_proj"), (RowParallelLinear, "mlp.down_proj")]
+    model_config = engine.create_model_config()
+    config = get_quant_config(model_config, LoadConfig())   # the loader's own steps, for this model class
+    configure_quant_config(config, qwen2_rm.Qwen2ForProcessRewardModel)
+    assert type(config) is OnlineQuantizationConfig and "qkv_proj" in config.packed_modules_mapping
+
+    def method(cls, prefix):   # what 0.33 resolves for an instance of the layer class at `prefix` as it builds
+        layer = cls.__new__(cls)   # one (the layers' own __init__ needs a GPU)
+        torch.nn.Module.__init__(layer)
+        return resolve_quant_method(config, layer, prefix=prefix)
+
     for index in (0, 27):
-        for cls, name in layers:
+        for cls, name in ((QKVParallelLinear, "self_attn.qkv_proj"), (RowParallelLinear, "self_attn.o_proj"),
+                          (MergedColumnParallelLinear, "mlp.gate_up_proj"), (RowParallelLinear, "mlp.down_proj")):
+            # the class get_quant_method instantiates (the instance picks a CUDA FP8 kernel: not on this CPU)
             resolved = config.resolve_quant_method_cls(cls, f"model.layers.{index}.{name}")
             assert resolved is not None and resolved[-1] is Fp8PerTensorOnlineLinearMethod, (index, name, resolved)
-    for cls, name in ((ColumnParallelLinear, "score.0"), (RowParallelLinear, "score.2")):
-        assert config.resolve_quant_method_cls(cls, name) is None, name   # the score head: its own dtype
+        assert method(Attention, f"model.layers.{index}.self_attn.attn") is None   # no KV-cache method: bf16 cache
+    assert method(VocabParallelEmbedding, "model.embed_tokens") is None   # the layer's UnquantizedEmbeddingMethod
+    for cls in (ColumnParallelLinear, RowParallelLinear):   # score.0, score.2: built with prefix ""
+        assert type(method(cls, "")) is UnquantizedLinearMethod
     refiner = EngineArgs.from_cli_args(parse_serve(vllm_serve_command(
         "/models/refiner", port=8124, served_name="refiner", gpu_memory_utilization=0.25,
         extra=quantization_flags("fp8"))))
