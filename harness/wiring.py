@@ -240,9 +240,13 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, refiner_
             return Refiner(served, refiner_tokenizer, prompt=prompt, max_tokens=args.refiner_max_tokens)
         except RuntimeError as err:   # HF generate only where it fits; else one line with the flags that do
             try:
+                if args.refiner_quantization != "none":   # HF generate would run it in bf16: not what was asked
+                    stop(f"--refiner-quantization {args.refiner_quantization}: the refiner's own vllm serve did not "
+                         f"start (--refiner-quantization none refines through HF generate in bf16)")
                 preflight.check_refiner_fallback(args, device, str(err), log_path)
-            except SystemExit:         # the refusal, then what the server's log says
-                print(str(err).rstrip(), file=sys.stderr)
+            except SystemExit:         # the refusal, then what the server's log says and the hint that fits it
+                hint = start_hint(args.refiner, str(err))
+                print(str(err).rstrip() + (f"\nhint: {hint}" if hint else ""), file=sys.stderr)
                 raise
             print(f"warning: the refiner server did not start, refining through HF generate instead: {err}",
                   file=sys.stderr)
