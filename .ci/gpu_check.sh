@@ -61,9 +61,9 @@ work=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check_work.XXXXXX")   # each part's models
 trap 'rm -rf "$work"' EXIT
 if [ -n "${WHEELS:-}" ]; then   # pure-Python wheels, unpacked onto PYTHONPATH: nothing is installed, no pip needed
   for wheel in "$WHEELS"/*.whl; do
-    "$PY" -m zipfile -e "$wheel" "$out/site" || echo "gpu check: could not unpack $wheel"
+    "$PY" -m zipfile -e "$wheel" "$work/site" || echo "gpu check: could not unpack $wheel"
   done
-  export PYTHONPATH="$out/site${PYTHONPATH:+:$PYTHONPATH}"
+  export PYTHONPATH="$work/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 start=$(date +%s)
 # PYTEST_DISABLE_PLUGIN_AUTOLOAD: an image's own pytest plugins stay out of the parts (they need none)
