@@ -81,6 +81,15 @@ def connect():
     s = socket.create_connection(("127.0.0.1", hidden["port"]), timeout=2)
     s.close()
 attempt("connect_localhost", connect)
+def connect_unix():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(hidden["unix"])
+    s.close()
+attempt("connect_unix", connect_unix)
+attempt("socketpair", lambda: [s.close() for s in socket.socketpair()])
+out["fds"] = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+out["ttys"] = [os.isatty(fd) for fd in (0, 1, 2)]
+out["stdin"] = sys.stdin.read()
 out["environ"] = sorted(os.environ)
 print(json.dumps(out))
 '''
@@ -98,6 +107,23 @@ def named(name):
         if stat.split("(", 1)[1].rsplit(")", 1)[0] == name and stat.rsplit(")", 1)[1].split()[0] != "Z":
             found.append(int(pid))
     return found
+
+
+TERMINAL_CHEAT = r'''
+import errno, fcntl, json, os, sys, termios
+sys.path.insert(0, os.getcwd())
+from _course import seal
+seal.apply(os.getcwd(), [])
+out = {"ttys": [os.isatty(fd) for fd in (0, 1, 2)]}
+for fd in (0, 1, 2):
+    try:
+        for ch in b"id > /tmp/scope-typed\n":
+            fcntl.ioctl(fd, termios.TIOCSTI, bytes([ch]))
+        out[str(fd)] = "ok"
+    except OSError as err:
+        out[str(fd)] = errno.errorcode.get(err.errno, str(err.errno))
+print(json.dumps(out))
+'''
 
 
 @pytest.fixture(scope="module")
@@ -120,19 +146,30 @@ def probe():
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)   # a pathname socket anyone may connect to
+    unix.bind(str(base / "relay.sock"))
+    os.chmod(base / "relay.sock", 0o777)
+    unix.listen(1)
     facts = {"hidden": [ROOT, str(secret)], "target": str(target), "too_much": seal.MEMORY + (1 << 30),
-             "grader": os.getpid(), "port": listener.getsockname()[1]}
+             "grader": os.getpid(), "port": listener.getsockname()[1], "unix": str(base / "relay.sock")}
+    read = os.path.realpath(os.__file__)   # the probe reads it: an access time older than its change time
+    was = os.stat(read)
+    os.utime(read, ns=(was.st_mtime_ns - 10**9, was.st_mtime_ns))
     os.environ["SCOPE_TEACHER_SECRET"] = "1"
     try:
         proc = seal.run([sys.executable, "probe.py", json.dumps(facts)], str(here), 60)
     finally:
         del os.environ["SCOPE_TEACHER_SECRET"]
         listener.close()
+        unix.close()
+        atime = os.stat(read).st_atime_ns
+        os.utime(read, ns=(was.st_atime_ns, was.st_mtime_ns))
     assert proc is not None and proc.returncode == 0, proc and proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     report["written_owner"] = os.stat(here / "written.txt").st_uid if os.path.exists(here / "written.txt") else None
     report["target_after"] = (target.read_text(), os.stat(target).st_mode & 0o777, os.listxattr(target))
     report["orphans"] = named("scope-seal-orph")
+    report["atime_moved"] = atime != was.st_mtime_ns - 10**9
     yield report
     shutil.rmtree(base)
 
@@ -196,9 +233,66 @@ def test_9_it_sees_only_its_own_processes_and_its_orphans_die_with_it(probe):
     assert probe["orphans"] == []
 
 
-def test_10_no_network(probe):
+def test_10_no_network_and_no_unix_socket(probe):
     assert probe["connect_localhost"] in ("ENETUNREACH", "EACCES", "ECONNREFUSED", "EPERM")
     assert probe["connect_localhost"] != "ok"
+    assert probe["connect_unix"] == "EPERM"   # a pathname socket of anyone's: socket(AF_UNIX) is denied
+    assert probe["socketpair"] == "ok"        # a pair of its own connects to nothing outside
+
+
+def test_12_no_terminal_and_no_descriptor_of_the_graders(probe):
+    assert probe["ttys"] == [False, False, False] and probe["stdin"] == ""
+    assert probe["fds"] == [0, 1, 2, 3], probe["fds"]   # 3: the listing's own
+
+
+def test_13_reading_leaves_no_access_time(probe):
+    if os.geteuid() != 0:
+        pytest.skip("a grader that is not root cannot mount the noatime view (the access-time relay stays open)")
+    assert probe["read_python"] == "ok" and not probe["atime_moved"]
+
+
+def test_the_terminal_cheat_types_nothing_on_the_graders_terminal(tmp_path):
+    """A grader whose stdin is its controlling terminal (a pseudo-terminal here): the graded code tries
+    ioctl(TIOCSTI) on each of its standard descriptors. Nothing reaches the terminal: no echo on the master's
+    side, nothing queued on the slave's; the graded process has no terminal at all."""
+    import fcntl
+    import termios
+
+    base = open_folder()
+    here = base / "here"
+    here.mkdir()
+    shutil.copytree(os.path.join(ROOT, "tools", "course"), here / "_course",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (here / "cheat.py").write_text(TERMINAL_CHEAT)
+    master, slave = os.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[3] &= ~termios.ICANON   # what is typed is readable at once, no line needed
+    attrs[6][termios.VMIN], attrs[6][termios.VTIME] = 0, 0
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    grader = ("import fcntl, os, sys, termios\n"
+              "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"   # the terminal becomes the grader's controlling one
+              f"sys.path.insert(0, {ROOT!r})\n"
+              "from tools.course import seal\n"
+              "proc = seal.run([sys.executable, 'cheat.py'], sys.argv[1], 60)\n"
+              "print(proc.stdout.strip().splitlines()[-1] if proc and proc.returncode == 0 else proc and proc.stderr)\n")
+    try:
+        proc = subprocess.run([sys.executable, "-c", grader, str(here)], stdin=slave, capture_output=True, text=True,
+                              start_new_session=True, timeout=120)
+        typed = b""
+        for fd in (master, slave):
+            os.set_blocking(fd, False)
+            try:
+                typed += os.read(fd, 1024)
+            except (BlockingIOError, OSError):
+                pass
+    finally:
+        os.close(master)
+        os.close(slave)
+        shutil.rmtree(base)
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert typed == b"", typed
+    assert report["ttys"] == [False, False, False], report
+    assert all(report[k] != "ok" for k in ("0", "1", "2")), report
 
 
 def test_11_its_environment_is_the_allow_list(probe):
@@ -215,12 +309,12 @@ def test_the_seccomp_program_denies_exactly_its_table():
         code = seal.seccomp_program(arch)
         prog = [struct.unpack("HBBI", code[i:i + 8]) for i in range(0, len(code), 8)]
 
-        def run(nr, arch_word=audit):
+        def run(nr, arch_word=audit, args=(0, 0)):
             pc, acc = 0, 0
             while True:
                 op, jt, jf, k = prog[pc]
                 if op == 0x20:
-                    acc = arch_word if k == 4 else nr
+                    acc = {4: arch_word, 0: nr, 16: args[0] & 0xFFFFFFFF, 24: args[1] & 0xFFFFFFFF}[k]
                 elif op == 0x06:
                     return k
                 elif op in (0x15, 0x35):
@@ -231,6 +325,11 @@ def test_the_seccomp_program_denies_exactly_its_table():
         assert run(0) == run(1) == 0x7FFF0000 and run(denied[0], arch_word=0x40000003) == 0x80000000
         if arch == "x86_64":
             assert run(0x40000000 + 2) == 0x00050001
+        ioctl, socket = seal.BY_ARGUMENT[arch]
+        assert run(ioctl, args=(0, seal.TIOCSTI)) == run(ioctl, args=(1, seal.TIOCLINUX)) == 0x00050001
+        assert run(ioctl, args=(0, seal.TIOCSTI | 1 << 32)) == 0x00050001   # the kernel reads the request as 32 bits
+        assert run(ioctl, args=(0, 0x5401)) == 0x7FFF0000                    # TCGETS runs
+        assert run(socket, args=(seal.AF_UNIX, 1)) == 0x00050001 and run(socket, args=(2, 1)) == 0x7FFF0000
 
 
 # ---------------------------------------------------------------------------------------------------
