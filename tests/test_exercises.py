@@ -378,13 +378,18 @@ def test_reference_scores_full_marks_and_the_stubbed_copy_zero(held_out, tmp_pat
 @pytest.mark.slow
 def test_one_wrong_exercise_loses_exactly_its_points(held_out, tmp_path):
     """A stub (policy_loss, which update calls) and a wrong answer (group advantages with the std always on,
-    which scope_step calls) cost their own problems only: the others run the reference's versions."""
+    which scope_step calls) cost their own problems only: the others run the reference's versions. The copy's
+    prm.py has page breaks (form feeds) and a U+2028: its problems keep full marks."""
     out = tmp_path / "course"
     student_copy.generate(str(out), only=["policy_loss"])
     grpo = (out / "grpo.py").read_text()
     wrong = grpo.replace("    if scale_std:\n        if group_size > 1:", "    if True:\n        if group_size > 1:")
     assert wrong != grpo
     (out / "grpo.py").write_text(wrong)
+    prm = (out / "prm.py").read_text()   # page breaks and U+2028, which Python does not count as line ends
+    paged = "# the method\u2028in pages\n" + prm.replace("\n\n\ndef ", "\n\n\x0c\ndef ")
+    assert paged.count("\x0c") > 5
+    (out / "prm.py").write_text(paged)
     proc, points = grade_cli(out, held_out)
     lost = {"policy_loss", "group_advantages"}
     assert proc.returncode == 1
@@ -894,6 +899,18 @@ def test_mixed_source_swaps_only_the_other_problems_functions():
     assert "ref a" in grade.mixed_source("def b():\n    pass\n", ref, {"a"}, "m.py")   # removed: appended
     with pytest.raises(ValueError, match=r"m.py:1: the submitted file is not valid Python"):
         grade.mixed_source("def (:\n", ref, {"a"}, "m.py")
+
+
+def test_mixed_source_splices_by_pythons_lines_across_page_breaks():
+    """Form feeds (Emacs page breaks) and U+2028 are not line ends in Python source but are in str.splitlines: the
+    splice follows Python's lines, so the module stays valid and each function is the one meant."""
+    ref = "import x\n\n\ndef a():\n    return 'ref a'\n\n\ndef b():\n    return 'ref b'\n"
+    mine = ("import x\n\x0c\n# a page\u2028break\n\n\ndef a():\n    s = 'my\u2028a'\n    return 'my a'\n\x0c\n\n"
+            "def b():\n    return 'my b'\n\x0c\n\n\ndef c():\n    return 'my c'\n")
+    out = grade.mixed_source(mine, ref, {"b"}, "m.py")
+    namespace = {}
+    exec(compile(out.replace("import x\n", ""), "m.py", "exec"), namespace)   # our own test text
+    assert [namespace[f]() for f in "abc"] == ["my a", "ref b", "my c"]
 
 
 def test_loading_a_copy_leaves_no_module_bound_to_it(tmp_path):

@@ -356,9 +356,21 @@ def test_links_and_other_non_regular_files_are_refused_with_one_line(tmp_path):
     (sub / "grpo.py").write_text("y = 2\n")
     assert grade.submission_folder(str(sub), str(out), needed) == str(out)
     assert (out / "grpo.py").read_text() == "y = 2\n" and not os.path.islink(out / "grpo.py")
-    linked = tmp_path / "linked"
-    os.symlink(sub, linked)   # the folder itself may be a link (the teacher's choice); a link inside it may not
-    assert grade.submission_folder(str(linked), str(out), needed) == str(out)
+    (sub / "big.py").write_bytes(b"#" * (grade.HAND_IN_BYTES + 1))
+    with pytest.raises(ValueError, match=r"big\.py is refused \(\d+ bytes, over \d+\)"):
+        grade.submission_folder(str(sub), str(out), needed | {"big.py"})
+    (sub / "latin1.py").write_bytes(b"x = '\xe9'\n")
+    with pytest.raises(ValueError, match=r"latin1\.py is not UTF-8 text"):
+        grade.submission_folder(str(sub), str(out), needed | {"latin1.py"})
+    for linked, to in (("linked", sub), ("cwd", "/proc/self/cwd")):   # the folder itself a link: refused too
+        os.symlink(to, tmp_path / linked)
+        with pytest.raises(ValueError, match=rf"^--grade .*: {tmp_path / linked} is refused \(a symbolic link\)"):
+            grade.submission_folder(str(tmp_path / linked), str(out), needed)
+    os.symlink(tmp_path, tmp_path / "up")   # or a folder on the way
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'up'} is refused \(a symbolic link\)"):
+        grade.submission_folder(str(tmp_path / "up" / "sub"), str(out), needed)
+    with pytest.raises(ValueError, match=r"a hand-in is never read from /proc"):
+        grade.submission_folder("/proc/self/cwd", str(out), needed)
     tar_path = tmp_path / "submission.tar.gz"
     with tarfile.open(tar_path, "w:gz") as tar:
         tar.add(sub / "prm.py", "prm.py")
@@ -367,22 +379,28 @@ def test_links_and_other_non_regular_files_are_refused_with_one_line(tmp_path):
         tar.addfile(info)
     with pytest.raises(ValueError, match=r"grpo\.py is refused \(not one regular file in the tarball\)"):
         grade.submission_folder(str(tar_path), str(out), needed)
+    os.symlink(tar_path, tmp_path / "linked.tar.gz")
+    with pytest.raises(ValueError, match=r"linked\.tar\.gz is refused \(a symbolic link\)"):
+        grade.submission_folder(str(tmp_path / "linked.tar.gz"), str(out), needed)
 
 
 @pytest.mark.slow
 def test_a_blank_copy_of_links_to_the_graders_folder_is_refused(tmp_path):
     """The submission whose four files link to /proc/self/cwd/<file> (the grader's folder when it runs from the
-    repository root): the grade is refused with one line, from the repository root, before any problem runs."""
+    repository root), and a hand-in folder that is itself a link to /proc/self/cwd: the grade is refused with one
+    line, from the repository root, before any problem runs."""
     sub, fx = tmp_path / "links", tmp_path / "fx"
     sub.mkdir()
     fx.mkdir()
     (fx / "index.json").write_text(json.dumps({"seed": 0, "tokenizer": "", "problems": {"split_steps": 12}}))
     for f in problems.SUBMITTED:
         os.symlink(f"/proc/self/cwd/{f}", sub / f)
-    proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--grade", str(sub), "--fixtures", str(fx)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
-    assert "is refused (a symbolic link)" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    os.symlink("/proc/self/cwd", tmp_path / "cwd")   # the hand-in folder itself a link to the grader's folder
+    for hand_in in (sub, tmp_path / "cwd"):
+        proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--grade", str(hand_in), "--fixtures",
+                               str(fx)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+        assert "is refused (a symbolic link)" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -1,6 +1,7 @@
 """Grading: the handed-in files read as regular files, a folder per problem, one sealed process per problem
 (`seal.py`, `worker.py`); the parent compares the answers and writes the report."""
 import ast
+import io
 import json
 import os
 import shutil
@@ -19,60 +20,144 @@ from .student_copy import stub_source
 from .worker import OWN_GRPO
 
 
-def read_regular(folder: str, rel: str) -> bytes:
-    """The bytes of the regular file `rel` inside `folder`, opened without following a link anywhere on the way
-    (each folder with O_NOFOLLOW | O_DIRECTORY, the file with O_NOFOLLOW, then fstat: a regular file only).
-    ValueError naming the file otherwise."""
+HAND_IN_BYTES = 4 << 20       # the largest file the grader reads from a hand-in (a method file is under 40 KB)
+TAR_MEMBERS = 10_000          # the most members it reads through in a tarball
+TAR_BYTES = 64 << 20          # and the most bytes it reads through in one, uncompressed
+SYSTEM_TREES = ("/proc", "/sys", "/dev")   # a hand-in is never read from these
+
+
+def open_hand_in(path: str) -> int:
+    """A descriptor of the hand-in `path` (a folder or a tarball), resolved once: every component from / opened
+    with O_NOFOLLOW, so the path is refused if it or any folder on the way is a symbolic link (the folder itself
+    a link to /proc/self/cwd would be the grader's own folder), and refused under /proc, /sys or /dev. ValueError
+    naming the culprit otherwise."""
+    absolute = os.path.abspath(path)
+    tree = next((t for t in SYSTEM_TREES if absolute == t or absolute.startswith(t + "/")), None)
+    if tree:
+        raise ValueError(f"--grade {path}: a hand-in is never read from {tree}: name the folder or tarball itself")
+    parts = [p for p in absolute.split("/") if p]
+    fd = os.open("/", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, part in enumerate(parts):
+            last = i == len(parts) - 1
+            on_the_way = "/" + "/".join(parts[:i + 1])
+            try:
+                nxt = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                              | (0 if last else os.O_DIRECTORY), dir_fd=fd)
+            except OSError as err:
+                why = "a symbolic link" if os.path.islink(on_the_way) else err.strerror
+                raise ValueError(f"--grade {path}: {on_the_way} is refused ({why}): name the folder or tarball "
+                                 f"itself, by a path without links") from None
+            os.close(fd)
+            fd = nxt
+        mode = os.fstat(fd).st_mode
+        if not (stat.S_ISDIR(mode) or stat.S_ISREG(mode)):
+            raise ValueError(f"--grade {path}: neither a folder nor a .tar.gz from submit.sh")
+        return fd
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(folder_fd: int, rel: str, label: str) -> bytes:
+    """The bytes of the regular file `rel` inside the folder open as `folder_fd`, opened without following a link
+    anywhere on the way (each folder with O_NOFOLLOW | O_DIRECTORY, the file with O_NOFOLLOW, then fstat: a
+    regular file of at most HAND_IN_BYTES only). ValueError naming the file (`label` is the hand-in) otherwise."""
     parts = rel.split("/")
     if rel.startswith("/") or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"--grade {folder}: {rel} is not a plain path inside the submission")
-    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+        raise ValueError(f"--grade {label}: {rel} is not a plain path inside the submission")
+    fd = os.dup(folder_fd)
     try:
         for i, part in enumerate(parts):
             last = i == len(parts) - 1
             try:
-                nxt = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | (0 if last else os.O_DIRECTORY),
-                              dir_fd=fd)
+                nxt = os.open(part, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+                              | (0 if last else os.O_DIRECTORY), dir_fd=fd)
             except OSError as err:
-                kind = "a symbolic link" if os.path.islink(os.path.join(folder, *parts[:i + 1])) else err.strerror
-                raise ValueError(f"--grade {folder}: {'/'.join(parts[:i + 1])} is refused ({kind}): hand in "
+                try:
+                    kind = "a symbolic link" if stat.S_ISLNK(os.lstat(part, dir_fd=fd).st_mode) else err.strerror
+                except OSError:
+                    kind = err.strerror
+                raise ValueError(f"--grade {label}: {'/'.join(parts[:i + 1])} is refused ({kind}): hand in "
                                  f"the file itself") from None
             os.close(fd)
             fd = nxt
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError(f"--grade {folder}: {rel} is refused (not a regular file): hand in the file itself")
+            raise ValueError(f"--grade {label}: {rel} is refused (not a regular file): hand in the file itself")
+        if st.st_size > HAND_IN_BYTES:
+            raise ValueError(f"--grade {label}: {rel} is refused ({st.st_size} bytes, over {HAND_IN_BYTES})")
         with os.fdopen(os.dup(fd), "rb") as f:
-            return f.read()
+            data = f.read(HAND_IN_BYTES + 1)
+        if len(data) > HAND_IN_BYTES:
+            raise ValueError(f"--grade {label}: {rel} is refused (over {HAND_IN_BYTES} bytes)")
+        return data
     finally:
         os.close(fd)
 
 
+def tar_members(f, label: str, needed: set) -> dict:
+    """{name: bytes} of the `needed` members of the tarball open as `f`: each one regular file of at most
+    HAND_IN_BYTES (a link, a device, a folder or a second member under a needed name is refused), read through
+    at most TAR_MEMBERS members and TAR_BYTES bytes."""
+    try:
+        tar = tarfile.open(fileobj=f, mode="r:*")
+    except (tarfile.TarError, OSError, EOFError):
+        raise ValueError(f"--grade {label}: neither a folder nor a .tar.gz from submit.sh") from None
+    files = {}
+    with tar:
+        for k in range(TAR_MEMBERS + 1):
+            try:
+                m = tar.next()
+            except (tarfile.TarError, OSError, EOFError) as err:
+                raise ValueError(f"--grade {label}: a broken tarball ({type(err).__name__})") from None
+            if m is None:
+                break
+            if k == TAR_MEMBERS or tar.offset > TAR_BYTES:
+                raise ValueError(f"--grade {label}: over {TAR_MEMBERS} members or {TAR_BYTES} bytes: hand in what "
+                                 f"submit.sh packs")
+            name = os.path.normpath(m.name).lstrip("/")
+            if name not in needed:
+                continue
+            if not m.isfile() or name in files:
+                raise ValueError(f"--grade {label}: {name} is refused (not one regular file in the tarball)")
+            if m.size > HAND_IN_BYTES:
+                raise ValueError(f"--grade {label}: {name} is refused ({m.size} bytes, over {HAND_IN_BYTES})")
+            files[name] = tar.extractfile(m).read(HAND_IN_BYTES + 1)
+    missing = sorted(needed - set(files))
+    if missing:
+        raise ValueError(f"--grade {label}: the submission lacks {', '.join(missing)}")
+    return files
+
+
 def submission_folder(path: str, tmp: str, needed: set) -> str:
-    """`tmp`, holding the submission's `needed` files as the grader read them: from a folder, regular files
-    only, never through a link (`read_regular`); from a submit.sh tarball, its regular members only (a link,
-    a device or a folder under a needed name is refused). The modules a submission lacks are the reference's
+    """`tmp` (a fresh folder of the grader's), holding copies of the submission's `needed` files as the grader
+    read them, and nothing else: the hand-in resolved once (`open_hand_in`); from a folder, regular files only,
+    never through a link (`read_regular`); from a submit.sh tarball, its regular members only (`tar_members`);
+    each UTF-8 text of at most HAND_IN_BYTES. The modules a submission lacks are the reference's
     (`grading_folder`)."""
-    if os.path.isdir(path):
-        missing = sorted(f for f in needed if not os.path.lexists(os.path.join(path, f)))
-        if missing:
-            raise ValueError(f"--grade {path}: missing {', '.join(missing)}")
-        files = {name: read_regular(path, name) for name in sorted(needed)}
-    elif not tarfile.is_tarfile(path):
-        raise ValueError(f"--grade {path}: neither a folder nor a .tar.gz from submit.sh")
-    else:
-        with tarfile.open(path) as tar:
-            members = {}
-            for m in tar.getmembers():
-                name = os.path.normpath(m.name).lstrip("/")
-                if name in needed and (not m.isfile() or name in members):
-                    raise ValueError(f"--grade {path}: {name} is refused (not one regular file in the tarball)")
-                members[name] = m
-            missing = sorted(needed - set(members))
+    fd = open_hand_in(path)
+    try:
+        if stat.S_ISDIR(os.fstat(fd).st_mode):
+            missing = []
+            for name in sorted(needed):
+                try:
+                    os.lstat(name, dir_fd=fd)
+                except FileNotFoundError:
+                    missing.append(name)
             if missing:
-                raise ValueError(f"--grade {path}: the submission lacks {', '.join(missing)}")
-            files = {name: tar.extractfile(members[name]).read() for name in needed}
+                raise ValueError(f"--grade {path}: missing {', '.join(missing)}")
+            files = {name: read_regular(fd, name, path) for name in sorted(needed)}
+        else:
+            with os.fdopen(os.dup(fd), "rb") as f:
+                files = tar_members(f, path, needed)
+    finally:
+        os.close(fd)
     for name, data in files.items():
+        try:
+            data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise ValueError(f"--grade {path}: {name} is not UTF-8 text (byte {err.start})") from None
         with open(os.path.join(tmp, name), "wb") as f:
             f.write(data)
     return tmp
@@ -163,6 +248,13 @@ def describe_difference(name: str, got, want) -> str:
     return first_difference(got, want, fn) or ""
 
 
+def source_lines(text: str) -> list:
+    """`text` split into lines as Python's tokenizer splits it (at \\n, \\r\\n and \\r only, ends kept), so line k
+    here is line k of `ast`'s positions; str.splitlines also splits at form feeds, U+2028 and other characters
+    that are not line ends in Python source."""
+    return io.StringIO(text, newline="").readlines()
+
+
 def function_spans(text: str) -> dict:
     """{name: (first line, last line)} (1-based, decorators included) of the top-level functions in `text`."""
     spans = {}
@@ -180,8 +272,10 @@ def mixed_source(student: str, reference: str, replace: set, path: str) -> str:
         mine = function_spans(student)
     except SyntaxError as err:
         raise ValueError(f"{path}:{err.lineno}: the submitted file is not valid Python ({err.msg})") from None
+    except (ValueError, RecursionError, MemoryError) as err:
+        raise ValueError(f"{path}: the submitted file is not valid Python ({type(err).__name__})") from None
     theirs = function_spans(reference)
-    ref_lines, lines = reference.splitlines(keepends=True), student.splitlines(keepends=True)
+    ref_lines, lines = source_lines(reference), source_lines(student)
     tail = []
     for name in sorted(replace, key=lambda n: -mine.get(n, (0, 0))[0]):
         a, b = theirs[name]
