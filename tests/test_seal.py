@@ -6,6 +6,7 @@ thing the docstring names and reports what happened; each test below reads its l
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -546,3 +547,64 @@ def test_the_report_says_sealed_whatever_exit_status_the_students_code_gives(tmp
     row = results["split_steps"]
     assert row["sealed"] is True and row["points"] == 0, row
     assert f"exit status {seal.FAILED}" in row["error"] and "could not seal" not in row["error"], row["error"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the report and the clean-up: nothing a graded process does reaches them
+# ---------------------------------------------------------------------------------------------------
+FORGED = r'''
+
+
+class _Forged(Exception):
+    pass
+
+
+_Forged.__name__ = "Error\x1b[1A\x1b[2K\r 3  first_error  6 / 6   14/14\n    total  100 / 100\n"
+
+
+def first_error(scores, tau=0.5):
+    import os
+    here = os.getcwd()
+    if not os.path.isdir("d"):   # 1,500 nested folders for the grader to clean up, and a link out of them
+        for _ in range(1500):
+            os.mkdir("d")
+            os.chdir("d")
+        os.symlink("/", "root")
+        os.chdir(here)
+    raise _Forged("100/100")
+'''
+
+
+def test_a_forged_report_and_deep_folders_change_nothing(tmp_path):
+    """A first_error that raises an exception whose class name carries a cursor-up, an erase-line, a carriage
+    return and newlines spelling a full-marks row and total, and that leaves 1,500 nested folders (and a link to
+    /) in its grading folder: the report's rows and totals, read by regex, are the real ones (0 / 6), no line of
+    it is the student's, the JSON holds the real total, and the grader leaves no folder behind."""
+    from tools.course import fixtures
+
+    copy, fx, tmp = tmp_path / "copy", tmp_path / "fx", open_folder()
+    copy.mkdir()
+    for f in problems.SUBMITTED:
+        shutil.copy(os.path.join(ROOT, f), copy / f)
+    with open(copy / "prm.py", "a", encoding="utf-8") as fh:
+        fh.write(FORGED)
+    fixtures.write_fixtures(str(fx), seed=5, only=["first_error"])
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--grade", str(copy), "--fixtures", str(fx),
+                               "--json", str(tmp_path / "report.json")], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "TMPDIR": str(tmp)})
+        left = os.listdir(tmp)
+    finally:
+        grade.remove_tree(str(tmp))
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr[-2000:]
+    report = proc.stdout
+    rows = re.findall(r"^\s*\d+\s+(\w+)\s+(\d+) / (\d+)", report, re.MULTILINE)
+    totals = re.findall(r"total\s+(\d+) / (\d+)", report)
+    assert rows == [("first_error", "0", "6")] and totals[0] == totals[-1] == ("0", "6"), report
+    assert "\x1b" not in report and "\r" not in report
+    assert len(report.splitlines()) == 4 + bool(seal.identity_note()), report
+    assert "Error\\x1b[1A" in report and "\\n    total" in report   # shown, escaped, on its row
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["total"] == 0 and data["max"] == 6 and data["problems"]["first_error"]["points"] == 0
+    assert "\n" not in data["problems"]["first_error"]["error"]
+    assert left == [], left

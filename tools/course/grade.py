@@ -1,9 +1,11 @@
 """Grading: the handed-in files read as regular files, a folder per problem, one sealed process per problem
 (`seal.py`, `worker.py`); the parent compares the answers and writes the report."""
 import ast
+import contextlib
 import io
 import json
 import os
+import reprlib
 import shutil
 import signal
 import stat
@@ -195,7 +197,10 @@ def _short(x) -> str:
         x = x.item() if x.numel() == 1 else x
         if isinstance(x, torch.Tensor):
             return f"tensor of shape {tuple(x.shape)}, dtype {str(x.dtype).replace('torch.', '')}"
-    text = repr(x)
+    try:   # what a graded process returned: bounded in depth and length (reprlib), whatever it is
+        text = reprlib.Repr(maxlevel=4, maxstring=60, maxother=60).repr(x)
+    except Exception:
+        text = f"a {type(x).__name__}"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -333,6 +338,60 @@ def grading_folder(folder: str, problem: str, dest: str) -> None:
 
 
 
+@contextlib.contextmanager
+def fresh_folder(prefix: str):
+    """A new folder of the grader's (mkdtemp), removed with everything in it when the block ends, however it ends
+    (`remove_tree`)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield path
+    finally:
+        remove_tree(path)
+
+
+def remove_tree(path: str) -> None:
+    """Remove the folder `path` and everything below it, as deep and as many files as a graded process made:
+    no recursion and never through a link. Each folder is emptied in turn, its subfolders moved up to `path`
+    itself first (renameat), so depth costs no stack, no descriptors and no path length."""
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    top = os.open(path, flags)
+    try:
+        pending, moved = [None], 0   # folders directly in `path` still to empty (None: `path` itself)
+        while pending:
+            name = pending.pop()
+            if name is not None and os.geteuid() != 0:   # a folder made with mode 0: the teacher's own uid's
+                os.chmod(name, 0o700, dir_fd=top)
+            fd = top if name is None else os.open(name, flags, dir_fd=top)
+            try:
+                if name is not None and os.geteuid() != 0:
+                    os.chmod(fd, 0o700)
+                with os.scandir(fd) as it:
+                    entries = [(e.name, e.is_dir(follow_symlinks=False)) for e in it]
+                for entry, is_dir in entries:
+                    if not is_dir:
+                        os.unlink(entry, dir_fd=fd)
+                    elif name is None:
+                        pending.append(entry)
+                    else:
+                        while True:
+                            moved += 1
+                            up = f".removing-{moved}"
+                            try:
+                                os.lstat(up, dir_fd=top)
+                            except FileNotFoundError:
+                                break
+                        os.rename(entry, up, src_dir_fd=fd, dst_dir_fd=top)
+                        pending.append(up)
+            finally:
+                if fd != top:
+                    os.close(fd)
+            if name is not None:
+                os.rmdir(name, dir_fd=top)
+    finally:
+        os.close(top)
+    os.rmdir(path)
+
+
 def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: int = 90, verbose: bool = False,
                   hidden=(), sealed: bool = True):
     """Run problem `name` of the submission in `folder` in its own process on the held-out inputs and
@@ -346,7 +405,7 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
     notes, first = [], ""
     for attempt in (1, 2):   # a process killed by a signal it did not earn is graded once more, in a new folder
         t0 = time.monotonic()
-        with tempfile.TemporaryDirectory(prefix="grade-") as here:
+        with fresh_folder("grade-") as here:
             grading_folder(folder, name, here)
             torch.save(data["cases"], os.path.join(here, "cases.pt"))
             status_r, status_w = os.pipe()   # the worker's one byte: sealed or not, before any student code
@@ -383,10 +442,24 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
             passed += 1
             continue
         why = answer.get("error") or describe_difference(name, answer.get("output"), want)
+        why = why if isinstance(why, str) else "an error that is not text"
         error = error or (f"case {k}: {why}" if verbose else f"case {k} differs from the reference"
                           if "error" not in answer else f"case {k}: {answer['error']}")
         notes.append(f"case {k}: {why}")
-    return {"passed": passed, "cases": len(data["outputs"]), "error": error, "sealed": sealed, "notes": notes}
+    return {"passed": passed, "cases": len(data["outputs"]), "error": shown(error), "sealed": sealed,
+            "notes": [shown(n) for n in notes[:MAX_NOTES]]}
+
+
+SHOWN = 200       # the longest text of the graded process's (a name, a message) the report shows, characters
+MAX_NOTES = 50    # the most notes a problem keeps
+
+
+def shown(text: str, limit: int = SHOWN) -> str:
+    """`text` as the report shows what a graded process wrote: every character that is not printable (line ends,
+    carriage returns, escape sequences, U+2028, bidirectional controls) written as its escape, then cut to
+    `limit` characters, so it stays on its own row and reads as what it is."""
+    out = "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text[:limit * 2])
+    return out if len(out) <= limit else out[:limit - 1] + "…"
 
 
 def read_status(read_end: int, write_end: int) -> bytes:
@@ -440,7 +513,7 @@ def grade(path: str, fixtures: str, verbose: bool = False, only=None, for_credit
     names = [n for n in index["problems"] if only is None or n in only]
     needed = {fn.split(":")[0] for n in names for fn in BY_NAME[n].functions}
     results = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    with fresh_folder("hand-in-") as tmp:
         folder = submission_folder(path, tmp, needed)   # before anything runs: a refused file is one line
         missing = seal.missing()
         if missing and for_credit:
@@ -457,14 +530,18 @@ def grade(path: str, fixtures: str, verbose: bool = False, only=None, for_credit
     return results
 
 
-def grade_report(results: dict, verbose: bool = False) -> str:
-    rows = [f"{'#':>2}  {'problem':<18} {'points':>9}  cases   note"]
+def grade_report(results: dict, verbose: bool = False, json_path: str = "") -> str:
+    """The text report: the total first and last, a row per problem between them (whatever a graded process wrote
+    is `shown` escaped inside its row, so no line of the report is the student's), the seal's notes. A script
+    reads the JSON (`grade_json`) instead."""
+    got, full = sum(r["points"] for r in results.values()), sum(r["max"] for r in results.values())
+    rows = [f"total {got} / {full}" + (f" (as JSON: {json_path})" if json_path else ""),
+            f"{'#':>2}  {'problem':<18} {'points':>9}  cases   note"]
     for name, r in results.items():
         n = EXERCISES.index(BY_NAME[name]) + 1
         rows.append(f"{n:>2}  {name:<18} {r['points']:>4} / {r['max']:<3} {r['passed']:>2}/{r['cases']:<3}  {r['error']}")
         if verbose:
             rows += [f"      {note}" for note in r["notes"][1:]]
-    got, full = sum(r["points"] for r in results.values()), sum(r["max"] for r in results.values())
     rows.append(f"    {'total':<18} {got:>4} / {full:<3}")
     if all(r["sealed"] for r in results.values()):
         rows += [seal.identity_note()] if seal.identity_note() else []
@@ -475,3 +552,26 @@ def grade_report(results: dict, verbose: bool = False) -> str:
                     f"(--for-credit refuses to grade here)")
     return "\n".join(rows)
 
+
+def grade_json(results: dict, hand_in: str, fixtures: str) -> dict:
+    """The report as data, for a script: the total, whether every process was sealed, and per problem its
+    points, cases passed, first error and notes (the same `shown` text as the report)."""
+    return {"hand_in": os.path.abspath(hand_in), "fixtures": os.path.abspath(fixtures),
+            "total": sum(r["points"] for r in results.values()), "max": sum(r["max"] for r in results.values()),
+            "sealed": all(r["sealed"] for r in results.values()),
+            "problems": {name: {k: r[k] for k in ("points", "max", "passed", "cases", "error", "sealed", "notes")}
+                         for name, r in results.items()}}
+
+
+def write_json(report: dict, path: str) -> None:
+    """Write `report` to `path` whole or not at all (a temporary file beside it, then a rename)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".grade-", suffix=".json", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            json.dump(report, f, indent=1, ensure_ascii=True)
+            f.write("\n")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
