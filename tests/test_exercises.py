@@ -964,3 +964,73 @@ def test_problem_12_scaffold_filled_with_the_reference_lines_passes_every_update
     results = outcomes(junit)
     assert len(results) >= len(problems.BY_NAME["update"].tests)
     assert not [n for n, (failed, _, skipped) in results.items() if failed or skipped], results
+
+
+# Wrong solutions at the edges of their problems' inputs, each a plausible mistake that an unlucky draw of
+# held-out cases would miss: the fixtures hold each edge class at every seed, by construction.
+# {name: (problem, file, text in the reference, replacement)}
+EDGE_MUTANTS = {
+    "keep_ratio_of_no_steps_divides_by_zero": ("first_error", "prm.py",
+                                               "return cut / n_steps if n_steps > 0 else 0.0", "return cut / n_steps"),
+    "cut_point_of_an_error_free_list_keeps_every_step": ("first_error", "prm.py",
+                                                         "return unscored if unscored is not None else len(scores) - 1",
+                                                         "return unscored if unscored is not None else len(scores)"),
+    "first_error_reads_past_an_unscored_step": ("first_error", "prm.py",
+                                                "        if s is None:\n            return None\n        if s < tau:",
+                                                "        if s is None:\n            continue\n        if s < tau:"),
+    "cut_point_ignores_an_unscored_step": ("first_error", "prm.py",
+                                           "return unscored if unscored is not None else len(scores) - 1",
+                                           "return len(scores) - 1"),
+    "split_steps_without_the_single_newline_fallback": ("split_steps", "prm.py",
+                                                        "    if not seps:\n        seps = [i + 1 for i, ch in "
+                                                        "enumerate(text) if ch == \"\\n\"]\n", ""),
+    "step_token_spans_stops_at_the_split_characters": ("step_token_spans", "prm.py", "boundary += len(step)",
+                                                       "boundary += len(step.rstrip())"),
+    "float64_log_probs_computed_in_float32": ("logprob_entropy", "grpo.py",
+                                              "if logits.dtype in (torch.float16, torch.bfloat16):",
+                                              "if logits.dtype != torch.float32:"),
+}
+
+
+def edge_mutant_losses(tmp, seeds) -> dict:
+    """{mutant: [cases it fails at each seed]}: each mutant's problem graded in-process on the fixtures of each
+    seed (the same runners and comparison the graded process and the grader use)."""
+    import shutil
+    import torch
+
+    graded = sorted({p for p, _, _, _ in EDGE_MUTANTS.values()})
+    stored = {}
+    for seed in seeds:
+        fixtures.write_fixtures(str(tmp / f"fx{seed}"), seed, only=graded)
+        index = json.loads((tmp / f"fx{seed}" / "index.json").read_text())
+        stored[seed] = (fixtures.wrap_tokenizer(index["tokenizer"]),
+                        {p: torch.load(tmp / f"fx{seed}" / f"{p}.pt", weights_only=False) for p in graded})
+    losses = {}
+    for name, (problem, rel, old, new) in EDGE_MUTANTS.items():
+        folder = tmp / name
+        folder.mkdir()
+        for m in problems.MODULES:
+            shutil.copy(os.path.join(ROOT, m + ".py"), folder / (m + ".py"))
+        text = (folder / rel).read_text()
+        assert text.count(old) == 1, f"{name}: the reference changed; update EDGE_MUTANTS"
+        (folder / rel).write_text(text.replace(old, new))
+        mods = fixtures.load_modules(str(folder))
+        run = getattr(fixtures, f"run_{problem}")
+        losses[name] = []
+        for seed in seeds:
+            tok, data = stored[seed]
+            failed = 0
+            for case, want in zip(data[problem]["cases"], data[problem]["outputs"]):
+                try:
+                    failed += not fixtures.matches(run(mods, {"tokenizer": tok}, case), want)
+                except Exception:
+                    failed += 1
+            losses[name].append(failed)
+    return losses
+
+
+def test_edge_mutants_lose_points_at_every_seed(tmp_path):
+    """Each wrong solution at an edge fails at least one held-out case of its problem (so loses all of its
+    points) at each of 10 fixture seeds."""
+    losses = edge_mutant_losses(tmp_path, range(1, 11))
+    assert all(min(per_seed) > 0 for per_seed in losses.values()), losses

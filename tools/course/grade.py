@@ -197,8 +197,10 @@ def _short(x) -> str:
         x = x.item() if x.numel() == 1 else x
         if isinstance(x, torch.Tensor):
             return f"tensor of shape {tuple(x.shape)}, dtype {str(x.dtype).replace('torch.', '')}"
-    try:   # what a graded process returned: bounded in depth and length (reprlib), whatever it is
-        text = reprlib.Repr(maxlevel=4, maxstring=60, maxother=60).repr(x)
+    bounded = reprlib.Repr()   # what a graded process returned: bounded in depth and length, whatever it is
+    bounded.maxlevel, bounded.maxstring, bounded.maxother = 4, 60, 60
+    try:
+        text = bounded.repr(x)
     except Exception:
         text = f"a {type(x).__name__}"
     return text if len(text) <= 60 else text[:57] + "..."
@@ -217,7 +219,7 @@ def first_difference(got, want, where: str = "", rtol=1e-4, atol=1e-6):
             bad = ~torch.isclose(got.double(), want.double(), rtol=rtol, atol=atol, equal_nan=True)
         else:
             bad = got != want
-        if got.dtype != want.dtype and not want.is_floating_point():
+        if got.dtype != want.dtype:
             return f"{at}: dtype {got.dtype}, expected {want.dtype}"
         idx = tuple(int(i) for i in bad.nonzero()[0]) if bad.any() else None
         if idx is not None:
