@@ -7,7 +7,8 @@
 - The copy holds HANDOUT.md (every problem with points, interface, check command; the SCOPE step; at least
   five questions) and submit.sh, and no answer reference (the loop loss, the brute-force spans), no results.
 - Held-out fixtures from the reference score full marks, the stubbed copy 0, a copy with one wrong exercise
-  loses exactly that problem's points; a constant or all-zero answer fails every problem.
+  loses exactly that problem's points; a constant or all-zero answer fails every problem; a wrong solution at
+  an edge of its problem's inputs loses its points at every seed (`EDGE_MUTANTS`).
 - The markers in the reference are balanced, each exercise has a region, and removing the markers
   leaves the reference code unchanged; bad markers are errors naming the file and line.
 - `--list` prints the table; unknown names are one-line errors; docs/course.md holds the handout.

@@ -1,5 +1,6 @@
 """The seal around a graded process (tools/course/seal.py): one test per line of its docstring's list, run in a
-real sealed process; the handed-in files read as regular files only; the xattr and keyring relays.
+real sealed process; the terminal cheat on a pseudo-terminal; the hand-in resolved once and read as regular
+files only; the xattr and keyring relays; a forged report and 1,500 nested folders that change nothing.
 
 A probe script, sealed exactly as the grader seals a problem's process (`seal.run` then `seal.apply`), tries each
 thing the docstring names and reports what happened; each test below reads its line of the report.
