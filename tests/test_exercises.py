@@ -7,7 +7,8 @@
 - The copy holds HANDOUT.md (every problem with points, interface, check command; the SCOPE step; at least
   five questions) and submit.sh, and no answer reference (the loop loss, the brute-force spans), no results.
 - Held-out fixtures from the reference score full marks, the stubbed copy 0, a copy with one wrong exercise
-  loses exactly that problem's points; a constant or all-zero answer fails every problem.
+  loses exactly that problem's points; a constant or all-zero answer fails every problem; a wrong solution at
+  an edge of its problem's inputs loses its points at every seed (`EDGE_MUTANTS`).
 - The markers in the reference are balanced, each exercise has a region, and removing the markers
   leaves the reference code unchanged; bad markers are errors naming the file and line.
 - `--list` prints the table; unknown names are one-line errors; docs/course.md holds the handout.
@@ -378,13 +379,18 @@ def test_reference_scores_full_marks_and_the_stubbed_copy_zero(held_out, tmp_pat
 @pytest.mark.slow
 def test_one_wrong_exercise_loses_exactly_its_points(held_out, tmp_path):
     """A stub (policy_loss, which update calls) and a wrong answer (group advantages with the std always on,
-    which scope_step calls) cost their own problems only: the others run the reference's versions."""
+    which scope_step calls) cost their own problems only: the others run the reference's versions. The copy's
+    prm.py has page breaks (form feeds) and a U+2028: its problems keep full marks."""
     out = tmp_path / "course"
     student_copy.generate(str(out), only=["policy_loss"])
     grpo = (out / "grpo.py").read_text()
     wrong = grpo.replace("    if scale_std:\n        if group_size > 1:", "    if True:\n        if group_size > 1:")
     assert wrong != grpo
     (out / "grpo.py").write_text(wrong)
+    prm = (out / "prm.py").read_text()   # page breaks and U+2028, which Python does not count as line ends
+    paged = "# the method\u2028in pages\n" + prm.replace("\n\n\ndef ", "\n\n\x0c\ndef ")
+    assert paged.count("\x0c") > 5
+    (out / "prm.py").write_text(paged)
     proc, points = grade_cli(out, held_out)
     lost = {"policy_loss", "group_advantages"}
     assert proc.returncode == 1
@@ -896,6 +902,18 @@ def test_mixed_source_swaps_only_the_other_problems_functions():
         grade.mixed_source("def (:\n", ref, {"a"}, "m.py")
 
 
+def test_mixed_source_splices_by_pythons_lines_across_page_breaks():
+    """Form feeds (Emacs page breaks) and U+2028 are not line ends in Python source but are in str.splitlines: the
+    splice follows Python's lines, so the module stays valid and each function is the one meant."""
+    ref = "import x\n\n\ndef a():\n    return 'ref a'\n\n\ndef b():\n    return 'ref b'\n"
+    mine = ("import x\n\x0c\n# a page\u2028break\n\n\ndef a():\n    s = 'my\u2028a'\n    return 'my a'\n\x0c\n\n"
+            "def b():\n    return 'my b'\n\x0c\n\n\ndef c():\n    return 'my c'\n")
+    out = grade.mixed_source(mine, ref, {"b"}, "m.py")
+    namespace = {}
+    exec(compile(out.replace("import x\n", ""), "m.py", "exec"), namespace)   # our own test text
+    assert [namespace[f]() for f in "abc"] == ["my a", "ref b", "my c"]
+
+
 def test_loading_a_copy_leaves_no_module_bound_to_it(tmp_path):
     """fixtures.load_modules (the held-out fixtures' reference set) in a process that has not imported harness/
     yet: afterwards `import refine` and harness.wiring are the main tree's and bound to each other, so a test
@@ -947,3 +965,73 @@ def test_problem_12_scaffold_filled_with_the_reference_lines_passes_every_update
     results = outcomes(junit)
     assert len(results) >= len(problems.BY_NAME["update"].tests)
     assert not [n for n, (failed, _, skipped) in results.items() if failed or skipped], results
+
+
+# Wrong solutions at the edges of their problems' inputs, each a plausible mistake that an unlucky draw of
+# held-out cases would miss: the fixtures hold each edge class at every seed, by construction.
+# {name: (problem, file, text in the reference, replacement)}
+EDGE_MUTANTS = {
+    "keep_ratio_of_no_steps_divides_by_zero": ("first_error", "prm.py",
+                                               "return cut / n_steps if n_steps > 0 else 0.0", "return cut / n_steps"),
+    "cut_point_of_an_error_free_list_keeps_every_step": ("first_error", "prm.py",
+                                                         "return unscored if unscored is not None else len(scores) - 1",
+                                                         "return unscored if unscored is not None else len(scores)"),
+    "first_error_reads_past_an_unscored_step": ("first_error", "prm.py",
+                                                "        if s is None:\n            return None\n        if s < tau:",
+                                                "        if s is None:\n            continue\n        if s < tau:"),
+    "cut_point_ignores_an_unscored_step": ("first_error", "prm.py",
+                                           "return unscored if unscored is not None else len(scores) - 1",
+                                           "return len(scores) - 1"),
+    "split_steps_without_the_single_newline_fallback": ("split_steps", "prm.py",
+                                                        "    if not seps:\n        seps = [i + 1 for i, ch in "
+                                                        "enumerate(text) if ch == \"\\n\"]\n", ""),
+    "step_token_spans_stops_at_the_split_characters": ("step_token_spans", "prm.py", "boundary += len(step)",
+                                                       "boundary += len(step.rstrip())"),
+    "float64_log_probs_computed_in_float32": ("logprob_entropy", "grpo.py",
+                                              "if logits.dtype in (torch.float16, torch.bfloat16):",
+                                              "if logits.dtype != torch.float32:"),
+}
+
+
+def edge_mutant_losses(tmp, seeds) -> dict:
+    """{mutant: [cases it fails at each seed]}: each mutant's problem graded in-process on the fixtures of each
+    seed (the same runners and comparison the graded process and the grader use)."""
+    import shutil
+    import torch
+
+    graded = sorted({p for p, _, _, _ in EDGE_MUTANTS.values()})
+    stored = {}
+    for seed in seeds:
+        fixtures.write_fixtures(str(tmp / f"fx{seed}"), seed, only=graded)
+        index = json.loads((tmp / f"fx{seed}" / "index.json").read_text())
+        stored[seed] = (fixtures.wrap_tokenizer(index["tokenizer"]),
+                        {p: torch.load(tmp / f"fx{seed}" / f"{p}.pt", weights_only=False) for p in graded})
+    losses = {}
+    for name, (problem, rel, old, new) in EDGE_MUTANTS.items():
+        folder = tmp / name
+        folder.mkdir()
+        for m in problems.MODULES:
+            shutil.copy(os.path.join(ROOT, m + ".py"), folder / (m + ".py"))
+        text = (folder / rel).read_text()
+        assert text.count(old) == 1, f"{name}: the reference changed; update EDGE_MUTANTS"
+        (folder / rel).write_text(text.replace(old, new))
+        mods = fixtures.load_modules(str(folder))
+        run = getattr(fixtures, f"run_{problem}")
+        losses[name] = []
+        for seed in seeds:
+            tok, data = stored[seed]
+            failed = 0
+            for case, want in zip(data[problem]["cases"], data[problem]["outputs"]):
+                try:
+                    failed += not fixtures.matches(run(mods, {"tokenizer": tok}, case), want)
+                except Exception:
+                    failed += 1
+            losses[name].append(failed)
+    return losses
+
+
+def test_edge_mutants_lose_points_at_every_seed(tmp_path):
+    """Each wrong solution at an edge fails at least one held-out case of its problem (so loses all of its
+    points) at each of 10 fixture seeds."""
+    losses = edge_mutant_losses(tmp_path, range(1, 11))
+    assert all(min(per_seed) > 0 for per_seed in losses.values()), losses

@@ -1,11 +1,13 @@
 """The seal around a graded process (tools/course/seal.py): one test per line of its docstring's list, run in a
-real sealed process; the handed-in files read as regular files only; the xattr and keyring relays.
+real sealed process; the terminal cheat on a pseudo-terminal; the hand-in resolved once and read as regular
+files only; the xattr and keyring relays; a forged report and 1,500 nested folders that change nothing.
 
 A probe script, sealed exactly as the grader seals a problem's process (`seal.run` then `seal.apply`), tries each
 thing the docstring names and reports what happened; each test below reads its line of the report.
 """
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -81,6 +83,15 @@ def connect():
     s = socket.create_connection(("127.0.0.1", hidden["port"]), timeout=2)
     s.close()
 attempt("connect_localhost", connect)
+def connect_unix():
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(hidden["unix"])
+    s.close()
+attempt("connect_unix", connect_unix)
+attempt("socketpair", lambda: [s.close() for s in socket.socketpair()])
+out["fds"] = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
+out["ttys"] = [os.isatty(fd) for fd in (0, 1, 2)]
+out["stdin"] = sys.stdin.read()
 out["environ"] = sorted(os.environ)
 print(json.dumps(out))
 '''
@@ -98,6 +109,23 @@ def named(name):
         if stat.split("(", 1)[1].rsplit(")", 1)[0] == name and stat.rsplit(")", 1)[1].split()[0] != "Z":
             found.append(int(pid))
     return found
+
+
+TERMINAL_CHEAT = r'''
+import errno, fcntl, json, os, sys, termios
+sys.path.insert(0, os.getcwd())
+from _course import seal
+seal.apply(os.getcwd(), [])
+out = {"ttys": [os.isatty(fd) for fd in (0, 1, 2)]}
+for fd in (0, 1, 2):
+    try:
+        for ch in b"id > /tmp/scope-typed\n":
+            fcntl.ioctl(fd, termios.TIOCSTI, bytes([ch]))
+        out[str(fd)] = "ok"
+    except OSError as err:
+        out[str(fd)] = errno.errorcode.get(err.errno, str(err.errno))
+print(json.dumps(out))
+'''
 
 
 @pytest.fixture(scope="module")
@@ -120,19 +148,30 @@ def probe():
     listener = socket.socket()
     listener.bind(("127.0.0.1", 0))
     listener.listen(1)
+    unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)   # a pathname socket anyone may connect to
+    unix.bind(str(base / "relay.sock"))
+    os.chmod(base / "relay.sock", 0o777)
+    unix.listen(1)
     facts = {"hidden": [ROOT, str(secret)], "target": str(target), "too_much": seal.MEMORY + (1 << 30),
-             "grader": os.getpid(), "port": listener.getsockname()[1]}
+             "grader": os.getpid(), "port": listener.getsockname()[1], "unix": str(base / "relay.sock")}
+    read = os.path.realpath(os.__file__)   # the probe reads it: an access time older than its change time
+    was = os.stat(read)
+    os.utime(read, ns=(was.st_mtime_ns - 10**9, was.st_mtime_ns))
     os.environ["SCOPE_TEACHER_SECRET"] = "1"
     try:
         proc = seal.run([sys.executable, "probe.py", json.dumps(facts)], str(here), 60)
     finally:
         del os.environ["SCOPE_TEACHER_SECRET"]
         listener.close()
+        unix.close()
+        atime = os.stat(read).st_atime_ns
+        os.utime(read, ns=(was.st_atime_ns, was.st_mtime_ns))
     assert proc is not None and proc.returncode == 0, proc and proc.stderr[-3000:]
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     report["written_owner"] = os.stat(here / "written.txt").st_uid if os.path.exists(here / "written.txt") else None
     report["target_after"] = (target.read_text(), os.stat(target).st_mode & 0o777, os.listxattr(target))
     report["orphans"] = named("scope-seal-orph")
+    report["atime_moved"] = atime != was.st_mtime_ns - 10**9
     yield report
     shutil.rmtree(base)
 
@@ -196,9 +235,66 @@ def test_9_it_sees_only_its_own_processes_and_its_orphans_die_with_it(probe):
     assert probe["orphans"] == []
 
 
-def test_10_no_network(probe):
+def test_10_no_network_and_no_unix_socket(probe):
     assert probe["connect_localhost"] in ("ENETUNREACH", "EACCES", "ECONNREFUSED", "EPERM")
     assert probe["connect_localhost"] != "ok"
+    assert probe["connect_unix"] == "EPERM"   # a pathname socket of anyone's: socket(AF_UNIX) is denied
+    assert probe["socketpair"] == "ok"        # a pair of its own connects to nothing outside
+
+
+def test_12_no_terminal_and_no_descriptor_of_the_graders(probe):
+    assert probe["ttys"] == [False, False, False] and probe["stdin"] == ""
+    assert probe["fds"] == [0, 1, 2, 3], probe["fds"]   # 3: the listing's own
+
+
+def test_13_reading_leaves_no_access_time(probe):
+    if os.geteuid() != 0:
+        pytest.skip("a grader that is not root cannot mount the noatime view (the access-time relay stays open)")
+    assert probe["read_python"] == "ok" and not probe["atime_moved"]
+
+
+def test_the_terminal_cheat_types_nothing_on_the_graders_terminal(tmp_path):
+    """A grader whose stdin is its controlling terminal (a pseudo-terminal here): the graded code tries
+    ioctl(TIOCSTI) on each of its standard descriptors. Nothing reaches the terminal: no echo on the master's
+    side, nothing queued on the slave's; the graded process has no terminal at all."""
+    import fcntl
+    import termios
+
+    base = open_folder()
+    here = base / "here"
+    here.mkdir()
+    shutil.copytree(os.path.join(ROOT, "tools", "course"), here / "_course",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    (here / "cheat.py").write_text(TERMINAL_CHEAT)
+    master, slave = os.openpty()
+    attrs = termios.tcgetattr(slave)
+    attrs[3] &= ~termios.ICANON   # what is typed is readable at once, no line needed
+    attrs[6][termios.VMIN], attrs[6][termios.VTIME] = 0, 0
+    termios.tcsetattr(slave, termios.TCSANOW, attrs)
+    grader = ("import fcntl, os, sys, termios\n"
+              "fcntl.ioctl(0, termios.TIOCSCTTY, 0)\n"   # the terminal becomes the grader's controlling one
+              f"sys.path.insert(0, {ROOT!r})\n"
+              "from tools.course import seal\n"
+              "proc = seal.run([sys.executable, 'cheat.py'], sys.argv[1], 60)\n"
+              "print(proc.stdout.strip().splitlines()[-1] if proc and proc.returncode == 0 else proc and proc.stderr)\n")
+    try:
+        proc = subprocess.run([sys.executable, "-c", grader, str(here)], stdin=slave, capture_output=True, text=True,
+                              start_new_session=True, timeout=120)
+        typed = b""
+        for fd in (master, slave):
+            os.set_blocking(fd, False)
+            try:
+                typed += os.read(fd, 1024)
+            except (BlockingIOError, OSError):
+                pass
+    finally:
+        os.close(master)
+        os.close(slave)
+        shutil.rmtree(base)
+    report = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert typed == b"", typed
+    assert report["ttys"] == [False, False, False], report
+    assert all(report[k] != "ok" for k in ("0", "1", "2")), report
 
 
 def test_11_its_environment_is_the_allow_list(probe):
@@ -215,12 +311,12 @@ def test_the_seccomp_program_denies_exactly_its_table():
         code = seal.seccomp_program(arch)
         prog = [struct.unpack("HBBI", code[i:i + 8]) for i in range(0, len(code), 8)]
 
-        def run(nr, arch_word=audit):
+        def run(nr, arch_word=audit, args=(0, 0)):
             pc, acc = 0, 0
             while True:
                 op, jt, jf, k = prog[pc]
                 if op == 0x20:
-                    acc = arch_word if k == 4 else nr
+                    acc = {4: arch_word, 0: nr, 16: args[0] & 0xFFFFFFFF, 24: args[1] & 0xFFFFFFFF}[k]
                 elif op == 0x06:
                     return k
                 elif op in (0x15, 0x35):
@@ -231,6 +327,11 @@ def test_the_seccomp_program_denies_exactly_its_table():
         assert run(0) == run(1) == 0x7FFF0000 and run(denied[0], arch_word=0x40000003) == 0x80000000
         if arch == "x86_64":
             assert run(0x40000000 + 2) == 0x00050001
+        ioctl, socket = seal.BY_ARGUMENT[arch]
+        assert run(ioctl, args=(0, seal.TIOCSTI)) == run(ioctl, args=(1, seal.TIOCLINUX)) == 0x00050001
+        assert run(ioctl, args=(0, seal.TIOCSTI | 1 << 32)) == 0x00050001   # the kernel reads the request as 32 bits
+        assert run(ioctl, args=(0, 0x5401)) == 0x7FFF0000                    # TCGETS runs
+        assert run(socket, args=(seal.AF_UNIX, 1)) == 0x00050001 and run(socket, args=(2, 1)) == 0x7FFF0000
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -257,9 +358,21 @@ def test_links_and_other_non_regular_files_are_refused_with_one_line(tmp_path):
     (sub / "grpo.py").write_text("y = 2\n")
     assert grade.submission_folder(str(sub), str(out), needed) == str(out)
     assert (out / "grpo.py").read_text() == "y = 2\n" and not os.path.islink(out / "grpo.py")
-    linked = tmp_path / "linked"
-    os.symlink(sub, linked)   # the folder itself may be a link (the teacher's choice); a link inside it may not
-    assert grade.submission_folder(str(linked), str(out), needed) == str(out)
+    (sub / "big.py").write_bytes(b"#" * (grade.HAND_IN_BYTES + 1))
+    with pytest.raises(ValueError, match=r"big\.py is refused \(\d+ bytes, over \d+\)"):
+        grade.submission_folder(str(sub), str(out), needed | {"big.py"})
+    (sub / "latin1.py").write_bytes(b"x = '\xe9'\n")
+    with pytest.raises(ValueError, match=r"latin1\.py is not UTF-8 text"):
+        grade.submission_folder(str(sub), str(out), needed | {"latin1.py"})
+    for linked, to in (("linked", sub), ("cwd", "/proc/self/cwd")):   # the folder itself a link: refused too
+        os.symlink(to, tmp_path / linked)
+        with pytest.raises(ValueError, match=rf"^--grade .*: {tmp_path / linked} is refused \(a symbolic link\)"):
+            grade.submission_folder(str(tmp_path / linked), str(out), needed)
+    os.symlink(tmp_path, tmp_path / "up")   # or a folder on the way
+    with pytest.raises(ValueError, match=rf"{tmp_path / 'up'} is refused \(a symbolic link\)"):
+        grade.submission_folder(str(tmp_path / "up" / "sub"), str(out), needed)
+    with pytest.raises(ValueError, match=r"a hand-in is never read from /proc"):
+        grade.submission_folder("/proc/self/cwd", str(out), needed)
     tar_path = tmp_path / "submission.tar.gz"
     with tarfile.open(tar_path, "w:gz") as tar:
         tar.add(sub / "prm.py", "prm.py")
@@ -268,22 +381,28 @@ def test_links_and_other_non_regular_files_are_refused_with_one_line(tmp_path):
         tar.addfile(info)
     with pytest.raises(ValueError, match=r"grpo\.py is refused \(not one regular file in the tarball\)"):
         grade.submission_folder(str(tar_path), str(out), needed)
+    os.symlink(tar_path, tmp_path / "linked.tar.gz")
+    with pytest.raises(ValueError, match=r"linked\.tar\.gz is refused \(a symbolic link\)"):
+        grade.submission_folder(str(tmp_path / "linked.tar.gz"), str(out), needed)
 
 
 @pytest.mark.slow
 def test_a_blank_copy_of_links_to_the_graders_folder_is_refused(tmp_path):
     """The submission whose four files link to /proc/self/cwd/<file> (the grader's folder when it runs from the
-    repository root): the grade is refused with one line, from the repository root, before any problem runs."""
+    repository root), and a hand-in folder that is itself a link to /proc/self/cwd: the grade is refused with one
+    line, from the repository root, before any problem runs."""
     sub, fx = tmp_path / "links", tmp_path / "fx"
     sub.mkdir()
     fx.mkdir()
     (fx / "index.json").write_text(json.dumps({"seed": 0, "tokenizer": "", "problems": {"split_steps": 12}}))
     for f in problems.SUBMITTED:
         os.symlink(f"/proc/self/cwd/{f}", sub / f)
-    proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--grade", str(sub), "--fixtures", str(fx)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 2 and proc.stdout == "", proc.stdout
-    assert "is refused (a symbolic link)" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
+    os.symlink("/proc/self/cwd", tmp_path / "cwd")   # the hand-in folder itself a link to the grader's folder
+    for hand_in in (sub, tmp_path / "cwd"):
+        proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--grade", str(hand_in), "--fixtures",
+                               str(fx)], cwd=ROOT, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stdout
+        assert "is refused (a symbolic link)" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -429,3 +548,64 @@ def test_the_report_says_sealed_whatever_exit_status_the_students_code_gives(tmp
     row = results["split_steps"]
     assert row["sealed"] is True and row["points"] == 0, row
     assert f"exit status {seal.FAILED}" in row["error"] and "could not seal" not in row["error"], row["error"]
+
+
+# ---------------------------------------------------------------------------------------------------
+# the report and the clean-up: nothing a graded process does reaches them
+# ---------------------------------------------------------------------------------------------------
+FORGED = r'''
+
+
+class _Forged(Exception):
+    pass
+
+
+_Forged.__name__ = "Error\x1b[1A\x1b[2K\r 3  first_error  6 / 6   14/14\n    total  100 / 100\n"
+
+
+def first_error(scores, tau=0.5):
+    import os
+    here = os.getcwd()
+    if not os.path.isdir("d"):   # 1,500 nested folders for the grader to clean up, and a link out of them
+        for _ in range(1500):
+            os.mkdir("d")
+            os.chdir("d")
+        os.symlink("/", "root")
+        os.chdir(here)
+    raise _Forged("100/100")
+'''
+
+
+def test_a_forged_report_and_deep_folders_change_nothing(tmp_path):
+    """A first_error that raises an exception whose class name carries a cursor-up, an erase-line, a carriage
+    return and newlines spelling a full-marks row and total, and that leaves 1,500 nested folders (and a link to
+    /) in its grading folder: the report's rows and totals, read by regex, are the real ones (0 / 6), no line of
+    it is the student's, the JSON holds the real total, and the grader leaves no folder behind."""
+    from tools.course import fixtures
+
+    copy, fx, tmp = tmp_path / "copy", tmp_path / "fx", open_folder()
+    copy.mkdir()
+    for f in problems.SUBMITTED:
+        shutil.copy(os.path.join(ROOT, f), copy / f)
+    with open(copy / "prm.py", "a", encoding="utf-8") as fh:
+        fh.write(FORGED)
+    fixtures.write_fixtures(str(fx), seed=5, only=["first_error"])
+    try:
+        proc = subprocess.run([sys.executable, "-m", "tools.exercises", "--grade", str(copy), "--fixtures", str(fx),
+                               "--json", str(tmp_path / "report.json")], cwd=ROOT, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "TMPDIR": str(tmp)})
+        left = os.listdir(tmp)
+    finally:
+        grade.remove_tree(str(tmp))
+    assert proc.returncode == 1 and proc.stderr == "", proc.stderr[-2000:]
+    report = proc.stdout
+    rows = re.findall(r"^\s*\d+\s+(\w+)\s+(\d+) / (\d+)", report, re.MULTILINE)
+    totals = re.findall(r"total\s+(\d+) / (\d+)", report)
+    assert rows == [("first_error", "0", "6")] and totals[0] == totals[-1] == ("0", "6"), report
+    assert "\x1b" not in report and "\r" not in report
+    assert len(report.splitlines()) == 4 + bool(seal.identity_note()), report
+    assert "Error\\x1b[1A" in report and "\\n    total" in report   # shown, escaped, on its row
+    data = json.loads((tmp_path / "report.json").read_text())
+    assert data["total"] == 0 and data["max"] == 6 and data["problems"]["first_error"]["points"] == 0
+    assert "\n" not in data["problems"]["first_error"]["error"]
+    assert left == [], left

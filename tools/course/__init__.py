@@ -33,11 +33,13 @@ README's results section) and docs/course.md (HANDOUT.md is its student part).
     python -m tools.exercises --fixtures held_out --seed 7   # teacher: inputs + reference outputs per problem
     python -m tools.exercises --grade ../assignment --fixtures held_out     # points per problem; exit 1 unless full
     python -m tools.exercises --grade submission.tar.gz --fixtures held_out --verbose --for-credit
+    python -m tools.exercises --grade submission.tar.gz --fixtures held_out --json grade.json   # a script reads this
     python -m tools.exercises --time-checks                  # each problem's own check, timed
 
 Held-out grading: `--fixtures` draws fresh inputs from the teacher's seed (and trains a byte-level BPE
 tokenizer on a corpus drawn from it) and stores them with the reference's outputs, one file per problem.
-`--grade` reads the handed-in files as regular files only, never through a link (`grade.submission_folder`),
+`--grade` resolves the hand-in once (no link on the way, nothing under /proc) and copies the handed-in files
+it needs as regular files only, never through a link (`grade.submission_folder`),
 and grades each problem in its own sealed process (`grade.grade_problem`, `worker.py`): a folder holding the
 student's modules with the functions of the problems its own call swapped for the reference's and every other
 problem's stubbed (`grade.grading_folder`), the reference's harness/, this package and the inputs, never the

@@ -1,10 +1,11 @@
 """The course's command line: `python -m tools.exercises` (tools/exercises.py calls `main`); the commands are
 listed in this package's docstring."""
 import argparse
+import os
 import sys
 
 from .fixtures import write_fixtures
-from .grade import grade, grade_report
+from .grade import grade, grade_json, grade_report, write_json
 from .problems import EXERCISES, ROOT
 from .student_copy import generate, handout, rubric, table, time_checks
 
@@ -25,6 +26,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rubric", action="store_true", help="print the written questions' rubric (the teacher's)")
     ap.add_argument("--verbose", action="store_true", help="with --grade: per wrong case, the function and the "
                                                              "first differing value")
+    ap.add_argument("--json", metavar="FILE", help="with --grade: also write the report as JSON to FILE (what a "
+                                                   "script should parse)")
     ap.add_argument("--for-credit", action="store_true", help="with --grade: refuse to grade unless each "
                     "problem's process can be sealed (namespaces, Landlock)")
     args = ap.parse_args(argv)
@@ -46,8 +49,12 @@ def main(argv=None) -> int:
         if args.grade:
             if not args.fixtures:
                 ap.error("--grade needs --fixtures DIR")
+            if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
+                ap.error(f"--json {args.json}: its folder does not exist")
             results = grade(args.grade, args.fixtures, verbose=args.verbose, for_credit=args.for_credit)
-            print(grade_report(results, verbose=args.verbose))
+            if args.json:
+                write_json(grade_json(results, args.grade, args.fixtures), args.json)
+            print(grade_report(results, verbose=args.verbose, json_path=args.json or ""))
             return 0 if all(r["points"] == r["max"] for r in results.values()) else 1
         if args.fixtures:
             if args.seed is None:
@@ -61,6 +68,9 @@ def main(argv=None) -> int:
         changed = generate(args.out, only)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:   # the grader's own failure (a full disk, a folder it cannot remove): one line
+        print(f"error: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
     names = only or [e.name for e in EXERCISES]
     print(f"wrote {args.out}: {len(names)} problem(s) ({', '.join(names)}) in {', '.join(changed)}, HANDOUT.md, "

@@ -91,6 +91,12 @@ def make_split_steps(rng, ctx):
         case = {"text": _text(rng, rng.randint(2, 9)), "min_chars": rng.choice([0, 3, 8, 12]),
                 "max_steps": rng.choice([3, 5, 40])}
         cases.append(case)
+    # the edge classes at every seed: no blank line, so every single newline separates (rule 2's fallback);
+    # no newline at all (one step); the empty text
+    lines = [_sentence(rng, rng.randint(2, 5)) for _ in range(rng.randint(3, 5))]
+    cases += [{"text": "\n".join(lines), "min_chars": 0, "max_steps": 40},
+              {"text": " ".join(lines), "min_chars": 0, "max_steps": 40},
+              {"text": "", "min_chars": rng.choice([0, 8]), "max_steps": 40}]
     return cases
 
 
@@ -111,6 +117,10 @@ def make_step_token_spans(rng, ctx):
             bounds = sorted({rng.randrange(1, len(text)) for _ in range(rng.randint(1, 5))})
             steps = [text[a:b] for a, b in zip([0] + bounds, bounds + [len(text)])]
         cases.append({"ids": ids, "steps": steps})
+    import prm   # the edge class at every seed: steps that end with their split characters (blank lines)
+    text = tok.decode(tok.encode("\n\n".join(_sentence(rng, rng.randint(2, 5)) for _ in range(4)) + "\n",
+                                 add_special_tokens=False), skip_special_tokens=True)
+    cases.append({"ids": tok.encode(text, add_special_tokens=False), "steps": prm.split_steps(text, min_chars=0)})
     return cases
 
 
@@ -132,6 +142,19 @@ def make_first_error(rng, ctx):
         at = rng.randint(0, 2)
         c["scores"] = [round(rng.uniform(c["tau"] + 0.01, 1.0), 3) for _ in range(at)] + [c["tau"]] + [
             round(rng.uniform(0.0, c["tau"] - 0.01), 3)] + [round(rng.random(), 3) for _ in range(rng.randint(0, 3))]
+    # the edge classes at every seed, on copies of drawn cases: no steps; every step scored and none below τ;
+    # an unscored step ahead of the first one below τ (scanning stops there); an unscored step and no error
+    for kind in ("empty", "all_correct", "none_before_error", "none_no_error"):
+        c = dict(cases[rng.randrange(3, len(cases))])
+        tau = c["tau"]
+
+        def good(n):
+            return [round(rng.uniform(tau + 0.01, 1.0), 3) for _ in range(n)]
+        c["scores"] = {"empty": [], "all_correct": good(rng.randint(2, 6)),
+                       "none_before_error": good(rng.randint(0, 2)) + [None, round(rng.uniform(0, tau - 0.01), 3)]
+                       + good(rng.randint(0, 2)),
+                       "none_no_error": good(rng.randint(1, 3)) + [None] + good(rng.randint(1, 3))}[kind]
+        cases.append(c)
     return cases
 
 
@@ -491,16 +514,18 @@ PROBLEMS = {name: (globals()[f"make_{name}"], globals()[f"run_{name}"]) for name
 
 
 def matches(got, want, rtol=1e-4, atol=1e-6) -> bool:
-    """Whether a submitted output equals the reference's: tensors by shape and value (rtol/atol), floats by
+    """Whether a submitted output equals the reference's: tensors by shape, dtype and value (rtol/atol), floats by
     value, containers element by element, anything else by ==."""
     import torch
 
     if isinstance(want, torch.Tensor):
         if not isinstance(got, torch.Tensor) or tuple(got.shape) != tuple(want.shape):
             return False
+        if got.dtype != want.dtype:   # float64 in, float64 out: a float32 answer is within 1e-4 and still wrong
+            return False
         if want.dtype == torch.bool or not want.is_floating_point():
-            return got.dtype == want.dtype and bool(torch.equal(got, want))
-        return got.is_floating_point() and bool(torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol,
+            return bool(torch.equal(got, want))
+        return bool(torch.allclose(got.double(), want.double(), rtol=rtol, atol=atol,
                                                                equal_nan=True))
     if isinstance(want, bool) or want is None or isinstance(want, str):
         return got == want and type(got) is type(want)

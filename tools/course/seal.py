@@ -2,18 +2,24 @@
 
 The graded process CAN: (1) read the Python installation, the system's libraries and its own folder;
 (2) write its own folder; (3) use /dev/null and /dev/urandom; (4) use at most MEMORY bytes of address space,
-PROCESSES processes and threads, and as many CPU seconds as its time limit.
+PROCESSES processes and threads, files of FILE_BYTES and as many CPU seconds as its time limit.
 It CANNOT: (5) read the teacher's repository, the fixtures, the submission or anything else (Landlock);
 (6) write outside its folder (Landlock); (7) own or change a file of the teacher's: it runs as uid/gid
 IDENTITY, which owns nothing, when the grader is root (otherwise it keeps the teacher's uid and 8 stops it);
 (8) set or read extended attributes, change a file's mode, owner or times, use the kernel's keyrings or
 io_uring (seccomp: EPERM); (9) see, signal or outlive another process: its own PID namespace, whose
-processes all die with it; (10) reach a network (its own network namespace, Landlock's TCP rules);
-(11) read the teacher's environment (ENV_KEPT only).
+processes all die with it; (10) reach a network (its own network namespace, Landlock's TCP rules) or any
+unix socket (seccomp: socket(AF_UNIX) answers EPERM; Landlock scopes abstract ones);
+(11) read the teacher's environment (ENV_KEPT only); (12) reach the grader's terminal or session: stdin is
+/dev/null, it leads a session of its own with no controlling terminal, holds no descriptor of the grader's
+but its status pipe, and the seccomp filter denies the ioctls that type into a terminal (TIOCSTI,
+TIOCLINUX); (13) leave a trace a later grading reads: a root grader shows it the system and the Python
+installation through read-only, noatime mounts of its own (`as_identity`), so reading sets no access time.
 """
 import ctypes
 import os
 import platform
+import re
 import resource
 import shlex
 import shutil
@@ -25,6 +31,7 @@ import tempfile
 
 IDENTITY = 65534                         # the kernel's overflow uid and gid ("nobody"): owns no file of the teacher's
 MEMORY = 6 << 30                         # RLIMIT_AS, bytes
+FILE_BYTES = 256 << 20                   # RLIMIT_FSIZE: the largest file it may write, bytes
 PROCESSES = 256                          # RLIMIT_NPROC: processes and threads of IDENTITY
 GRACE = 15                               # seconds between a process's alarm and its kill
 FAILED = 3                               # the worker's exit status when it could not seal itself
@@ -57,6 +64,10 @@ DENIED = {
 }   # (audit arch, seccomp's own number, denied: the 12 xattr calls, the *xattrat, add_key, request_key, keyctl,
 #      io_uring, chmod/fchmod/fchmodat/fchmodat2, chown/fchown/lchown/fchownat, utime/utimes/futimesat/utimensat)
 _X32 = 0x40000000                                   # x86_64's x32 numbers are the same calls + this bit: denied all
+# calls denied for some arguments only: (ioctl's number, socket's number) per architecture
+BY_ARGUMENT = {"x86_64": (16, 41), "aarch64": (29, 198)}
+TIOCSTI, TIOCLINUX = 0x5412, 0x541C                 # ioctl(2) requests that type into a terminal or a console
+AF_UNIX = 1
 
 _CHECKED = {}
 
@@ -117,17 +128,35 @@ def _no_new_privileges() -> int:
 
 
 def seccomp_program(arch: str) -> bytes:
-    """The classic-BPF filter: another architecture is killed, a DENIED call (and, on x86_64, any x32 call)
-    answers EPERM, everything else runs."""
+    """The classic-BPF filter: another architecture is killed; a DENIED call (and, on x86_64, any x32 call),
+    ioctl(fd, TIOCSTI or TIOCLINUX) and socket(AF_UNIX, ...) answer EPERM; everything else runs. An argument is
+    read as its low 32 bits (the kernel reads these two as 32-bit ints too)."""
     audit, _, denied = DENIED[arch]
+    ioctl, socket = BY_ARGUMENT[arch]
     ld, jeq, jge, ret = 0x20, 0x15, 0x35, 0x06        # BPF_LD|W|ABS, BPF_JMP|JEQ|K, BPF_JMP|JGE|K, BPF_RET|K
     allow, eperm, kill = 0x7FFF0000, 0x00050000 | 1, 0x80000000   # SECCOMP_RET_ALLOW, _ERRNO|EPERM, _KILL_PROCESS
-    prog = [(ld, 0, 0, 4), (jeq, 1, 0, audit), (ret, 0, 0, kill), (ld, 0, 0, 0)]   # arch, then the call's number
+    nr, arg0, arg1 = 0, 16, 24                          # offsets in struct seccomp_data (little-endian low halves)
+    # (op, jump if true, jump if false, k), a jump being a label's name (below it) or 0 (the next instruction)
+    prog = [(ld, 0, 0, 4), (jeq, 0, "kill", audit), (ld, 0, 0, nr)]   # the architecture, then the call's number
     if arch == "x86_64":
-        prog.append((jge, len(denied) + 1, 0, _X32))
-    prog += [(jeq, len(denied) - i, 0, nr) for i, nr in enumerate(denied)]
-    prog += [(ret, 0, 0, allow), (ret, 0, 0, eperm)]
-    return b"".join(struct.pack("HBBI", *ins) for ins in prog)
+        prog.append((jge, "eperm", 0, _X32))
+    prog += [(jeq, "eperm", 0, n) for n in denied]
+    prog += [(jeq, "ioctl", 0, ioctl), (jeq, "socket", 0, socket), (ret, 0, 0, allow),
+             "ioctl", (ld, 0, 0, arg1), (jeq, "eperm", 0, TIOCSTI), (jeq, "eperm", 0, TIOCLINUX), (ret, 0, 0, allow),
+             "socket", (ld, 0, 0, arg0), (jeq, "eperm", 0, AF_UNIX), (ret, 0, 0, allow),
+             "kill", (ret, 0, 0, kill), "eperm", (ret, 0, 0, eperm)]   # every jump goes forward
+    at, code = {}, []
+    for item in prog:
+        if isinstance(item, str):
+            at[item] = len(code)
+        else:
+            code.append(item)
+    out = []
+    for pc, (op, jt, jf, k) in enumerate(code):
+        jt, jf = (at[j] - pc - 1 if isinstance(j, str) else j for j in (jt, jf))
+        assert 0 <= jt < 256 and 0 <= jf < 256, "a seccomp jump longer than 255 instructions"
+        out.append(struct.pack("HBBI", op, jt, jf, k))
+    return b"".join(out)
 
 
 def seccomp() -> None:
@@ -188,7 +217,9 @@ def as_identity(here: str) -> list:
     """The command prefix that runs the rest as IDENTITY (a root grader only; [] otherwise): in a mount
     namespace of its own, each folder on the way to the Python installation that IDENTITY may not enter (a
     pyenv under /root) is covered by an empty tmpfs holding only the installation's own folders, bound back;
-    then setpriv drops to IDENTITY, with no supplementary groups."""
+    then the system and the Python installation are bound read-only and noatime over themselves (`views`:
+    reading them leaves no access time, a channel to a later grading), and setpriv drops to IDENTITY, with no
+    supplementary groups."""
     if os.geteuid() != 0:
         return []
     needed = {os.path.realpath(p) for p in [sys.executable, sys.prefix, sys.base_prefix] + sys.path
@@ -211,8 +242,28 @@ def as_identity(here: str) -> list:
         script.append(f"mount -t tmpfs -o mode=755,size=1m tmpfs {shlex.quote(folder)}")
         for stage, entry in staged:
             script += [f"mkdir -p {shlex.quote(entry)}", f"mount --move {shlex.quote(stage)} {shlex.quote(entry)}"]
+    tops, below = views(needed)
+    for view in tops:
+        q = shlex.quote(view)
+        script += [f"mount --rbind {q} {q}", f"mount -o remount,bind,ro,noatime,nosuid,nodev {q}"]
+    script += [f"mount -o remount,bind,ro,noatime,nosuid,nodev {shlex.quote(m)} || true" for m in below]
     script.append(f'exec setpriv --reuid={IDENTITY} --regid={IDENTITY} --clear-groups --pdeathsig=KILL "$@"')
     return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", "\n".join(script), "sh"]
+
+
+def views(needed) -> tuple[list, list]:
+    """The paths `as_identity` binds read-only and noatime over themselves: the system's (SYSTEM but /proc, which
+    the PID namespace mounts afresh) and `needed`, none inside another; and the mounts below them, which the
+    recursive bind copies and each need their own remount (outermost first)."""
+    paths = sorted({os.path.realpath(p) for p in [*SYSTEM, *needed] if p != "/proc" and os.path.exists(p)})
+    tops = [p for p in paths if not any(p.startswith(q.rstrip("/") + "/") for q in paths if q != p)]
+    below = []
+    with open("/proc/self/mountinfo", encoding="utf-8") as f:
+        for line in f:
+            point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), line.split()[4])
+            if any(point.startswith(t.rstrip("/") + "/") for t in tops) and point not in below:
+                below.append(point)
+    return tops, sorted(below, key=lambda p: p.count("/"))
 
 
 def identity_note() -> str:
@@ -239,6 +290,7 @@ def limits(seconds: int) -> None:
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
     resource.setrlimit(resource.RLIMIT_CPU, (seconds, seconds + GRACE))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (FILE_BYTES, FILE_BYTES))
     ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)   # PR_SET_PDEATHSIG
 
 
@@ -257,14 +309,16 @@ def _own_tasks() -> int:
 def run(argv: list, here: str, seconds: int, sealed: bool = True, pass_fds=()):
     """Run `argv` in `here` as a graded process: inside NAMESPACES as IDENTITY (`as_identity`; when `sealed`), under
     `limits`, with `environment`, killed `seconds` + GRACE after it starts; `pass_fds` stay open in it (the status
-    pipe). Returns the CompletedProcess, or None when it was killed for time. The process seals the rest itself
-    (`apply`) before it runs anything untrusted."""
+    pipe) and no other descriptor of the grader's; stdin is /dev/null and it starts a session of its own (no
+    controlling terminal). Returns the CompletedProcess, or None when it was killed for time. The process seals
+    the rest itself (`apply`) before it runs anything untrusted."""
     if sealed:
         give_folder(here)
     try:
         prefix = [*as_identity(here), *NAMESPACES] if sealed else []
         return subprocess.run([*prefix, *argv], cwd=here, env=environment(here), capture_output=True, text=True,
-                              timeout=seconds + GRACE, preexec_fn=lambda: limits(seconds), pass_fds=pass_fds)
+                              timeout=seconds + GRACE, preexec_fn=lambda: limits(seconds), pass_fds=pass_fds,
+                              stdin=subprocess.DEVNULL, start_new_session=True, close_fds=True, errors="replace")
     except subprocess.TimeoutExpired:
         return None
 

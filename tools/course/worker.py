@@ -31,7 +31,7 @@ def _alarm(signum, frame):
 
 def _first_line(err: BaseException) -> str:
     first = (str(err).splitlines() or [""])[0]
-    return f"{type(err).__name__}: {first[:80]}" + ("…" if len(first) > 80 else "")
+    return f"{type(err).__name__[:80]}: {first[:80]}" + ("…" if len(first) > 80 else "")   # the grader escapes it
 
 
 def worker(here: str) -> int:
