@@ -48,6 +48,31 @@ TRL_NAMES = {
     "warmup_ratio": ("--warmup-steps", "ours counts steps, not a share of them"),
 }
 
+# TRL's LoRA flags (ModelConfig) are taken as spellings of ours; --use_peft alone is TRL's default rank
+TRL_LORA = {"lora_r": "lora_rank", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_targets"}
+USE_PEFT_RANK = 16
+
+
+def trl_lora(argv: list[str]) -> list[str]:
+    """argv with TRL's LoRA flags in our names: --lora_r 8 → --lora-rank 8, --lora_target_modules q_proj v_proj →
+    --lora-targets q_proj,v_proj, and --use_peft → --lora-rank 16 put first, so a rank typed anywhere wins."""
+    out, peft, joining = [], False, False
+    for word in argv:
+        name, eq, value = word.partition("=")
+        key = name[2:].replace("-", "_") if name.startswith("--") else None
+        if joining and key is None:   # TRL's list of target modules, one word each
+            out[-1] += ("" if out[-1].endswith("=") else ",") + word
+            continue
+        joining = False
+        if key == "use_peft":
+            peft = value.lower() not in ("false", "0")
+        elif key in TRL_LORA:
+            ours, joining = "--" + TRL_LORA[key].replace("_", "-"), key == "lora_target_modules" and not eq
+            out.append(ours + "=" + value if eq or joining else ours)
+        else:
+            out.append(word)
+    return [f"--lora-rank={USE_PEFT_RANK}"] * peft + out
+
 
 def trl_hint(word: str) -> str | None:
     """The refusal of a TRL flag name ("--num_generations", "num-generations"), naming ours; None otherwise."""

@@ -10,7 +10,7 @@ import difflib
 import sys
 from dataclasses import asdict, dataclass, field, fields
 
-from harness import cli, preflight
+from harness import cli, lora, preflight
 from harness.generate import DEFAULT_SYSTEM
 from harness.runs import read_changes, run_settings
 
@@ -71,6 +71,12 @@ class EngineArgs:
     fused_adamw: bool = arg(True, "torch's fused AdamW kernel on CUDA (the same update, fewer kernels and temporaries)")
     rollout_sleep: bool = arg(True, "put the policy's vLLM engine to sleep during the update (level 2: weights and "
                               "KV cache freed); its weights are woken for the push, its KV cache for the next rollout")
+    lora_rank: int = arg(0, "train a LoRA adapter of this rank instead of the whole policy (PEFT; TRL's --use_peft "
+                         "--lora_r): AdamW holds the adapter alone, the base stays frozen in bf16 on a GPU, the loss "
+                         "is the same; 0 = the full fine-tune, the paper's (docs/choices.md)")
+    lora_alpha: float = arg(0.0, "LoRA's α: the adapter's output is scaled by α / rank; 0 = 2 × --lora-rank")
+    lora_targets: str = arg(lora.TARGETS, "the linear layers that get an adapter, comma-separated module names, or "
+                            "all-linear (PEFT: every linear layer but the output head)")
     prm_offload: str = arg("auto", "move the PRM to CPU memory between its uses; auto = when the memory plan with "
                            "the PRM resident does not fit the GPU", ("auto", "on", "off"))
     # --- the run folder (docs/running.md)
@@ -145,6 +151,7 @@ def parse_args(args_class, argv=None, description: str = ""):
             "--" + f.name.replace("_", "-"), help=f"{f.metadata['help']} (default: {f.default!r})",
             choices=f.metadata["choices"], default=argparse.SUPPRESS, **kind).option_strings
     argv = cli.expand_config(list(sys.argv[1:] if argv is None else argv), asdict(args_class()))   # --config's flags first
+    argv = cli.trl_lora(argv)   # TRL's --use_peft, --lora_r, --lora_target_modules: ours
     argv = cli.normalise(argv, flags)   # --group_size → --group-size, --lr -1e-4 → --lr=-1e-4
     known, unknown = parser.parse_known_args(argv)
     if unknown:   # TRL's name for one of our flags gets ours (harness/cli.py)
