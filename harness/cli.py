@@ -120,6 +120,10 @@ def flags_argv(data: dict, defaults: dict, where: str) -> list[str]:
         name = str(key).replace("-", "_")
         if name in ("config", "resume") and where.startswith("--config"):
             _fail(f"{where}: key '{key}' belongs on the command line, not in a config file")
+        if name in TRL_LORA or name == "use_peft":   # TRL's LoRA keys, as on the command line (trl_lora)
+            words = trl_lora([f"--{name}=" + (",".join(map(str, value)) if isinstance(value, list) else str(value))])
+            argv = words + argv if name == "use_peft" else argv + words
+            continue
         if name not in defaults:
             hint = trl_hint(str(key))
             _fail(f"{where}: key '{key}': " + (hint.split(": ", 1)[1] if hint else "no such flag "

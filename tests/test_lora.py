@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from conftest import make_tiny_causal_lm
 from grpo import build_batch, token_logprobs, update
-from harness import lora, wiring
+from harness import cli, lora, wiring
 from harness.generate import HFGenerator, load_tokenizer
 from harness.runs import save_checkpoint
 
@@ -94,6 +94,7 @@ def test_the_update_trains_the_adapter_alone_and_the_reference_stays_the_base(ba
     for name, p in policy.named_parameters():
         if name in frozen:
             assert not p.requires_grad and p.grad is None and torch.equal(p.detach(), frozen[name]), name
+    assert {id(p) for group in optimizer.param_groups for p in group["params"]} == {id(p) for p in adapter.values()}
     assert {id(p) for p in optimizer.state} == {id(p) for p in adapter.values()}
     assert any(p.abs().sum() > 0 for n, p in adapter.items() if "lora_B" in n)   # B moved off 0
     moved = logprobs(policy, batch)
@@ -163,6 +164,9 @@ def test_trl_spellings_and_one_line_refusals(capsys):
     args = scope.parse_args(["--toy", "--lora_r", "8", "--use_peft", "--lora_alpha", "4",
                              "--lora_target_modules", "q_proj", "v_proj"])
     assert (args.lora_rank, args.lora_alpha, args.lora_targets) == (8, 4.0, "q_proj,v_proj")
+    recipe = {"use_peft": True, "lora_r": 8, "lora_target_modules": ["q_proj", "v_proj"]}   # a TRL recipe's keys
+    args = scope.parse_args(["--toy"] + cli.flags_argv(recipe, {}, "test"))
+    assert (args.lora_rank, args.lora_targets) == (8, "q_proj,v_proj")
     for argv, culprit in ((["--lora-alpha", "8"], "--lora-alpha 8.0: only with --lora-rank"),
                           (["--lora_target_modules", "q_proj"], "--lora-targets q_proj: only with --lora-rank"),
                           (["--lora-rank", "-2"], "--lora-rank -2: must be 0"),
