@@ -8,6 +8,8 @@
   The values land in the run's config.json as every flag does, so `--resume` continues with them.
 - `trl_hint(word)`: the one-line refusal of a TRL flag name (`--num_generations` → `--group-size`), or None for
   a word that is not one. The table is TRL_NAMES (docs/running.md shows it).
+- `trl_lora(argv)`: TRL's LoRA flags taken as ours (`--use_peft` = `--lora-rank 16`, `--lora_r`, `--lora_alpha`,
+  `--lora_target_modules`), on the command line, in a --config file and in scope.main's dict.
 """
 import os
 import sys
