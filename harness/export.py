@@ -197,6 +197,14 @@ def flag_words(name: str, value) -> str:
     return f"{flag} {shlex.quote(str(value))}"
 
 
+def adapter_line(config: dict, folder_name: str) -> str:
+    """The card's sentence on a LoRA run (--lora-rank): the weights are the merge, the adapter is in adapter/."""
+    if not config.get("lora_rank"):
+        return ""
+    return (f"\nTrained as a LoRA adapter of rank {config['lora_rank']} (PEFT); these weights have it merged in, "
+            f"and `{folder_name}/adapter` holds it alone (`PeftModel.from_pretrained(base, \"{folder_name}/adapter\")`).")
+
+
 def model_card(config: dict, records: list[dict], chat: bool, folder_name: str = "model") -> str:
     """The README.md of model/: front matter, what was trained how, accuracy, prompt format, how to load it."""
     toy = bool(config.get("toy"))
@@ -243,7 +251,7 @@ def model_card(config: dict, records: list[dict], chat: bool, folder_name: str =
 
 Trained with {what}, {steps} steps, starting from {started}; the training problems: `{config.get('dataset')}`.
 Code: the SCOPE reimplementation (scope.py, "Recycling Failures: Salvaging Exploration in RLVR via Fine-Grained
-Off-Policy Guidance", arXiv 2602.24110). Weights in bfloat16.
+Off-Policy Guidance", arXiv 2602.24110). Weights in bfloat16.{adapter_line(config, folder_name)}
 
 ## Accuracy
 

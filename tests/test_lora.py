@@ -113,6 +113,7 @@ def trained_run(tmp_path, base_dir, tok, steps=1):
     run = tmp_path / "run"
     run.mkdir()
     save_checkpoint(str(run), steps, lora.Saved(policy), tokenizer, optimizer)
+    (run / "config.json").write_text('{"lora_rank": 4}')
     return str(run), policy, optimizer
 
 
@@ -131,6 +132,7 @@ def test_the_push_and_the_export_hold_the_merged_weights(tmp_path, base_dir, toy
     out = export.export_run(run, quiet=True)
     merged = load_base(out)
     assert not any("lora" in k for k in merged.state_dict())
+    assert "LoRA adapter of rank 4" in open(os.path.join(out, "README.md"), encoding="utf-8").read()
     rows = policy.get_input_embeddings().weight.shape[0]   # the export adds rows for bytes the toy lacks: left out
     want = log_softmax(policy, batch, rows)
     gap = (log_softmax(merged, batch, rows) - want).abs().max()
