@@ -20,6 +20,12 @@ def check(args) -> None:
 
     if args.lora_rank < 0:
         stop(f"--lora-rank {args.lora_rank}: must be 0 (the full fine-tune) or a rank >= 1")
+    if args.resume:   # the checkpoint holds the whole policy or an adapter of one rank and set of layers
+        from harness.preflight import resume_changes
+        for flag, (was, now) in resume_changes(args, args.resume.rstrip("/")).items():
+            if flag.startswith("lora_"):
+                stop(f"--{flag.replace('_', '-')} {now}: {args.resume} trained with {was}; a resume continues "
+                     f"the model its checkpoint holds (start a new run for another)")
     if not args.lora_rank:
         for flag, value, default in (("alpha", args.lora_alpha, 0.0), ("targets", args.lora_targets, TARGETS)):
             if value != default:

@@ -8,8 +8,10 @@
 - a resume from the checkpoint takes the next step bit for bit as the run that never stopped;
 - TRL's spellings (--use_peft, --lora_r, --lora_target_modules) and the one-line refusals.
 """
+import json
 import os
 import sys
+from dataclasses import asdict
 from types import SimpleNamespace
 
 import pytest
@@ -156,6 +158,18 @@ def test_a_resume_takes_the_next_step_bit_for_bit(tmp_path, base_dir, toy_tokeni
     want, got = policy.state_dict(), resumed.state_dict()
     assert want.keys() == got.keys()
     assert all(torch.equal(want[k], got[k]) for k in want)
+
+
+def test_a_resume_cannot_change_the_adapter(tmp_path, capsys):
+    import scope
+    from harness import preflight
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps(asdict(scope.parse_args(["--toy", "--lora-rank", "8"]))))
+    with pytest.raises(SystemExit):
+        preflight.check_args(scope.parse_args(["--resume", str(run), "--lora-rank", "16", "--change-config"]))
+    assert capsys.readouterr().err.strip().splitlines()[-1].startswith(f"error: --lora-rank 16: {run} trained with 8")
 
 
 def test_trl_spellings_and_one_line_refusals(capsys):
