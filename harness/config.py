@@ -114,6 +114,11 @@ TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy",
                     backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
                     lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, eval_max_new_tokens=128,
                     gradient_checkpointing=False, logprob_chunk=0, updates_per_batch=1)
+LORA_LR_SCALE = 10   # with --lora-rank and no --lr typed: the default --lr times this (TRL's and PEFT's practice)
+
+
+def lora_lr(lr: float) -> float:
+    return float(f"{lr * LORA_LR_SCALE:.6g}")   # 1e-05, not 9.999999999999999e-06
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -136,11 +141,14 @@ def unknown_argument(word: str, flags: list[str]) -> str:
 def parse_args(args_class, argv=None, description: str = ""):
     """`args_class` (scope.Args) from the command line. Precedence: flags typed > the resumed run's settings
     (config.json with the accepted changes of changes.jsonl) > --toy defaults > the dataclass defaults; a new
-    --mode grpo run off the toy world gets --prm none unless --prm is typed. On a resume, a typed flag that changes training is refused by
+    --mode grpo run off the toy world gets --prm none unless --prm is typed, and a new --lora-rank run gets
+    LORA_LR_SCALE × the default --lr unless --lr is typed. On a resume, a typed flag that changes training is refused by
     the pre-flight unless --change-config confirms it. A mistyped flag is one line naming the closest flag."""
     toy_line = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TOY_DEFAULTS.items())
     parser = OneLineErrors(description=description, allow_abbrev=False,
-                           epilog=f"--toy also sets, unless typed: {toy_line}")
+                           epilog=f"--toy also sets, unless typed: {toy_line}. --lora-rank R (--use_peft) sets --lr "
+                                  f"to {LORA_LR_SCALE:g} × its default unless typed ({lora_lr(args_class().lr):g}; with --toy "
+                                  f"{lora_lr(TOY_DEFAULTS['lr']):g})")
     engine = {f.name for f in fields(EngineArgs)}
     groups = {False: parser.add_argument_group("the method (scope.py Args)"),
               True: parser.add_argument_group("the engine (harness/config.py EngineArgs)")}
@@ -165,6 +173,8 @@ def parse_args(args_class, argv=None, description: str = ""):
     elif typed.get("toy"):
         values.update(TOY_DEFAULTS)
     values.update(typed)
+    if values["lora_rank"] and "lr" not in typed and not typed.get("resume"):
+        values["lr"] = lora_lr(values["lr"])   # an adapter's usual learning rate (docs/choices.md: the LoRA row)
     if values["mode"] == "grpo" and "prm" not in typed and not typed.get("resume") and not values["toy"]:
         values["prm"] = "none"   # GRPO uses no PRM: the 7B one for the near-miss metrics alone is asked for by name
     return args_class(**values)

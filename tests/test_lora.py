@@ -176,7 +176,9 @@ def test_trl_spellings_and_one_line_refusals(capsys):
     import scope
     from harness import preflight
 
-    assert scope.parse_args(["--toy", "--use_peft"]).lora_rank == 16   # TRL's default r
+    args = scope.parse_args(["--toy", "--use_peft"])
+    assert (args.lora_rank, args.lr) == (16, 1e-3)   # TRL's default r; 10 × the toy's --lr unless typed
+    assert scope.parse_args(["--use_peft", "--lr", "3e-6"]).lr == 3e-6 and scope.parse_args(["--use_peft"]).lr == 1e-5
     args = scope.parse_args(["--toy", "--lora_r", "8", "--use_peft", "--lora_alpha", "4",
                              "--lora_target_modules", "q_proj", "v_proj"])
     assert (args.lora_rank, args.lora_alpha, args.lora_targets) == (8, 4.0, "q_proj,v_proj")
