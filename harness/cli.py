@@ -8,6 +8,8 @@
   The values land in the run's config.json as every flag does, so `--resume` continues with them.
 - `trl_hint(word)`: the one-line refusal of a TRL flag name (`--num_generations` → `--group-size`), or None for
   a word that is not one. The table is TRL_NAMES (docs/running.md shows it).
+- `trl_lora(argv)`: TRL's LoRA flags taken as ours (`--use_peft` = `--lora-rank 16`, `--lora_r`, `--lora_alpha`,
+  `--lora_target_modules`), on the command line, in a --config file and in scope.main's dict.
 """
 import os
 import sys
@@ -47,6 +49,31 @@ TRL_NAMES = {
     "lr_scheduler_type": (None, "the learning rate is constant after --warmup-steps"),
     "warmup_ratio": ("--warmup-steps", "ours counts steps, not a share of them"),
 }
+
+# TRL's LoRA flags (ModelConfig) are taken as spellings of ours; --use_peft alone is TRL's default rank
+TRL_LORA = {"lora_r": "lora_rank", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_targets"}
+USE_PEFT_RANK = 16
+
+
+def trl_lora(argv: list[str]) -> list[str]:
+    """argv with TRL's LoRA flags in our names: --lora_r 8 → --lora-rank 8, --lora_target_modules q_proj v_proj →
+    --lora-targets q_proj,v_proj, and --use_peft → --lora-rank 16 put first, so a rank typed anywhere wins."""
+    out, peft, joining = [], False, False
+    for word in argv:
+        name, eq, value = word.partition("=")
+        key = name[2:].replace("-", "_") if name.startswith("--") else None
+        if joining and key is None:   # TRL's list of target modules, one word each
+            out[-1] += ("" if out[-1].endswith("=") else ",") + word
+            continue
+        joining = False
+        if key == "use_peft":
+            peft = value.lower() not in ("false", "0")
+        elif key in TRL_LORA:
+            ours, joining = "--" + TRL_LORA[key].replace("_", "-"), key == "lora_target_modules" and not eq
+            out.append(ours + "=" + value if eq or joining else ours)
+        else:
+            out.append(word)
+    return [f"--lora-rank={USE_PEFT_RANK}"] * peft + out
 
 
 def trl_hint(word: str) -> str | None:
@@ -95,6 +122,10 @@ def flags_argv(data: dict, defaults: dict, where: str) -> list[str]:
         name = str(key).replace("-", "_")
         if name in ("config", "resume") and where.startswith("--config"):
             _fail(f"{where}: key '{key}' belongs on the command line, not in a config file")
+        if name in TRL_LORA or name == "use_peft":   # TRL's LoRA keys, as on the command line (trl_lora)
+            words = trl_lora([f"--{name}=" + (",".join(map(str, value)) if isinstance(value, list) else str(value))])
+            argv = words + argv if name == "use_peft" else argv + words
+            continue
         if name not in defaults:
             hint = trl_hint(str(key))
             _fail(f"{where}: key '{key}': " + (hint.split(": ", 1)[1] if hint else "no such flag "

@@ -10,7 +10,7 @@ import difflib
 import sys
 from dataclasses import asdict, dataclass, field, fields
 
-from harness import cli, preflight
+from harness import cli, lora, preflight
 from harness.generate import DEFAULT_SYSTEM
 from harness.runs import read_changes, run_settings
 
@@ -71,6 +71,12 @@ class EngineArgs:
     fused_adamw: bool = arg(True, "torch's fused AdamW kernel on CUDA (the same update, fewer kernels and temporaries)")
     rollout_sleep: bool = arg(True, "put the policy's vLLM engine to sleep during the update (level 2: weights and "
                               "KV cache freed); its weights are woken for the push, its KV cache for the next rollout")
+    lora_rank: int = arg(0, "train a LoRA adapter of this rank instead of the whole policy (PEFT; TRL's --use_peft "
+                         "--lora_r): AdamW holds the adapter alone, the base stays frozen in bf16 on a GPU, the loss "
+                         "is the same; 0 = the full fine-tune, the paper's (docs/choices.md)")
+    lora_alpha: float = arg(0.0, "LoRA's α: the adapter's output is scaled by α / rank; 0 = 2 × --lora-rank")
+    lora_targets: str = arg(lora.TARGETS, "the linear layers that get an adapter, comma-separated module names, or "
+                            "all-linear (PEFT: every linear layer but the output head)")
     prm_offload: str = arg("auto", "move the PRM to CPU memory between its uses; auto = when the memory plan with "
                            "the PRM resident does not fit the GPU", ("auto", "on", "off"))
     # --- the run folder (docs/running.md)
@@ -108,6 +114,11 @@ TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy",
                     backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
                     lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, eval_max_new_tokens=128,
                     gradient_checkpointing=False, logprob_chunk=0, updates_per_batch=1)
+LORA_LR_SCALE = 10   # with --lora-rank and no --lr typed: the default --lr times this (TRL's and PEFT's practice)
+
+
+def lora_lr(lr: float) -> float:
+    return float(f"{lr * LORA_LR_SCALE:.6g}")   # 1e-05, not 9.999999999999999e-06
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -130,11 +141,14 @@ def unknown_argument(word: str, flags: list[str]) -> str:
 def parse_args(args_class, argv=None, description: str = ""):
     """`args_class` (scope.Args) from the command line. Precedence: flags typed > the resumed run's settings
     (config.json with the accepted changes of changes.jsonl) > --toy defaults > the dataclass defaults; a new
-    --mode grpo run off the toy world gets --prm none unless --prm is typed. On a resume, a typed flag that changes training is refused by
+    --mode grpo run off the toy world gets --prm none unless --prm is typed, and a new --lora-rank run gets
+    LORA_LR_SCALE × the default --lr unless --lr is typed. On a resume, a typed flag that changes training is refused by
     the pre-flight unless --change-config confirms it. A mistyped flag is one line naming the closest flag."""
     toy_line = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TOY_DEFAULTS.items())
     parser = OneLineErrors(description=description, allow_abbrev=False,
-                           epilog=f"--toy also sets, unless typed: {toy_line}")
+                           epilog=f"--toy also sets, unless typed: {toy_line}. --lora-rank R (--use_peft) sets --lr "
+                                  f"to {LORA_LR_SCALE:g} × its default unless typed ({lora_lr(args_class().lr):g}; with --toy "
+                                  f"{lora_lr(TOY_DEFAULTS['lr']):g})")
     engine = {f.name for f in fields(EngineArgs)}
     groups = {False: parser.add_argument_group("the method (scope.py Args)"),
               True: parser.add_argument_group("the engine (harness/config.py EngineArgs)")}
@@ -145,6 +159,7 @@ def parse_args(args_class, argv=None, description: str = ""):
             "--" + f.name.replace("_", "-"), help=f"{f.metadata['help']} (default: {f.default!r})",
             choices=f.metadata["choices"], default=argparse.SUPPRESS, **kind).option_strings
     argv = cli.expand_config(list(sys.argv[1:] if argv is None else argv), asdict(args_class()))   # --config's flags first
+    argv = cli.trl_lora(argv)   # TRL's --use_peft, --lora_r, --lora_target_modules: ours
     argv = cli.normalise(argv, flags)   # --group_size → --group-size, --lr -1e-4 → --lr=-1e-4
     known, unknown = parser.parse_known_args(argv)
     if unknown:   # TRL's name for one of our flags gets ours (harness/cli.py)
@@ -158,6 +173,8 @@ def parse_args(args_class, argv=None, description: str = ""):
     elif typed.get("toy"):
         values.update(TOY_DEFAULTS)
     values.update(typed)
+    if values["lora_rank"] and "lr" not in typed and not typed.get("resume"):
+        values["lr"] = lora_lr(values["lr"])   # an adapter's usual learning rate (docs/choices.md: the LoRA row)
     if values["mode"] == "grpo" and "prm" not in typed and not typed.get("resume") and not values["toy"]:
         values["prm"] = "none"   # GRPO uses no PRM: the 7B one for the near-miss metrics alone is asked for by name
     return args_class(**values)

@@ -1,7 +1,8 @@
 """export.py — a run's trained policy as a model folder the ecosystem loads: runs/NAME/model/.
 
-runs/NAME/checkpoint/ is for `--resume`: float32 weights beside the AdamW state and the RNG states. model/ is
-for everyone else: the weights in bfloat16 (save_pretrained), the tokenizer with its chat template,
+runs/NAME/checkpoint/ is for `--resume`: float32 weights (a LoRA run: the adapter alone) beside the AdamW state and
+the RNG states. model/ is for everyone else: the weights in bfloat16 (save_pretrained; a LoRA run's adapter merged
+into its base, and the adapter alone in model/adapter/ for PEFT), the tokenizer with its chat template,
 generation_config.json (the evaluation's sampling settings) and a README.md model card (YAML front matter for
 the Hub; the flags of the run; accuracy before → after where the run evaluated; the system prompt and answer
 format; how to load it with transformers and `vllm serve`). `transformers.AutoTokenizer`,
@@ -32,6 +33,7 @@ import sys
 
 import torch
 
+from harness import lora
 from harness.generate import DEFAULT_SYSTEM, format_prompt, load_tokenizer
 from harness.preflight import COMMAND_ONLY, MODEL_ALIASES
 from harness.problems import BENCHMARKS
@@ -195,6 +197,14 @@ def flag_words(name: str, value) -> str:
     return f"{flag} {shlex.quote(str(value))}"
 
 
+def adapter_line(config: dict, folder_name: str) -> str:
+    """The card's sentence on a LoRA run (--lora-rank): the weights are the merge, the adapter is in adapter/."""
+    if not config.get("lora_rank"):
+        return ""
+    return (f"\nTrained as a LoRA adapter of rank {config['lora_rank']} (PEFT); these weights have it merged in, "
+            f"and `{folder_name}/adapter` holds it alone (`PeftModel.from_pretrained(base, \"{folder_name}/adapter\")`).")
+
+
 def model_card(config: dict, records: list[dict], chat: bool, folder_name: str = "model") -> str:
     """The README.md of model/: front matter, what was trained how, accuracy, prompt format, how to load it."""
     toy = bool(config.get("toy"))
@@ -241,7 +251,7 @@ def model_card(config: dict, records: list[dict], chat: bool, folder_name: str =
 
 Trained with {what}, {steps} steps, starting from {started}; the training problems: `{config.get('dataset')}`.
 Code: the SCOPE reimplementation (scope.py, "Recycling Failures: Salvaging Exploration in RLVR via Fine-Grained
-Off-Policy Guidance", arXiv 2602.24110). Weights in bfloat16.
+Off-Policy Guidance", arXiv 2602.24110). Weights in bfloat16.{adapter_line(config, folder_name)}
 
 ## Accuracy
 
@@ -278,9 +288,10 @@ vllm serve {folder_name} --dtype bfloat16
 """
 
 
-def export_model(model, tokenizer, out: str, config: dict, records: list[dict]) -> str:
-    """Write `out`: bfloat16 weights, the portable tokenizer, generation_config.json, README.md; then check that
-    AutoTokenizer reads the tokenizer back exactly. `model` is not changed (a bfloat16 copy is saved)."""
+def export_model(model, tokenizer, out: str, config: dict, records: list[dict], adapter: str | None = None) -> str:
+    """Write `out`: bfloat16 weights, the portable tokenizer, generation_config.json, README.md, and with `adapter`
+    (a LoRA checkpoint; `model` its merge) the adapter's files in out/adapter/; then check that AutoTokenizer reads
+    the tokenizer back exactly. `model` is not changed (a bfloat16 copy is saved)."""
     import copy
 
     from transformers import GenerationConfig
@@ -300,6 +311,10 @@ def export_model(model, tokenizer, out: str, config: dict, records: list[dict]) 
         hf_logging.enable_progress_bar()
     del half
     portable.save_pretrained(tmp)
+    if adapter:   # PeftModel.from_pretrained(base, "model/adapter") loads it
+        os.makedirs(os.path.join(tmp, "adapter"))
+        for name in lora.ADAPTER_FILES:
+            shutil.copy(os.path.join(adapter, name), os.path.join(tmp, "adapter", name))
     GenerationConfig(do_sample=True, temperature=EVAL_TEMPERATURE, top_p=1.0,
                      max_new_tokens=config.get("eval_max_new_tokens", 1024), eos_token_id=tokenizer.eos_token_id,
                      pad_token_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None
@@ -323,7 +338,8 @@ def export_run(run_dir: str, out: str | None = None, quiet: bool = False) -> str
     from transformers.utils import logging as hf_logging
 
     ckpt = os.path.join(run_dir, "checkpoint")
-    if not os.path.isfile(os.path.join(ckpt, "config.json")):
+    adapter = ckpt if lora.is_adapter(ckpt) else None   # a LoRA run's checkpoint holds the adapter alone
+    if not adapter and not os.path.isfile(os.path.join(ckpt, "config.json")):
         raise SystemExit(f"error: {run_dir}: no checkpoint/ to export (a run writes it every --save-every steps)")
     config_path = os.path.join(run_dir, "config.json")
     config = json.load(open(config_path)) if os.path.isfile(config_path) else {}
@@ -331,12 +347,13 @@ def export_run(run_dir: str, out: str | None = None, quiet: bool = False) -> str
     records = read_log(os.path.join(run_dir, "metrics.jsonl"))
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
-    model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
+    model = lora.export_merged(ckpt) if adapter else AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
     if bars:
         hf_logging.enable_progress_bar()
-    out = export_model(model, load_tokenizer(ckpt), out or os.path.join(run_dir, "model"), config, records)
+    out = export_model(model, load_tokenizer(ckpt), out or os.path.join(run_dir, "model"), config, records, adapter)
     if not quiet:
-        print(f"model: {out} (bfloat16, tokenizer, generation_config.json, README.md); "
+        print(f"model: {out} (bfloat16{', the LoRA adapter merged; the adapter alone in adapter/' if adapter else ''}, "
+              f"tokenizer, generation_config.json, README.md); "
               f"load: AutoModelForCausalLM.from_pretrained('{out}') or vllm serve {out}")
     return out
 

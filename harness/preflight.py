@@ -33,7 +33,7 @@ import sys
 import urllib.parse
 from dataclasses import asdict
 
-from harness import trackers
+from harness import lora, trackers
 from harness.runs import (CONFIG_RECORDS, find_checkpoint, holds_run, lock_holder, read_changes, run_settings, stop,
                           unwritable)
 
@@ -164,6 +164,7 @@ def check_args(args) -> None:
              "must not run beside the step's own)")
     if args.refiner_url and args.refiner in ("policy", "toy", "toy-oracle", "toy-model"):
         stop(f"--refiner-url {args.refiner_url!r}: needs --refiner NAME of the served model, not {args.refiner!r}")
+    lora.check(args)   # --lora-rank, --lora-alpha, --lora-targets
 
 
 # ---------------------------------------------------------------------------------------------------------- 2. folder

@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from harness import dist, overlap, phase_memory, preflight, trainer
+from harness import dist, lora, overlap, phase_memory, preflight, trainer
 from harness.generate import (GeneratorUnavailable, HFGenerator, ServerStartError, format_prompt, load_causal_lm,
                               load_tokenizer, vllm_importable)
 from harness.preflight import MODEL_ALIASES
@@ -144,7 +144,17 @@ def toy_styles(args) -> dict:
 def load_policy(args, path: str, base_path: str, device: str):
     """(policy in float32, tokenizer, frozen KL reference or None). float32 master weights: AdamW steps of
     lr 1e-6 would round away in bfloat16. The KL reference is the model we started from, also after a resume.
-    With --gradient-checkpointing each decoder layer's activations are recomputed in the backward pass."""
+    With --gradient-checkpointing each decoder layer's activations are recomputed in the backward pass.
+    With --lora-rank the base stays in the load dtype (bf16 on CUDA) under a float32 adapter (harness/lora.py),
+    new or the checkpoint's, and the KL reference is the policy with its adapter switched off."""
+    if args.lora_rank:
+        with loading(base_path):
+            policy, tokenizer = load_causal_lm(base_path, device)
+        policy = lora.load(policy, path) if path != base_path else lora.wrap(policy, args.lora_rank,
+                                                                            args.lora_alpha, args.lora_targets)
+        if args.gradient_checkpointing:
+            policy.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return policy, tokenizer, lora.AdapterOff(policy) if args.kl_coef > 0 else None
     with loading(path):
         policy, tokenizer = load_causal_lm(path, device, torch.float32)
     if args.gradient_checkpointing:   # non-reentrant: works with frozen inputs and nested autograd (grpo's chunks)
@@ -171,7 +181,7 @@ def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, worl
         with engine_starting(path):   # a failure: vLLM's traceback, then one line with the hint that fits
             return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed, max_model_len=max_len,
                                  sleep_mode=args.rollout_sleep, kv_cache_memory_bytes=kv_bytes, **launch)
-    return HFGenerator(policy, tokenizer, micro_batch_size=args.gen_batch_size)
+    return HFGenerator(lora.inner(policy), tokenizer, micro_batch_size=args.gen_batch_size)   # LoRA: adapter on
 
 
 def load_prm(args, device: str, prm_class, use_vllm: bool = False, run_dir: str = ""):
@@ -258,6 +268,13 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, refiner_
         refiner_model, refiner_tokenizer = load_causal_lm(args.refiner, device)   # bf16 on CUDA
     return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.gen_batch_size),
                    refiner_tokenizer, prompt=prompt, max_tokens=args.refiner_max_tokens)
+
+
+def make_optimizer(args, policy, device: str):
+    """AdamW over the parameters that train: the whole policy, or with --lora-rank its adapter alone (the frozen
+    base gets no gradient and no optimizer state). Fused on CUDA with --fused-adamw: the same update."""
+    trained = [p for p in policy.parameters() if p.requires_grad]
+    return torch.optim.AdamW(trained, lr=args.lr, fused=args.fused_adamw and device.startswith("cuda"))
 
 
 def restore_checkpoint(ckpt: str, optimizer, device: str, model=None, rank: int = 0) -> None:
@@ -623,7 +640,8 @@ class Run:
         for its own engine); nothing with HF generate, which samples from the policy itself."""
         with self.timed("sync"):
             if self.use_vllm:
-                self.generator.sync_weights(dist.FullView(self.policy) if self.args.fsdp else self.policy)
+                self.generator.sync_weights(dist.FullView(self.policy) if self.args.fsdp else
+                                            lora.Merged(self.policy) if self.args.lora_rank else self.policy)
 
     def end_step(self, step: int, trajs: list, merged: list, traces: list[dict], stats: dict) -> None:
         """Step 9: every rank's rows gathered, the step's metrics, the periodic eval, the log line, the
@@ -696,6 +714,8 @@ class Run:
         model, optimizer = self.policy, self.optimizer
         if self.args.fsdp:
             model, optimizer = dist.full_checkpoint(self.policy, self.optimizer)
+        if self.args.lora_rank:   # the adapter alone, float32 (PEFT's save_pretrained)
+            model = lora.Saved(model)
         cuda_rng = self.dist.all_gather(torch.cuda.get_rng_state() if torch.cuda.is_available() else None)
         if self.dist.main:   # each rank's CUDA RNG state, of its own GPU: a resume gives each rank its own back
             save_checkpoint(self.run_dir, step, model, self.tokenizer, optimizer,
@@ -761,11 +781,13 @@ def start(args, paper: Paper) -> Run:
         base_path = base_path or base_model_path(args)
         policy, tokenizer, ref_model = load_policy(args, ckpt or base_path, base_path, device)
         model = dist.wrap(policy, d, args.fsdp)                       # DDP or FSDP2 under torchrun; else the policy
-        generator = make_rollout_engine(args, policy, tokenizer, ckpt or base_path, use_vllm, d.world)
+        engine_path = base_path if args.lora_rank else ckpt or base_path   # a LoRA checkpoint holds the adapter only
+        generator = make_rollout_engine(args, policy, tokenizer, engine_path, use_vllm, d.world)
+        if use_vllm and ckpt and args.lora_rank:   # vLLM loaded the base: now the checkpoint's adapter merged in
+            generator.sync_weights(lora.Merged(policy))
         prm = load_prm(args, device, paper.prm, use_vllm, run_dir)
         refiner = load_refiner(args, generator, tokenizer, device, run_dir, paper.refiner_prompt)
-    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr,   # after wrap: FSDP2's parameters are shards
-                                  fused=args.fused_adamw and device.startswith("cuda"))   # fused: same update
+    optimizer = make_optimizer(args, policy, device)   # after wrap: FSDP2's parameters are shards
     prm_offload = prm is not None and not args.toy and preflight.prm_offloaded(args, device, use_vllm)
     if prm_offload:
         prm.model.to("cpu")   # between its uses; Run.prm_on_device brings it back for step 3
@@ -781,7 +803,9 @@ def start(args, paper: Paper) -> Run:
               summary={"run_dir": run_dir}, dist=d, model=model, prm_offload=prm_offload, paper=paper,
               grade=grade, overlap_old_logp=preflight.old_logp_overlapped(args, device, use_vllm))
     n_params = sum(p.numel() for p in policy.parameters())
-    print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params on {device} "
+    trained = sum(p.numel() for group in optimizer.param_groups for p in group["params"])
+    adapter = f" (LoRA rank {args.lora_rank}: {trained / 1e6:.2f} M trained)" if args.lora_rank else ""
+    print(f"{run_dir}: {args.mode}, policy {n_params / 1e6:.2f} M params{adapter} on {device} "
           f"({'vLLM' if use_vllm else 'HF generate'}), {len(train_problems)} train / {len(eval_problems)} eval problems")
     return run
 

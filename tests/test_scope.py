@@ -62,10 +62,11 @@ def test_each_mode_runs_two_toy_steps(tmp_path, toy_model_dir, mode, extra):
 
 
 @pytest.mark.slow
-def test_resume_reproduces_the_next_step(tmp_path, toy_model_dir):
+@pytest.mark.parametrize("lora", [[], ["--use_peft", "--lora_r", "4"]], ids=["full", "lora"])
+def test_resume_reproduces_the_next_step(tmp_path, toy_model_dir, lora):
     """Guards against resume drift: a resumed run must not redraw prompts or samples differently (every
-    random draw derives from (seed, step)) nor lose optimizer state."""
-    common = ["--toy", "--model", toy_model_dir, "--eval-every", "0", "--toy-prm-noise", "0.2", *TINY]
+    random draw derives from (seed, step)) nor lose optimizer state; with LoRA, nor lose the adapter."""
+    common = ["--toy", "--model", toy_model_dir, "--eval-every", "0", "--toy-prm-noise", "0.2", *TINY, *lora]
     run_scope([*common, "--steps", "3", "--run-name", "full"], cwd=tmp_path)
     run_scope([*common, "--steps", "2", "--run-name", "part"], cwd=tmp_path)
     run_scope(["--resume", "runs/part", "--steps", "3"], cwd=tmp_path)
