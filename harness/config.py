@@ -78,6 +78,10 @@ class EngineArgs:
                               "KV cache freed); its weights are woken for the push, its KV cache for the next rollout")
     prm_offload: str = arg("auto", "move the PRM to CPU memory between its uses; auto = when the memory plan with "
                            "the PRM resident does not fit the GPU", ("auto", "on", "off"))
+    lora_rank: int = arg(0, "train LoRA adapters of this rank (PEFT) on a frozen bf16 policy; 0 = full fine-tune")
+    lora_alpha: int = arg(32, "LoRA's scale numerator (the adapter's output is scaled by alpha / rank)")
+    lora_targets: str = arg("all-linear", "the policy's linear layers that get adapters, comma-separated "
+                            "(q_proj,k_proj,...); all-linear = q, k, v, o, gate, up and down projections")
     # --- the run folder (docs/running.md)
     save_every: int = arg(100, "checkpoint every N steps (and after the last)")
     run_name: str = arg("", "logs go to runs/<run_name>; default <mode>-<model>-s<seed>")
