@@ -151,9 +151,11 @@ if "vllm" in figures:
                   f"tokens")
 small = figures.get("small-card")
 if small:
-    fields.append(f"24 GB LoRA step: peak {small['peak_gib'] if small['peak_gib'] is None else round(small['peak_gib'], 2)} "
-                  f"GiB, planned {small['planned_gib']:.2f} GiB of {small['card_gib']} (" + ", ".join(
-                      f"{k} {a:.2f}/{p if p is None else round(p, 2)}" for k, (a, p) in small["phases"].items()) + ")")
+    peak_24 = "n/a on the CPU" if small["peak_gib"] is None else f"{small['peak_gib']:.2f} GiB"
+    fields.append(f"24 GB LoRA step: allocator peak {peak_24}, planned {small['planned_gib']:.2f} GiB of "
+                  f"{small['card_gib']}" + (" (phase allocated/planned GiB: " + ", ".join(
+                      f"{k} {a:.2f}/{p if p is None else round(p, 2)}" for k, (a, p) in small["phases"].items()) + ")"
+                      if small["phases"] else ""))
 co = figures.get("co-run")
 if co:
     fields.append(f"co-run: decode {co['decode_seconds']:.2f} s, update {co['update_seconds']:.2f} s, both "
