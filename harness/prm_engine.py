@@ -76,13 +76,13 @@ class PRMEngine:
         return results
 
     def trl_input(self, question: str, steps: list[str]) -> tuple[list[int], list[int]]:
-        """(input ids, step-end positions of the steps that fit in max_length) in the layout TRL's PRMTrainer trained
-        on (`tokenize_row`: trl/trainer/prm_trainer.py from TRL 0.13, trl/experimental/prm/prm_trainer.py later; TRL
-        1.16.0 ships no PRMTrainer): BOS when the tokenizer has one, the question's ids, then for each step its own ids and
-        the ids of the separator "\n\n" (each encoded alone, no special tokens added, no chat template); a step's
-        label sits on its last id, the separator's last token. Steps are stripped of surrounding whitespace (the
-        separator they end with in `split_steps`), as PRM800K's steps were stored. A step that does not fit whole
-        stays unscored (None), where training truncated at its --max_length."""
+        """(input ids, step-end positions of the steps that fit in max_length) in the layout TRL's PRMTrainer
+        trained on (`tokenize_row`: trl/trainer/prm_trainer.py from TRL 0.13, trl/experimental/prm/prm_trainer.py
+        later; TRL 1.16.0 ships no PRMTrainer): BOS when the tokenizer has one, the question's ids, then for each
+        step its own ids and the ids of the separator "\\n\\n" (each encoded alone, no special tokens added, no chat
+        template); a step's label sits on its last id, the separator's last token. Steps are stripped of the
+        separator they end with in `split_steps` and of surrounding whitespace, since the separator is appended
+        here. A step that does not fit whole stays unscored (None), as training's --max_length cut off its label."""
         bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
         ids = bos + self.tokenizer(question, add_special_tokens=False)["input_ids"]
         sep = self.tokenizer.encode(TRL_STEP_SEPARATOR, add_special_tokens=False)
