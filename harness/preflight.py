@@ -725,7 +725,8 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
     if rank:   # LoRA: the bf16 base frozen (no gradient, no AdamW state); the adapters fp32 with their state
         a = lora_params(cfg, rank, lora_targets(args))
         rows.append((f"policy {p / 1e9:.2f} B params: bf16 base weights, frozen (LoRA)", 2 * p / GIB, "all"))
-        rows.append((f"LoRA adapters {a / 1e6:.1f} M params (rank {rank}): fp32 weights + AdamW m, v", 12 * a / GIB, "all"))
+        rows.append((f"LoRA adapters {a / 1e6:.1f} M params (rank {rank}): fp32 weights + AdamW m, v", 12 * a / GIB,
+                     "all"))
         rows.append(("LoRA adapter gradients (fp32)", 4 * a / GIB, "update"))
         rows.append((f"update activations + temporaries ({args.micro_batch_size} x {T} tokens, LoRA, checkpointing "
                      f"{'on' if ckpt else 'off'}; traced)",
@@ -886,7 +887,8 @@ def fixes(args, gpu_gib: float, use_vllm: bool) -> list[str]:
         options.append({"rollout_sleep": True})
     if args.mode in MODES_WITH_REFINER and args.refiner != "policy" and not args.refiner_url:
         options += [{"refiner": "policy"}, {"refiner_url": "http://HOST:8000/v1"}]
-    lora = {} if getattr(args, "lora_rank", 0) else {"lora_rank": 16}   # a small card: LoRA, the 1.5B PRM, self-refinement
+    # a small card: LoRA, the 1.5B PRM, self-refinement (docs/memory.md, "A 24 GB card")
+    lora = {} if getattr(args, "lora_rank", 0) else {"lora_rank": 16}
     small = {"prm": TRL_PRM} if args.mode in MODES_WITH_PRM and args.prm not in ("none", TRL_PRM) else {}
     if small and args.mode in MODES_WITH_REFINER and args.refiner != "policy" and not args.refiner_url:
         small["refiner"] = "policy"
