@@ -269,9 +269,9 @@ def test_lora_plan_within_ten_percent_of_a_peft_trace():
     from tools.bench_memory import SMALL, trace_update
 
     cfg = {**SMALL, "num_hidden_layers": 6, "vocab_size": 12288}
-    traced = trace_update(cfg, 2, 768, checkpointing=True, lora_rank=8, lora_targets=("q_proj", "v_proj"))["total"]
+    traced = trace_update(cfg, 2, 384, checkpointing=True, lora_rank=8, lora_targets=("q_proj", "v_proj"))["total"]
     planned = (2 * preflight.n_params(cfg) + 16 * preflight.lora_params(cfg, 8, ("q_proj", "v_proj"))
-               + preflight.lora_update_extra_bytes(cfg, 2 * 768, True))
+               + preflight.lora_update_extra_bytes(cfg, 2 * 384, True))
     assert abs(planned / traced - 1) <= 0.10, (planned / 2**20, traced / 2**20)
 
 
