@@ -301,6 +301,8 @@ class ProcessRewardModel(PRMEngine):
     (template head + step ids + separator id + ... + template tail), so the separator positions are known
     exactly. A tokenizer without a chat template gets the plain layout
     `f"{PRM_SYSTEM}\\n\\nQuestion: {question}\\n\\nAnswer:\\n"` followed by the steps and separators.
+    A token classifier trained with TRL's PRMTrainer (HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2) was trained
+    on another layout, and its steps are read where it learnt them (`self.format`, harness/prm_engine.py `trl_input`).
     The engine (loading without remote code, `max_length`, micro-batches, the PRM served on vLLM's pooling
     runner, `name_or_path` and the keyword arguments): harness/prm_engine.py.
     """
@@ -328,6 +330,8 @@ class ProcessRewardModel(PRMEngine):
 
         Steps are stripped and cleaned of "<extra_0>" text (docs/choices.md, row "PRM input"). When everything
         fits, the template tail is appended too (it cannot change the scores: the model is causal)."""
+        if self.format == "trl-token-classification":   # a PRM trained with TRL: its own layout
+            return self.trl_input(question, steps)
         head, tail = self._head_tail(question)
         ids, positions = list(head), []
         for step in steps:

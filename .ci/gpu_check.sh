@@ -4,8 +4,9 @@
 #
 #   bash .ci/gpu_check.sh                      on a CUDA machine: the correctness run (run, update-peak, update-time,
 #                                              prm-time, vllm), under 600 s
-#   bash .ci/gpu_check.sh --run design         on a CUDA machine: the design run (co-run), under 600 s
-#   bash .ci/gpu_check.sh --part NAME          one part (run, update-peak, update-time, prm-time, vllm, co-run)
+#   bash .ci/gpu_check.sh --run design         on a CUDA machine: the design run (co-run, small-card), under 600 s
+#   bash .ci/gpu_check.sh --part NAME          one part (run, update-peak, update-time, prm-time, vllm, co-run,
+#                                              small-card)
 #   bash .ci/gpu_check.sh --cpu                every part at tiny shapes on the CPU (the rehearsal: both runs; vllm
 #                                              needs CUDA and says so)
 #
@@ -32,14 +33,16 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-# part: its pytest node, its time box in seconds on CUDA (on the CPU: 300 for run, 200 for co-run, 120 for the rest)
+# part: its pytest node, its time box in seconds on CUDA (on the CPU: 300 for run, 200 for co-run and small-card, 120
+# for the rest)
 declare -A NODE=([run]=test_part_run [update-peak]=test_part_update_peak [update-time]=test_part_update_time
                  [prm-time]=test_part_prm_time [vllm]=test_part_vllm [co-run]=test_part_co_run)
 declare -A BOX=([run]=240 [update-peak]=60 [update-time]=90 [prm-time]=75 [vllm]=100 [co-run]=300)
+NODE[small-card]=test_part_small_card BOX[small-card]=240   # the 24 GB LoRA configuration, in the design run
 case "$run" in
   correctness) parts=(run update-peak update-time prm-time vllm) ;;
-  design) parts=(co-run) ;;
-  all) parts=(run update-peak update-time prm-time vllm co-run) ;;
+  design) parts=(co-run small-card) ;;
+  all) parts=(run update-peak update-time prm-time vllm co-run small-card) ;;
   *) echo "gpu check: --run takes correctness, design or all, not '$run'"; exit 2 ;;
 esac
 if [ -n "$only" ]; then
@@ -72,7 +75,7 @@ export GPU_CHECK_REPORT="$out/figures.jsonl" GPU_CHECK_DEVICE=$where TOKENIZERS_
 [ "$where" = cpu ] && export OMP_NUM_THREADS=1
 for part in "${parts[@]}"; do
   box=${BOX[$part]}
-  [ "$where" = cpu ] && case "$part" in run) box=300 ;; co-run) box=200 ;; *) box=120 ;; esac
+  [ "$where" = cpu ] && case "$part" in run) box=300 ;; co-run|small-card) box=200 ;; *) box=120 ;; esac
   left=$(( LIMIT - ($(date +%s) - start) ))
   if [ "$left" -lt 15 ]; then
     echo "{\"part\": \"$part\", \"status\": \"not started (no time left)\", \"seconds\": 0, \"bytes\": 0}" >>"$out/parts.jsonl"
@@ -165,6 +168,13 @@ if "vllm" in figures:
     v = figures["vllm"]
     fields.append(f"vLLM greedy follows sleep -> push -> wake: yes; TIS weight {v['tis_weight']:.4f} over {v['tokens']} "
                   f"tokens")
+small = figures.get("small-card")
+if small:
+    peak_24 = "n/a on the CPU" if small["peak_gib"] is None else f"{small['peak_gib']:.2f} GiB"
+    fields.append(f"24 GB LoRA step: allocator peak {peak_24}, planned {small['planned_gib']:.2f} GiB of "
+                  f"{small['card_gib']}" + (" (phase allocated/planned GiB: " + ", ".join(
+                      f"{k} {a:.2f}/{p if p is None else round(p, 2)}" for k, (a, p) in small["phases"].items()) + ")"
+                      if small["phases"] else ""))
 co = figures.get("co-run")
 if co:
     st = co["streams"]

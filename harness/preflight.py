@@ -64,7 +64,10 @@ KNOWN_CONFIGS = {
     "Qwen2.5-32B": dict(vocab_size=152064, hidden_size=5120, num_hidden_layers=64, num_attention_heads=40,
                         num_key_value_heads=8, intermediate_size=27648, tie_word_embeddings=False),
     "Qwen2.5-Math-PRM-7B": {**_QWEN_7B, "head": "prm"},   # the 7B backbone + a 2-layer scoring head, no LM head
+    # HuggingFaceH4's: Qwen2.5-Math-1.5B-Instruct trained with TRL's PRMTrainer, Qwen2ForTokenClassification
+    "Qwen2.5-Math-1.5B-Instruct-PRM-0.2": {**_QWEN_1_5B, "head": "token-classification"},
 }
+TRL_PRM = "HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2"   # the 1.5B PRM a 24 GB card holds beside the policy
 
 
 # ---------------------------------------------------------------------------------------------------------- 1. flags
@@ -157,6 +160,8 @@ def check_args(args) -> None:
     if args.prm_quantization != "none" and (args.prm == "none" or args.toy or args.backend == "hf"):
         stop(f"--prm-quantization {args.prm_quantization}: only for a PRM on its own `vllm serve --runner pooling` "
              f"(a --prm, no --toy or --backend hf)")
+    if args.prm_format != "auto" and (args.prm in ("none", "toy") or args.toy):
+        stop(f"--prm-format {args.prm_format}: the input layout of a PRM checkpoint; --prm {args.prm} reads none")
     if args.overlap_old_logp == "on" and args.updates_per_batch == 1:
         stop("--overlap-old-logp on: with --updates-per-batch 1 there is no π_old pass to overlap")
     if args.overlap_old_logp == "on" and args.fsdp:
@@ -473,6 +478,8 @@ def model_config(name: str) -> dict | None:
                 return None   # not a Qwen2/Llama-style config: no estimate rather than a wrong one
             if any("ProcessReward" in a for a in config.get("architectures") or []):
                 config["head"] = "prm"
+            elif any(a.endswith("ForTokenClassification") for a in config.get("architectures") or []):
+                config["head"] = "token-classification"
             return config
         except (OSError, ValueError):
             return None
@@ -481,13 +488,15 @@ def model_config(name: str) -> dict | None:
 
 def n_params(cfg: dict) -> int:
     """Parameters of a Qwen2/Llama-style decoder from its config: embeddings, attention (q/k/v with bias, o),
-    SwiGLU MLP, norms, and an untied LM head (or the PRM's hidden→hidden→2 scoring head)."""
+    SwiGLU MLP, norms, and an untied LM head (or the PRM's hidden→hidden→2 scoring head, or a token classifier's
+    hidden→2 one)."""
     h, layers, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["vocab_size"]
     heads = cfg["num_attention_heads"]
     kv, hd = cfg.get("num_key_value_heads") or heads, cfg.get("head_dim") or h // heads
     per_layer = (h * heads * hd + heads * hd) + 2 * (h * kv * hd + kv * hd) + heads * hd * h \
         + 3 * h * cfg["intermediate_size"] + 2 * h
-    head = h * h + h + 2 * h + 2 if cfg.get("head") == "prm" else (0 if cfg.get("tie_word_embeddings") else v * h)
+    head = {"prm": h * h + h + 2 * h + 2, "token-classification": 2 * h + 2}.get(
+        cfg.get("head"), 0 if cfg.get("tie_word_embeddings") else v * h)
     return v * h + layers * per_layer + h + head
 
 
@@ -541,6 +550,45 @@ PRM_FIT = (9.442, 6.36)
 # world 8, 4 x 1,280 tokens, 28 layers (traced 23.11 GiB, planned 23.12) and with 4 layers (traced 11.88,
 # planned 11.88). Without checkpointing there is no FSDP2 trace: the one-GPU constants (UPDATE_FIT) stand in.
 FSDP_FIT = (6.0, 2.0, 2.6)   # (r, f_h, f_v)
+
+
+# The update's activations and temporaries of a LoRA policy (--lora-rank > 0: bf16 base, frozen; float32 adapters
+# with their gradients and AdamW state, 16 bytes per adapter parameter) beyond 2 bytes per base parameter and those
+# 16 per adapter parameter, per micro-batch of n tokens: the same terms as UPDATE_FIT, P the base's parameters.
+# Fitted by `fit_constants` (tools/bench_memory.py) to `python -m tools.bench_memory --fit --only lora`: the six
+# small shapes above traced with PEFT's get_peft_model (rank 16 on q, k, v, o, gate, up, down) under the same step
+# (largest error 0.6 % with checkpointing, 0.02 % without). With checkpointing a_h ≈ 2 is each layer's saved bf16
+# input (the frozen base keeps the residual stream in bf16, where the full update's float32 weights keep it in
+# float32: a_h ≈ 11), a_v ≈ 6.4 the bf16 logits and their gradient.
+LORA_UPDATE_FIT = {   # checkpointing: (a_h, a_i, a_v, a_c, a_p)
+    False: (33.925, 8.718, 6.536, 7.354, -0.822),
+    True: (2.284, -0.047, 6.427, 7.263, 0.382),
+}
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")   # all linear layers
+
+
+def lora_targets(args) -> tuple[str, ...]:
+    """The decoder's linear layers that --lora-targets names (comma-separated; "all-linear" = LORA_TARGETS)."""
+    named = getattr(args, "lora_targets", "") or "all-linear"
+    names = [n.strip() for n in (named.split(",") if isinstance(named, str) else named) if n.strip()]
+    return LORA_TARGETS if names in (["all-linear"], ["all_linear"]) else tuple(names)
+
+
+def lora_params(cfg: dict, rank: int, targets=LORA_TARGETS) -> int:
+    """Parameters of PEFT's LoRA adapters of `rank` on each decoder layer's linear layers in `targets`: lora_A
+    (rank × in) and lora_B (out × rank), r · (in + out) per layer."""
+    h, heads, inter = cfg["hidden_size"], cfg["num_attention_heads"], cfg["intermediate_size"]
+    kv, hd = cfg.get("num_key_value_heads") or heads, cfg.get("head_dim") or h // heads
+    shapes = {"q_proj": (h, heads * hd), "k_proj": (h, kv * hd), "v_proj": (h, kv * hd), "o_proj": (heads * hd, h),
+              "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+    return cfg["num_hidden_layers"] * rank * sum(sum(shapes[t]) for t in targets if t in shapes)
+
+
+def lora_update_extra_bytes(cfg: dict, tokens: int, checkpointing: bool, chunk_tokens: int = 512) -> float:
+    """Traced-constant estimate of a LoRA update's activations and temporaries (LORA_UPDATE_FIT)."""
+    a_h, a_i, a_v, a_c, a_p = LORA_UPDATE_FIT[bool(checkpointing)]
+    h, layers, inter, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
+    return tokens * (a_h * h * layers + a_i * inter * layers + a_v * v) + a_c * chunk_tokens * v + a_p * n_params(cfg)
 
 
 def root_params(cfg: dict) -> int:
@@ -643,7 +691,9 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
     phase "all": held the whole step; "update": only during the update; "other": only outside it (rollout,
     PRM, refinement). The peak (`plan_total`) is "all" + the larger of the other two. Rows:
     policy fp32 weights 4 + AdamW m and v 8 bytes per parameter (all); gradients 4 (update); the update's
-    activations and temporaries from traced constants (UPDATE_FIT); KL reference fp32 (all);
+    activations and temporaries from traced constants (UPDATE_FIT); KL reference fp32 (all); with --lora-rank the
+    bf16 base (2 bytes per parameter, all), the adapters' 12 (all) and gradients' 4 bytes (update) per adapter
+    parameter, activations from LORA_UPDATE_FIT, and no KL reference (the base with the adapters off);
     rollout engine: vLLM's bf16 weights + the KV cache of all B·G sequences (rollout_kv_need), asleep during
     the update with --rollout-sleep; HF generate: the KV cache of one micro-batch; PRM: bf16 weights, with
     --prm-offload only outside the update, + its scoring activations (PRM_FIT), or its own `vllm serve` (prm_served:
@@ -671,17 +721,30 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
     ckpt = bool(getattr(args, "gradient_checkpointing", False))
     shards = world if getattr(args, "fsdp", False) and world > 1 else 1
     sharded = f", sharded over {shards} processes (FSDP2)" if shards > 1 else ""
-    rows.append((f"policy {p / 1e9:.2f} B params: fp32 weights + AdamW m, v (12 B/param){sharded}",
-                 12 * p / shards / GIB, "all"))
-    rows.append((f"policy gradients (fp32){sharded}", 4 * p / shards / GIB, "update"))
+    rank = getattr(args, "lora_rank", 0)
     tokens = args.micro_batch_size * T
-    if shards > 1 and ckpt:   # traced with FSDPMemTracker (FSDP_FIT)
+    if rank:   # LoRA: the bf16 base frozen (no gradient, no AdamW state); the adapters fp32 with their state
+        a = lora_params(cfg, rank, lora_targets(args))
+        rows.append((f"policy {p / 1e9:.2f} B params: bf16 base weights, frozen (LoRA)", 2 * p / GIB, "all"))
+        rows.append((f"LoRA adapters {a / 1e6:.1f} M params (rank {rank}): fp32 weights + AdamW m, v", 12 * a / GIB,
+                     "all"))
+        rows.append(("LoRA adapter gradients (fp32)", 4 * a / GIB, "update"))
+        rows.append((f"update activations + temporaries ({args.micro_batch_size} x {T} tokens, LoRA, checkpointing "
+                     f"{'on' if ckpt else 'off'}; traced)",
+                     lora_update_extra_bytes(cfg, tokens, ckpt, getattr(args, "logprob_chunk", 512)) / GIB, "update"))
+        if shards > 1:
+            notes.append("--fsdp with LoRA: planned as one GPU's LoRA update (not traced under FSDP2)")
+    else:
+        rows.append((f"policy {p / 1e9:.2f} B params: fp32 weights + AdamW m, v (12 B/param){sharded}",
+                     12 * p / shards / GIB, "all"))
+        rows.append((f"policy gradients (fp32){sharded}", 4 * p / shards / GIB, "update"))
+    if not rank and shards > 1 and ckpt:   # traced with FSDPMemTracker (FSDP_FIT)
         gathered, activations = fsdp_update_bytes(cfg, tokens)
         rows.append(("FSDP2 root unit in the update: bf16 gathered + fp32 reduce-scatter input (traced)",
                      gathered / GIB, "update"))
         rows.append((f"update activations ({args.micro_batch_size} x {T} tokens, bf16, checkpointing on; "
                      f"FSDP2 traced)", activations / GIB, "update"))
-    else:
+    elif not rank:
         if shards > 1:   # no FSDP2 trace without checkpointing: the root + 2 layers gathered, and one GPU's terms
             root = root_params(cfg)
             layer = (p - root) / cfg["num_hidden_layers"]
@@ -692,7 +755,7 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
         rows.append((f"update activations + temporaries ({args.micro_batch_size} x {T} tokens, checkpointing "
                      f"{'on' if ckpt else 'off'}; traced)",
                      update_extra_bytes(cfg, tokens, ckpt, getattr(args, "logprob_chunk", 512)) / GIB, "update"))
-    if args.kl_coef > 0:
+    if args.kl_coef > 0 and not rank:   # with LoRA the reference is the base with its adapters off: no memory
         rows.append(("KL reference (fp32)", 4 * p / GIB, "all"))
     if use_vllm:
         kv, _ = rollout_kv_need(args, world)
@@ -731,7 +794,7 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
     # autocast caches a bf16 copy of every float32 weight (they require grad) until the pass leaves its autocast
     pass_row = (f"{OLD_LOGP_ROW} (--overlap-old-logp): autocast's bf16 weight copies + bf16 logits of "
                 f"{args.micro_batch_size} x {T} tokens + a float32 log-softmax chunk (not traced)",
-                (2 * p + (2 * tokens + 8 * chunk) * cfg["vocab_size"]) / GIB, "other")
+                ((0 if rank else 2 * p) + (2 * tokens + 8 * chunk) * cfg["vocab_size"]) / GIB, "other")
     if old_logp_beside(args, rows + [pass_row], gpu_gib):
         rows.insert(-1, pass_row)
     return rows, notes
@@ -825,6 +888,14 @@ def fixes(args, gpu_gib: float, use_vllm: bool) -> list[str]:
         options.append({"rollout_sleep": True})
     if args.mode in MODES_WITH_REFINER and args.refiner != "policy" and not args.refiner_url:
         options += [{"refiner": "policy"}, {"refiner_url": "http://HOST:8000/v1"}]
+    # a small card: LoRA, the 1.5B PRM, self-refinement (docs/memory.md, "A 24 GB card")
+    lora = {} if getattr(args, "lora_rank", 0) else {"lora_rank": 16}
+    small = {"prm": TRL_PRM} if args.mode in MODES_WITH_PRM and args.prm not in ("none", TRL_PRM) else {}
+    if small and args.mode in MODES_WITH_REFINER and args.refiner != "policy" and not args.refiner_url:
+        small["refiner"] = "policy"
+    for change in (lora, small, {**lora, **small}):
+        if change and change not in options:
+            options.append(change)
     found = []
     for change in options:
         mb = args.micro_batch_size

@@ -8,6 +8,7 @@ config.json:
   are checked from the file headers first (`check_qwen2_prm_checkpoint`, also run by the pre-flight).
 - `*ForTokenClassification` with 2 labels (a tiny `Qwen2ForTokenClassification` in the tests, an HF PRM trained
   with TRL): `AutoModelForTokenClassification`, refused when a weight is missing from the files.
+`prm_format` says which input layout a loaded checkpoint reads (harness/prm_engine.py).
 Why the PRM runs in the trainer's process and not through the hub's remote code: harness/prm_engine.py.
 """
 import json
@@ -65,6 +66,27 @@ def load_prm(name_or_path: str, device="cpu", dtype=None, served=None) -> tuple[
             f"could not load the PRM {name!r} ({where}): {type(e).__name__}: {e}. Without network "
             "the weights must already be in the Hugging Face cache or a local folder.") from e
     return model.to(device).eval(), tokenizer, config
+
+
+def prm_format(name: str, architectures: list[str], tokenizer, separator: str, asked: str = "auto") -> str:
+    """The input layout of a PRM checkpoint (prm_engine.QWEN_MATH_PRM or TRL_TOKEN_CLASSIFICATION). auto: the
+    Qwen2.5-Math-PRM layout for `Qwen2ForProcessRewardModel` and for a token classifier whose tokenizer holds
+    `separator` (`<extra_0>`) as one token; TRL's PRMTrainer layout for any other token classifier (TRL's PRMs
+    keep their base model's tokenizer, which has no step tag). `asked` (--prm-format) overrides it where the
+    checkpoint allows: TRL's layout needs a token classifier."""
+    from harness.prm_engine import QWEN_MATH_PRM, TRL_TOKEN_CLASSIFICATION
+
+    if asked not in ("auto", QWEN_MATH_PRM, TRL_TOKEN_CLASSIFICATION):
+        raise ValueError(f"--prm-format {asked}: use auto, {QWEN_MATH_PRM} or {TRL_TOKEN_CLASSIFICATION}")
+    if asked == TRL_TOKEN_CLASSIFICATION and PRM_ARCHITECTURE in architectures:
+        raise ValueError(f"--prm-format {asked}: PRM {name!r} is a {PRM_ARCHITECTURE} (Qwen2.5-Math-PRM), which "
+                         f"reads {QWEN_MATH_PRM}")
+    if asked != "auto":
+        return asked
+    if PRM_ARCHITECTURE in architectures:
+        return QWEN_MATH_PRM
+    tag = tokenizer.convert_tokens_to_ids(separator)
+    return QWEN_MATH_PRM if tag is not None and tag != tokenizer.unk_token_id else TRL_TOKEN_CLASSIFICATION
 
 
 class Qwen2ProcessRewardModel(torch.nn.Module):

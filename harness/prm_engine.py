@@ -9,20 +9,34 @@ or `served`, the PRM on vLLM's pooling runner, harness/served_prm.py) and runs t
 Not the hub's remote code (it does not run on transformers 5). With vLLM on a GPU, `served` takes the same
 inputs instead of the module; the head runs in float32 as vLLM's pooling runner does, and tests/test_vllm.py
 checks the scores against vLLM's own, in-process and served.
+
+Two input formats, chosen by `prm_checkpoint.prm_format` from the checkpoint (or `--prm-format`):
+- "qwen-math-prm" (Qwen2.5-Math-PRM-7B/-72B, any PRM whose tokenizer holds the `<extra_0>` tag): prm.py's
+  `build_input`, the model card's chat layout with one `<extra_0>` after each step.
+- "trl-token-classification" (a `*ForTokenClassification` trained with TRL's PRMTrainer, e.g.
+  HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2): `trl_input`, the layout of PRMTrainer's `tokenize_row`.
+  Never served: its scores come from this process (HF) also when the rollouts run on vLLM.
 """
 import torch
+
+QWEN_MATH_PRM, TRL_TOKEN_CLASSIFICATION = "qwen-math-prm", "trl-token-classification"   # --prm-format's values
+TRL_STEP_SEPARATOR = "\n\n"   # the --step_separator of HuggingFaceH4's Qwen2.5-Math-*-Instruct-PRM-0.2 training
 
 
 class PRMEngine:
     """A loaded 2-class token classifier and its tokenizer; `max_length` is capped at the model's
-    `max_position_embeddings`. `separator`: the step tag, which the tokenizer must hold as one token."""
+    `max_position_embeddings`. `separator`: the step tag of the "qwen-math-prm" format, which the tokenizer must
+    then hold as one token. `prm_format`: "auto" (prm_checkpoint.prm_format decides) or one of the two formats
+    (module docstring); the chosen one is `self.format`."""
 
     def __init__(self, name_or_path, separator: str, device="cpu", dtype=None, max_length=4096, micro_batch_size=4,
-                 served=None):
-        from harness.prm_checkpoint import load_prm
+                 served=None, prm_format="auto"):
+        from harness.prm_checkpoint import load_prm, prm_format as choose_format
 
         self.name = str(name_or_path)
         self.model, self.tokenizer, config = load_prm(self.name, device, dtype, served=served)
+        self.format = choose_format(self.name, getattr(config, "architectures", None) or [], self.tokenizer,
+                                    separator, prm_format)
         self.device = device
         self.micro_batch_size = int(micro_batch_size)
         if self.micro_batch_size < 1:
@@ -30,7 +44,7 @@ class PRMEngine:
         limit = getattr(config, "max_position_embeddings", None)
         self.max_length = int(min(max_length, limit) if limit else max_length)
         self.sep_id = self.tokenizer.convert_tokens_to_ids(separator)
-        if self.sep_id is None or self.sep_id == self.tokenizer.unk_token_id:
+        if self.format == QWEN_MATH_PRM and (self.sep_id is None or self.sep_id == self.tokenizer.unk_token_id):
             raise ValueError(f"the tokenizer of PRM {self.name!r} has no {separator!r} token")
         pad = self.tokenizer.pad_token_id
         self.pad_id = pad if pad is not None else (self.tokenizer.eos_token_id or 0)
@@ -60,3 +74,23 @@ class PRMEngine:
             for row, i in enumerate(chunk):
                 results[i] = [float(probs[row, p]) for p in built[i][1]]
         return results
+
+    def trl_input(self, question: str, steps: list[str]) -> tuple[list[int], list[int]]:
+        """(input ids, step-end positions of the steps that fit in max_length) in the layout TRL's PRMTrainer
+        trained on (`tokenize_row`: trl/trainer/prm_trainer.py from TRL 0.13, trl/experimental/prm/prm_trainer.py
+        later; TRL 1.16.0 ships no PRMTrainer): BOS when the tokenizer has one, the question's ids, then for each
+        step its own ids and the ids of the separator "\\n\\n" (each encoded alone, no special tokens added, no chat
+        template); a step's label sits on its last id, the separator's last token. Steps are stripped of the
+        separator they end with in `split_steps` and of surrounding whitespace, since the separator is appended
+        here. A step that does not fit whole stays unscored (None), as training's --max_length cut off its label."""
+        bos = [self.tokenizer.bos_token_id] if self.tokenizer.bos_token_id is not None else []
+        ids = bos + self.tokenizer(question, add_special_tokens=False)["input_ids"]
+        sep = self.tokenizer.encode(TRL_STEP_SEPARATOR, add_special_tokens=False)
+        positions = []
+        for step in steps:
+            step_ids = self.tokenizer(step.strip(), add_special_tokens=False)["input_ids"] + sep
+            if len(ids) + len(step_ids) > self.max_length:
+                break  # this step and every later one stay unscored
+            ids += step_ids
+            positions.append(len(ids) - 1)
+        return ids, positions

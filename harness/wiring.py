@@ -203,7 +203,8 @@ def load_prm(args, device: str, prm_class, use_vllm: bool = False, run_dir: str 
         stop(f"--prm-quantization {args.prm_quantization}: needs the PRM on its own vllm serve (vLLM installed, a "
              f"GPU, and room in the memory plan: preflight.prm_served); here it would run in this process in bf16")
     with loading(args.prm):
-        return prm_class(args.prm, device=device, dtype=torch.bfloat16 if device.startswith("cuda") else None)
+        return prm_class(args.prm, device=device, dtype=torch.bfloat16 if device.startswith("cuda") else None,
+                         prm_format=args.prm_format)
 
 
 def load_refiner(args, generator, tokenizer, device: str, run_dir: str, refiner_prompt):

@@ -234,6 +234,47 @@ def test_memory_plan_within_ten_percent_of_a_trace():
         assert abs(planned / traced - 1) <= 0.10, (ckpt, planned / 2**20, traced / 2**20)
 
 
+def test_a_24gb_card_plans_lora_and_the_trl_prm():
+    """The plan of a LoRA policy: the bf16 base (2 bytes per parameter, all step), PEFT's adapters (r · (in + out) per
+    linear layer: 18.46 M at rank 16 on Qwen2.5-1.5B's seven projections) with fp32 weights and AdamW state (12 B, all
+    step) and gradients (4 B, update), no KL reference (the base with its adapters off). The TRL-trained 1.5B PRM's
+    shape is known offline (a tied 1.5B backbone + a hidden→2 head) and is never served. docs/memory.md's 24 GB rows
+    fit 90 % of the card, and a 24 GB card's "fits with" proposes them for the default command."""
+    q15 = preflight.KNOWN_CONFIGS["Qwen2.5-1.5B"]
+    assert preflight.lora_params(q15, 16) == 28 * 16 * (3072 + 1792 + 1792 + 3072 + 3 * (1536 + 8960)) == 18_464_768
+    assert preflight.lora_params(q15, 8, ("q_proj", "v_proj")) == 28 * 8 * (3072 + 1792)
+    assert preflight.n_params(preflight.model_config(preflight.TRL_PRM)) == 1_543_714_304 + 2 * 1536 + 2
+    lora = scope.Args(model="Qwen2.5-1.5B", lora_rank=16, prm=preflight.TRL_PRM, refiner="policy", kl_coef=0.1)
+    rows, notes = preflight.memory_plan(lora, 23.6, True)
+    plan = {k: (v, ph) for k, v, ph in rows}
+    assert plan["policy 1.54 B params: bf16 base weights, frozen (LoRA)"] == (pytest.approx(2 * 1_543_714_304 / 2**30), "all")
+    assert plan["LoRA adapters 18.5 M params (rank 16): fp32 weights + AdamW m, v"] == (pytest.approx(12 * 18_464_768 / 2**30), "all")
+    assert plan["LoRA adapter gradients (fp32)"] == (pytest.approx(4 * 18_464_768 / 2**30), "update")
+    assert not any(k.startswith("KL reference") for k in plan) and not notes
+    assert not preflight.prm_served(lora, True, 23.6) and any(k.startswith("PRM 1.54 B params (bf16)") for k in plan)
+    full_05 = scope.Args(model="Qwen2.5-0.5B", prm=preflight.TRL_PRM, refiner="policy")
+    for args in (lora, full_05):
+        assert preflight.plan_total(preflight.memory_plan(args, 23.6, True)[0]) <= 0.9 * 23.6
+    lines = preflight.format_plan(lora, *preflight.memory_plan(lora, None, True), None).splitlines()
+    assert any(line.strip().startswith("on a 24 GB GPU (23.6 GiB reported):") and line.endswith("fits") for line in lines)
+    ways = preflight.fixes(scope.Args(model="Qwen2.5-1.5B"), 23.6, True)
+    assert f"--lora-rank 16 --prm {preflight.TRL_PRM} --refiner policy" in ways, ways
+    assert f"--prm {preflight.TRL_PRM}" in preflight.fixes(scope.Args(model="Qwen2.5-0.5B", refiner="policy"), 23.6, True)
+
+
+def test_lora_plan_within_ten_percent_of_a_peft_trace():
+    """The plan's LoRA update rows (bf16 base, fp32 adapters with gradients and AdamW state, LORA_UPDATE_FIT's
+    activations) against a fresh FakeTensorMode + MemTracker trace of our micro-batch step on PEFT's get_peft_model
+    of a small Qwen2 shape outside the fit (rank 8 on q and v only), with gradient checkpointing."""
+    from tools.bench_memory import SMALL, trace_update
+
+    cfg = {**SMALL, "num_hidden_layers": 6, "vocab_size": 12288}
+    traced = trace_update(cfg, 2, 384, checkpointing=True, lora_rank=8, lora_targets=("q_proj", "v_proj"))["total"]
+    planned = (2 * preflight.n_params(cfg) + 16 * preflight.lora_params(cfg, 8, ("q_proj", "v_proj"))
+               + preflight.lora_update_extra_bytes(cfg, 2 * 384, True))
+    assert abs(planned / traced - 1) <= 0.10, (planned / 2**20, traced / 2**20)
+
+
 def test_prm_plan_within_ten_percent_of_the_full_size_trace():
     """The plan's PRM rows (bf16 weights + scoring activations, PRM_FIT from small shapes) against a
     FakeTensorMode + MemTracker trace of our own Qwen2ProcessRewardModel (harness/prm_checkpoint.py) at the real run's size:

@@ -123,7 +123,7 @@ def test_missing_weights_name_the_model(tiny_prm_dir, tmp_path):
         ProcessRewardModel(str(tmp_path / "does_not_exist"))
 
 
-def test_a_tokenizer_without_the_separator_is_an_error(tiny_prm_dir, tmp_path):
+def test_a_tokenizer_without_the_separator_is_an_error_in_the_qwen_format(tiny_prm_dir, tmp_path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -135,7 +135,8 @@ def test_a_tokenizer_without_the_separator_is_an_error(tiny_prm_dir, tmp_path):
         f.unlink()
     PreTrainedTokenizerFast(tokenizer_object=plain, unk_token="[UNK]").save_pretrained(path)
     with pytest.raises(ValueError, match="<extra_0>"):
-        ProcessRewardModel(str(path))
+        ProcessRewardModel(str(path), prm_format="qwen-math-prm")
+    assert ProcessRewardModel(str(path)).format == "trl-token-classification"   # auto: a tag-less token classifier
 
 
 # ---------------------------------------------------------------------------------------------------

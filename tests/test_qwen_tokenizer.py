@@ -16,6 +16,8 @@ in their own ways. Skipped with that reason when the package is not installed.
 6. stops of a BASE model's tokenizer (EOS <|endoftext|> = 151643) prompted in ChatML: <|im_end|> (151645)
    stops HF generate and is in every backend's stop set, text past it is never returned or graded, and
    the refiner's splice ends with 151645.
+7. a PRM trained with TRL's PRMTrainer (HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2: a Qwen2ForTokenClassification
+   whose tokenizer has no <extra_0>): the input ids and the positions read equal TRL's own `tokenize_row`.
 """
 import json
 import os
@@ -165,6 +167,103 @@ def test_prm_input_is_the_model_card_format_and_cannot_be_forged(qwen_models, qw
     assert "<|im_end|>" in tok.decode(ids[positions[0] + 1:positions[1]])  # kept as plain text
     scores = prm.score("What is 2x if x = 3?", evil)
     assert len(scores) == 3 and all(0.0 <= p <= 1.0 for p in scores)
+
+
+def trl_tokenize_row(features, tokenizer, step_separator, max_length, max_completion_length, train_on_last_step_only,
+                     is_eval):
+    """TRL's PRMTrainer.tokenize_row, the reference: its body copied verbatim (docstring left out) from
+    huggingface/trl, trl/experimental/prm/prm_trainer.py at 1.10.0.dev0 (the same lines as trl/trainer/prm_trainer.py
+    of TRL 0.13/0.14, the releases HuggingFaceH4's PRM-0.2 models were trained with, there with max_prompt_length
+    besides; TRL 1.16.0 ships no PRMTrainer). Apache-2.0, The HuggingFace Team. trl is not a dependency."""
+    from itertools import chain
+
+    # Tokenize the prompt and completions
+    prompt_ids = tokenizer(features["prompt"], add_special_tokens=False)["input_ids"]
+    completions_ids = [
+        tokenizer(completion, add_special_tokens=False)["input_ids"] for completion in features["completions"]
+    ]
+    if train_on_last_step_only and not is_eval:
+        labels = [-100] * (len(features["labels"]) - 1) + [int(features["labels"][-1])]
+    else:
+        labels = [int(label) for label in features["labels"]]
+
+    # Get the ID of the separator token and add it to the completions
+    separator_ids = tokenizer.encode(step_separator, add_special_tokens=False)
+    completions_ids = [completion + separator_ids for completion in completions_ids]
+
+    # Create the label
+    labels = [
+        [-100] * (len(completion) - 1) + [label] for completion, label in zip(completions_ids, labels, strict=True)
+    ]
+
+    # Join the completions and labels steps
+    completion_ids = list(chain(*completions_ids))
+    labels = list(chain(*labels))
+
+    if tokenizer.bos_token_id is not None:
+        prompt_ids = [tokenizer.bos_token_id] + prompt_ids
+
+    # Truncate completion sequences
+    if max_completion_length is not None:
+        completion_ids = completion_ids[:max_completion_length]
+        labels = labels[:max_completion_length]
+
+    input_ids = prompt_ids + completion_ids
+    labels = [-100] * len(prompt_ids) + labels
+
+    if max_length is not None:
+        input_ids = input_ids[:max_length]
+        labels = labels[:max_length]
+
+    return {"input_ids": input_ids, "labels": labels}
+
+
+def test_a_trl_trained_prm_reads_its_labels_where_trl_put_them(tmp_path, qwen_tokenizer):
+    """A tiny Qwen2ForTokenClassification with Qwen2.5's real tokenizer (no <extra_0>, as HuggingFaceH4's PRMs keep
+    Qwen2.5-Math-Instruct's): the PRM reads TRL's layout, and its input ids and the positions it reads equal TRL's
+    tokenize_row of the same question and steps (stripped, separator "\n\n": the training recipe's), label
+    positions = TRL's labels != -100; with a BOS token; under a max_length that cuts a step (TRL truncates at its
+    --max_length, so that step has no label and stays unscored here). The scores are the model's P(class 1) there.
+    Reading the model card's text-joined layout instead would give other ids: "$.\n\n" merges across the step's
+    end into one token when the text is encoded whole."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForTokenClassification
+
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=conftest.embedding_rows(qwen_tokenizer), hidden_size=32, intermediate_size=64,
+                      num_hidden_layers=1, num_attention_heads=1, num_key_value_heads=1, max_position_embeddings=1024,
+                      num_labels=2, bos_token_id=None, pad_token_id=qwen_tokenizer.pad_token_id)
+    Qwen2ForTokenClassification(cfg).save_pretrained(tmp_path / "trl_prm")
+    qwen_tokenizer.save_pretrained(tmp_path / "trl_prm")
+    prm = ProcessRewardModel(str(tmp_path / "trl_prm"))
+    assert prm.format == "trl-token-classification"
+    question = "Compute $\\frac{3}{4} + \\frac{1}{6}$."
+    steps = split_steps(SOLUTION)
+
+    def trl(max_length=None):
+        row = trl_tokenize_row({"prompt": question, "completions": [s.strip() for s in steps],
+                                "labels": [True] * len(steps)}, prm.tokenizer, "\n\n", max_length, None, False, False)
+        return row["input_ids"], [i for i, label in enumerate(row["labels"]) if label != -100]
+
+    ids, positions = prm.build_input(question, steps)
+    assert (ids, positions) == trl() and len(positions) == len(steps)
+    assert all(ids[p] == 271 for p in positions)   # "\n\n" is one Qwen token: each label on it
+    joined = qwen_tokenizer.encode(question + "\n\n".join(s.strip() for s in steps) + "\n\n", add_special_tokens=False)
+    assert joined != ids   # the card's text-joined ids differ: token space matters
+    with torch.no_grad():
+        probs = torch.softmax(prm.model(input_ids=torch.tensor([ids])).logits.float(), -1)[0, :, 1]
+    torch.testing.assert_close(torch.tensor(prm.score(question, steps)), probs[positions], rtol=0, atol=1e-6)
+    # truncation: a max_length inside step 3 scores steps 1-2 only, as TRL labelled them
+    prm.max_length = positions[2] - 1
+    ids, cut_positions = prm.build_input(question, steps)
+    assert cut_positions == trl(prm.max_length)[1] == positions[:2]
+    assert prm.score(question, steps)[2:] == [None, None]
+    prm.max_length = 4096
+    prm.tokenizer.bos_token = "<|endoftext|>"   # a tokenizer with a BOS: TRL puts it first
+    try:
+        assert prm.build_input(question, steps) == trl() and prm.build_input(question, steps)[0][0] == 151643
+    finally:
+        prm.tokenizer.bos_token = None
 
 
 @pytest.mark.slow

@@ -42,18 +42,19 @@ GIB = 2 ** 30
 
 def fake_model(cfg: dict, dtype=torch.float32, prm: bool = False):
     """A Qwen2 causal LM, or with `prm` harness/prm_checkpoint.py's Qwen2ProcessRewardModel (the decoder without LM
-    head and a float32 hidden→hidden→2 head), built from `cfg` (on fake tensors inside FakeTensorMode)."""
-    from transformers import Qwen2Config, Qwen2ForCausalLM
+    head and a float32 hidden→hidden→2 head), or for a token-classification PRM (cfg["head"]) transformers'
+    Qwen2ForTokenClassification in `dtype`, built from `cfg` (on fake tensors inside FakeTensorMode)."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
 
     keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
             "intermediate_size", "tie_word_embeddings", "head_dim", "rope_theta", "max_position_embeddings")
-    config = Qwen2Config(**{k: cfg[k] for k in keys if cfg.get(k) is not None})
+    config = Qwen2Config(**{k: cfg[k] for k in keys if cfg.get(k) is not None}, num_labels=2)
     config._attn_implementation = "sdpa"
     config.torch_dtype = dtype
-    if not prm:
+    if not prm or cfg.get("head") == "token-classification":
         torch.set_default_dtype(dtype)   # built in its dtype (a fake tensor cannot be converted in place)
         try:
-            return Qwen2ForCausalLM(config)
+            return Qwen2ForTokenClassification(config) if prm else Qwen2ForCausalLM(config)
         finally:
             torch.set_default_dtype(torch.float32)
     from harness import prm_checkpoint
@@ -66,6 +67,49 @@ def fake_model(cfg: dict, dtype=torch.float32, prm: bool = False):
     h = config.hidden_size           # ... and the score head in float32, as prm_checkpoint.load_qwen2_prm loads it
     model.score = torch.nn.Sequential(torch.nn.Linear(h, h), torch.nn.ReLU(), torch.nn.Linear(h, 2))
     return model
+
+
+def fake_from_meta(model):
+    """`model` with every parameter and buffer of the meta device replaced by a fake CPU tensor of its shape, dtype
+    and requires_grad (call inside FakeTensorMode); tied parameters stay tied."""
+    made = {}
+    for module in model.modules():
+        for name, p in list(module._parameters.items()):
+            if p is not None:
+                if id(p) not in made:
+                    made[id(p)] = torch.nn.Parameter(torch.empty(p.shape, dtype=p.dtype), requires_grad=p.requires_grad)
+                module._parameters[name] = made[id(p)]
+        for name, b in list(module._buffers.items()):
+            if b is not None:
+                module._buffers[name] = torch.empty(b.shape, dtype=b.dtype)
+    return model
+
+
+def lora_model(cfg: dict, rank: int, targets: tuple[str, ...]):
+    """The policy as a LoRA run holds it: the Qwen2 causal LM in bfloat16, frozen, with PEFT's LoRA adapters of
+    `rank` on the decoder's linear layers named in `targets` (get_peft_model: the adapters in float32, PEFT's
+    default autocast_adapter_dtype). Built on the meta device and made fake by the caller (fake_from_meta):
+    PEFT moves each new adapter with Module.to, which cannot swap fake parameters (torch 2.13, PEFT 0.21.2)."""
+    from peft import LoraConfig, get_peft_model
+
+    with torch.device("meta"):
+        base = fake_model(cfg, torch.bfloat16)
+        return get_peft_model(base, LoraConfig(r=rank, lora_alpha=2 * rank, lora_dropout=0.0,
+                                               target_modules=list(targets)))
+
+
+class _NoHook:
+    def remove(self):
+        pass
+
+
+def skip_frozen(tracker, model) -> None:
+    """Let `tracker` (a MemTracker) track a model with frozen parameters: it registers a gradient hook on every
+    parameter it meets, which raises on one that needs no gradient (torch 2.13's mem_tracker.py
+    `_track_module_params_and_buffers`); a frozen parameter is marked as hooked already (private state)."""
+    for p in model.parameters():
+        if not p.requires_grad:
+            tracker._param_to_grad_hook_handles[p] = (_NoHook(), _NoHook())
 
 
 def peak_of(tracker) -> dict:
@@ -95,24 +139,28 @@ def fake_batch(cfg: dict, rows: int, tokens: int) -> tuple:
 
 
 def trace_update(cfg: dict, rows: int, tokens: int, *, checkpointing: bool, chunk_tokens: int = 512,
-                 entropy_coef: float = 0.0, fused: bool = False) -> dict:
+                 entropy_coef: float = 0.0, fused: bool = False, lora_rank: int = 0, lora_targets=()) -> dict:
     """Peak bytes by category of two micro-batches of `rows` × `tokens` (prompt + response) through grpo's
-    micro-batch step, then clip_grad_norm_ and AdamW.step (state already allocated), as grpo.update runs them."""
+    micro-batch step, then clip_grad_norm_ and AdamW.step (state already allocated), as grpo.update runs them.
+    With `lora_rank`, the LoRA policy (lora_model): the bf16 base frozen, gradients, clip and AdamW over the
+    adapters alone."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
 
     import grpo
     from harness import trainer
 
+    meta = lora_model(cfg, lora_rank, tuple(lora_targets)) if lora_rank else None
     with FakeTensorMode():
-        model = fake_model(cfg)
+        model = fake_model(cfg) if meta is None else fake_from_meta(meta)
         if checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
-        params = [p for p in model.parameters()]
+        params = [p for p in model.parameters() if p.requires_grad]
         opt, (ids, attn, resp, adv) = warm_adamw(params, fused), fake_batch(cfg, rows, tokens)
         tracker = MemTracker()
         tracker.track_external(model, opt)
+        skip_frozen(tracker, model)
         with tracker:
             for _ in range(2):
                 with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -191,7 +239,8 @@ def trace_prm(cfg: dict, rows: int, tokens: int) -> dict:
         tracker = MemTracker()
         tracker.track_external(model)
         with tracker, torch.no_grad():   # as harness/prm_engine.py PRMEngine.probs_at runs one micro-batch
-            probs = torch.softmax(model(ids, attn).float(), dim=-1)[..., 1]
+            out = model(input_ids=ids, attention_mask=attn)
+            probs = torch.softmax((out if torch.is_tensor(out) else out.logits).float(), dim=-1)[..., 1]
             del probs
         return peak_of(tracker)
 
@@ -215,9 +264,11 @@ def features(cfg: dict, tokens: int, chunk_tokens: int = 512) -> list[float]:
     return [tokens * h * L, tokens * inter * L, tokens * v, chunk_tokens * v, n_params(cfg)]
 
 
-def fit_constants(points: list[tuple[dict, int, int]], full_weight: float = 10.0) -> tuple[tuple, float]:
-    """Least squares of (traced peak − 16 bytes per parameter) on `features`, relative to each peak (so small and
-    full-size traces count alike; a full-size point weighs `full_weight`). points: (cfg, tokens, peak bytes).
+def fit_constants(points: list[tuple[dict, int, int]], full_weight: float = 10.0,
+                  held=None) -> tuple[tuple, float]:
+    """Least squares of (traced peak − what the weights and their state hold) on `features`, relative to each peak
+    (so small and full-size traces count alike; a full-size point weighs `full_weight`). points: (cfg, tokens, peak
+    bytes); held: bytes per point (default 16 per parameter: fp32 weights, gradients, AdamW m and v).
     Returns (constants, largest relative error of the fitted plan against a point's peak)."""
     import numpy as np
 
@@ -225,7 +276,7 @@ def fit_constants(points: list[tuple[dict, int, int]], full_weight: float = 10.0
 
     X = np.array([features(c, n) for c, n, _ in points], float)
     peak = np.array([t for _, _, t in points], float)
-    y = peak - 16 * np.array([n_params(c) for c, _, _ in points], float)
+    y = peak - np.array(held if held is not None else [16 * n_params(c) for c, _, _ in points], float)
     w = np.array([full_weight if n_params(c) > 1e8 else 1.0 for c, _, _ in points]) / peak
     coef = np.linalg.lstsq(X * w[:, None], y * w, rcond=None)[0]
     return tuple(round(float(c), 3) for c in coef), float(np.max(np.abs(X @ coef - y) / peak))
@@ -236,7 +287,7 @@ def fit(full: bool, verbose: bool = True, only: str = "") -> dict:
     UPDATE_FIT and PRM_FIT (`only`: "update" or "prm" fits one of them)."""
     import numpy as np
 
-    from harness.preflight import model_config
+    from harness.preflight import model_config, n_params
 
     out = {}
     small = [({**SMALL, **change}, rows, tokens) for change, rows, tokens in FIT_SHAPES]
@@ -252,6 +303,20 @@ def fit(full: bool, verbose: bool = True, only: str = "") -> dict:
                       f"{cfg['intermediate_size']} V {cfg['vocab_size']}  {rows}x{tokens}: peak "
                       f"{peak['total']} B ({time.time() - t0:.0f} s)", flush=True)
         out[str(ckpt)] = fit_constants(points)
+    for ckpt in (False, True) if only in ("", "lora") else ():   # LoRA rank 16 on every linear layer
+        from harness.preflight import LORA_TARGETS, lora_params
+
+        points, held = [], []
+        for cfg, rows, tokens in small:
+            t0 = time.time()
+            peak = trace_update(cfg, rows, tokens, checkpointing=ckpt, lora_rank=16, lora_targets=LORA_TARGETS)
+            points.append((cfg, rows * tokens, peak["total"]))
+            held.append(2 * n_params(cfg) + 16 * lora_params(cfg, 16))   # the bf16 base; the adapters' fp32 state
+            if verbose:
+                print(f"  LoRA r16 checkpointing {ckpt!s:5}  L {cfg['num_hidden_layers']} h {cfg['hidden_size']} I "
+                      f"{cfg['intermediate_size']} V {cfg['vocab_size']}  {rows}x{tokens}: peak "
+                      f"{peak['total']} B ({time.time() - t0:.0f} s)", flush=True)
+        out[f"lora {ckpt}"] = fit_constants(points, held=held)
     if only in ("", "prm"):   # the PRM's activations beyond its weights: n · (p_h · h + p_i · I), small shapes
         X, y = [], []
         for cfg, rows, tokens in small:
@@ -300,10 +365,16 @@ def compare(args, only: str = "", world: int = 1) -> None:
         return
     if only in ("", "update"):
         t0 = time.time()
+        rank, targets = getattr(args, "lora_rank", 0), preflight.lora_targets(args)
         peak = trace_update(cfg, args.micro_batch_size, T, checkpointing=args.gradient_checkpointing,
-                            chunk_tokens=args.logprob_chunk, entropy_coef=args.entropy_coef)
-        plan_update = 16 * p + preflight.update_extra_bytes(cfg, args.micro_batch_size * T,
-                                                            args.gradient_checkpointing, args.logprob_chunk)
+                            chunk_tokens=args.logprob_chunk, entropy_coef=args.entropy_coef, lora_rank=rank,
+                            lora_targets=targets)
+        if rank:   # the bf16 base, the adapters' fp32 weights, gradients and AdamW state, LORA_UPDATE_FIT
+            plan_update = 2 * p + 16 * preflight.lora_params(cfg, rank, targets) + preflight.lora_update_extra_bytes(
+                cfg, args.micro_batch_size * T, args.gradient_checkpointing, args.logprob_chunk)
+        else:
+            plan_update = 16 * p + preflight.update_extra_bytes(cfg, args.micro_batch_size * T,
+                                                                args.gradient_checkpointing, args.logprob_chunk)
         print(f"  {'update peak: weights + AdamW + grads + activations/temps':58} {peak['total'] / GIB:8.2f} "
               f"{plan_update / GIB:8.2f}   ({(plan_update / peak['total'] - 1):+.1%}; traced in "
               f"{time.time() - t0:.0f} s; by category: "
@@ -382,6 +453,11 @@ TABLE_RUNS = [   # (command shown, flags): the combinations of docs/memory.md's 
     ("`--model Qwen2.5-1.5B --mode grpo --prm none`", "--model Qwen2.5-1.5B --mode grpo --prm none"),
     ("`--model Qwen2.5-1.5B --no-gradient-checkpointing --no-rollout-sleep --prm-offload off`",
      "--model Qwen2.5-1.5B --no-gradient-checkpointing --no-rollout-sleep --prm-offload off"),
+    ("`--model Qwen2.5-1.5B --lora-rank 16 --prm HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2 --refiner policy`",
+     "--model Qwen2.5-1.5B --lora-rank 16 --prm HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2 --refiner policy"),
+    ("`--model Qwen2.5-0.5B --prm HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2 --refiner policy` (full fine-tune)",
+     "--model Qwen2.5-0.5B --prm HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2 --refiner policy"),
+    ("`--model Qwen2.5-1.5B --lora-rank 16 --mode grpo --prm none`", "--model Qwen2.5-1.5B --lora-rank 16 --mode grpo --prm none"),
     ("`--model Qwen2.5-Math-7B` (7B PRM, 7B refiner)", "--model Qwen2.5-Math-7B"),
     ("`--model Qwen2.5-Math-7B --mode grpo --prm none`", "--model Qwen2.5-Math-7B --mode grpo --prm none"),
 ]
@@ -420,8 +496,9 @@ def main(argv=None) -> None:
                         help="time grpo.update for real on the CPU, with and without checkpointing (e.g. 2x160)")
     parser.add_argument("--repeats", type=int, default=3, help="timed steps per setting with --time-update")
     parser.add_argument("--world", type=int, default=1, help="with --fsdp: the torchrun world one rank is traced in")
-    parser.add_argument("--only", choices=("update", "prm"), default="",
-                        help="trace (or with --fit: fit) only the update or only the PRM's scoring batch")
+    parser.add_argument("--only", choices=("update", "prm", "lora"), default="",
+                        help="trace (or with --fit: fit) only the update, only the PRM's scoring batch, or (--fit) "
+                             "only the LoRA update's constants")
     known, rest = parser.parse_known_args(argv)
     if known.fit:
         print(json.dumps(fit(known.full, only=known.only), indent=1))

@@ -354,7 +354,7 @@ def corun_streams(device: str, tiny: bool, repeats: int = 3, timeout: float = 30
 
 
 # ------------------------------------------------------------------------------ the projection of the two runs
-RUNS = {"correctness": ("run", "update-peak", "update-time", "prm-time", "vllm"), "design": ("co-run",)}
+RUNS = {"correctness": ("run", "update-peak", "update-time", "prm-time", "vllm"), "design": ("co-run", "small-card")}
 CUDA_START = 20.0    # s per part process on a GPU machine: python, torch and transformers imports, the CUDA context
 DISK_RATE = 1.0e9    # bytes/s a part's files are written and read back at (a cloud disk's sustained rate)
 
@@ -376,7 +376,10 @@ def h200_seconds(part: dict) -> float:
             "run": 2 * 2 * (64 * 0.030 + train(16 * 100, 2)),
             "vllm": 60.0,   # the engine's start (compile, CUDA graphs) on a tiny model
             # twice (processes, streams): a warm-up, then 3 rounds of each alone and both at once
-            "co-run": 2 * 7 * (decode(p7, 640) + train(128 * (256 + 576), 1))}[part["part"]]
+            "co-run": 2 * 7 * (decode(p7, 640) + train(128 * (256 + 576), 1)),
+            # one scope.py step of 4 x 4 rollouts: HF generate of 1,024 tokens and a policy refiner of 640 at ~30 ms
+            # a token, a LoRA update of 16 rows (a third of the full update's FLOPs: no weight gradients)
+            "small-card": (1024 + 640) * 0.030 + train(16 * 1280, 1) / 3}[part["part"]]
     return part["cpu_seconds"] + CUDA_START + part.get("bytes_real", 0) * 2 / DISK_RATE + work
 
 
