@@ -30,11 +30,10 @@ from tqdm import tqdm
 from harness import dist, overlap, phase_memory, preflight, trainer
 from harness.generate import (GeneratorUnavailable, HFGenerator, format_prompt, load_causal_lm, load_tokenizer,
                               vllm_importable)
-from harness.preflight import MODEL_ALIASES
 from harness.refiner import Refiner
 from harness import trackers
 from harness import mathverify, progress   # --grader; step k/N + ETA, rollouts.jsonl, curves.png, summary.txt, model/
-from harness.runs import (acquire_lock, append_change, clear_run, environment, format_changes, read_changes, read_log,
+from harness.runs import (Done, acquire_lock, append_change, clear_run, environment, format_changes, read_changes, read_log,
                           recover_checkpoint, release_lock, removed_on_failure, restore_rng, resume_hint,
                           save_checkpoint, stop, truncate_jsonl)
 
@@ -80,7 +79,7 @@ def base_model_path(args) -> str:
         from harness import toy
         toy.warm_start(CACHE_DIR, seed=0, **toy_styles(args))   # SFT warm start, trained once and cached: the
         return toy.cache_path(CACHE_DIR, seed=0, **toy_styles(args))   # toy "pretrained model"
-    return MODEL_ALIASES.get(args.model, args.model)
+    return preflight.model_id(args.model)
 
 
 def toy_styles(args) -> dict:
@@ -680,9 +679,11 @@ def start(args, paper: Paper) -> Run:
     if device.startswith("cuda"):                                     # each phase's peak, against the plan
         phase_memory.start(preflight.memory_plan(args, torch.cuda.get_device_properties(torch.device(device))
                                                  .total_memory / preflight.GIB, use_vllm)[0], torch.cuda)
-    if args.dry_run:
+    if args.dry_run:   # the command line exits 0; scope.main called from Python returns the plan
         preflight.print_dry_run(args, run_dir, notes + hub_notes)
-        raise SystemExit(0)
+        raise Done({"dry_run": True, "run_dir": run_dir, "args": asdict(args), "notes": notes + hub_notes,
+                    "memory_plan": [{"what": what, "gib": gib, "phase": phase} for what, gib, phase in
+                                    preflight.memory_plan(args, None, use_vllm or args.backend != "hf")[0]]})
 
     d.barrier()                                                       # every rank checked the folder before rank 0 writes
     new_folder = not os.path.exists(run_dir)
