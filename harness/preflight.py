@@ -93,6 +93,10 @@ def check_args(args) -> None:
         print(f"note: --mode {args.mode} ignores " + ", ".join(f"--{n.replace('_', '-')} {getattr(args, n)}"
                                                              for n in ignored), file=sys.stderr)
 
+    if args.warmup_steps > args.steps:   # the learning rate never reaches --lr
+        print(f"note: --warmup-steps {args.warmup_steps} is longer than the run (--steps {args.steps}): the learning "
+              f"rate rises only to {args.steps / args.warmup_steps:.0%} of --lr {args.lr:g}", file=sys.stderr)
+
     for f in fields(args):   # argparse checks choices; an Args built in code is checked here
         choices = f.metadata.get("choices")
         if choices and getattr(args, f.name) not in choices:

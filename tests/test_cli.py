@@ -148,7 +148,7 @@ def test_underscored_flags_and_negative_numbers_on_the_command_line():
 
 
 def test_the_readmes_python_call_trains_with_warm_up_and_the_clip_it_is_given(tmp_path, monkeypatch,
-                                                                               toy_model_dir):
+                                                                               toy_model_dir, capsys):
     """The README's notebook line, scope.main({...}), runs in-process right after the quick start (whose run folder
     once refused it) and returns the closing summary; --warmup-steps and --max-grad-norm (once constants: a
     constant learning rate and a clip at 1.0) reach the optimizer and the clip."""
@@ -177,12 +177,17 @@ def test_the_readmes_python_call_trains_with_warm_up_and_the_clip_it_is_given(tm
     monkeypatch.chdir(tmp_path)
     summary = scope.main(flags)
     assert summary["run_dir"] == os.path.join("runs", name) and "minutes" in summary
+    metrics = [json.loads(line) for line in open(tmp_path / "runs" / name / "metrics.jsonl")]
+    assert [m["learning_rate"] for m in metrics] == pytest.approx(lrs)   # TRL's name, each step
+    assert ("note: --warmup-steps 4 is longer than the run (--steps 2): the learning rate rises only to 50% of --lr "
+            "0.0001") in capsys.readouterr().err
     assert lrs == pytest.approx([1e-4 / 4, 1e-4 * 2 / 4])   # the toy lr 1e-4, warmed up over 4 steps
     assert clips == [0.5, 0.5]
     assert json.loads((tmp_path / "runs" / name / "config.json").read_text())["warmup_steps"] == 4
 
 
-def test_the_system_prompt_flag_reaches_every_rollout_and_evaluation_prompt(tmp_path, monkeypatch, toy_model_dir):
+def test_the_system_prompt_flag_reaches_every_rollout_and_evaluation_prompt(tmp_path, monkeypatch, toy_model_dir,
+                                                                            capsys):
     """--system-prompt (once a constant) is the system turn of every prompt the run builds: the rollouts' and the
     evaluation's."""
     from harness import generate, wiring
@@ -204,6 +209,9 @@ def test_the_system_prompt_flag_reaches_every_rollout_and_evaluation_prompt(tmp_
                 "system_prompt": "Answer in one line."})
     assert {caller for caller, _ in seen} == {"wiring.py", "eval.py"}, seen   # the rollouts and the evaluation
     assert {system for _, system in seen} == {"Answer in one line."}, seen
+    out = capsys.readouterr().out   # the toy tokenizer has no chat template: the prompt is named as unused, once
+    assert out.count("note: --system-prompt 'Answer in one line.' is not used: the tokenizer has no chat template") \
+        == 1
 
 
 def test_a_negative_learning_rate_reaches_the_check_of_its_range(capsys):
@@ -217,3 +225,23 @@ def test_a_negative_learning_rate_reaches_the_check_of_its_range(capsys):
         with pytest.raises(SystemExit):
             preflight.check_args(scope.parse_args(["--toy", flag, value]))
         assert capsys.readouterr().err.startswith(f"error: {flag} ")
+
+
+def test_run_name_with_resume_and_system_paths_are_one_line(tmp_path, monkeypatch, capsys):
+    """`--resume R --run-name X` continued R in silence; `--run-name /sys/x` (root passes os.access there) gave a
+    16-line traceback from os.makedirs."""
+    from dataclasses import asdict
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / "config.json").write_text(json.dumps({**asdict(scope.Args(toy=True)), "run_name": "r"}))
+    with pytest.raises(SystemExit) as exit_:
+        scope.parse_args(["--resume", "runs/r", "--run-name", "x"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.startswith(
+        "error: --run-name x with --resume runs/r: a resumed run continues in its own folder under its own name (r)")
+    assert scope.parse_args(["--resume", "runs/r", "--run-name", "r"]).run_name == "r"
+    with pytest.raises(SystemExit) as exit_:
+        scope.main(scope.parse_args(["--toy", "--run-name", "/sys/x"]))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: /sys/x: cannot write there (/sys is ") and \
+        err.count("\n") == 1

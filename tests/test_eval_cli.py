@@ -208,6 +208,15 @@ def test_trace_cli_step_selection(tmp_path, capsys):
     assert "no rectification at step 2" in out and "steps with traces: 1, 3" in out
 
 
+def test_the_trace_viewer_names_its_step_and_the_others(tmp_path, capsys):
+    """The viewer showed the last step's repairs with no word of which step that was, nor that others exist."""
+    write_traces(tmp_path)   # repairs at steps 1 and 3
+    assert report.main(["--trace", str(tmp_path), "--no-color"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"step 3 of {os.path.relpath(tmp_path)} (the last with repairs): ")
+    assert first.endswith("other steps with repairs: 1 (--step N shows one)")
+
+
 def write_metrics(run_dir, steps):
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": 0.5}) + "\n" for s in steps))
 
