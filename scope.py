@@ -142,7 +142,7 @@ class Args(config.EngineArgs):
     entropy_coef: float = arg(0.0, "entropy bonus coefficient")
 
 
-parse_args = partial(config.parse_args, Args, description=__doc__.split("\n\n")[0])
+parse_args = partial(config.parse_args, Args, description="\n\n".join(__doc__.split("\n\n")[:2]))   # + the phases
 
 if __name__ == "__main__":
     cli_args = parse_args()

@@ -245,3 +245,31 @@ def test_run_name_with_resume_and_system_paths_are_one_line(tmp_path, monkeypatc
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.startswith("error: /sys/x: cannot write there (/sys is ") and \
         err.count("\n") == 1
+
+
+def test_the_help_the_install_block_and_the_toy_example_are_true(capsys):
+    """--help stopped at "nine numbered phases:"; docs/running.md's install block had no venv, no constraints and
+    vLLM beside the CPU torch; harness/toy.py's example said "times 3" in a world that multiplies only by 2; the
+    README's test times were older than CI's own."""
+    import os
+    import re
+
+    from harness import toy
+
+    with pytest.raises(SystemExit):
+        scope.parse_args(["--help"])
+    head = capsys.readouterr().out.split("\noptions:")[0]
+    assert not head.rstrip().endswith(":") and "rollout →" in head
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    install = open(os.path.join(root, "docs", "running.md")).read().split("## Install", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", install, re.S)
+    cpu = next(b for b in blocks if "download.pytorch.org/whl/cpu" in b)
+    assert "python3 -m venv" in cpu and "-c constraints.txt" in cpu and "vllm" not in cpu
+    gpu = next(b for b in blocks if "vllm==" in b)
+    assert "python3 -m venv" in gpu and "whl/cpu" not in gpu
+    example = re.search(r'Question: "([^"]+)"', toy.__doc__).group(1)
+    chain = toy.correct_chain(example)
+    assert all(arg == toy.TASK_DEFAULTS["max_factor"] for sym, arg in toy.parse_question(example)[1] if sym == "*")
+    assert f"\\boxed{{{chain[-1]}}}" in toy.__doc__.replace("\\\\", "\\")
+    tests = open(os.path.join(root, "README.md")).read().split("## Tests", 1)[1].split("\n## ", 1)[0]
+    assert "about 200 s quiet, 250 s busy" in tests and "about 24 min quiet, 30 min busy" in tests
