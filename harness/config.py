@@ -10,6 +10,7 @@ import difflib
 import functools
 import os
 import sys
+import weakref
 from dataclasses import asdict, dataclass, field, fields
 
 from harness import cli, preflight
@@ -164,8 +165,17 @@ def parse_args(args_class, argv=None, description: str = ""):
     if values["mode"] == "grpo" and "prm" not in typed and not typed.get("resume") and not values["toy"]:
         values["prm"] = "none"   # GRPO uses no PRM: the 7B one for the near-miss metrics alone is asked for by name
     resolved = args_class(**values)
-    resolved._resolved = True   # as_args takes it as it is (an Args built in code is resolved like a dict)
+    _RESOLVED.add(id(resolved))   # as_args takes it as it is (an Args built in code is resolved like a dict)
+    weakref.finalize(resolved, _RESOLVED.discard, id(resolved))
     return resolved
+
+
+_RESOLVED: set[int] = set()   # the ids of the Args parse_args returned, while they live
+
+
+def resolved(args) -> bool:
+    """True for an Args that parse_args returned (the command line's, or a dict's resolved by as_args)."""
+    return id(args) in _RESOLVED
 
 
 def as_args(args_class, args):
@@ -174,7 +184,7 @@ def as_args(args_class, args):
     Args built in code, whose fields away from the dataclass defaults count as typed (so `Args(toy=True)` gets
     the toy's defaults, as {"toy": True} does). An Args from parse_args is taken as it is."""
     if isinstance(args, args_class):
-        if getattr(args, "_resolved", False):
+        if resolved(args):
             return args
         defaults = args_class()
         args = {f.name: getattr(args, f.name) for f in fields(args_class)
@@ -194,7 +204,7 @@ def library_call(args_class_of):
         @functools.wraps(main)
         def call(args):
             args_class = args_class_of()
-            if isinstance(args, args_class) and getattr(args, "_resolved", False):
+            if isinstance(args, args_class) and resolved(args):
                 return main(args)
             booleans = frozenset(f.name for f in fields(args_class) if isinstance(f.default, bool))
             with refusals_raised(functools.partial(cli.as_keys, booleans=booleans)):
