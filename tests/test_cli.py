@@ -75,6 +75,15 @@ def test_trl_names_we_do_not_have_say_so(capsys):
         capsys, ["--lr_scheduler_type", "cosine"])
 
 
+def test_trls_reward_and_dtype_names_say_what_they_mean_here(capsys):
+    """`--reward_funcs` got "did you mean --prm-reward-coef?" and `--torch_dtype` "--toy-styles": close spellings,
+    wrong meanings. Each now says what the reward and the dtype are here."""
+    line = refusal(capsys, ["--reward_funcs", "accuracy"])
+    assert "TRL's name; no such flag here (the reward is the grader's 1/0 on the final" in line
+    assert "--toy-styles" not in refusal(capsys, ["--torch_dtype", "bfloat16"]) and "float32 master weights" in \
+        cli.trl_hint("--torch_dtype")
+
+
 def test_every_trl_name_points_at_a_flag_we_have():
     flags = {"--" + name.replace("_", "-") for name in asdict(scope.Args())}
     assert {ours for ours, _ in cli.TRL_NAMES.values() if ours} <= flags
