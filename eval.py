@@ -6,7 +6,8 @@ metrics distinct-1/4, self-BLEU, self-ROUGE-L and div-score, median with p10/p90
 generator backend) and the command line. The verifier: harness/grader.py (docs/grader.md); the benchmarks of
 Table 1 and out of domain: harness/problems.py; training curves and the rectification viewer (Figs. 3-7, 12):
 tools/report.py. Run: `python eval.py --model CKPT --benchmarks math500,aime24 --n 8 --temperature 0.6`
-(`--diversity`: Table 4; every command: docs/running.md). Definitions: docs/metrics.md; the choices the paper
+(`--diversity`: Table 4; every command: docs/running.md); what the input alone decides (values, paths, aliases,
+the network) is checked with scope.py's pre-flight functions before any model loads. Definitions: docs/metrics.md; the choices the paper
 leaves open (avg@n at T = 0.6, whitespace tokens, div-score, near-miss, discarded valid): docs/choices.md, rows
 "metrics".
 """

@@ -8,6 +8,10 @@
   The values land in the run's config.json as every flag does, so `--resume` continues with them.
 - `trl_hint(word)`: the one-line refusal of a TRL flag name (`--num_generations` → `--group-size`), or None for
   a word that is not one. The table is TRL_NAMES (docs/running.md shows it).
+- `DATA_FLAGS`: --system-prompt, --question-field and --answer-field, defined once for scope.py's Args and
+  eval.py's parser; `unused_system_prompt` names a system prompt a tokenizer without chat template cannot carry.
+- `as_keys(message)`: a refusal in the spelling of scope.main's dict (`--run-name x` → `run_name=x`), for a
+  Python caller (config.library_call).
 """
 import os
 import re
