@@ -6,7 +6,8 @@ metrics distinct-1/4, self-BLEU, self-ROUGE-L and div-score, median with p10/p90
 generator backend) and the command line. The verifier: harness/grader.py (docs/grader.md); the benchmarks of
 Table 1 and out of domain: harness/problems.py; training curves and the rectification viewer (Figs. 3-7, 12):
 tools/report.py. Run: `python eval.py --model CKPT --benchmarks math500,aime24 --n 8 --temperature 0.6`
-(`--diversity`: Table 4; every command: docs/running.md). Definitions: docs/metrics.md; the choices the paper
+(`--diversity`: Table 4; every command: docs/running.md); what the input alone decides (values, paths, aliases,
+the network) is checked with scope.py's pre-flight functions before any model loads. Definitions: docs/metrics.md; the choices the paper
 leaves open (avg@n at T = 0.6, whitespace tokens, div-score, near-miss, discarded valid): docs/choices.md, rows
 "metrics".
 """
@@ -23,7 +24,7 @@ from collections import Counter
 import numpy as np
 
 from harness.grader import grade, grader_benchmark
-from harness.problems import load_problems
+from harness.problems import load_problems, maybe_cached
 
 
 # ==== 1. metrics: pass@k, diversity, near misses ====
@@ -422,11 +423,22 @@ def diversity_table(results: dict[str, dict], model: str) -> str:
     return format_table(headers, rows)
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(
-        prog="eval.py", description="Evaluate a checkpoint on math / OOD benchmarks (avg@n, pass@k, diversity), "
-        "or time the grader (curves and traces: python -m tools.report).")
-    p.add_argument("--model", help="HF model id or local checkpoint directory to evaluate")
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse whose refusals are one line naming the culprit (and the closest flag), not the usage screen."""
+
+    def error(self, message):
+        self.exit(2, f"eval.py: {message} (python eval.py --help lists every flag)\n")
+
+
+def make_parser() -> OneLineErrors:
+    """eval.py's flags (--help)."""
+    from harness import cli
+
+    p = OneLineErrors(
+        prog="eval.py", allow_abbrev=False, description="Evaluate a checkpoint on math / OOD benchmarks (avg@n, "
+        "pass@k, diversity), or time the grader (curves and traces: python -m tools.report).")
+    p.add_argument("--model", help="HF model id, alias (Qwen2.5-1.5B, ... as scope.py takes them) or local model "
+                   "folder (a run's runs/NAME/checkpoint or runs/NAME/model)")
     p.add_argument("--benchmarks", default="math500,aime24,aime25,amc,minerva,olympiad",
                    help="comma-separated names from BENCHMARKS, 'toy', or local .jsonl paths")
     p.add_argument("--ood", default="", help="comma-separated out-of-domain benchmarks, e.g. arc-c,gpqa,mmlu-pro")
@@ -441,6 +453,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--limit", type=int, default=None,
                    help="first K problems of each benchmark")
+    cli.add_data_flags(p)   # --system-prompt, --question-field, --answer-field: as scope.py has them
     p.add_argument("--backend", choices=["auto", "vllm", "hf"], default="auto",
                    help="generation backend; auto = vLLM when importable and CUDA is present, else HF")
     p.add_argument("--vllm-mem", type=float, default=0.85, help="vLLM gpu_memory_utilization")
@@ -456,14 +469,82 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="who grades: our grader (docs/grader.md) or Math-Verify, the paper's tables' convention "
                         "(pip install math-verify==0.9.0; LaTeX extraction only, in a child process)")
     p.add_argument("--grader-bench", action="store_true", help="time the grader on generated pairs and exit")
-    args = p.parse_args(argv)
+    return p
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags, each value checked: a refusal is one line (exit 2) before anything loads."""
+    p = make_parser()
+    args, unknown = p.parse_known_args(argv)
+    if unknown:
+        from harness.config import unknown_argument
+        p.error(unknown_argument(unknown[0], [o for a in p._actions for o in a.option_strings]))
     if not (args.grader_bench or args.model):
         p.error("--model is required (or --grader-bench; curves and traces: python -m tools.report --plot/--trace RUN)")
-    if args.gen_batch_size < 1:
-        p.error(f"--gen-batch-size must be >= 1, got {args.gen_batch_size}")
+    for flag, ok, valid in (("n", args.n >= 1, "an integer >= 1"),
+                            ("limit", args.limit is None or args.limit >= 1, "an integer >= 1 (omit it: every problem)"),
+                            ("temperature", args.temperature >= 0, ">= 0 (0 = greedy)"),
+                            ("top-p", 0 < args.top_p <= 1, "in (0, 1]"),
+                            ("max-new-tokens", args.max_new_tokens >= 1, "an integer >= 1"),
+                            ("batch-size", args.batch_size >= 1, "an integer >= 1"),
+                            ("gen-batch-size", args.gen_batch_size >= 1, "an integer >= 1"),
+                            ("vllm-mem", 0 < args.vllm_mem < 1, "a share of the GPU's memory in (0, 1)")):
+        if not ok:
+            p.error(f"--{flag} {getattr(args, flag.replace('-', '_'))}: must be {valid}")
     if args.diversity and args.n < 2:
         p.error("--diversity needs --n >= 2 samples per prompt")
     return args
+
+
+def checked_inputs(args: argparse.Namespace) -> str:
+    """What the input alone decides, checked before anything loads (scope.py's pre-flight functions, so both
+    answer alike); returns the model to load. A model name resolved as scope.py resolves it (an alias → its hub
+    id); a path that does not exist names the closest one, a run folder its checkpoint/ and model/; without
+    network (no connection within 3 s) the hub libraries go offline at once, and a model or benchmark that must
+    come from the hub and is not in the local cache stops here. --question-field / --answer-field need a data set
+    of one's own. runs.Refused (a ValueError): one line."""
+    from harness import cli, preflight
+    from harness.problems import BENCHMARKS
+    from harness.runs import stop
+
+    model = preflight.check_model_name("--model", args.model)
+    names = [name.strip() for names in (args.benchmarks, args.ood) for name in names.split(",") if name.strip()]
+    refusal = cli.own_data_refusal(names, args.question_field, args.answer_field)
+    if refusal:
+        stop(refusal)
+    from_hub = [n for n in names if n in BENCHMARKS or ("/" in n and not os.path.exists(n))]
+    if (from_hub or not os.path.exists(model)) and preflight.offline_now():
+        if not os.path.exists(model) and not preflight.in_hub_cache(model):
+            stop(f"--model {args.model}: {preflight.uncached(model)}")
+        args.offline = True
+        for name in from_hub:
+            if not maybe_cached(name):
+                stop(f"{'--ood' if name in args.ood.split(',') else '--benchmarks'} {name}: no network: cannot reach "
+                     f"the Hugging Face hub and it is not in the local cache; {LOCAL_FILE_HINT}")
+    return model
+
+
+LOCAL_FILE_HINT = 'pass a local .jsonl file ({"question": ..., "answer": ...} per line)'
+
+
+def load_benchmarks(args: argparse.Namespace) -> dict[str, dict[str, list[dict]]]:
+    """{"benchmarks": {name: problems}, "ood": {...}}, every one loaded before the model; a source that cannot
+    load is one line naming it (offline: with the hint to pass a local file)."""
+    from harness.runs import stop
+
+    problems = {}
+    for group, names in (("benchmarks", args.benchmarks), ("ood", args.ood)):
+        problems[group] = {}
+        for name in (n.strip() for n in names.split(",") if n.strip()):
+            flag = "--" + group if group == "ood" else "--benchmarks"
+            try:
+                problems[group][name] = load_problems(name, limit=args.limit, question_field=args.question_field,
+                                                      answer_field=args.answer_field)
+            except (OSError, ValueError, RuntimeError) as err:
+                first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+                hint = f"; no network: {LOCAL_FILE_HINT}" if getattr(args, "offline", False) else ""
+                stop(f"{flag} {name}: cannot load problems: {first}{hint}")
+    return problems
 
 
 def report_path(model: str) -> str:
@@ -512,57 +593,97 @@ def run_changes(model: str) -> list[str]:
 
 
 def run_evaluation(args: argparse.Namespace) -> dict:
-    """Load every benchmark first (so a bad name fails before the model loads), then the model, then
-    evaluate, print the tables and write the JSON report."""
-    out = checked_out(args)   # an earlier report or an unwritable folder stops before the work
-    groups = {"benchmarks": args.benchmarks, "ood": args.ood}
-    problems = {group: {name.strip(): load_problems(name.strip(), limit=args.limit)
-                        for name in names.split(",") if name.strip()} for group, names in groups.items()}
+    """Check every input and load every benchmark first (so a bad name fails before the model loads), then the
+    model, then evaluate, print the tables and write the JSON report. Ctrl-C (or SIGTERM) stops calmly: the
+    benchmarks already finished are written to the report, marked "interrupted", with the ones left named."""
+    from harness.runs import refusals_raised
+
+    with refusals_raised():   # a refusal raises runs.Refused (a ValueError): main prints it as one line
+        model = checked_inputs(args)   # the model name, the hub (offline at once), the data flags
+        out = checked_out(args)   # an earlier report or an unwritable folder stops before the work
+        problems = load_benchmarks(args)
     from harness.mathverify import for_name
+    from harness.progress import bars_only_on_a_terminal
     from harness.runs import environment
     grade_fn = for_name(args.grader)   # a missing math-verify stops here, before the model loads
-    generator, tokenizer = make_generator(args.model, args.backend, seed=args.seed, vllm_mem=args.vllm_mem,
+    bars_only_on_a_terminal()   # no "Loading weights" bar with carriage returns in a log file
+    generator, tokenizer = make_generator(model, args.backend, seed=args.seed, vllm_mem=args.vllm_mem,
                                           gen_batch_size=args.gen_batch_size)
+    from harness.cli import unused_system_prompt
+    note = unused_system_prompt(tokenizer, args.system_prompt)
+    if note:
+        print(note)
     model_name = model_label(args.model)
     settings = dict(n=args.n, temperature=args.temperature, top_p=args.top_p,
                     max_new_tokens=args.max_new_tokens, seed=args.seed, batch_size=args.batch_size)
     report = {"model": args.model, "model_label": model_name, **settings, "gen_batch_size": args.gen_batch_size,
-              "limit": args.limit, "grader": args.grader, "environment": environment()}
+              "limit": args.limit, "grader": args.grader, "system_prompt": args.system_prompt,
+              "environment": environment()}
     changes = run_changes(args.model)
     if changes:   # the checkpoint was trained under settings that changed on a resume: say so with the numbers
         report["run_config_changes"] = changes
         print("\n".join(f"note: its run changed config {line}" for line in changes))
     keep = args.diversity or args.save_samples
-    for group, benchmarks in problems.items():
-        results = {}
-        for name, items in benchmarks.items():
-            start = time.perf_counter()
-            result = evaluate(generator, tokenizer, items, keep_samples=keep, grade_fn=grade_fn, progress=_label(name),
-                              **settings)
-            result["seconds"] = round(time.perf_counter() - start, 3)   # sampling and grading, not the model load
-            if args.diversity:
-                result["diversity"] = diversity_summary(result["per_problem"])
-            if keep and not args.save_samples:
-                for row in result["per_problem"]:
-                    del row["samples"], row["sample_correct"]
-            results[name] = result
-        if results:
-            title = "math benchmarks" if group == "benchmarks" else "out-of-domain benchmarks"
-            print(f"\n{title} ({args.model}, n={args.n}, T={args.temperature}, grader {args.grader}; accuracy in %)")
-            print(accuracy_table(results))
-            if args.diversity:
-                print("\ndiversity across prompts: median [p10, p90] (paper Table 4)")
-                print(diversity_table(results, model_name))
-        report[group] = results
-    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
-    with open(out, "w", encoding="utf-8") as f:
-        json.dump(report, f, indent=2)
-    print(f"\nwrote {out} and {plot_pass_at_k(report, os.path.splitext(out)[0] + '.png')}")
+    try:
+        for group, benchmarks in problems.items():
+            results = report[group] = {}
+            for name, items in benchmarks.items():
+                start = time.perf_counter()
+                result = evaluate(generator, tokenizer, items, keep_samples=keep, grade_fn=grade_fn,
+                                  progress=_label(name), system=args.system_prompt, **settings)
+                result["seconds"] = round(time.perf_counter() - start, 3)   # sampling and grading, not the load
+                if args.diversity:
+                    result["diversity"] = diversity_summary(result["per_problem"])
+                if keep and not args.save_samples:
+                    for row in result["per_problem"]:
+                        del row["samples"], row["sample_correct"]
+                results[name] = result
+            if results:
+                title = "math benchmarks" if group == "benchmarks" else "out-of-domain benchmarks"
+                print(f"\n{title} ({args.model}, n={args.n}, T={args.temperature}, grader {args.grader}; "
+                      f"accuracy in %)")
+                print(accuracy_table(results))
+                if args.diversity:
+                    print("\ndiversity across prompts: median [p10, p90] (paper Table 4)")
+                    print(diversity_table(results, model_name))
+    except KeyboardInterrupt:
+        done = [name for group in problems for name in report.get(group, {})]
+        left = [name for group in problems for name in problems[group] if name not in report.get(group, {})]
+        if not done:
+            raise
+        report.update(interrupted=True, not_evaluated=left)
+        write_report(report, out)
+        raise Interrupted(f"interrupted: {out} holds the {len(done)} finished benchmark(s) ({', '.join(done)}); "
+                          f"not evaluated: {', '.join(left)}") from None
+    write_report(report, out)
     return report
 
 
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C after some benchmarks finished and were written; its message says where and which."""
+
+
+def write_report(report: dict, out: str) -> None:
+    """The JSON report at `out` and its pass@k picture beside it."""
+    os.makedirs(os.path.dirname(out) or ".", exist_ok=True)
+    with open(out, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=2)
+    picture = plot_pass_at_k(report, os.path.splitext(out)[0] + ".png") if any(report.get(g) for g in
+                                                                               ("benchmarks", "ood")) else None
+    print(f"\nwrote {out}" + (f" and {picture}" if picture else ""))
+
+
 def main(argv=None) -> int:
+    """The command line: 0 when done, 2 for a refusal (one line), 130 on Ctrl-C or SIGTERM (one line, no
+    traceback; the benchmarks already finished are kept in the report)."""
+    import signal
+
     args = parse_args(argv)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    previous, previous_int = signal.signal(signal.SIGTERM, on_term), signal.getsignal(signal.SIGINT)
     try:
         if args.grader_bench:
             print(json.dumps(grader_benchmark(), indent=2, default=str))
@@ -571,6 +692,13 @@ def main(argv=None) -> int:
     except (OSError, ValueError, RuntimeError) as err:  # missing files, bad rows, unloadable models: one line
         print(f"eval.py: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt as err:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut this line short
+        print(f"\neval.py: {str(err) or 'interrupted before any benchmark finished; no report written'}", file=sys.stderr)
+        return 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        signal.signal(signal.SIGINT, previous_int)
     return 0
 
 

@@ -26,8 +26,11 @@ from refine import rectify, repair_credit_only
 MODES = ("scope", "grpo", "replace", "prm-reward")
 
 
+@config.library_call(lambda: Args)   # from Python: a dict or Args resolved as typed flags, a refusal raised
 def main(args: "Args | dict") -> dict:
-    args = config.as_args(Args, args)   # a dict: {flag name: value}, checked and resolved as typed flags
+    """One training run; returns the closing summary as a dict (run_dir, minutes, eval_acc_before/after, ...).
+    From Python: `main({"toy": True, "steps": 5, "run_name": "nb"})` or `main(Args(toy=True, ...))`; a refusal
+    raises harness.runs.Refused (a ValueError naming the keys: run_name=...), a dry run returns its plan."""
     run = wiring.start(args, paper())   # pre-flight (a refusal is one line, exit 2), run folder, models, logs
     run.eval_before_training()   # a new run with --eval-every: step 0's accuracy, the "before" of the summary
     for step, problems, mine in run.steps():   # B problems drawn from (seed, step); `mine`: this rank's groups
@@ -139,7 +142,7 @@ class Args(config.EngineArgs):
     entropy_coef: float = arg(0.0, "entropy bonus coefficient")
 
 
-parse_args = partial(config.parse_args, Args, description=__doc__.split("\n\n")[0])
+parse_args = partial(config.parse_args, Args, description="\n\n".join(__doc__.split("\n\n")[:2]))   # + the phases
 
 if __name__ == "__main__":
     cli_args = parse_args()

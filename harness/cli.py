@@ -10,9 +10,15 @@
   a word that is not one. The table is TRL_NAMES (docs/running.md shows it).
 - `trl_lora(argv)`: TRL's LoRA flags taken as ours (`--use_peft` = `--lora-rank 16`, `--lora_r`, `--lora_alpha`,
   `--lora_target_modules`), on the command line, in a --config file and in scope.main's dict.
+- `DATA_FLAGS`: --system-prompt, --question-field and --answer-field, defined once for scope.py's Args and
+  eval.py's parser; `unused_system_prompt` names a system prompt a tokenizer without chat template cannot carry.
+- `as_keys(message)`: a refusal in the spelling of scope.main's dict (`--run-name x` → `run_name=x`), for a
+  Python caller (config.library_call).
 """
 import os
-import sys
+import re
+
+from harness.problems import DEFAULT_SYSTEM
 
 # TRL (GRPOConfig / TrainingArguments / ModelConfig) name → (our flag, what differs; "" = the same meaning)
 TRL_NAMES = {
@@ -48,6 +54,10 @@ TRL_NAMES = {
     "max_grad_norm": ("--max-grad-norm", ""),
     "lr_scheduler_type": (None, "the learning rate is constant after --warmup-steps"),
     "warmup_ratio": ("--warmup-steps", "ours counts steps, not a share of them"),
+    "reward_funcs": (None, "the reward is the grader's 1/0 on the final \\boxed{} answer (harness/grader.py); "
+                     "--mode prm-reward adds --prm-reward-coef × the mean PRM step score"),
+    "torch_dtype": (None, "the policy trains in float32 master weights under bfloat16 autocast on CUDA (float32 on "
+                    "the CPU); the PRM and a refiner load in bfloat16 on CUDA"),
 }
 
 # TRL's LoRA flags (ModelConfig) are taken as spellings of ours; --use_peft alone is TRL's default rank
@@ -74,6 +84,61 @@ def trl_lora(argv: list[str]) -> list[str]:
         else:
             out.append(word)
     return [f"--lora-rank={USE_PEFT_RANK}"] * peft + out
+# The data and prompt flags scope.py (harness/config.py EngineArgs) and eval.py share, one definition:
+# name → (default, help text).
+DATA_FLAGS = {
+    "system_prompt": (DEFAULT_SYSTEM, "the system turn of every prompt (rollouts and evaluation) when the tokenizer "
+                      "has a chat template; a tokenizer without one (the toy's) takes none, and a prompt given "
+                      "anyway is named as unused; '' = none"),
+    "question_field": ("", "the column of a data set of your own (a local file or hub id: scope.py's --dataset, "
+                       "eval.py's --benchmarks) that holds the question; '' = the first of question, problem, "
+                       "prompt, Problem, Question, query"),
+    "answer_field": ("", "the column of that data set that holds the final answer; '' = the first of answer, "
+                     "final_answer, Answer, ground_truth, gt, target (else a solution's last \\boxed{})"),
+}
+
+
+def add_data_flags(parser) -> None:
+    """eval.py's --system-prompt, --question-field and --answer-field, as DATA_FLAGS defines them."""
+    for name, (default, text) in DATA_FLAGS.items():
+        parser.add_argument("--" + name.replace("_", "-"), default=default, help=f"{text} (default: {default!r})")
+
+
+def own_data_refusal(sources: list[str], question_field: str, answer_field: str) -> str | None:
+    """The refusal of --question-field / --answer-field when no source is a data set of one's own (every one is a
+    named benchmark or 'toy', whose fields are set already); None otherwise."""
+    from harness.problems import BENCHMARKS
+
+    if not (question_field or answer_field) or any(s not in BENCHMARKS and s != "toy" for s in sources):
+        return None
+    flag = "--question-field" if question_field else "--answer-field"
+    return (f"{flag} {question_field or answer_field}: only for a data set of your own (a local file or hub id); "
+            f"{', '.join(sources)} {'has its' if len(sources) == 1 else 'have their'} fields set already")
+
+
+def unused_system_prompt(tokenizer, system_prompt: str) -> str | None:
+    """The note that names a --system-prompt the prompts cannot carry (a tokenizer without a chat template, as the
+    toy's: generate.format_prompt then writes "Question: ...\\nSolution:"); None when it is used or not given."""
+    if getattr(tokenizer, "chat_template", None) or system_prompt in (DEFAULT_SYSTEM, ""):
+        return None
+    return (f"note: --system-prompt {system_prompt!r} is not used: the tokenizer has no chat template, so every "
+            f"prompt is the question alone")
+
+
+def as_keys(message: str, booleans=frozenset()) -> str:
+    """A refusal spelled for scope.main's dict: `--run-name x` → `run_name=x`, `--overwrite` → `overwrite=True`,
+    `--no-memory-check` → `memory_check=False` (`booleans`: the flags that take no value)."""
+    message = message.replace("python scope.py --help lists every flag", "help(scope.Args) lists every key")
+
+    def key(m) -> str:
+        name, value = m.group(1).replace("-", "_"), m.group(2)
+        if name.startswith("no_") and name[3:] in booleans:
+            return f"{name[3:]}=False" + (m.group(0)[len(m.group(1)) + 2:] if value else "")
+        if name in booleans:
+            return f"{name}=True" + (m.group(0)[len(m.group(1)) + 2:] if value else "")
+        return f"{name}={value}" if value else name
+
+    return re.sub(r"--([a-z][a-z0-9-]*)(?:[ =](-?\d[^\s,;:()]*|[^\s,;:()<>=\-][^\s,;:()]*))?", key, message)
 
 
 def trl_hint(word: str) -> str | None:
@@ -89,8 +154,9 @@ def trl_hint(word: str) -> str | None:
 
 
 def _fail(message: str):
-    print(f"error: {message}", file=sys.stderr)
-    raise SystemExit(2)   # a usage error, as argparse's
+    from harness.runs import stop
+
+    stop(message)   # a usage error, as argparse's: one line, exit 2 (from Python: runs.Refused)
 
 
 def config_argv(path: str, defaults: dict) -> list[str]:

@@ -7,12 +7,14 @@ torchrun, trackers, offload, evaluation budgets, paths, the toy world). Each fie
 """
 import argparse
 import difflib
+import functools
+import os
 import sys
+import weakref
 from dataclasses import asdict, dataclass, field, fields
 
 from harness import cli, lora, preflight
-from harness.generate import DEFAULT_SYSTEM
-from harness.runs import read_changes, run_settings
+from harness.runs import Done, read_changes, refusals_raised, run_settings, stop
 
 
 def arg(default, help, choices=None):
@@ -42,12 +44,9 @@ class EngineArgs:
                                  "goes on without rectification)")
     backend: str = arg("auto", "rollout engine; auto = vLLM when importable and CUDA present", ("auto", "vllm", "hf"))
     device: str = arg("auto", "auto = cuda when present; 'cpu' runs a real model on the CPU (slow)")
-    system_prompt: str = arg(DEFAULT_SYSTEM, "the system turn of every rollout and evaluation prompt (with a chat "
-                             "template; the toy tokenizer has none); '' = none")
-    question_field: str = arg("", "the column of --dataset (a local file or hub id) that holds the question; '' = "
-                              "the first of question, problem, prompt, Problem, Question, query")
-    answer_field: str = arg("", "the column of --dataset that holds the final answer; '' = the first of answer, "
-                            "final_answer, Answer, ground_truth, gt, target (else a solution's last \\boxed{})")
+    system_prompt: str = arg(*cli.DATA_FLAGS["system_prompt"])   # shared with eval.py (harness/cli.py)
+    question_field: str = arg(*cli.DATA_FLAGS["question_field"])
+    answer_field: str = arg(*cli.DATA_FLAGS["answer_field"])
     # --- evaluation
     eval_dataset: str = arg("math500", "held-out problems for the periodic evaluation")
     eval_size: int = arg(500, "number of evaluation problems (0 = all)")
@@ -130,7 +129,7 @@ class OneLineErrors(argparse.ArgumentParser):
     """argparse whose refusals are one line naming the culprit and the --help hint, not the 40-line usage."""
 
     def error(self, message):
-        self.exit(2, f"error: {message} (python scope.py --help lists every flag)\n")
+        stop(f"{message} (python scope.py --help lists every flag)")   # from Python: runs.Refused
 
 
 def unknown_argument(word: str, flags: list[str]) -> str:
@@ -177,19 +176,63 @@ def parse_args(args_class, argv=None, description: str = ""):
         values.update(overwrite=False, dry_run=False, change_config=False)   # never inherited from the resumed run
     elif typed.get("toy"):
         values.update(TOY_DEFAULTS)
+    own_name = values["run_name"] or os.path.basename(typed.get("resume", "").rstrip("/"))
+    if typed.get("resume") and typed.get("run_name", own_name) not in (own_name, typed["resume"]):
+        stop(f"--run-name {typed['run_name']} with --resume {typed['resume']}: a resumed run continues in its own "
+             f"folder under its own name ({own_name}); drop --run-name (to branch the run, copy its folder and "
+             f"resume the copy)")
     values.update(typed)
     if values["lora_rank"] and "lr" not in typed and not typed.get("resume"):
         values["lr"] = lora_lr(values["lr"])   # an adapter's usual learning rate (docs/choices.md: the LoRA row)
     if values["mode"] == "grpo" and "prm" not in typed and not typed.get("resume") and not values["toy"]:
         values["prm"] = "none"   # GRPO uses no PRM: the 7B one for the near-miss metrics alone is asked for by name
-    return args_class(**values)
+    resolved = args_class(**values)
+    _RESOLVED.add(id(resolved))   # as_args takes it as it is (an Args built in code is resolved like a dict)
+    weakref.finalize(resolved, _RESOLVED.discard, id(resolved))
+    return resolved
+
+
+_RESOLVED: set[int] = set()   # the ids of the Args parse_args returned, while they live
+
+
+def resolved(args) -> bool:
+    """True for an Args that parse_args returned (the command line's, or a dict's resolved by as_args)."""
+    return id(args) in _RESOLVED
 
 
 def as_args(args_class, args):
-    """`args` as an `args_class` (scope.Args): itself, or a dict {flag name: value} (dashes or underscores)
-    resolved exactly as the same flags typed on the command line (--toy defaults, checks, one-line errors)."""
+    """`args` as an `args_class` (scope.Args), resolved exactly as the same flags typed on the command line
+    (--toy defaults, a resumed run's settings, checks): a dict {flag name: value} (dashes or underscores), or an
+    Args built in code, whose fields away from the dataclass defaults count as typed (so `Args(toy=True)` gets
+    the toy's defaults, as {"toy": True} does). An Args from parse_args is taken as it is."""
     if isinstance(args, args_class):
-        return args
+        if resolved(args):
+            return args
+        defaults = args_class()
+        args = {f.name: getattr(args, f.name) for f in fields(args_class)
+                if getattr(args, f.name) != getattr(defaults, f.name)}
     if not isinstance(args, dict):
         raise TypeError(f"main: expected {args_class.__name__} or a dict of flags, got {type(args).__name__}")
     return parse_args(args_class, cli.flags_argv(args, asdict(args_class()), "main"))
+
+
+def library_call(args_class_of):
+    """scope.main as a Python call (a notebook): `main(dict or Args)` resolves its argument with `as_args`; a
+    refusal raises runs.Refused, a ValueError whose message names the dict's keys (`run_name=x`, not
+    `--run-name x`); a dry run returns its plan and a finished run {"run_dir", "finished_step"} (runs.Done).
+    An Args from parse_args is the command line's: one-line refusals, exit 2, a dry run exits 0.
+    `args_class_of()` gives the Args class (defined below main in scope.py)."""
+    def wrap(main):
+        @functools.wraps(main)
+        def call(args):
+            args_class = args_class_of()
+            if isinstance(args, args_class) and resolved(args):
+                return main(args)
+            booleans = frozenset(f.name for f in fields(args_class) if isinstance(f.default, bool))
+            with refusals_raised(functools.partial(cli.as_keys, booleans=booleans)):
+                try:
+                    return main(as_args(args_class, args))
+                except Done as done:
+                    return done.result
+        return call
+    return wrap

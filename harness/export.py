@@ -51,7 +51,8 @@ SAMPLE_TEXTS = ("Question: Start at 7, add 5, times 2.\nSolution:\nSo 7 + 5 = 12
 EXAMPLE_TOY = ("Start at 7, add 5, times 2.", "24")
 EXAMPLE_CHAT = ("What is 7 * 6?", "42")
 TOY_ALPHABET = (" Its tokenizer knows only the toy task's characters (digits, `+ - * =`, `\\boxed{}` and the letters "
-                "of its words); AutoTokenizer drops any other character, so write problems as the example does.")
+                "of its words); AutoTokenizer keeps any other character, but the model reads each one as an unknown "
+                "token it never trained on, so write problems as the example does.")
 
 
 def byte_level_names() -> dict[int, str]:
@@ -239,7 +240,9 @@ def model_card(config: dict, records: list[dict], chat: bool, folder_name: str =
         messages = ((f'[{{"role": "system", "content": {json.dumps(system)}}},\n                  ' if system else "[")
                     + f'{{"role": "user", "content": "{question}"}}]')
     else:
-        prompt = ("No system prompt. The prompt is `Question: <problem>\\nSolution:\\n` (the tokenizer's chat "
+        unused = (f" (the run's --system-prompt {system!r} was not used: this tokenizer's template has no system "
+                  f"turn)" if system and system != DEFAULT_SYSTEM else "")
+        prompt = (f"No system prompt{unused}. The prompt is `Question: <problem>\\nSolution:\\n` (the tokenizer's chat "
                   "template renders a user turn that way); the solution is one step per paragraph and ends with "
                   "`\\boxed{<answer>}`." + (TOY_ALPHABET if toy else ""))
         question, expected = EXAMPLE_TOY if toy else EXAMPLE_CHAT

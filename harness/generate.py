@@ -21,9 +21,9 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
-# ==== 1. prompts and the Completion record ====
+from harness.problems import DEFAULT_SYSTEM   # the system turn a problem is asked with (--system-prompt)
 
-DEFAULT_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+# ==== 1. prompts and the Completion record ====
 
 
 @dataclass

@@ -34,8 +34,8 @@ import urllib.parse
 from dataclasses import asdict
 
 from harness import lora, trackers
-from harness.runs import (CONFIG_RECORDS, find_checkpoint, holds_run, lock_holder, read_changes, run_settings, stop,
-                          unwritable)
+from harness.runs import (CONFIG_RECORDS, Done, find_checkpoint, holds_run, lock_holder, read_changes, run_settings,
+                          stop, unwritable)
 
 GIB = 2 ** 30
 MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
@@ -95,6 +95,10 @@ def check_args(args) -> None:
     if ignored:
         print(f"note: --mode {args.mode} ignores " + ", ".join(f"--{n.replace('_', '-')} {getattr(args, n)}"
                                                              for n in ignored), file=sys.stderr)
+
+    if args.warmup_steps > args.steps:   # the learning rate never reaches --lr
+        print(f"note: --warmup-steps {args.warmup_steps} is longer than the run (--steps {args.steps}): the learning "
+              f"rate rises only to {args.steps / args.warmup_steps:.0%} of --lr {args.lr:g}", file=sys.stderr)
 
     for f in fields(args):   # argparse checks choices; an Args built in code is checked here
         choices = f.metadata.get("choices")
@@ -192,8 +196,12 @@ def check_run_dir(args, run_dir: str) -> int | None:
              f"process is gone")
     if not args.resume:
         if holds_run(run_dir) and not args.overwrite:
-            stop(f"{run_dir} already holds a run; continue it (--resume {run_dir}), pick another --run-name, "
-                 f"or replace it (--overwrite)")
+            refusal = (f"{run_dir} already holds a run; continue it (--resume {run_dir}), pick another --run-name, "
+                       f"or replace it (--overwrite)")
+            if args.dry_run:   # a dry run writes nothing: it says what the run would meet
+                print(f"note: the run itself would stop here: {refusal}")
+                return None
+            stop(refusal)
         return None
     found = find_checkpoint(run_dir)
     if found is None:
@@ -222,7 +230,7 @@ def check_resume(args) -> None:
     if found is not None and found[1] == args.steps:
         print(f"{run_dir} is finished (step {found[1]} of --steps {args.steps}): nothing to do; "
               f"--resume {run_dir} --steps N (N > {found[1]}) trains it further")
-        raise SystemExit(0)
+        raise Done({"run_dir": run_dir, "finished_step": found[1]})   # exit 0 (from Python: this dict)
 
 
 def resume_changes(args, run_dir: str) -> dict[str, tuple]:
@@ -314,16 +322,47 @@ def hub_models(args, resume_step: int | None) -> list[str]:
              f"shipped warm start) or a folder a toy run saved (runs/NAME/checkpoint or runs/NAME/model)")
     if not args.toy:
         if resume_step is None or args.kl_coef > 0:   # a resume loads the policy from its checkpoint
-            names.append(MODEL_ALIASES.get(args.model, args.model))
+            names.append(check_model_name("--model", args.model))
         if args.prm != "none":
-            names.append(MODEL_ALIASES.get(args.prm, args.prm))
+            names.append(check_model_name("--prm", args.prm))
         if args.mode in MODES_WITH_REFINER and args.refiner != "policy":
-            names.append(MODEL_ALIASES.get(args.refiner, args.refiner))
-    for name in names:   # a path that does not exist is a typo, not a hub id ("owner/name")
-        if not os.path.exists(name) and (name.startswith((".", "/", "~")) or name.count("/") != 1):
-            stop(f"'{name}': no such folder{near_path(name)}, and not a Hugging Face id (owner/name) nor an alias "
-                 f"({', '.join(sorted(MODEL_ALIASES)[:3])}, ...)")
+            names.append(check_model_name("--refiner", args.refiner))
     return [n for n in names if not os.path.exists(n)]
+
+
+def model_id(name: str) -> str:
+    """The Hugging Face id of an alias (Qwen2.5-1.5B → Qwen/Qwen2.5-1.5B); any other name as it is. scope.py and
+    eval.py resolve every model name through it."""
+    return MODEL_ALIASES.get(name, name)
+
+
+def check_model_name(flag: str, name: str) -> str:
+    """`name` resolved (model_id) when it can be a model folder or a hub id ("owner/name"); else one line and exit
+    2: a path that does not exist (naming the closest one beside it), a word that is no alias (naming the closest
+    alias), a folder without config.json, or a run folder, whose model is its checkpoint/ or model/."""
+    import difflib
+
+    path = model_id(name)
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        inside = {d: os.path.join(path.rstrip("/"), d) for d in ("checkpoint", "model")
+                  if os.path.isfile(os.path.join(path, d, "config.json"))}
+        if inside:
+            what = {"checkpoint": "its last checkpoint, which --resume continues",
+                    "model": "the model it wrote when it finished"}
+            stop(f"{flag} {name}: a run folder, not a model; pass "
+                 + " or ".join(f"{p} ({what[d]})" for d, p in inside.items()))
+        stop(f"{flag} {name}: no config.json in that folder, so no model (a model folder holds config.json, the "
+             f"weights and the tokenizer)")
+    if os.path.exists(path):
+        return path
+    if path.startswith((".", "/", "~")) or path.count("/") != 1 or os.path.isdir(path.split("/")[0]):
+        near = near_path(path)   # a path that does not exist is a typo, not a hub id ("owner/name")
+        if not near and "/" not in path:
+            alias = difflib.get_close_matches(path, MODEL_ALIASES, n=1, cutoff=0.6)
+            near = f" (did you mean {alias[0]}?)" if alias else ""
+        stop(f"{flag} '{name}': no such folder{near}, and not a Hugging Face id (owner/name) nor an alias "
+             f"({', '.join(sorted(MODEL_ALIASES)[:3])}, ...)")
+    return path
 
 
 def hub_datasets(args) -> list[str]:
@@ -366,22 +405,31 @@ def check_hub(args, resume_step: int | None) -> tuple[bool, list[str]]:
     """(offline, notes). Probes the hub only when something must come from it; offline, a model missing from
     the local cache stops the run (a note with --dry-run)."""
     models, data = hub_models(args, resume_step), hub_datasets(args)
-    if not (models or data):
+    if not (models or data) or not offline_now():
         return False, []
-    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or not hub_reachable()
-    if not offline:
-        return False, []
-    go_offline()
     notes = []
     for name in models:
         if not in_hub_cache(name):
-            message = (f"no network: cannot reach the Hugging Face hub and '{name}' is neither a local folder nor "
-                       f"in the local cache; pass a local folder, download it where there is network "
-                       f"(`hf download {name}`), or try --toy")
+            message = uncached(name) + ", or try --toy"
             if not args.dry_run:
                 stop(message)
             notes.append(message)
     return True, notes
+
+
+def offline_now() -> bool:
+    """True when the hub cannot be used (HF_HUB_OFFLINE set, or no connection within 3 s); then the hub libraries
+    are put in offline mode, so nothing waits on retries. scope.py and eval.py decide it here."""
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on") or not hub_reachable()
+    if offline:
+        go_offline()
+    return offline
+
+
+def uncached(name: str) -> str:
+    """The refusal of a model needed from the hub when there is no network and it is not in the local cache."""
+    return (f"no network: cannot reach the Hugging Face hub and '{name}' is neither a local folder nor in the local "
+            f"cache; pass a local folder, download it where there is network (`hf download {name}`)")
 
 
 def check_prm_weights(args) -> None:

@@ -38,6 +38,7 @@ import warnings                 # skipped-row reports
 
 from harness.grader import _BOX_RE, extract_answer
 
+DEFAULT_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."   # the system turn
 _MC_INSTRUCTION = "Answer with the letter of the correct option in \\boxed{}."
 _LETTERS = "ABCDEFGHIJKLMNOP"
 
@@ -231,6 +232,23 @@ def _read_hf(hf_id: str, config, split: str | None) -> list[tuple[int, object]]:
             ds = ds[key]
         rows.extend(dict(r) for r in ds)
     return list(enumerate(rows, start=1))
+
+
+def maybe_cached(source: str) -> bool:
+    """False when a hub data set (a BENCHMARKS name or "owner/name[:config]") is surely not on this machine: no
+    folder of it in the hub cache nor in the datasets cache, so loading it needs the network. Checked without
+    importing `datasets` (seconds), so that an offline run says so at once."""
+    from huggingface_hub import constants
+
+    hf_id = BENCHMARKS[source]["hf_id"] if source in BENCHMARKS else source.partition(":")[0]
+    owner, _, name = hf_id.partition("/")
+    datasets_cache = os.environ.get("HF_DATASETS_CACHE") or os.path.join(constants.HF_HOME, "datasets")
+    wanted = {(constants.HF_HUB_CACHE, f"datasets--{owner}--{name}".lower()),
+              (datasets_cache, f"{owner}___{name}".lower())}
+    for folder, entry in wanted:
+        if os.path.isdir(folder) and entry in (e.lower() for e in os.listdir(folder)):
+            return True
+    return False
 
 
 def load_problems(source: str, split: str | None = None, limit: int | None = None, *,

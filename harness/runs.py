@@ -26,6 +26,7 @@ tests/test_runs.py:
     are config.json with those records applied in order (`run_settings`).
 """
 import contextlib
+import contextvars
 import json
 import os
 import random
@@ -33,19 +34,55 @@ import shlex
 import shutil
 import socket
 import sys
+import tempfile
 
 import numpy as np
-import torch
 
 CONFIG_RECORDS = ("environment",)   # config.json keys that record how the run ran; not flags, never compared
 RUN_FILES = ("config.json", "changes.jsonl", "metrics.jsonl", "traces.jsonl", "checkpoint", "checkpoint.tmp",
              "checkpoint.old", "rollouts.jsonl", "model", "model.tmp", "curves.png", "summary.txt")
 
 
+class Refused(ValueError):
+    """A refusal raised to a Python caller instead of a one-line exit (inside `refusals_raised`): `str()` is the
+    message as that caller spells its settings (scope.main's dict keys: run_name=...), `flags` the command line's."""
+
+    def __init__(self, message: str, spelled: str | None = None):
+        super().__init__(message if spelled is None else spelled)
+        self.flags = message
+
+
+class Done(SystemExit):
+    """The end of a run that did not train (a dry run, a finished run): exit 0 on the command line; a Python
+    caller (config.library_call) gets `result`, a dict."""
+
+    def __init__(self, result: dict):
+        super().__init__(0)
+        self.result = result
+
+
+_RAISE = contextvars.ContextVar("refusals_raised", default=None)   # None: the command line's one-line exit
+
+
 def stop(message: str, code: int = 2):
-    """One line on stderr and exit (code 2: the command line asked for something this run refuses)."""
+    """One line on stderr and exit (code 2: the command line asked for something this run refuses); inside
+    `refusals_raised` a `Refused` exception instead."""
+    spell = _RAISE.get()
+    if spell is not None:
+        raise Refused(message, spell(message))
     print(f"error: {message}", file=sys.stderr)
     raise SystemExit(code)
+
+
+@contextlib.contextmanager
+def refusals_raised(spell=str):
+    """Inside the block `stop` raises `Refused(message)`, whose str() is `spell(message)` (scope.main called from
+    Python: the dict's keys; eval.py: the message as it is), rather than printing and exiting."""
+    token = _RAISE.set(spell)
+    try:
+        yield
+    finally:
+        _RAISE.reset(token)
 
 
 # ---------------------------------------------------------------------------------------------------------- folder
@@ -70,7 +107,13 @@ def unwritable(run_dir: str) -> str | None:
     folder = os.path.abspath(run_dir)
     while not os.path.exists(folder):
         folder = os.path.dirname(folder)
-    return None if os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK) else folder
+    if not (os.path.isdir(folder) and os.access(folder, os.W_OK | os.X_OK)):
+        return folder
+    try:   # root passes os.access everywhere, also on /sys and /proc: a folder made and removed settles it
+        os.rmdir(tempfile.mkdtemp(prefix=".probe-", dir=folder))
+    except OSError:
+        return folder
+    return None
 
 
 @contextlib.contextmanager
@@ -168,6 +211,7 @@ def release_lock(path: str) -> None:
 # ---------------------------------------------------------------------------------------------------------- checkpoint
 def checkpoint_step(path: str) -> int | None:
     """The step of a complete checkpoint folder (state.pt is written last), else None."""
+    import torch   # here, not at the top: eval.py refuses bad input before torch loads
     state = os.path.join(path, "state.pt")
     if not os.path.isfile(state):
         return None
@@ -213,6 +257,7 @@ def save_checkpoint(run_dir: str, step: int, model, tokenizer, optimizer, cuda_r
     """runs/<name>/checkpoint: model + tokenizer (save_pretrained), optimizer, RNG states, step; swapped in
     without a moment in which no complete checkpoint exists (rule 3 above). cuda_rng: each torchrun rank's CUDA
     RNG state of its own GPU, in rank order (None: this process's, when CUDA is there)."""
+    import torch   # here, not at the top: eval.py refuses bad input before torch loads
     from transformers.utils import logging as hf_logging
 
     final, tmp, old = (os.path.join(run_dir, n) for n in ("checkpoint", "checkpoint.tmp", "checkpoint.old"))
@@ -245,6 +290,7 @@ def restore_rng(state: dict, rank: int = 0) -> None:
     """The RNG states of a checkpoint's state.pt; the CUDA one is this rank's own (saved by that rank's GPU), so
     no rank takes over rank 0's stream. A rank the checkpoint has no state for (a larger world) keeps its seed.
     A state.pt holding `cuda` (every device's state, as one process saw them) restores them all."""
+    import torch   # here, not at the top: eval.py refuses bad input before torch loads
     random.setstate(state["python"])
     np.random.set_state(state["numpy"])
     torch.set_rng_state(state["torch"])
@@ -345,6 +391,7 @@ def environment() -> dict:
     """What a record needs to be reproduced: package versions, Python, CPU (with the capability torch dispatches
     to and the CPU flags that change numerics), threads, and the commit it ran on ("dirty": true when tracked files
     differ from it, "changed" those files' content hashes). Stored in every config.json and study record."""
+    import torch   # here, not at the top: eval.py refuses bad input before torch loads
     import importlib.metadata
     import platform
     import subprocess

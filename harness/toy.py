@@ -1,8 +1,8 @@
 """toy.py — the CPU toy world: SCOPE's loop with stand-ins small enough to run on a laptop.
 
 What it implements (the world is described, with its measured statistics, in docs/results.md):
-- a task generator of multi-step arithmetic. Question: "Start at 7, add 5, times 3, minus 4, add 9."
-  Solution: one step per operation, "So 7 + 5 = 12.", "So 12 * 3 = 36.", ..., then "\\boxed{41}", steps
+- a task generator of multi-step arithmetic. Question: "Start at 7, add 5, times 2, minus 4, add 9."
+  Solution: one step per operation, "So 7 + 5 = 12.", "So 12 * 2 = 24.", ..., then "\\boxed{29}", steps
   separated by a blank line ("\\n\\n") like real solutions, so `prm.split_steps` cuts them as it cuts real
   ones (the "So ... ." makes every step at least 8 non-blank characters, split_steps' default minimum);
 - a char-level `PreTrainedTokenizerFast` (one token per character) built with `tokenizers`;

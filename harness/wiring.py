@@ -27,16 +27,15 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from harness import dist, lora, overlap, phase_memory, preflight, trainer
+from harness import cli, dist, lora, overlap, phase_memory, preflight, trainer
 from harness.generate import (GeneratorUnavailable, HFGenerator, ServerStartError, format_prompt, load_causal_lm,
                               load_tokenizer, vllm_importable)
-from harness.preflight import MODEL_ALIASES
 from harness.refiner import Refiner
 from harness import trackers
 from harness import mathverify, progress   # --grader; step k/N + ETA, rollouts.jsonl, curves.png, summary.txt, model/
-from harness.runs import (acquire_lock, append_change, clear_run, environment, format_changes, only_logs, read_changes,
-                          read_log, recover_checkpoint, release_lock, removed_on_failure, restore_rng, resume_hint,
-                          save_checkpoint, stop, truncate_jsonl)
+from harness.runs import (Done, acquire_lock, append_change, clear_run, environment, format_changes, only_logs,
+                          read_changes, read_log, recover_checkpoint, release_lock, removed_on_failure, restore_rng,
+                          resume_hint, save_checkpoint, stop, truncate_jsonl)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
 CACHE_DIR = os.path.join(ROOT, "cache")        # toy warm starts (gitignored but for the shipped ones)
@@ -133,7 +132,7 @@ def base_model_path(args) -> str:
         from harness import toy
         toy.warm_start(CACHE_DIR, seed=0, **toy_styles(args))   # SFT warm start, trained once and cached: the
         return toy.cache_path(CACHE_DIR, seed=0, **toy_styles(args))   # toy "pretrained model"
-    return MODEL_ALIASES.get(args.model, args.model)
+    return preflight.model_id(args.model)
 
 
 def toy_styles(args) -> dict:
@@ -340,7 +339,8 @@ def describe_refiner(args, refiner) -> str:
     if args.toy and args.refiner == "toy-model":
         return "a stronger toy model through Refiner and HF generate (it can fail)"
     if args.toy:
-        return "the toy oracle (rule-based: it writes the correct remaining steps, so it never fails)"
+        return ("the toy oracle (rule-based: it writes the correct remaining steps, so it fails only where the "
+                "token budget cuts them short)")
     return f"the model {args.refiner}" + (", on its own vllm serve" if server is not None else ", through HF generate")
 
 
@@ -365,7 +365,7 @@ def finish(summary: dict, run_dir: str, t_start: float, start_step: int, refiner
     resumed = f" (resumed at step {start_step}; the lines below cover the whole run)" if start_step > 1 else ""
     evaluated = (f"eval accuracy on {n_eval} held-out problems × {samples(args.eval_n)} at T = {EVAL_TEMPERATURE}: "
                  f"before {_fmt(before)} → after {_fmt(after)}" if args.eval_every else "no evaluation (--eval-every 0)")
-    print(f"\ndone in {summary['minutes']:.1f} min{resumed}. {evaluated}")
+    print(f"\ndone in {progress.duration(summary['minutes'] * 60)}{resumed}. {evaluated}")
     if args.toy and args.eval_every:
         print(f"  (the README's toy tables evaluate {README_TOY_EVAL}: another setting, other numbers)")
     if history:
@@ -381,6 +381,10 @@ def finish(summary: dict, run_dir: str, t_start: float, start_step: int, refiner
             picked = "one per group with a failure" if args.rectify_groups == "any" else "one per all-failed group"
             print(f"repairs: {repaired} of {tried} picked failures ({picked}) came back correct and were trained "
                   f"on; the refiner is {said_refiner}")
+    cut = [h["step"] for h in history if h.get("trunc_frac") == 1.0]
+    if cut:   # no rollout could finish: the rewards and repairs above say nothing about the method
+        print(f"WARNING: on {len(cut)} of {len(history)} steps every rollout hit --max-new-tokens "
+              f"{args.max_new_tokens} before finishing (trunc_frac 1.0 in metrics.jsonl): raise --max-new-tokens")
     unavailable = [h["step"] for h in history if h.get("refiner_unavailable")]
     if unavailable:
         summary["refiner_unavailable_steps"] = unavailable
@@ -464,6 +468,7 @@ class Run:
     t0: float = 0.0
     unavailable: bool = False
     said_no_signal: bool = False                      # the note on a step without any reward signal was printed
+    said_all_cut: bool = False                        # ... and the one on a step whose rollouts all hit the cap
     grade: object = None                              # --grader of the periodic evaluation (harness/mathverify.py)
     clock: object = None                              # step k/N and ETA of the step lines (harness/progress.py)
     overlap_old_logp: bool = False                    # --overlap-old-logp, resolved (preflight.old_logp_overlapped)
@@ -650,20 +655,32 @@ class Run:
         a = self.args
         trajs, merged, traces, unavailable = self.dist.gather(trajs, merged, traces, [self.unavailable])
         m, traces = step_metrics(step, a, trajs, merged, traces, stats, self.times, any(unavailable), self.paper)
+        m["learning_rate"] = self.optimizer.param_groups[0]["lr"]   # what this step's optimizer steps used
         if a.eval_every and (step % a.eval_every == 0 or step == a.steps):
+            t_eval = time.time()
             m["eval_acc"] = self.evaluate()
+            m["time_eval"] = time.time() - t_eval
         m["time_step"] = time.time() - self.t0
         m.update(phase_memory.step_record())   # GPU runs: each phase's peak memory next to the plan's figure
-        self.log(m, traces)   # metrics.jsonl, traces.jsonl, the step's line
+        self.log(m, traces, line=False)   # metrics.jsonl, traces.jsonl: before the checkpoint, which a resume cuts
+        if self.dist.main:    # a few of the step's own rollouts, whole (harness/progress.py: rollouts.jsonl)
+            progress.log_rollouts(self.run_dir, step, trajs, seed=seed_for(a.seed, step, "logged"))
+        saved = None
+        if step % a.save_every == 0 or step == a.steps:
+            t_save = time.time()
+            self.checkpoint(step)
+            saved = time.time() - t_save
+        self.log(m, traces, write=False, checkpoint_seconds=saved)   # the step's line, its checkpoint's seconds too
         if self.dist.main and not self.said_no_signal and no_reward_signal(merged):
             self.said_no_signal = True
             print(f"note: step {step}: in every group all rewards are equal (all failed, or all passed), so the "
                   f"advantages are 0 and nothing was learned from this batch (said once; frac_all_fail + "
                   f"frac_all_pass = 1 in metrics.jsonl marks every such step)")
-        if self.dist.main:    # a few of the step's own rollouts, whole (harness/progress.py: rollouts.jsonl)
-            progress.log_rollouts(self.run_dir, step, trajs, seed=seed_for(a.seed, step, "logged"))
-        if step % a.save_every == 0 or step == a.steps:
-            self.checkpoint(step)
+        if self.dist.main and not self.said_all_cut and m["trunc_frac"] == 1.0:
+            self.said_all_cut = True
+            print(f"note: step {step}: every rollout hit --max-new-tokens {a.max_new_tokens} before finishing, so "
+                  f"none could reach a \\boxed{{}} answer (nor a repair within the budget left); raise "
+                  f"--max-new-tokens (said once; trunc_frac in metrics.jsonl)")
 
     def evaluate(self) -> float:
         """Accuracy (avg@eval_n at temperature 0.6, up to --eval-max-new-tokens) on the held-out problems. Under
@@ -698,16 +715,20 @@ class Run:
             self.record({"step": 0, "mode": self.args.mode, "eval_acc": acc})
             print(f"eval before training: acc {acc:.3f}")
 
-    def log(self, m: dict, traces: list[dict]) -> None:
-        """Append one step's metrics and traces and print its line. Under torchrun every rank holds the same
-        gathered metrics and rank 0 writes them."""
+    def log(self, m: dict, traces: list[dict], write: bool = True, line: bool = True,
+            checkpoint_seconds: float | None = None) -> None:
+        """Append one step's metrics and traces (write) and print its line (line; with the seconds of the step's
+        checkpoint, saved after the logs were written). Under torchrun every rank holds the same gathered metrics
+        and rank 0 writes them."""
         step = m["step"]
-        if self.dist.main:
+        if self.dist.main and write:
             for tr in traces:
                 self.traces_file.write(json.dumps({"step": step, **tr}) + "\n")
             self.traces_file.flush()
             self.record(m)
-            tqdm.write(self.clock.line(summary_line(m), step) if self.clock else summary_line(m))
+        if self.dist.main and line:
+            text = summary_line(m, checkpoint_seconds)
+            tqdm.write(self.clock.line(text, step) if self.clock else text)
 
     def checkpoint(self, step: int) -> None:
         """runs/<name>/checkpoint in one format for one process, DDP and FSDP2 (rank 0 writes; under FSDP2
@@ -765,9 +786,11 @@ def start(args, paper: Paper) -> Run:
     if device.startswith("cuda"):                                     # each phase's peak, against the plan
         phase_memory.start(preflight.memory_plan(args, torch.cuda.get_device_properties(torch.device(device))
                                                  .total_memory / preflight.GIB, use_vllm)[0], torch.cuda)
-    if args.dry_run:
+    if args.dry_run:   # the command line exits 0; scope.main called from Python returns the plan
         preflight.print_dry_run(args, run_dir, notes + hub_notes)
-        raise SystemExit(0)
+        raise Done({"dry_run": True, "run_dir": run_dir, "args": asdict(args), "notes": notes + hub_notes,
+                    "memory_plan": [{"what": what, "gib": gib, "phase": phase} for what, gib, phase in
+                                    preflight.memory_plan(args, None, use_vllm or args.backend != "hf")[0]]})
 
     d.barrier()                                                       # every rank checked the folder before rank 0 writes
     new_folder = only_logs(run_dir)                                  # no folder, or a failed start's logs
@@ -803,6 +826,9 @@ def start(args, paper: Paper) -> Run:
               trackers.open_tracker(args.report_to, run_dir, asdict(args), start_step) if d.main else None,
               summary={"run_dir": run_dir}, dist=d, model=model, prm_offload=prm_offload, paper=paper,
               grade=grade, overlap_old_logp=preflight.old_logp_overlapped(args, device, use_vllm))
+    unused = cli.unused_system_prompt(tokenizer, args.system_prompt)   # the toy tokenizer has no chat template
+    if unused and d.main:
+        print(unused)
     n_params = sum(p.numel() for p in policy.parameters())
     trained = sum(p.numel() for group in optimizer.param_groups for p in group["params"])
     adapter = f" (LoRA rank {args.lora_rank}: {trained / 1e6:.2f} M trained)" if args.lora_rank else ""
@@ -859,8 +885,9 @@ def seed_for(seed: int, step: int, phase: str) -> int:
     return int(np.random.SeedSequence([seed, step, zlib.crc32(phase.encode())]).generate_state(1)[0] % 2**31)
 
 
-def summary_line(m: dict) -> str:
-    """One line per step with the numbers a person acts on, each named in words (docs/metrics.md: the fields)."""
+def summary_line(m: dict, checkpoint_seconds: float | None = None) -> str:
+    """One line per step with the numbers a person acts on, each named in words (docs/metrics.md: the fields). Its
+    seconds add up: the phases, the evaluation, "other" (gathering, metrics, the weight push) and the checkpoint."""
     kept = m["keep_ratio_steps"]
     text = (f"step {m['step']:4d} | reward {m['reward_mean']:.3f}, after repairs {m['reward_merged']:.3f} | "
             f"groups all failed {m['frac_all_fail']:.2f}, all passed {m['frac_all_pass']:.2f} | "
@@ -869,7 +896,10 @@ def summary_line(m: dict) -> str:
             f"length {m['response_len']:.0f} tokens, entropy {m['entropy']:.3f} | loss {m['loss']:+.4f}, "
             f"gradient norm {m['grad_norm']:.3f}{' SKIPPED' if m['skipped'] else ''} | {m['time_step']:.1f} s: "
             f"rollout {m['time_rollout']:.1f}, PRM {m['time_prm']:.1f}, refiner {m['time_refine']:.1f}, "
-            f"update {m['time_update']:.1f}")
+            f"update {m['time_update']:.1f}"
+            + (f", eval {m['time_eval']:.1f}" if "time_eval" in m else "")
+            + f", other {m['time_step'] - sum(v for k, v in m.items() if k.startswith('time_') and k != 'time_step'):.1f}"
+            + ("" if checkpoint_seconds is None else f"; then checkpoint {checkpoint_seconds:.1f} s"))
     text += " | REFINER UNAVAILABLE: no rectification" if m.get("refiner_unavailable") else ""
     return text + (f" | eval accuracy {m['eval_acc']:.3f}" if "eval_acc" in m else "")
 

@@ -75,6 +75,15 @@ def test_trl_names_we_do_not_have_say_so(capsys):
         capsys, ["--lr_scheduler_type", "cosine"])
 
 
+def test_trls_reward_and_dtype_names_say_what_they_mean_here(capsys):
+    """`--reward_funcs` got "did you mean --prm-reward-coef?" and `--torch_dtype` "--toy-styles": close spellings,
+    wrong meanings. Each now says what the reward and the dtype are here."""
+    line = refusal(capsys, ["--reward_funcs", "accuracy"])
+    assert "TRL's name; no such flag here (the reward is the grader's 1/0 on the final" in line
+    assert "--toy-styles" not in refusal(capsys, ["--torch_dtype", "bfloat16"]) and "float32 master weights" in \
+        cli.trl_hint("--torch_dtype")
+
+
 def test_every_trl_name_points_at_a_flag_we_have():
     flags = {"--" + name.replace("_", "-") for name in asdict(scope.Args())}
     assert {ours for ours, _ in cli.TRL_NAMES.values() if ours} <= flags
@@ -93,11 +102,52 @@ def test_a_dict_runs_like_the_same_flags_typed():
 
     assert config.as_args(scope.Args, {"toy": True, "group-size": 4, "lr": -1e-4}) == scope.parse_args(
         ["--toy", "--group-size", "4", "--lr=-1e-4"])
-    args = scope.Args(steps=3)
-    assert config.as_args(scope.Args, args) is args
+    typed = scope.parse_args(["--steps", "3"])
+    assert config.as_args(scope.Args, typed) is typed   # the command line's Args: taken as it is
     with pytest.raises(SystemExit) as exit_:
         config.as_args(scope.Args, {"steps": "four"})
     assert exit_.value.code == 2
+
+
+def test_an_args_built_in_code_gets_the_toys_defaults_as_a_dict_does():
+    """`scope.Args(toy=True)` was refused (its model, PRM and refiner were the real run's), although the README
+    says an Args works: the toy's defaults reached dicts only. Its fields away from the defaults count as typed."""
+    from harness import config
+
+    assert config.as_args(scope.Args, scope.Args(toy=True)) == config.as_args(scope.Args, {"toy": True}) \
+        == scope.parse_args(["--toy"])
+    assert config.as_args(scope.Args, scope.Args(toy=True, steps=4)).steps == 4
+    assert config.as_args(scope.Args, scope.Args(toy=True)).model == "toy"
+
+
+def test_scope_main_from_python_raises_in_key_spelling_and_returns_its_plan(tmp_path, monkeypatch, capsys):
+    """From Python a refusal was SystemExit(2) (Jupyter: "An exception has occurred") with hints in command-line
+    spelling, and a dry run SystemExit(0); now a refusal raises runs.Refused (a ValueError) naming the dict's keys,
+    a dry run returns its plan, and it never refuses an existing folder. The command line keeps its one-line
+    refusals and exit status 2."""
+    from harness.runs import Refused
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "scope-toy-s0").mkdir(parents=True)
+    (tmp_path / "runs" / "scope-toy-s0" / "config.json").write_text("{}")   # the quick start's run
+    with pytest.raises(Refused) as refusal:
+        scope.main({"toy": True, "steps": 5})
+    text = str(refusal.value)
+    assert isinstance(refusal.value, ValueError) and not isinstance(refusal.value, SystemExit)
+    assert "(resume=runs/scope-toy-s0), pick another run_name, or replace it (overwrite=True)" in text, text
+    assert "--" not in text and capsys.readouterr().err == ""
+    with pytest.raises(Refused, match=r"^lr=-1\.0: must be > 0 and < 1$"):
+        scope.main({"toy": True, "lr": -1.0})
+    with pytest.raises(Refused, match="main: key 'stpes': no such flag .*help\\(scope.Args\\) lists every key"):
+        scope.main({"stpes": 5})
+    plan = scope.main({"toy": True, "steps": 5, "dry_run": True})   # the folder exists: a note, not a refusal
+    assert plan["dry_run"] and plan["run_dir"] == "runs/scope-toy-s0" and plan["args"]["steps"] == 5
+    assert "note: the run itself would stop here: runs/scope-toy-s0 already holds a run" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exit_:   # the command line: one line in its own spelling, exit 2
+        scope.main(scope.parse_args(["--toy", "--steps", "5"]))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: runs/scope-toy-s0 already holds a run; continue it "
+                                                    "(--resume runs/scope-toy-s0)") and err.count("\n") == 1
 
 
 def test_underscored_flags_and_negative_numbers_on_the_command_line():
@@ -107,9 +157,10 @@ def test_underscored_flags_and_negative_numbers_on_the_command_line():
 
 
 def test_the_readmes_python_call_trains_with_warm_up_and_the_clip_it_is_given(tmp_path, monkeypatch,
-                                                                               toy_model_dir):
-    """The README's notebook line, scope.main({...}), runs in-process; --warmup-steps and --max-grad-norm (once
-    constants: a constant learning rate and a clip at 1.0) reach the optimizer and the clip."""
+                                                                               toy_model_dir, capsys):
+    """The README's notebook line, scope.main({...}), runs in-process right after the quick start (whose run folder
+    once refused it) and returns the closing summary; --warmup-steps and --max-grad-norm (once constants: a
+    constant learning rate and a clip at 1.0) reach the optimizer and the clip."""
     import ast
     import os
     import re
@@ -117,10 +168,14 @@ def test_the_readmes_python_call_trains_with_warm_up_and_the_clip_it_is_given(tm
     import torch
 
     readme = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "README.md")).read()
-    flags = ast.literal_eval(re.search(r"scope\.main\((\{[^}]*\})\)", readme).group(1))
-    assert flags["toy"] is True
+    line = re.search(r"scope\.main\((\{[^}]*\})\)", readme).group(1)
+    flags = ast.literal_eval(line.replace("\n", " "))
+    assert flags["toy"] is True and flags["run_name"] != "scope-toy-s0"
+    name = flags["run_name"]
     flags.update({"model": toy_model_dir, "steps": 2, "prompts-per-step": 2, "group_size": 2, "max_new_tokens": 48,
-                  "eval_every": 0, "save_every": 100, "run_name": "nb", "warmup_steps": 4, "max_grad_norm": 0.5})
+                  "eval_every": 0, "save_every": 100, "warmup_steps": 4, "max_grad_norm": 0.5})
+    (tmp_path / "runs" / "scope-toy-s0").mkdir(parents=True)   # the quick start's run is there already
+    (tmp_path / "runs" / "scope-toy-s0" / "config.json").write_text("{}")
     lrs, clips = [], []
     step = torch.optim.AdamW.step
     monkeypatch.setattr(torch.optim.AdamW, "step", lambda self, *a, **k: lrs.append(self.param_groups[0]["lr"])
@@ -129,13 +184,19 @@ def test_the_readmes_python_call_trains_with_warm_up_and_the_clip_it_is_given(tm
     monkeypatch.setattr(torch.nn.utils, "clip_grad_norm_", lambda params, max_norm, *a, **k: clips.append(max_norm)
                         or clip(params, max_norm, *a, **k))
     monkeypatch.chdir(tmp_path)
-    scope.main(flags)
+    summary = scope.main(flags)
+    assert summary["run_dir"] == os.path.join("runs", name) and "minutes" in summary
+    metrics = [json.loads(line) for line in open(tmp_path / "runs" / name / "metrics.jsonl")]
+    assert [m["learning_rate"] for m in metrics] == pytest.approx(lrs)   # TRL's name, each step
+    assert ("note: --warmup-steps 4 is longer than the run (--steps 2): the learning rate rises only to 50% of --lr "
+            "0.0001") in capsys.readouterr().err
     assert lrs == pytest.approx([1e-4 / 4, 1e-4 * 2 / 4])   # the toy lr 1e-4, warmed up over 4 steps
     assert clips == [0.5, 0.5]
-    assert json.loads((tmp_path / "runs" / "nb" / "config.json").read_text())["warmup_steps"] == 4
+    assert json.loads((tmp_path / "runs" / name / "config.json").read_text())["warmup_steps"] == 4
 
 
-def test_the_system_prompt_flag_reaches_every_rollout_and_evaluation_prompt(tmp_path, monkeypatch, toy_model_dir):
+def test_the_system_prompt_flag_reaches_every_rollout_and_evaluation_prompt(tmp_path, monkeypatch, toy_model_dir,
+                                                                            capsys):
     """--system-prompt (once a constant) is the system turn of every prompt the run builds: the rollouts' and the
     evaluation's."""
     from harness import generate, wiring
@@ -157,6 +218,9 @@ def test_the_system_prompt_flag_reaches_every_rollout_and_evaluation_prompt(tmp_
                 "system_prompt": "Answer in one line."})
     assert {caller for caller, _ in seen} == {"wiring.py", "eval.py"}, seen   # the rollouts and the evaluation
     assert {system for _, system in seen} == {"Answer in one line."}, seen
+    out = capsys.readouterr().out   # the toy tokenizer has no chat template: the prompt is named as unused, once
+    assert out.count("note: --system-prompt 'Answer in one line.' is not used: the tokenizer has no chat template") \
+        == 1
 
 
 def test_a_negative_learning_rate_reaches_the_check_of_its_range(capsys):
@@ -170,3 +234,51 @@ def test_a_negative_learning_rate_reaches_the_check_of_its_range(capsys):
         with pytest.raises(SystemExit):
             preflight.check_args(scope.parse_args(["--toy", flag, value]))
         assert capsys.readouterr().err.startswith(f"error: {flag} ")
+
+
+def test_run_name_with_resume_and_system_paths_are_one_line(tmp_path, monkeypatch, capsys):
+    """`--resume R --run-name X` continued R in silence; `--run-name /sys/x` (root passes os.access there) gave a
+    16-line traceback from os.makedirs."""
+    from dataclasses import asdict
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs" / "r").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / "config.json").write_text(json.dumps({**asdict(scope.Args(toy=True)), "run_name": "r"}))
+    with pytest.raises(SystemExit) as exit_:
+        scope.parse_args(["--resume", "runs/r", "--run-name", "x"])
+    assert exit_.value.code == 2 and capsys.readouterr().err.startswith(
+        "error: --run-name x with --resume runs/r: a resumed run continues in its own folder under its own name (r)")
+    assert scope.parse_args(["--resume", "runs/r", "--run-name", "r"]).run_name == "r"
+    with pytest.raises(SystemExit) as exit_:
+        scope.main(scope.parse_args(["--toy", "--run-name", "/sys/x"]))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: /sys/x: cannot write there (/sys is ") and \
+        err.count("\n") == 1
+
+
+def test_the_help_the_install_block_and_the_toy_example_are_true(capsys):
+    """--help stopped at "nine numbered phases:"; docs/running.md's install block had no venv, no constraints and
+    vLLM beside the CPU torch; harness/toy.py's example said "times 3" in a world that multiplies only by 2; the
+    README's test times were older than CI's own."""
+    import os
+    import re
+
+    from harness import toy
+
+    with pytest.raises(SystemExit):
+        scope.parse_args(["--help"])
+    head = capsys.readouterr().out.split("\noptions:")[0]
+    assert not head.rstrip().endswith(":") and "rollout →" in head
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    install = open(os.path.join(root, "docs", "running.md")).read().split("## Install", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```bash\n(.*?)```", install, re.S)
+    cpu = next(b for b in blocks if "download.pytorch.org/whl/cpu" in b)
+    assert "python3 -m venv" in cpu and "-c constraints.txt" in cpu and "vllm" not in cpu
+    gpu = next(b for b in blocks if "vllm==" in b)
+    assert "python3 -m venv" in gpu and "whl/cpu" not in gpu
+    example = re.search(r'Question: "([^"]+)"', toy.__doc__).group(1)
+    chain = toy.correct_chain(example)
+    assert all(arg == toy.TASK_DEFAULTS["max_factor"] for sym, arg in toy.parse_question(example)[1] if sym == "*")
+    assert f"\\boxed{{{chain[-1]}}}" in toy.__doc__.replace("\\\\", "\\")
+    tests = open(os.path.join(root, "README.md")).read().split("## Tests", 1)[1].split("\n## ", 1)[0]
+    assert "about 200 s quiet, 250 s busy" in tests and "about 24 min quiet, 30 min busy" in tests

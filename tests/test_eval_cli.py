@@ -105,7 +105,11 @@ def test_cli_names_the_model_it_cannot_load(tmp_path, capsys):
     missing = str(tmp_path / "no_such_model")
     assert ev.main(["--model", missing, "--benchmarks", str(bench), "--backend", "hf"]) == 2
     err = capsys.readouterr().err
-    assert f"could not load model '{missing}'" in err and "Traceback" not in err
+    assert f"--model '{missing}': no such folder" in err and "Traceback" not in err
+    (tmp_path / "empty").mkdir()   # a folder without a model in it
+    assert ev.main(["--model", str(tmp_path / "empty"), "--benchmarks", str(bench), "--backend", "hf"]) == 2
+    err = capsys.readouterr().err
+    assert "empty: no config.json in that folder, so no model" in err and err.count("\n") == 1
 
 
 # ---- --plot ----
@@ -204,6 +208,15 @@ def test_trace_cli_step_selection(tmp_path, capsys):
     assert "no rectification at step 2" in out and "steps with traces: 1, 3" in out
 
 
+def test_the_trace_viewer_names_its_step_and_the_others(tmp_path, capsys):
+    """The viewer showed the last step's repairs with no word of which step that was, nor that others exist."""
+    write_traces(tmp_path)   # repairs at steps 1 and 3
+    assert report.main(["--trace", str(tmp_path), "--no-color"]) == 0
+    first = capsys.readouterr().out.splitlines()[0]
+    assert first.startswith(f"step 3 of {os.path.relpath(tmp_path)} (the last with repairs): ")
+    assert first.endswith("other steps with repairs: 1 (--step N shows one)")
+
+
 def write_metrics(run_dir, steps):
     (run_dir / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": 0.5}) + "\n" for s in steps))
 
@@ -283,7 +296,8 @@ def test_trace_terminal_output_neutralises_escape_sequences():
 def test_cli_reports_a_missing_run_or_benchmark_in_one_line(tmp_path, capsys):
     assert report.main(["--trace", str(tmp_path)]) == 2
     assert "traces.jsonl: no such file" in capsys.readouterr().err
-    assert ev.main(["--model", "unused", "--benchmarks", str(tmp_path / "nope.jsonl")]) == 2
+    (tmp_path / "config.json").write_text("{}")   # a model folder, so the benchmark is what is refused
+    assert ev.main(["--model", str(tmp_path), "--benchmarks", str(tmp_path / "nope.jsonl")]) == 2
     assert "nope.jsonl" in capsys.readouterr().err
 
 
@@ -339,6 +353,8 @@ def test_an_earlier_report_is_kept_and_the_out_path_is_checked_before_the_work(t
     bench.write_text(json.dumps({"question": "What is 1 + 1?", "answer": "2"}) + "\n")
     out = tmp_path / "res.json"
     out.write_text('{"earlier": true}')
+    (tmp_path / "runs" / "r" / "checkpoint").mkdir(parents=True)
+    (tmp_path / "runs" / "r" / "checkpoint" / "config.json").write_text("{}")
     loaded = []
     monkeypatch.setattr(ev, "make_generator", lambda *a, **k: loaded.append(a) or (_ for _ in ()).throw(OSError))
     argv = ["--model", str(tmp_path / "runs" / "r" / "checkpoint"), "--benchmarks", str(bench), "--out", str(out)]
@@ -350,6 +366,146 @@ def test_an_earlier_report_is_kept_and_the_out_path_is_checked_before_the_work(t
     assert ev.main(argv[:-1] + [str(tmp_path / "file" / "res.json")]) == 2
     assert "cannot write there" in capsys.readouterr().err and loaded == []
     assert ev.main(argv + ["--overwrite"]) == 2 and len(loaded) == 1   # --overwrite: on to the model
-    (tmp_path / "runs" / "r" / "checkpoint").mkdir(parents=True)
     assert ev.model_label(str(tmp_path / "runs" / "r" / "checkpoint")) == "r"
     assert ev.model_label("Qwen/Qwen2.5-Math-1.5B") == "Qwen2.5-Math-1.5B"
+
+
+# ---- eval.py refuses in one line what the input alone decides, before any model loads ----
+
+@pytest.fixture
+def no_model_load(monkeypatch):
+    """ev.make_generator replaced by a recorder that fails the test's expectations if it is ever reached."""
+    loaded = []
+    monkeypatch.setattr(ev, "make_generator", lambda *a, **k: loaded.append(a) or (_ for _ in ()).throw(OSError("x")))
+    return loaded
+
+
+def refusal(argv, capsys) -> str:
+    """eval.py's one-line refusal (exit 2) of argv, whether argparse or the pre-flight gives it."""
+    try:
+        rc = ev.main(argv)
+    except SystemExit as exit_:
+        rc = exit_.code
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "Traceback" not in err, (rc, err)
+    return err.strip()
+
+
+def test_bad_values_and_paths_are_refused_before_the_model_loads(tmp_path, monkeypatch, capsys, no_model_load):
+    """--n 0, --limit 0 and --temperature -1 were refused only after the model loaded; a typo'd checkpoint path got
+    no "did you mean", a run folder a tokenizer message, a lower-case alias the hub's retries."""
+    monkeypatch.chdir(tmp_path)
+    for d in ("checkpoint", "model"):
+        (tmp_path / "runs" / "r" / d).mkdir(parents=True)
+        (tmp_path / "runs" / "r" / d / "config.json").write_text("{}")
+    base = ["--model", "runs/r/checkpoint", "--benchmarks", "toy"]
+    assert refusal(base + ["--n", "0"], capsys).startswith("eval.py: --n 0: must be an integer >= 1")
+    assert refusal(base + ["--limit", "0"], capsys).startswith("eval.py: --limit 0: must be an integer >= 1")
+    assert refusal(base + ["--temperature", "-1"], capsys).startswith("eval.py: --temperature -1.0: must be >= 0")
+    assert "did you mean --benchmarks?" in refusal(base + ["--benchmark", "toy"], capsys)
+    assert "no such folder (did you mean runs/r/checkpoint?)" in refusal(["--model", "runs/r/checkpont"], capsys)
+    assert "(did you mean Qwen2.5-1.5B?)" in refusal(["--model", "qwen2.5-1.5b"], capsys)
+    line = refusal(["--model", "runs/r", "--benchmarks", "toy"], capsys)
+    assert line.startswith("eval.py: --model runs/r: a run folder, not a model; pass runs/r/checkpoint (")
+    assert "runs/r/model (" in line
+    assert "only for a data set of your own" in refusal(base + ["--question-field", "q"], capsys)
+    assert no_model_load == []
+
+
+def test_no_network_is_one_line_at_once_for_a_model_or_a_benchmark(tmp_path, monkeypatch, capsys, no_model_load):
+    """Without network a missing model id cost 55 s of hub retries and the alias Qwen2.5-1.5B was asked for without
+    `Qwen/`; a hub benchmark cost 34 s with no hint. The alias resolves as scope.py resolves it (preflight.model_id),
+    and both stop at once, naming what to do."""
+    import time
+
+    from harness import preflight
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(preflight, "offline_now", lambda: True)   # no hub within 3 s (preflight.hub_reachable)
+    monkeypatch.setattr(preflight, "in_hub_cache", lambda name: False)
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    start = time.time()
+    line = refusal(["--model", "Qwen2.5-1.5B", "--benchmarks", "toy"], capsys)
+    assert "no network" in line and "'Qwen/Qwen2.5-1.5B' is neither a local folder nor in the local cache" in line
+    line = refusal(["--model", "m", "--benchmarks", "math500"], capsys)
+    assert line.startswith("eval.py: --benchmarks math500: no network") and "pass a local .jsonl file" in line
+    assert time.time() - start < 15 and no_model_load == []
+    assert preflight.check_model_name("--model", "Qwen2.5-1.5B") == preflight.model_id("Qwen2.5-1.5B") == \
+        "Qwen/Qwen2.5-1.5B"
+
+
+def test_the_data_and_prompt_flags_are_scopes_own(tmp_path, monkeypatch):
+    """eval.py had no --question-field, --answer-field or --system-prompt, so it refused the JSONL a run trained
+    on; they are one definition (harness/cli.py DATA_FLAGS) that scope.py's Args and eval.py both read."""
+    from dataclasses import fields
+
+    import scope
+    from harness import cli
+    parser_flags = {a.dest: (a.default, a.help) for a in ev.make_parser()._actions}
+    args_fields = {f.name: (f.default, f.metadata["help"]) for f in fields(scope.Args)}
+    for name, (default, text) in cli.DATA_FLAGS.items():
+        assert parser_flags[name] == (default, f"{text} (default: {default!r})")
+        assert args_fields[name] == (default, text)
+    bench = tmp_path / "own.jsonl"
+    bench.write_text(json.dumps({"q": "What is 2 + 2?", "a": "4", "question": "not this"}) + "\n")
+    seen = {}
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(ev, "make_generator", lambda *a, **k: (None, None))
+    monkeypatch.setattr(ev, "evaluate", lambda gen, tok, problems, **kw: seen.update(problems=problems, **kw)
+                        or (_ for _ in ()).throw(KeyboardInterrupt))
+    assert ev.main(["--model", str(tmp_path), "--benchmarks", str(bench), "--question-field", "q", "--answer-field",
+                    "a", "--system-prompt", "Be brief.", "--out", str(tmp_path / "r.json")]) == 130
+    assert seen["problems"][0]["question"] == "What is 2 + 2?" and seen["problems"][0]["answer"] == "4"
+    assert seen["system"] == "Be brief."
+
+
+def test_ctrl_c_keeps_the_finished_benchmarks_in_the_report(tmp_path, monkeypatch, capsys):
+    """Ctrl-C printed a 24-line traceback and kept nothing; now one line, exit 130, and the report holds the
+    benchmarks that finished, marked as interrupted, with the ones left named."""
+    done = {"acc": 0.5, "pass@k": {1: 0.5}, "n": 1, "num_problems": 2, "truncated": 0.0, "response_len": 3.0,
+            "per_problem": []}
+    calls = []
+
+    def evaluate(gen, tok, problems, **kw):
+        calls.append(kw["progress"])
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return dict(done)
+
+    (tmp_path / "config.json").write_text("{}")
+    monkeypatch.setattr(ev, "make_generator", lambda *a, **k: (None, None))
+    monkeypatch.setattr(ev, "evaluate", evaluate)
+    benches = []
+    for name in ("a", "b"):
+        benches.append(tmp_path / f"{name}.jsonl")
+        benches[-1].write_text(json.dumps({"question": "1 + 1?", "answer": "2"}) + "\n")
+    out = tmp_path / "r.json"
+    assert ev.main(["--model", str(tmp_path), "--benchmarks", ",".join(map(str, benches)), "--n", "1",
+                    "--out", str(out)]) == 130
+    err = capsys.readouterr().err.strip()
+    assert err.startswith(f"eval.py: interrupted: {out} holds the 1 finished benchmark(s)") and "\n" not in err
+    report = json.loads(out.read_text())
+    assert report["interrupted"] is True and list(report["benchmarks"]) == [str(benches[0])]
+    assert report["not_evaluated"] == [str(benches[1])]
+    calls.clear()
+    monkeypatch.setattr(ev, "evaluate", lambda *a, **k: (_ for _ in ()).throw(KeyboardInterrupt))
+    assert ev.main(["--model", str(tmp_path), "--benchmarks", str(benches[0]), "--out", str(tmp_path / "s.json")]) \
+        == 130
+    assert "no report written" in capsys.readouterr().err and not (tmp_path / "s.json").exists()
+
+
+def test_a_log_file_gets_no_loading_bar(tmp_path, capsys):
+    """transformers' "Loading weights" bar (carriage returns) went into eval.py's log file; off a terminal it is
+    off, as in scope.py (progress.bars_only_on_a_terminal)."""
+    from transformers.utils import logging as hf_logging
+
+    from harness import toy
+    tok = toy.make_tokenizer()
+    make_tiny_causal_lm(tok).save_pretrained(tmp_path / "m")
+    tok.save_pretrained(tmp_path / "m")
+    hf_logging.enable_progress_bar()
+    assert ev.main(["--model", str(tmp_path / "m"), "--benchmarks", "toy", "--limit", "1", "--n", "1",
+                    "--max-new-tokens", "2", "--backend", "hf", "--system-prompt", "Be brief."]) == 0
+    captured = capsys.readouterr()
+    assert "Loading weights" not in captured.err and "\r" not in captured.err
+    assert "note: --system-prompt 'Be brief.' is not used: the tokenizer has no chat template" in captured.out

@@ -86,6 +86,15 @@ def test_the_card_of_a_hub_model_names_base_model_dataset_and_system_prompt():
     assert "No evaluation was logged" in card
 
 
+def test_the_toy_card_names_a_system_prompt_it_could_not_use_and_keeps_other_characters():
+    """The card of a toy run given --system-prompt said both "No system prompt" and listed the flag; it said
+    AutoTokenizer drops unknown characters, which the exported tokenizer no longer does (byte ids read as <unk>)."""
+    card = export.model_card({"toy": True, "system_prompt": "Be brief.", "run_name": "t"}, [], chat=False)
+    assert "No system prompt (the run's --system-prompt 'Be brief.' was not used" in card
+    assert "drops" not in card and "keeps any other character" in card
+    assert "No system prompt." in export.model_card({"toy": True, "run_name": "t"}, [], chat=False)
+
+
 def test_auto_classes_and_pipeline_round_trip_the_toy_model(exported):
     from transformers import AutoModelForCausalLM, AutoTokenizer, pipeline
 

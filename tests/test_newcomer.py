@@ -351,7 +351,8 @@ def test_the_closing_summary_names_each_setting_and_the_refiner(tmp_path, capsys
         "training reward (share of correct answers among the policy's own 8 problems × 8 samples per step at "
         "T = 1.0): first 1 step 0.250 → last 1 step 1.000",
         "repairs: 7 of 10 picked failures (one per group with a failure) came back correct and were trained on; the "
-        "refiner is the toy oracle (rule-based: it writes the correct remaining steps, so it never fails)"]
+        "refiner is the toy oracle (rule-based: it writes the correct remaining steps, so it fails only where the "
+        "token budget cuts them short)"]
     readme = open(os.path.join(ROOT, "README.md"), encoding="utf-8").read()
     results = readme.split("\n## Result (toy world)\n", 1)[1].split("\n## ", 1)[0]
     if "Not part of the course copy" not in results:   # a course copy leaves the tables out
@@ -380,10 +381,39 @@ def test_the_step_line_spells_out_its_fields():
     assert wiring.summary_line(m) == (
         "step    3 | reward 0.453, after repairs 0.531 | groups all failed 0.12, all passed 0.25 | repaired 2 of 3 "
         "tried (1 in all-failed groups, keeping 48% of their steps) | length 85 tokens, entropy 0.412 | "
-        "loss +0.0123, gradient norm 0.321 | 0.5 s: rollout 0.2, PRM 0.0, refiner 0.1, update 0.2 | "
+        "loss +0.0123, gradient norm 0.321 | 0.5 s: rollout 0.2, PRM 0.0, refiner 0.1, update 0.2, other 0.0 | "
         "eval accuracy 0.300")
     line = wiring.summary_line({**m, "keep_ratio_steps": None, "skipped": 1, "refiner_unavailable": 1})
     assert "(1 in all-failed groups) |" in line and "gradient norm 0.321 SKIPPED" in line
     assert "REFINER UNAVAILABLE: no rectification" in line
     for abbreviation in ("κ", " H ", " gn ", "trained", "len ", "upd ", "roll "):
         assert abbreviation not in line
+
+
+def test_the_step_seconds_add_up_with_the_evaluation_and_the_checkpoint():
+    """A step's seconds held its evaluation, but the breakdown named only the four phases, and the checkpoint that
+    followed was in no line; now eval, other (gather, metrics, weight push) and the checkpoint's seconds are shown."""
+    m = {"step": 10, "reward_mean": 0.5, "reward_merged": 0.5, "frac_all_fail": 0.0, "frac_all_pass": 0.0,
+         "rectify_accepted": 0, "rectify_tried": 0, "rectify_all_fail": 0, "keep_ratio_steps": None,
+         "response_len": 9.0, "entropy": 0.4, "loss": 0.0, "grad_norm": 0.1, "skipped": 0, "time_step": 2.0,
+         "time_rollout": 0.4, "time_prm": 0.1, "time_refine": 0.1, "time_update": 0.3, "time_sync": 0.0,
+         "time_eval": 0.9, "eval_acc": 0.5}
+    line = wiring.summary_line(m, checkpoint_seconds=0.7)
+    assert "| 2.0 s: rollout 0.4, PRM 0.1, refiner 0.1, update 0.3, eval 0.9, other 0.2; then checkpoint 0.7 s |" \
+        in line
+
+
+def test_the_closing_summary_says_every_rollout_hit_the_cap_and_the_time_in_seconds(tmp_path, capsys):
+    """`--max-new-tokens 5` ended with "0 of 16 came back correct" beside "the oracle never fails", and nothing said
+    that every rollout hit the cap; a 2-second run said "done in 0.0 min"."""
+    import time
+
+    run = tmp_path / "runs" / "t"
+    write_metrics(run, [{"step": s, "reward_mean": 0.0, "rectify_tried": 8, "rectify_accepted": 0, "trunc_frac": 1.0}
+                        for s in (1, 2)])
+    wiring.finish({}, str(run), time.time() - 2.0, 1, object(), toy_args(max_new_tokens=5), 10)
+    out = capsys.readouterr().out
+    assert "done in 2 s" in out and "0.0 min" not in out
+    assert ("WARNING: on 2 of 2 steps every rollout hit --max-new-tokens 5 before finishing (trunc_frac 1.0 in "
+            "metrics.jsonl): raise --max-new-tokens") in out
+    assert "never fails" not in out

@@ -24,7 +24,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from harness import preflight, runs, wiring  # noqa: E402
+from harness import config, preflight, runs, wiring  # noqa: E402
 import scope  # noqa: E402
 
 TINY = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "96",
@@ -447,9 +447,9 @@ def test_pad_id_falls_back_to_eos():
 
 # ------------------------------------------------------------------------------------- refusals that cost no run
 def refused(capsys, flags) -> str:
-    """scope.main's one-line refusal (exit 2) of `flags`."""
+    """scope.main's one-line refusal (exit 2) of `flags` typed on the command line (as_args: the same flags typed)."""
     with pytest.raises(SystemExit) as exit_:
-        scope.main(flags)
+        scope.main(config.as_args(scope.Args, flags))
     err = capsys.readouterr().err.strip() or str(exit_.value.code)
     assert "\n" not in err, err
     return err
@@ -536,7 +536,7 @@ def test_the_eta_leaves_out_the_evaluation_before_training(monkeypatch):
 def test_the_dry_run_and_the_config_show_the_run_name_they_use(tmp_path, monkeypatch, capsys):
     """The dry run said it "would write runs/scope-Qwen2.5-1.5B-s0" but showed "run_name": "" (as did the card)."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(SystemExit) as exit_:
-        scope.main({"toy": True, "dry_run": True})
+    plan = scope.main({"toy": True, "dry_run": True})   # from Python a dry run returns its plan
     out = capsys.readouterr().out
-    assert exit_.value.code == 0 and "would write runs/scope-toy-s0" in out and '"run_name": "scope-toy-s0"' in out
+    assert "would write runs/scope-toy-s0" in out and '"run_name": "scope-toy-s0"' in out
+    assert plan["run_dir"] == "runs/scope-toy-s0" and plan["args"]["run_name"] == "scope-toy-s0"

@@ -176,6 +176,13 @@ def show_traces(run: str, *, step: int | None, limit: int | None, html_out: str 
         with_traces = sorted({r.get("step", 0) for r in records})
         print(f"no rectification at step {step} of {run_dir}; steps with traces: "
               f"{', '.join(map(str, with_traces[:20]))}{' ...' if len(with_traces) > 20 else ''}")
+    if chosen:   # which step this is, and where the others are
+        with_traces = sorted({r.get("step", 0) for r in records})
+        shown = chosen[0].get("step", 0)
+        others = [s for s in with_traces if s != shown]
+        listed = ", ".join(map(str, others[:10])) + (f" ... {others[-1]}" if len(others) > 10 else "")
+        print(f"step {shown} of {run_dir}{' (the last with repairs)' if step is None else ''}: {len(chosen)} "
+              f"rectification(s)" + (f"; other steps with repairs: {listed} (--step N shows one)" if others else ""))
     for record in chosen:
         print(render_trace_text(record, color=color))
     if html_out is not None and chosen:
