@@ -218,14 +218,15 @@ def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
 
 
 def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, updates_per_batch: int = 1,
-           clip_eps=0.2, shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
-           offpolicy_credit="shaped", tis_cap=0.0, temperature=1.0, max_grad_norm=1.0, lr=None,
+           clip_eps=0.2, shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, ref_model=None,
+           entropy_coef=0.0, offpolicy_credit="shaped", tis_cap=0.0, temperature=1.0, max_grad_norm=1.0, lr=None,
            amp=contextlib.nullcontext, **engine) -> dict:
     """k = `updates_per_batch` optimizer steps, one per mini-batch of whole `groups` (each row's group), in order.
     The first one steps before any weight moved, so its π_old is its own forward (ρ = 1): mini_batches drops its
     "old_logp" (a k = 1 batch has one only if the caller gives it; scope.py never does: --overlap-old-logp needs k > 1).
     π at the rollout `temperature`; the gradient clipped to `max_grad_norm` (the paper's 1.0); each micro-batch's
-    loss ÷ its mini-batch's Z; `lr`: the k steps' learning rate (None: the optimizer's). π_old's pass, the
+    loss ÷ its mini-batch's Z; `ref_model`: the KL reference (kl_coef > 0 without batch["ref_logp"]); `lr`: the k
+    steps' learning rate (None: the optimizer's). π_old's pass, the
     forwards and the KL reference all take their log-probs from `logprobs_and_entropy`. `engine`, `amp` and the
     metrics (means over the k steps): harness/trainer.py."""
     trainer.set_learning_rate(optimizer, lr)   # scope.py: `warmup_lr` of the step; None: as it is
@@ -233,9 +234,10 @@ def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, up
     minis = trainer.mini_batches(model, batch, groups, updates_per_batch, logprobs_and_entropy, amp=amp,
                                  temperature=temperature, **engine)  # k > 1: π_old's no-grad pass on 2..k first
     for mini in minis:
+        # the engine of one optimizer step; step.z: this mini-batch's Z (torchrun: all ranks' sum ÷ world)
         step = trainer.Step(model, optimizer, mini, loss_normaliser(mini["response_mask"], loss_agg, max_new_tokens),
-                            logprobs_fn=logprobs_and_entropy, tis_tokens=tis_tokens, kl_coef=kl_coef, tis_cap=tis_cap,
-                            temperature=temperature, **engine)  # step.z: this Z (torchrun: all ranks' sum ÷ world)
+                            logprobs_fn=logprobs_and_entropy, tis_tokens=tis_tokens, ref_model=ref_model,
+                            kl_coef=kl_coef, tis_cap=tis_cap, temperature=temperature, **engine)
         for part in step.micro_batches():  # length-sorted; DDP exchanges gradients after the last one
             # BEGIN SOLUTION update
             with amp():  # around the forward and the loss only

@@ -101,12 +101,12 @@ class Step:
 # Several optimizer steps per rollout batch: π_old, mini-batches of whole groups, their metrics
 # ---------------------------------------------------------------------------------------------------
 def mini_batches(model, batch: dict, groups: list[int] | None, k: int, logprobs_fn, *, micro_batch_size: int,
-                 amp=contextlib.nullcontext, dist=None, chunk_tokens: int = 512, temperature: float = 1.0,
-                 **_) -> list[dict]:
+                 amp=contextlib.nullcontext, dist=None, chunk_tokens: int = 512, temperature: float = 1.0
+                 ) -> list[dict]:
     """The k mini-batches of whole groups that grpo.update steps on, in order (k = 1: the batch itself). With k > 1
     the first one carries no π_old: no weight has moved when it steps, so its π_old is its own first forward,
     detached (ρ = 1, as grpo.update reads it). Mini-batches 2..k take batch["old_logp"], else `old_logprobs` over
-    their rows first, by the update's own `logprobs_fn`. `_`: Step's other settings (ref_model)."""
+    their rows first, by the update's own `logprobs_fn`."""
     if k == 1:
         return [batch]
     if k < 1:
