@@ -227,7 +227,8 @@ def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, up
     π at the rollout `temperature`; the gradient clipped to `max_grad_norm` (the paper's 1.0); each micro-batch's
     loss ÷ its mini-batch's Z; `ref_model`: the KL reference (kl_coef > 0 without batch["ref_logp"]); `lr`: the k
     steps' learning rate (None: the optimizer's). π_old's pass, the forwards and the KL reference all take their
-    log-probs from `logprobs_and_entropy`. `engine`, `amp` and the metrics (means over the k steps): harness/trainer.py."""
+    log-probs from `logprobs_and_entropy`. `engine`, `amp` and the metrics (means over the k steps):
+    harness/trainer.py."""
     trainer.set_learning_rate(optimizer, lr)   # scope.py: `warmup_lr` of the step; None: as it is
     stats = []
     minis = trainer.mini_batches(model, batch, groups, updates_per_batch, logprobs_and_entropy, amp=amp,
