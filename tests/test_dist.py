@@ -20,7 +20,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_scope
+from conftest import ROOT, pace, run_scope
 
 LAUNCH = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -31,8 +31,7 @@ def bounds() -> tuple[int, int]:
     900 on a quiet machine (a launch takes 20-60 s there), times the 1-minute load average per core when that is
     above 1. The collective bound stays below the launch's, so a real deadlock still ends in gloo's error, with
     each rank's traceback, before the launch is killed."""
-    pace = max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
-    return round(300 * pace), round(900 * pace)
+    return round(300 * pace()), round(900 * pace())
 
 
 def launch(args, cwd):
