@@ -167,8 +167,9 @@ def group_mini_batches(batch: dict, groups: list[int], k: int) -> list[dict]:
 
 def set_learning_rate(optimizer, lr: float | None) -> None:
     """Every parameter group's learning rate to `lr` (grpo.update's, from scope.py's warm-up); None: left as it is."""
-    for group in optimizer.param_groups if lr is not None else []:
-        group["lr"] = lr
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
 
 
 def mean_metrics(steps: list[dict]) -> dict:
