@@ -258,7 +258,7 @@ def grouped_batch(model_seed: int = 5):
     return model, grpo.build_batch(prompts, responses, [None] * 8, adv, pad_id=0), [0, 0, 1, 1, 2, 2, 3, 3]
 
 
-def test_the_pi_old_pass_covers_mini_batches_2_to_k_only_through_the_updates_log_prob_function(monkeypatch):
+def test_the_pi_old_pass_covers_mini_batches_2_to_k_only_with_the_same_logprobs(monkeypatch):
     """With --updates-per-batch 2 the no-grad π_old pass runs over the second mini-batch's rows only (the first
     steps before any weight moves: its π_old is its own forward), and it takes its log-probs from the same function
     as the update's forwards (grpo.logprobs_and_entropy, passed down): ρ = 1 where no weight has moved depends on
