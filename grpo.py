@@ -47,8 +47,8 @@ def group_advantages(rewards, group_size: int | None = None, scale_std: bool = F
     Groups of any size (the merged groups of --merge append): `groups`, each row's group, instead of group_size.
     """
     if groups is not None:  # any sizes: this formula on each group, one at a time, back in the rows' order
-        return trainer.per_group(group_advantages, rewards, groups, scale_std)
-    r = trainer.rewards_in_groups(rewards, group_size)  # (B, G) float; a bad shape is a one-line error
+        return per_group_advantages(rewards, groups, scale_std)
+    r = rewards_in_groups(rewards, group_size)  # (B, G) float; a bad shape is a one-line error
     # BEGIN SOLUTION group_advantages
     # GRPO group-relative advantage (DeepSeekMath eq. 3 without std; Dr. GRPO)
     adv = r - r.mean(dim=1, keepdim=True)  # (B, G)
@@ -60,6 +60,31 @@ def group_advantages(rewards, group_size: int | None = None, scale_std: bool = F
         adv = adv / (std + 1e-6)  # (B, G)
     return adv.reshape(-1)  # (B*G,)
     # END SOLUTION
+
+
+def per_group_advantages(rewards, groups: list, scale_std: bool = False) -> Tensor:
+    """`group_advantages` of each group of `groups` (each row's group; any sizes, any order) as one group of its
+    own size; the results back in the rows' order, (N,)."""
+    rewards = torch.as_tensor(rewards, dtype=torch.float32)  # (N,)
+    out = torch.zeros_like(rewards)  # (N,)
+    for g in dict.fromkeys(groups):
+        rows = torch.tensor([i for i, h in enumerate(groups) if h == g])
+        out[rows] = group_advantages(rewards[rows], len(rows), scale_std)
+    return out
+
+
+def rewards_in_groups(rewards, group_size: int | None) -> Tensor:
+    """`group_advantages`' input as a float (B, G) tensor: rewards (B*G,) laid out group by group; a shape that does
+    not split into groups is a one-line error."""
+    rewards = torch.as_tensor(rewards)
+    if not rewards.is_floating_point():
+        rewards = rewards.float()
+    if rewards.dim() != 1:
+        raise ValueError(f"group_advantages: rewards must be 1-D (B*G,), got shape {tuple(rewards.shape)}")
+    if group_size is None or group_size < 1 or rewards.numel() % group_size != 0:
+        raise ValueError(f"group_advantages: {rewards.numel()} rewards do not split into groups of "
+                         f"group_size={group_size}")
+    return rewards.view(-1, group_size)  # (B, G)
 
 
 def zero_repair_advantages(trajs: list, advantages: Tensor) -> Tensor:
@@ -121,9 +146,15 @@ def truncated_is_weight(old_logp: Tensor, batch: dict, cap: float) -> Tensor | N
         return None
     if cap < 1:
         raise ValueError(f"truncated_is_weight: cap must be >= 1 (a cap below 1 scales every token down), got {cap}")
-    known = batch["sampler_mask"].bool() & batch["response_mask"].bool() & ~batch["offpolicy_mask"].bool()  # (N, L)
+    known = tis_tokens(batch)  # (N, L)
     log_ratio = old_logp.detach() - batch["sampler_logp"].to(old_logp.dtype)  # (N, L)
     return torch.clamp(torch.where(known, log_ratio, torch.zeros_like(log_ratio)).exp(), max=cap)  # (N, L)
+
+
+def tis_tokens(batch: dict) -> Tensor:
+    """The tokens that carry the TIS weight, (N, L) bool: the policy's response tokens whose sampler log-prob is
+    known (the weight's and its metrics' one definition)."""
+    return batch["sampler_mask"].bool() & batch["response_mask"].bool() & ~batch["offpolicy_mask"].bool()
 
 
 def loss_normaliser(response_mask: Tensor, loss_agg: str, max_new_tokens) -> float:
@@ -180,22 +211,33 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
 # ---------------------------------------------------------------------------------------------------
 # 7.3 The update: k optimizer steps per rollout batch (scope.py's step 7)
 # ---------------------------------------------------------------------------------------------------
+def warmup_lr(lr: float, step: int, warmup_steps: int) -> float:
+    """The learning rate of training step `step` (from 1): lr · min(1, step / warmup_steps), a linear warm-up to
+    `lr` over the first `warmup_steps` steps; `lr` throughout when warmup_steps is 0."""
+    return lr * min(1.0, step / warmup_steps) if warmup_steps else lr
+
+
 def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, updates_per_batch: int = 1,
-           clip_eps=0.2, shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, entropy_coef=0.0,
-           offpolicy_credit="shaped", tis_cap=0.0, temperature=1.0, max_grad_norm=1.0, amp=contextlib.nullcontext,
-           **engine) -> dict:
+           clip_eps=0.2, shaping_gamma=0.1, loss_agg="constant", max_new_tokens=None, kl_coef=0.0, ref_model=None,
+           entropy_coef=0.0, offpolicy_credit="shaped", tis_cap=0.0, temperature=1.0, max_grad_norm=1.0, lr=None,
+           amp=contextlib.nullcontext, **engine) -> dict:
     """k = `updates_per_batch` optimizer steps, one per mini-batch of whole `groups` (each row's group), in order.
     The first one steps before any weight moved, so its π_old is its own forward (ρ = 1): mini_batches drops its
     "old_logp" (a k = 1 batch has one only if the caller gives it; scope.py never does: --overlap-old-logp needs k > 1).
     π at the rollout `temperature`; the gradient clipped to `max_grad_norm` (the paper's 1.0); each micro-batch's
-    loss ÷ its mini-batch's Z. `engine`, `amp` and the metrics (means over the k steps): harness/trainer.py."""
+    loss ÷ its mini-batch's Z; `ref_model`: the KL reference (kl_coef > 0 without batch["ref_logp"]); `lr`: the k
+    steps' learning rate (None: the optimizer's). π_old's pass, the forwards and the KL reference all take their
+    log-probs from `logprobs_and_entropy`. `engine`, `amp` and the metrics (means over the k steps):
+    harness/trainer.py."""
+    trainer.set_learning_rate(optimizer, lr)   # scope.py: `warmup_lr` of the step; None: as it is
     stats = []
     minis = trainer.mini_batches(model, batch, groups, updates_per_batch, logprobs_and_entropy, amp=amp,
                                  temperature=temperature, **engine)  # k > 1: π_old's no-grad pass on 2..k first
     for mini in minis:
+        # the engine of one optimizer step; step.z: this mini-batch's Z (torchrun: all ranks' sum ÷ world)
         step = trainer.Step(model, optimizer, mini, loss_normaliser(mini["response_mask"], loss_agg, max_new_tokens),
-                            logprobs_fn=logprobs_and_entropy, kl_coef=kl_coef, tis_cap=tis_cap,
-                            temperature=temperature, **engine)  # step.z: this Z (torchrun: all ranks' sum ÷ world)
+                            logprobs_fn=logprobs_and_entropy, tis_tokens=tis_tokens, ref_model=ref_model,
+                            kl_coef=kl_coef, tis_cap=tis_cap, temperature=temperature, **engine)
         for part in step.micro_batches():  # length-sorted; DDP exchanges gradients after the last one
             # BEGIN SOLUTION update
             with amp():  # around the forward and the loss only

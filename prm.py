@@ -11,6 +11,7 @@ unscored steps, the cut and the pick are choices the paper leaves open: docs/cho
 """
 import codecs
 
+from harness.preflight import MODES_WITH_REFINER   # ("scope", "replace"): the modes that repair
 from harness.prm_engine import PRMEngine
 
 SEPARATOR = "<extra_0>"  # the Qwen2.5-Math-PRM step tag
@@ -267,7 +268,7 @@ def select_failures(trajs: list, groups, mode: str = "scope", rectify_groups: st
     largest keep ratio, then higher prefix PRM mean, then shorter (`select_candidate`). Mode "replace" keeps
     nothing of the same pick; modes other than "scope" and "replace" pick nothing."""
     # BEGIN SOLUTION scope_step
-    if mode not in ("scope", "replace"):
+    if mode not in MODES_WITH_REFINER:   # grpo, prm-reward: no repair
         return []
     picks = []
     for b in groups:

@@ -16,7 +16,7 @@ from functools import partial
 import eval as evaluation   # `eval` would shadow the builtin
 import prm
 import refine
-from grpo import build_batch, group_advantages, logprobs_and_entropy, update, zero_repair_advantages
+from grpo import build_batch, group_advantages, logprobs_and_entropy, update, warmup_lr, zero_repair_advantages
 from harness import config, wiring
 from harness.config import arg
 from harness.grader import grade
@@ -40,6 +40,7 @@ def main(args: "Args | dict") -> dict:
         for t, correct in zip(trajs, [grade(t.text, t.answer) for t in trajs]):
             t.correct, t.reward = correct, float(correct)
         # ---------------------------------------------- 3. PRM: score the failures' steps, find each first error
+        # (--mode prm-reward: every rollout is scored and its reward becomes outcome + λ · mean step score)
         with run.prm_phase():   # moves the PRM, no data changed; the next line writes the failures' PRM facts
             locate_first_errors(trajs, run.prm, run.tokenizer, args.tau, args.mode, args.prm_reward_coef)
         # ---------------------------------------------- 4. select the most promising failure of each group
@@ -53,7 +54,7 @@ def main(args: "Args | dict") -> dict:
         groups = [t.group for t in merged]
         advantages = group_advantages([t.reward for t in merged], groups=groups, scale_std=args.adv_std)
         advantages = zero_repair_advantages(merged, advantages) if args.repair_advantage == "zero" else advantages
-        # ---------------------------------------------- 7. update: --updates-per-batch optimizer steps
+        # ---------------------------------------------- 7. update: --updates-per-batch optimizer steps at the step's lr
         batch = build_batch([t.prompt_ids for t in merged], [t.response_ids for t in merged],
                             [t.offpolicy_mask for t in merged], advantages, run.pad_id)
         batch = repair_credit_only(batch, merged, args.repair_credit)   # "all" unless a credit-split control
@@ -65,6 +66,7 @@ def main(args: "Args | dict") -> dict:
                            loss_agg=args.loss_agg, max_new_tokens=args.max_new_tokens, shaping_gamma=args.shaping_gamma,
                            kl_coef=args.kl_coef, ref_model=run.ref_model, entropy_coef=args.entropy_coef,
                            tis_cap=args.tis_cap, temperature=args.temperature, max_grad_norm=args.max_grad_norm,
+                           lr=warmup_lr(args.lr, step, args.warmup_steps),   # --lr, after a linear --warmup-steps
                            **run.update_engine())   # micro-batches, chunks, autocast, torchrun: the loss unchanged
         # ---------------------------------------------- 8. sync: push the new weights into the rollout engine
         run.push_weights()
@@ -110,7 +112,8 @@ class Args(config.EngineArgs):
                                ("length", "index"))
     refine_attempts: int = arg(2, "refiner attempts per selected failure (one batched call); first correct wins")
     refiner_max_tokens: int = arg(640, "most new tokens a refiner suffix may take (and at most --max-new-tokens minus "
-                                  "the kept prefix); a suffix cut there is graded like any other, and rejected")
+                                  "the kept prefix); a suffix cut there is graded like any other: rejected unless "
+                                  "its text already holds the right answer")
     refine_prompt: str = arg("continue", "refiner prompt: continue the prefix, or hint that a mistake follows "
                              "(refine.refiner_prompt)", refine.REFINE_PROMPTS)
     merge: str = arg("replace", "a repaired trajectory replaces the failure, or joins the group",

@@ -237,7 +237,7 @@ class HFGenerator:
         else:  # plain temperature / top-p sampling: HF's default top_k=50 and any repetition penalty off
             sampling = dict(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
         if self.lean and top_p == 1.0 and device.type == "cpu":   # the library's tokens, less per-token work
-            return lean_decode(self.model, input_ids, attention_mask, max_new, temperature, self.stop, self.pad_id)[0]
+            return lean_decode(self.model, input_ids, attention_mask, max_new, temperature, self.stop, self.pad_id)
         config = GenerationConfig(max_new_tokens=max_new, eos_token_id=sorted(self.stop), pad_token_id=self.pad_id,
                                   repetition_penalty=1.0, suppress_tokens=self.suppress, use_cache=True, **sampling)
         seqs = self.model.generate(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
@@ -258,8 +258,8 @@ def lean_decode_applies(model) -> bool:
 
 
 @torch.no_grad()
-def lean_decode(model, input_ids, attention_mask, max_new: int, temperature: float, stop: set[int], pad_id: int,
-                logprobs: bool = False) -> tuple[list[list[int]], list[list[float]] | None]:
+def lean_decode(model, input_ids, attention_mask, max_new: int, temperature: float, stop: set[int],
+                pad_id: int) -> list[list[int]]:
     """HF generate's sampling loop for a Qwen2 model on the CPU, written out: the same tokens for the same torch RNG
     state (tests/test_generate.py holds it to `model.generate`), without the per-token work a tiny model pays there.
     The prompt's forward pass is the library's own (its KV cache is then copied once); each new token runs the
@@ -267,8 +267,7 @@ def lean_decode(model, input_ids, attention_mask, max_new: int, temperature: flo
     key/value heads written as they are made, instead of a cache grown by concatenation and repeated every token.
     Sampling is HF's: float32 logits / temperature, softmax, torch.multinomial over every row (a finished row
     draws too and gets `pad_id`), greedy = argmax; it stops at max_new or when every row has met a stop id.
-    input_ids, attention_mask: (b, width), left-padded. Returns the new ids per row, padded like HF's, and with
-    `logprobs` the log-prob of each sampled id under the distribution it was drawn from."""
+    input_ids, attention_mask: (b, width), left-padded. Returns the new ids per row, padded like HF's."""
     from transformers import DynamicCache
     from transformers.models.qwen2.modeling_qwen2 import apply_rotary_pos_emb
 
@@ -294,7 +293,7 @@ def lean_decode(model, input_ids, attention_mask, max_new: int, temperature: flo
     seen[:, :width] = attention_mask.bool()
     stop_ids = torch.tensor(sorted(stop))
     unfinished = torch.ones(b, dtype=torch.long)
-    new, new_logp, position, t = [], [], position[:, -1:], width
+    new, position, t = [], position[:, -1:], width
     while True:
         scores = logits if temperature in (0, 1.0) else logits / temperature   # (b, V)
         if temperature == 0:
@@ -303,8 +302,6 @@ def lean_decode(model, input_ids, attention_mask, max_new: int, temperature: flo
             token = torch.multinomial(F.softmax(scores, dim=-1), num_samples=1).squeeze(1)   # (b,)
         token = token * unfinished + pad_id * (1 - unfinished)
         new.append(token)
-        if logprobs:
-            new_logp.append(F.log_softmax(scores, dim=-1).gather(1, token[:, None]).squeeze(1))
         unfinished = unfinished & ~torch.isin(token, stop_ids)
         if len(new) >= max_new or unfinished.max() == 0:
             break
@@ -324,8 +321,7 @@ def lean_decode(model, input_ids, attention_mask, max_new: int, temperature: flo
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         logits = model.lm_head(decoder.norm(hidden))[:, -1].to(copy=True, dtype=torch.float32)   # (b, V)
         t += 1
-    ids = torch.stack(new, dim=1).tolist()   # (b, steps)
-    return ids, (torch.stack(new_logp, dim=1).tolist() if logprobs else None)
+    return torch.stack(new, dim=1).tolist()   # (b, steps)
 
 
 # ==== 3. in-process vLLM backend ====

@@ -42,8 +42,8 @@ MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
     "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-3B", "Qwen2.5-7B", "Qwen2.5-0.5B-Instruct", "Qwen2.5-1.5B-Instruct",
     "Qwen2.5-3B-Instruct", "Qwen2.5-7B-Instruct", "Qwen2.5-32B-Instruct", "Qwen2.5-Math-1.5B", "Qwen2.5-Math-7B",
     "Qwen2.5-Math-1.5B-Instruct", "Qwen2.5-Math-7B-Instruct", "Qwen2.5-Math-PRM-7B")}
-MODES_WITH_PRM = ("scope", "replace", "prm-reward")
-MODES_WITH_REFINER = ("scope", "replace")
+MODES_WITH_REFINER = ("scope", "replace")   # the modes that repair failures (prm.select_failures, the refiner)
+MODES_WITH_PRM = MODES_WITH_REFINER + ("prm-reward",)
 PROMPT_TOKENS = 256       # assumed prompt length (system prompt + a MATH question) for the plan
 COMMAND_ONLY = ("resume", "overwrite", "dry_run", "change_config", "run_name", "config")   # how this process was started
 BOOKKEEPING = ("steps", "eval_every", "save_every", "memory_check", "report_to", "dist_timeout", "grader")   # not the training
@@ -157,7 +157,7 @@ def check_args(args) -> None:
             stop(f"--report-to {args.report_to}: the {package} package is not installed ({trackers.INSTALL[package]})")
     if args.mode in MODES_WITH_PRM and args.prm == "none":
         stop(f"--prm none: --mode {args.mode} needs a PRM (--prm none only suits --mode grpo)")
-    if args.refiner_quantization != "none" and (args.mode not in ("scope", "replace") or args.toy or args.refiner_url
+    if args.refiner_quantization != "none" and (args.mode not in MODES_WITH_REFINER or args.toy or args.refiner_url
                                                 or args.refiner == "policy" or args.backend == "hf"):
         stop(f"--refiner-quantization {args.refiner_quantization}: only for a refiner on its own `vllm serve` "
              f"(--mode scope or replace, a separate --refiner, no --refiner-url, --toy or --backend hf)")

@@ -59,7 +59,7 @@ def reachable(host: str, port: int = 443, timeout: float = 3.0) -> bool:
 class WandB:
     """One W&B run per run folder (a resume continues it: the same id); offline without network."""
 
-    def __init__(self, run_dir: str, config: dict, first_step: int):
+    def __init__(self, run_dir: str, config: dict):
         import wandb
 
         mode = os.environ.get("WANDB_MODE") or ("online" if reachable("api.wandb.ai") else "offline")
@@ -88,5 +88,5 @@ def open_tracker(kind: str, run_dir: str, config: dict, first_step: int):
     if kind == "tensorboard":
         return TensorBoard(run_dir, config, first_step)
     if kind == "wandb":
-        return WandB(run_dir, config, first_step)
+        return WandB(run_dir, config)   # a resume continues the same W&B run
     return None

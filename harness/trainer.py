@@ -3,7 +3,8 @@
 `Step` runs what surrounds the loss: length-sorted micro-batches (under torchrun padded with zero-weight ones,
 so every rank runs the same forwards), one gradient exchange per step, the whole batch's Z over the ranks,
 the forward pass in chunks of float32 log-softmax at the rollout temperature, the KL reference's log-probs,
-the gradient norm of DTensor shards, the non-finite skip and the metrics. Below it: π_old's no-grad pass and the mini-batches of several steps per rollout batch.
+the gradient norm of DTensor shards, the non-finite skip and the metrics. Below it: π_old's no-grad pass and the
+mini-batches of several steps per rollout batch.
 The per-token log-prob function (grpo.logprobs_and_entropy) is passed in: harness/ imports nothing above it.
 Choices and reasons: docs/choices.md, row "7 update"; memory: docs/memory.md.
 """
@@ -21,13 +22,15 @@ class Step:
     `step.forward(part, ...)`, the loss, `step.backward(loss, terms)`; then `step.clip_gradients(max_grad_norm)`,
     optimizer.step() if it says so, optimizer.zero_grad(), `step.metrics()`."""
 
-    def __init__(self, model, optimizer, batch: dict, z: float, *, micro_batch_size: int, logprobs_fn, dist=None,
-                 ref_model=None, kl_coef: float = 0.0, tis_cap: float = 0.0, chunk_tokens: int = 512,
+    def __init__(self, model, optimizer, batch: dict, z: float, *, micro_batch_size: int, logprobs_fn, tis_tokens,
+                 dist=None, ref_model=None, kl_coef: float = 0.0, tis_cap: float = 0.0, chunk_tokens: int = 512,
                  temperature: float = 1.0):
+        """`logprobs_fn` (grpo.logprobs_and_entropy): the forward's and the KL reference's per-token log-probs;
+        `tis_tokens` (grpo.tis_tokens): the tokens the TIS metrics average over."""
         if kl_coef > 0 and batch.get("ref_logp") is None and ref_model is None:
             raise ValueError("update: kl_coef > 0 needs batch['ref_logp'] or ref_model")
         self.model, self.optimizer, self.batch, self.dist, self.ref_model = model, optimizer, batch, dist, ref_model
-        self.logprobs_fn, self.kl_coef, self.tis_cap = logprobs_fn, kl_coef, tis_cap
+        self.logprobs_fn, self.tis_tokens, self.kl_coef, self.tis_cap = logprobs_fn, tis_tokens, kl_coef, tis_cap
         self.chunk_tokens, self.temperature, self.mb = chunk_tokens, temperature, max(1, int(micro_batch_size))
         self.extents = row_extents(batch["input_ids"], batch["attention_mask"], batch["response_mask"], "update")
         self.device = next(model.parameters()).device
@@ -69,9 +72,9 @@ class Step:
         (loss * 0.0 if self.padding else loss).backward()
         if not self.padding:
             self.loss_total += float(loss.detach())
-            extra = {}   # TIS: the policy tokens that carry a weight, and the cap, for the metrics
+            extra = {}   # TIS: the tokens that carry a weight, and the cap, for the metrics
             if terms.get("is_weight") is not None:
-                extra = {"is_mask": self.part["sampler_mask"].bool() & terms["on"], "is_cap": float(self.tis_cap)}
+                extra = {"is_mask": self.tis_tokens(self.part), "is_cap": float(self.tis_cap)}
             self.parts.append({**terms, **extra})
 
     def clip_gradients(self, max_grad_norm) -> bool:
@@ -98,12 +101,12 @@ class Step:
 # Several optimizer steps per rollout batch: π_old, mini-batches of whole groups, their metrics
 # ---------------------------------------------------------------------------------------------------
 def mini_batches(model, batch: dict, groups: list[int] | None, k: int, logprobs_fn, *, micro_batch_size: int,
-                 amp=contextlib.nullcontext, dist=None, chunk_tokens: int = 512, temperature: float = 1.0,
-                 **_) -> list[dict]:
+                 amp=contextlib.nullcontext, dist=None, chunk_tokens: int = 512, temperature: float = 1.0
+                 ) -> list[dict]:
     """The k mini-batches of whole groups that grpo.update steps on, in order (k = 1: the batch itself). With k > 1
     the first one carries no π_old: no weight has moved when it steps, so its π_old is its own first forward,
     detached (ρ = 1, as grpo.update reads it). Mini-batches 2..k take batch["old_logp"], else `old_logprobs` over
-    their rows first (log-probs only). `logprobs_fn` and `_`: Step's other settings."""
+    their rows first, by the update's own `logprobs_fn`."""
     if k == 1:
         return [batch]
     if k < 1:
@@ -113,18 +116,18 @@ def mini_batches(model, batch: dict, groups: list[int] | None, k: int, logprobs_
     first, *rest = group_mini_batches(batch, groups, k)
     first.pop("old_logp", None)
     if batch.get("old_logp") is None:
-        rest = [{**mini, "old_logp": old_logprobs(model, mini, micro_batch_size=micro_batch_size, amp=amp, dist=dist,
-                                                  chunk_tokens=chunk_tokens, temperature=temperature)}
-                for mini in rest]
+        rest = [{**mini, "old_logp": old_logprobs(model, mini, logprobs_fn=logprobs_fn, amp=amp, dist=dist,
+                                                  micro_batch_size=micro_batch_size, chunk_tokens=chunk_tokens,
+                                                  temperature=temperature)} for mini in rest]
     return [first, *rest]
 
 
 @torch.no_grad()
-def old_logprobs(model, batch: dict, *, micro_batch_size: int, chunk_tokens: int = 512, amp=contextlib.nullcontext,
-                 dist=None, temperature: float = 1.0) -> Tensor:
-    """π_old: log π(token) of every row (N, L), 0 off the response, in the update's micro-batches and under its
-    `amp`, so that a step's ρ is 1 up to float noise where no weight has moved; no entropy (`taken_logprobs`);
-    under torchrun padded like `Step`."""
+def old_logprobs(model, batch: dict, *, logprobs_fn, micro_batch_size: int, chunk_tokens: int = 512,
+                 amp=contextlib.nullcontext, dist=None, temperature: float = 1.0) -> Tensor:
+    """π_old: log π(token) of every row (N, L), 0 off the response, by the update's own `logprobs_fn`
+    (grpo.logprobs_and_entropy), in its micro-batches and under its `amp`, so that a step's ρ is 1 up to float
+    noise where no weight has moved; the entropy it also returns is dropped; under torchrun padded like `Step`."""
     extents = row_extents(batch["input_ids"], batch["attention_mask"], batch["response_mask"], "old_logprobs")
     device = next(model.parameters()).device
     plan = length_sorted_micro_batches(extents, micro_batch_size)
@@ -134,22 +137,13 @@ def old_logprobs(model, batch: dict, *, micro_batch_size: int, chunk_tokens: int
         part, keep, padding = micro_batch(batch, plan, i, extents, device)
         with amp():
             logp, _ = forward_logprobs(model, part["input_ids"], part["attention_mask"], part["response_mask"],
-                                       taken_logprobs, entropy_grad=False, keep=keep, chunk_tokens=chunk_tokens,
+                                       logprobs_fn, entropy_grad=False, keep=keep, chunk_tokens=chunk_tokens,
                                        temperature=temperature)  # (n, L)
         if old is None:
             old = torch.zeros(batch["input_ids"].shape, dtype=logp.dtype, device=batch["input_ids"].device)
         if not padding:
             old[torch.tensor(plan[i], device=old.device)] = logp.to(old.device)
     return old  # (N, L)
-
-
-def taken_logprobs(logits: Tensor, targets: Tensor, entropy_grad: bool = False) -> tuple[Tensor, Tensor]:
-    """(log π(target), zeros), both (n, T): the log-probs of grpo.logprobs_and_entropy by the same operations
-    (float32 log-softmax, gather), without its entropy pass over the vocabulary, which π_old never reads."""
-    if logits.dtype in (torch.float16, torch.bfloat16):
-        logits = logits.float()
-    taken = F.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (n, T)
-    return taken, torch.zeros_like(taken)
 
 
 def group_order(groups: list[int], k: int) -> list[list[int]]:
@@ -169,6 +163,13 @@ def group_mini_batches(batch: dict, groups: list[int], k: int) -> list[dict]:
         rows = torch.tensor([i for i, g in enumerate(groups) if g in chunk], device=batch["input_ids"].device)
         out.append({key: v[rows] if isinstance(v, Tensor) else v for key, v in batch.items()})
     return out
+
+
+def set_learning_rate(optimizer, lr: float | None) -> None:
+    """Every parameter group's learning rate to `lr` (grpo.update's, from scope.py's warm-up); None: left as it is."""
+    if lr is not None:
+        for group in optimizer.param_groups:
+            group["lr"] = lr
 
 
 def mean_metrics(steps: list[dict]) -> dict:
@@ -252,36 +253,12 @@ def tempered(logits: Tensor, targets: Tensor, logprobs_fn, entropy_grad: bool, t
 # ---------------------------------------------------------------------------------------------------
 # Metrics, micro-batches, shape checks
 # ---------------------------------------------------------------------------------------------------
-def rewards_in_groups(rewards, group_size: int | None) -> Tensor:
-    """grpo.group_advantages' input as a float (B, G) tensor: rewards (B*G,) laid out group by group."""
-    rewards = torch.as_tensor(rewards)
-    if not rewards.is_floating_point():
-        rewards = rewards.float()
-    if rewards.dim() != 1:
-        raise ValueError(f"group_advantages: rewards must be 1-D (B*G,), got shape {tuple(rewards.shape)}")
-    if group_size is None or group_size < 1 or rewards.numel() % group_size != 0:
-        raise ValueError(f"group_advantages: {rewards.numel()} rewards do not split into groups of "
-                         f"group_size={group_size}")
-    return rewards.view(-1, group_size)  # (B, G)
-
-
-def per_group(advantages_fn, rewards, groups: list, scale_std: bool) -> Tensor:
-    """`advantages_fn` (grpo.group_advantages) on each group of `groups` (each row's group, any sizes, any order)
-    as one group of its own size; the results back in the rows' order, (N,)."""
-    rewards = torch.as_tensor(rewards, dtype=torch.float32)  # (N,)
-    out = torch.zeros_like(rewards)  # (N,)
-    for g in dict.fromkeys(groups):
-        idx = torch.tensor([i for i, h in enumerate(groups) if h == g])
-        out[idx] = advantages_fn(rewards[idx], len(idx), scale_std)
-    return out
-
-
 def loss_metrics(terms: dict) -> dict:
     """Python-float metrics of `policy_loss`'s terms (one batch, or micro-batches joined by `join_terms`):
     clip fraction and mean ratio over the policy's tokens, mean f(π) over the refiner's, the refiner's share
     of response tokens, KL and entropy as means over response tokens, entropy_policy over the policy's
     tokens only (0 where a set is empty); with importance weights, their mean and the share of policy tokens
-    at the cap, over the policy tokens that carry one (`is_mask`)."""
+    at the cap, over the tokens that carry one (`is_mask`, grpo.tis_tokens)."""
     on, off = terms["on"], terms["off"]
     resp = on | off
 
@@ -293,7 +270,7 @@ def loss_metrics(terms: dict) -> dict:
                "kl": mean_over(terms["kl"], resp), "entropy": mean_over(terms["entropy"], resp),
                "entropy_policy": mean_over(terms["entropy"], on)}
     if terms.get("is_weight") is not None and terms.get("is_mask") is not None:
-        weighted, w = terms["is_mask"].bool() & on, terms["is_weight"]
+        weighted, w = terms["is_mask"].bool(), terms["is_weight"]
         metrics.update(tis_weight_mean=mean_over(w, weighted),
                        tis_capped_frac=mean_over((w >= terms["is_cap"]).double(), weighted))
     return metrics

@@ -213,7 +213,7 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, refiner_
     model through HF generate; or the toy oracle.
     A server that does not start falls back to HF generate only where preflight.check_refiner_fallback finds
     room (the CPU, or enough free GPU memory); otherwise the run stops in one line naming the flags that fit."""
-    if args.mode not in ("scope", "replace"):
+    if args.mode not in preflight.MODES_WITH_REFINER:
         return None
     prompt = functools.partial(refiner_prompt, style=args.refine_prompt)   # refine.refiner_prompt, --refine-prompt
     if args.refiner == "policy":   # self-refinement: the current policy, through the same engine
@@ -433,7 +433,7 @@ class Paper:
     evaluate: object               # eval.evaluate: the periodic held-out accuracy (`Run.evaluate`)
     near_miss_at_k: object         # eval.near_miss_at_k and ...
     discarded_valid_share: object  # ... eval.discarded_valid_share: two of the step's metrics (`step_metrics`)
-    logprobs: object = None        # grpo.logprobs_and_entropy: π_old beside the PRM and refiner (harness/overlap.py)
+    logprobs: object = None        # grpo.logprobs_and_entropy: the π_old pass `rollout` starts (harness/overlap.py)
     refiner_prompt: object = None  # refine.refiner_prompt: what `Refiner` sends the refiner (`load_refiner`)
 
 
@@ -514,9 +514,6 @@ class Run:
                          desc="steps", disable=not sys.stderr.isatty() or not self.dist.main):
             self.step, self.times, self.t0, self.unavailable = step, {}, time.time(), False
             torch.manual_seed(self.seed("torch"))
-            if a.warmup_steps:   # the learning rate of this step: linear warm-up to --lr over --warmup-steps
-                for group in self.optimizer.param_groups:
-                    group["lr"] = a.lr * min(1.0, step / a.warmup_steps)
             rng, n = np.random.default_rng(self.seed("prompts")), len(self.train_problems)
             yield step, [self.train_problems[i] for i in rng.choice(n, size=B, replace=n < B)], mine
 
@@ -598,8 +595,8 @@ class Run:
             later = overlap.later_rows([t.group for t in trajs], a.updates_per_batch)
             self.old_logp = overlap.OldLogprobs(
                 self.policy, [t for t, x in zip(trajs, later) if x], self.pad_id, stream=self.old_logp_stream,
-                micro_batch_size=a.micro_batch_size, chunk_tokens=a.logprob_chunk, amp=self.update_amp,
-                temperature=a.temperature)
+                logprobs_fn=self.paper.logprobs, micro_batch_size=a.micro_batch_size, chunk_tokens=a.logprob_chunk,
+                amp=self.update_amp, temperature=a.temperature)
         return trajs
 
     @property

@@ -264,6 +264,13 @@ def toy_model_dir(tmp_path_factory):
     return toy.cache_path(cache, seed=0, **kw)
 
 
+def pace() -> float:
+    """How many times slower than a quiet machine this one runs now: the 1-minute load average per core, at least
+    1. A wall-clock bound that guards against a hang or expensive work (not a benchmark) is multiplied by it, so a
+    busy machine makes a test slower, never failed."""
+    return max(1.0, os.getloadavg()[0] / (os.cpu_count() or 1))
+
+
 # ------------------------------------------------------------------------------------- scope.py as a subprocess
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEFT_ALONE = ("__pycache__", ".pytest_cache")   # Python's and pytest's own caches

@@ -1,5 +1,5 @@
 """One rank of tests/test_dist.py's gradient check, launched by `python -m torch.distributed.run --standalone
---nproc_per_node 2 tests/dist_worker.py OUT.json` (gloo, float64, a tiny random Qwen2).
+--nproc_per_node 2 tests/dist_worker.py OUT.json TIMEOUT_S` (gloo, float64, a tiny random Qwen2).
 
 Every rank builds the same global batch of B groups and the one-process gradient of all of it (grpo.update on a
 plain copy of the model); then it trains its slice of whole groups through DDP and through FSDP2
@@ -123,8 +123,8 @@ def probe_sees_no_sync(base, d) -> list[int]:
     return probe.counts
 
 
-def main(out_path):
-    d = dist.init(timeout_s=60)
+def main(out_path, timeout_s):
+    d = dist.init(timeout_s=timeout_s)   # the launching test's bound on a collective wait (it scales with load)
     base = tiny_model()
     results = {}
     for wrapper in ("ddp", "fsdp"):
@@ -156,4 +156,4 @@ def main(out_path):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], float(sys.argv[2]))

@@ -9,7 +9,9 @@
 - the FSDP2 weight push (dist.FullView) in a one-process gloo group: one full tensor gathered at a time.
 
 The torchrun launches are `slow` (tens of seconds each on 2 cores); one more runs `--updates-per-batch 2` under
-FSDP2 with ragged groups (the π_old pass and both steps keep the ranks' forward counts equal).
+FSDP2 with ragged groups (the π_old pass and both steps keep the ranks' forward counts equal). Their time bounds
+(`bounds`) scale with the machine's load, so a busy machine makes a launch slower, never a failure: a rank that
+waits for a starved peer is not a deadlock.
 """
 import json
 import os
@@ -18,14 +20,23 @@ import sys
 
 import pytest
 
-from conftest import ROOT, run_scope
+from conftest import ROOT, pace, run_scope
 
 LAUNCH = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2"]
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
-def launch(args, cwd, timeout=300):
-    """A 2-process torchrun launch; a non-zero exit or a timeout fails with its output."""
+def bounds() -> tuple[int, int]:
+    """(seconds a rank may wait in a collective, seconds a whole launch may take) on this machine now: 300 and
+    900 on a quiet machine (a launch takes 20-60 s there), times the 1-minute load average per core when that is
+    above 1. The collective bound stays below the launch's, so a real deadlock still ends in gloo's error, with
+    each rank's traceback, before the launch is killed."""
+    return round(300 * pace()), round(900 * pace())
+
+
+def launch(args, cwd):
+    """A 2-process torchrun launch; a non-zero exit or a timeout (`bounds`) fails with its output."""
+    timeout = bounds()[1]
     try:
         proc = subprocess.run([*LAUNCH, *args], cwd=cwd, env=ENV, capture_output=True, text=True, timeout=timeout)
     except subprocess.TimeoutExpired as e:
@@ -47,7 +58,7 @@ def test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient(tmp_path):
     reduce-scatter (every rank then keeps a full-size fp32 gradient: the 8-GPU 7B run's first update ran out
     of memory)."""
     out = tmp_path / "grads.json"
-    launch([os.path.join(ROOT, "tests", "dist_worker.py"), str(out)], cwd=tmp_path)
+    launch([os.path.join(ROOT, "tests", "dist_worker.py"), str(out), str(bounds()[0])], cwd=tmp_path)
     results = json.loads(out.read_text())
     probe = results.pop("probe")["unsharded_after_backward"]
     assert probe and probe[0] > 0                                     # the count sees a no_sync backward's gradients
@@ -69,8 +80,8 @@ def test_ddp_and_fsdp2_gradients_equal_the_one_process_gradient(tmp_path):
 def test_torchrun_toy_run_and_resume_match_one_process(tmp_path, toy_model_dir):
     common = ["--toy", "--model", toy_model_dir, "--prompts-per-step", "4", "--group-size", "4",
               "--max-new-tokens", "64", "--micro-batch-size", "4", "--eval-every", "2", "--eval-size", "8",
-              "--save-every", "1", "--merge", "append", "--dist-timeout", "60"]
-    run_scope([*common, "--steps", "2", "--run-name", "one"], cwd=tmp_path)
+              "--save-every", "1", "--merge", "append", "--dist-timeout", str(bounds()[0])]
+    run_scope([*common, "--steps", "2", "--run-name", "one"], cwd=tmp_path, timeout=bounds()[1])
     launch([os.path.join(ROOT, "scope.py"), *common, "--steps", "1", "--run-name", "two"], cwd=tmp_path)
     assert not (tmp_path / "runs" / "two" / "lock").exists()
     launch([os.path.join(ROOT, "scope.py"), "--resume", "runs/two", "--steps", "2"], cwd=tmp_path)
@@ -194,8 +205,8 @@ def test_torchrun_two_updates_per_batch_run_the_same_forwards_on_every_rank(tmp_
     all-gathers in each; a rank-dependent count deadlocks), and every step trains (none skipped)."""
     launch([os.path.join(ROOT, "scope.py"), "--toy", "--model", toy_model_dir, "--prompts-per-step", "4",
             "--group-size", "4", "--max-new-tokens", "64", "--micro-batch-size", "2", "--eval-every", "0",
-            "--merge", "append", "--updates-per-batch", "2", "--fsdp", "--dist-timeout", "60", "--steps", "2",
-            "--run-name", "k2"], cwd=tmp_path)
+            "--merge", "append", "--updates-per-batch", "2", "--fsdp", "--dist-timeout", str(bounds()[0]),
+            "--steps", "2", "--run-name", "k2"], cwd=tmp_path)
     rows = read_jsonl(tmp_path / "runs" / "k2" / "metrics.jsonl")
     assert [m["step"] for m in rows] == [1, 2]
     assert all(m["skipped"] == 0 and m["grad_norm"] > 0 for m in rows), rows

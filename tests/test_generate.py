@@ -185,9 +185,9 @@ def test_lean_decode_gives_hf_generates_samples(bpe_tokenizer, temperature):
     assert len({tuple(c.ids) for c in flat}) > 3
 
 
-def test_lean_decode_logprobs_are_generates(bpe_tokenizer):
-    """lean_decode's log-prob of each sampled id is log_softmax(logits / T) of the logits HF generate reports for
-    that step (output_logits), bit for bit, and its ids are generate's, padding of finished rows included."""
+def test_lean_decode_samples_generates_ids(bpe_tokenizer):
+    """lean_decode's ids are HF generate's for the same torch RNG state, padding of finished rows included, at a
+    temperature where sampling is real (generate's own log-probs of them are not all near 0)."""
     from transformers import GenerationConfig
 
     from harness.generate import lean_decode
@@ -203,11 +203,10 @@ def test_lean_decode_logprobs_are_generates(bpe_tokenizer):
     torch.manual_seed(11)
     out = model.generate(input_ids=ids, attention_mask=mask, generation_config=config)
     torch.manual_seed(11)
-    lean_ids, lean_logp = lean_decode(model, ids, mask, 20, 0.6, {bpe_tokenizer.eos_token_id}, pad, logprobs=True)
+    lean_ids = lean_decode(model, ids, mask, 20, 0.6, {bpe_tokenizer.eos_token_id}, pad)
     sampled = out.sequences[:, width:]  # (3, steps)
     assert lean_ids == sampled.tolist()
     logp = torch.log_softmax(torch.stack(out.logits, dim=1) / 0.6, dim=-1).gather(2, sampled[..., None])[..., 0]
-    assert torch.equal(torch.tensor(lean_logp), logp)
     assert (logp < -0.01).any()   # real sampling, not a saturated distribution
 
 

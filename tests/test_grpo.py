@@ -12,7 +12,8 @@ from torch.testing import assert_close
 
 from conftest import make_char_tokenizer, make_tiny_causal_lm
 from grpo import (build_batch, clipped_surrogate, entropy_from_logprobs, group_advantages, logprobs_and_entropy,
-                  loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs, truncated_is_weight, update)
+                  loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs, truncated_is_weight, update,
+                  warmup_lr)
 from harness.trainer import (chunked_logprobs_and_entropy, length_sorted_micro_batches, loss_metrics, padding_share,
                              sampler_rows)
 
@@ -387,6 +388,25 @@ def test_update_loss_equals_policy_loss():
     got = update(model, torch.optim.SGD(model.parameters(), lr=0.0), batch, micro_batch_size=3,
                  max_new_tokens=6, entropy_coef=0.01)
     assert_close({k: got[k] for k in want}, want, rtol=1e-9, atol=1e-12)
+
+
+def test_the_warm_up_sets_each_steps_learning_rate_in_update():
+    """warmup_lr by hand (lr 1e-3 over 4 steps: 2.5e-4 at step 1, 1e-3 from step 4 on; 0 steps: lr throughout), and
+    update trains at the lr it is given: a resumed optimizer keeps its checkpoint's lr, so the step's own must win
+    (None: the optimizer's lr stays)."""
+    assert [warmup_lr(1e-3, s, 4) for s in (1, 2, 4, 9)] == pytest.approx([2.5e-4, 5e-4, 1e-3, 1e-3], abs=0)
+    assert warmup_lr(1e-3, 1, 0) == 1e-3
+    tok = make_char_tokenizer()
+    model = make_tiny_causal_lm(tok).double()
+    batch = prepared(model, tok, n=4)
+    moved = []
+    for lr in (None, 0.5):
+        net = copy.deepcopy(model)
+        opt = torch.optim.SGD(net.parameters(), lr=0.0)
+        update(net, opt, batch, micro_batch_size=4, max_new_tokens=6, lr=lr)
+        assert opt.param_groups[0]["lr"] == (0.0 if lr is None else 0.5)
+        moved.append(max(float((a - b).detach().abs().max()) for a, b in zip(net.parameters(), model.parameters())))
+    assert moved[0] == 0.0 and moved[1] > 1e-6   # lr 0 kept: nothing moves; lr 0.5 given: the weights move
 
 
 def test_update_computes_its_loss_with_policy_loss(monkeypatch):

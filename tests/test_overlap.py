@@ -27,6 +27,8 @@ sys.path.insert(0, ROOT)
 import grpo  # noqa: E402
 from harness import overlap, trainer  # noqa: E402
 
+LOGPROBS = grpo.logprobs_and_entropy   # the engine's log-prob function, as scope.py passes it
+
 
 def traj(prompt, response):
     return types.SimpleNamespace(prompt_ids=list(prompt), response_ids=list(response))
@@ -90,9 +92,9 @@ def test_reused_old_logp_equals_the_update_pass_on_every_policy_token(rollouts_a
     micro-batches, other padding widths) equals the update's own pass over the merged batch to 1e-6 (float32
     reduction order differs with the micro-batch shapes; the values are of order 1-10), and is 0 elsewhere."""
     model, trajs, batch = rollouts_and_merged
-    job = overlap.OldLogprobs(model, trajs, 0, micro_batch_size=3, chunk_tokens=0)
+    job = overlap.OldLogprobs(model, trajs, 0, logprobs_fn=LOGPROBS, micro_batch_size=3, chunk_tokens=0)
     reused = job.for_batch(batch)
-    in_update = trainer.old_logprobs(model, batch, micro_batch_size=4)
+    in_update = trainer.old_logprobs(model, batch, logprobs_fn=LOGPROBS, micro_batch_size=4)
     on = batch["response_mask"].bool() & ~batch["offpolicy_mask"].bool()
     assert reused is not None and reused.shape == in_update.shape
     assert on.sum() == 12 + 4 + 15 + 5 + 2 and in_update[on].abs().min() > 0.1   # the check is not vacuous
@@ -124,7 +126,8 @@ def test_the_pass_starts_after_every_stream_of_the_device(rollouts_and_merged, m
     monkeypatch.setattr(torch.cuda, "stream", lambda stream: contextlib.nullcontext())
     monkeypatch.setattr(overlap.trainer, "old_logprobs", lambda *a, **k: (
         seen.append(("pass", threading.current_thread().name)), real_old_logprobs(*a, **k))[1])
-    job = overlap.OldLogprobs(model, trajs, 0, stream=Side(), micro_batch_size=3, chunk_tokens=0)
+    job = overlap.OldLogprobs(model, trajs, 0, stream=Side(), logprobs_fn=LOGPROBS, micro_batch_size=3,
+                              chunk_tokens=0)
     job.result()
     assert seen == [("device synchronize", "cuda:0", threading.current_thread().name), ("pass", "old-logprobs"),
                     ("side stream synchronize", "old-logprobs")]
@@ -134,7 +137,7 @@ def test_a_row_that_is_no_rollouts_prefix_gives_none(rollouts_and_merged):
     model, trajs, batch = rollouts_and_merged
     ids = batch["input_ids"].clone()
     ids[1, 8] = (ids[1, 8] + 1) % 50 + 5   # a kept-prefix token that no rollout has
-    job = overlap.OldLogprobs(model, trajs, 0, micro_batch_size=8, chunk_tokens=0)
+    job = overlap.OldLogprobs(model, trajs, 0, logprobs_fn=LOGPROBS, micro_batch_size=8, chunk_tokens=0)
     assert job.for_batch({**batch, "input_ids": ids}) is None
 
 
@@ -147,7 +150,7 @@ def test_a_failure_in_the_thread_is_one_line():
         def forward(self, **kw):
             raise RuntimeError("CUDA out of memory.\nTried to allocate 2 GiB")
 
-    job = overlap.OldLogprobs(Broken(), [traj([1, 2], [3, 4])], 0, micro_batch_size=1)
+    job = overlap.OldLogprobs(Broken(), [traj([1, 2], [3, 4])], 0, logprobs_fn=LOGPROBS, micro_batch_size=1)
     with pytest.raises(SystemExit) as err:
         job.result()
     message = str(err.value)
@@ -247,10 +250,12 @@ def grouped_batch(model_seed: int = 5):
     return model, grpo.build_batch(prompts, responses, [None] * 8, adv, pad_id=0), [0, 0, 1, 1, 2, 2, 3, 3]
 
 
-def test_the_pi_old_pass_covers_mini_batches_2_to_k_only_and_reads_no_entropy(monkeypatch):
+def test_the_pi_old_pass_covers_mini_batches_2_to_k_only_with_the_same_logprobs(monkeypatch):
     """With --updates-per-batch 2 the no-grad π_old pass runs over the second mini-batch's rows only (the first
-    steps before any weight moves: its π_old is its own forward), and never calls the paper's log-prob-and-entropy
-    function (whose entropy π_old never reads): that function runs only in the update's forwards, with gradients."""
+    steps before any weight moves: its π_old is its own forward), and it takes its log-probs from the same function
+    as the update's forwards (grpo.logprobs_and_entropy, passed down): ρ = 1 where no weight has moved depends on
+    the two being one. Micro-batches of 3: π_old's 4 rows are 2 calls without gradients, then the 2 mini-batches'
+    4 micro-batches are 4 calls with them."""
     model, batch, groups = grouped_batch()
     no_grad_rows, calls = [], []
     model.register_forward_hook(lambda m, args, kwargs, out: no_grad_rows.append(
@@ -260,7 +265,7 @@ def test_the_pi_old_pass_covers_mini_batches_2_to_k_only_and_reads_no_entropy(mo
     grpo.update(model.train(), torch.optim.SGD(model.parameters(), lr=0.1), batch, groups, updates_per_batch=2,
                 micro_batch_size=3, chunk_tokens=0, max_new_tokens=12)
     assert sum(no_grad_rows) == 4   # groups 2 and 3, not all 8 rows
-    assert calls and all(calls)     # only the update's forwards
+    assert calls == [False, False, True, True, True, True]   # π_old's pass, then the update's forwards
 
 
 def test_an_update_of_two_mini_batches_equals_the_whole_batch_pass():
@@ -272,7 +277,7 @@ def test_an_update_of_two_mini_batches_equals_the_whole_batch_pass():
     model, batch, groups = grouped_batch()
     reference, ours = copy.deepcopy(model).train(), copy.deepcopy(model).train()
     kw = dict(micro_batch_size=3, chunk_tokens=0, max_new_tokens=12, clip_eps=0.2)
-    old = trainer.old_logprobs(reference, batch, micro_batch_size=3, chunk_tokens=0)
+    old = trainer.old_logprobs(reference, batch, logprobs_fn=LOGPROBS, micro_batch_size=3, chunk_tokens=0)
     opt = torch.optim.SGD(reference.parameters(), lr=1.0)   # AdamW would blow float noise on ~0 gradients up
     ref_stats = [grpo.update(reference, opt, mini, **kw)
                  for mini in trainer.group_mini_batches({**batch, "old_logp": old}, groups, 2)]

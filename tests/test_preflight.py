@@ -16,6 +16,7 @@ import pytest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
+from conftest import pace  # noqa: E402
 from harness import preflight  # noqa: E402
 import scope  # noqa: E402
 
@@ -357,7 +358,7 @@ def test_dry_run_offline_prints_the_plan_and_exits(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), "--model", "Qwen2.5-1.5B", "--device",
                            "cpu", "--dataset", str(data), "--eval-dataset", str(data)],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and time.time() - t0 < 30
+    assert proc.returncode == 2 and time.time() - t0 < 30 * pace()
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert len(errors) == 1 and "no network" in errors[0] and "hf download Qwen/Qwen2.5-1.5B" in errors[0]
     assert "Retrying" not in proc.stderr and "Traceback" not in proc.stderr
@@ -370,7 +371,7 @@ def test_rejected_flag_from_the_command_line_is_fast(tmp_path):
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), "--toy", "--group-size", "0"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=60,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
-    assert proc.returncode == 2 and time.time() - t0 < 20
+    assert proc.returncode == 2 and time.time() - t0 < 20 * pace()
     assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "--group-size 0" in proc.stderr
     assert not (tmp_path / "runs").exists()
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scope.py"), "--resume", "runs/nope"],

@@ -5,6 +5,7 @@ import time
 
 import pytest
 
+from conftest import pace
 from harness import toy
 
 
@@ -164,7 +165,7 @@ def test_warm_start_caches(tmp_path, monkeypatch):
     monkeypatch.setattr(toy, "_sft", no_training)
     t0 = time.time()
     again, tok2 = toy.warm_start(str(tmp_path), seed=0, **kw)
-    assert time.time() - t0 < 10
+    assert time.time() - t0 < 10 * pace()
     for (name, a), (_, b) in zip(model.state_dict().items(), again.state_dict().items()):
         assert (a == b).all(), name
     assert tok2.get_vocab() == tok.get_vocab()

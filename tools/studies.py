@@ -438,13 +438,14 @@ def mechanism(results: list[dict], args) -> dict:
     import torch
 
     from harness.generate import load_causal_lm
+    from harness.preflight import MODES_WITH_REFINER
 
     torch.set_num_threads(1)
     models, out = {}, {}
     for (group, row), rs in _by_group_row(results).items():
         traces = [(r, json.loads(line)) for r in rs for line in open(os.path.join("runs", r["name"], "traces.jsonl"))]
         acc = [(r, t) for r, t in traces if t["accepted"]]
-        if not acc or flag_value(rs[0]["flags"], "--mode", "scope") not in ("scope", "replace"):
+        if not acc or flag_value(rs[0]["flags"], "--mode", "scope") not in MODES_WITH_REFINER:
             continue
         if group not in models:
             models[group] = load_causal_lm(start_path(rs[0], args), "cpu")

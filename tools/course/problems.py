@@ -73,7 +73,7 @@ UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch"
                 "tests/test_grpo.py::test_ddp_exchanges_gradients_on_the_last_micro_batch_of_each_step_only",
                 "tests/test_course_checks.py::test_update_hands_policy_loss_a_detached_old_logp",
                 "tests/test_overlap.py::test_an_update_of_two_mini_batches_equals_the_whole_batch_pass",
-                "tests/test_overlap.py::test_the_pi_old_pass_covers_mini_batches_2_to_k_only_and_reads_no_entropy")
+                "tests/test_overlap.py::test_the_pi_old_pass_covers_mini_batches_2_to_k_only_with_the_same_logprobs")
 CHECKS = "tests/test_course_checks.py::"   # checks that teach: each catches a classic mistake of its problem
 # problem 6's four functions one by one (seconds): locate, select and the two repairs run split_steps,
 # step_token_spans and first_error; the repairs run splice
