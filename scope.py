@@ -26,11 +26,11 @@ from refine import rectify, repair_credit_only
 MODES = ("scope", "grpo", "replace", "prm-reward")
 
 
-@config.library_call(lambda: Args)   # from Python: a dict or Args resolved as typed flags, a refusal raised
+# From Python: main({"toy": True, "steps": 5, "run_name": "nb"}) or main(Args(toy=True, ...)), resolved as typed
+# flags; a refusal raises harness.runs.Refused (a ValueError naming the keys: run_name=...), a dry run returns its plan
+@config.library_call(lambda: Args)
 def main(args: "Args | dict") -> dict:
-    """One training run; returns the closing summary as a dict (run_dir, minutes, eval_acc_before/after, ...).
-    From Python: `main({"toy": True, "steps": 5, "run_name": "nb"})` or `main(Args(toy=True, ...))`; a refusal
-    raises harness.runs.Refused (a ValueError naming the keys: run_name=...), a dry run returns its plan."""
+    """One training run; returns its closing summary, a dict (from Python: the decorator's comment above)."""
     run = wiring.start(args, paper())   # pre-flight (a refusal is one line, exit 2), run folder, models, logs
     run.eval_before_training()   # a new run with --eval-every: step 0's accuracy, the "before" of the summary
     for step, problems, mine in run.steps():   # B problems drawn from (seed, step); `mine`: this rank's groups

@@ -189,7 +189,7 @@ def test_each_rank_resumes_its_own_cuda_rng_state(tmp_path, monkeypatch):
 
     model = torch.nn.Linear(2, 2)
     optimizer = torch.optim.AdamW(model.parameters())
-    run = SimpleNamespace(policy=Saved(), optimizer=optimizer, tokenizer=Saved(), args=SimpleNamespace(fsdp=False),
+    run = SimpleNamespace(policy=Saved(), optimizer=optimizer, tokenizer=Saved(), args=SimpleNamespace(fsdp=False, lora_rank=0),
                           dist=TwoRanks(rank=0, world=2), run_dir=str(tmp_path))
     wiring.Run.checkpoint(run, 1)
     for rank in (0, 1):

@@ -332,8 +332,7 @@ def test_a_gpu_too_small_stops_with_the_flags_that_fit(monkeypatch, capsys):
     for way in line.split("fit with: ")[1].split(" | "):   # every suggestion really fits
         flags = way.split(" (")[0].split()
         change = {flags[i][2:].replace("-", "_"): flags[i + 1] for i in range(0, len(flags), 2)}
-        change = {k: int(v) if k == "micro_batch_size" else float(v) if k == "refiner_mem" else v
-                  for k, v in change.items()}
+        change = {k: type(getattr(args, k))(v) for k, v in change.items()}   # each flag's own type
         trial = scope.Args(**{**vars(args), **change})
         assert preflight.plan_total(preflight.memory_plan(trial, gib, True)[0]) <= 0.9 * gib
     small = scope.Args(model="Qwen2.5-0.5B", mode="grpo", prm="none", micro_batch_size=1)
@@ -457,7 +456,9 @@ def test_a_refiner_server_that_fails_for_memory_stops_instead_of_loading_7b(monk
         wiring.load_refiner(args, None, None, "cuda:0", str(tmp_path), scope.refine.refiner_prompt)
     assert exc.value.code == 2 and loaded == []
     err = [x for x in capsys.readouterr().err.strip().splitlines() if x]
-    assert len(err) == 1 and "--refiner policy" in err[0] and "refiner_server.log" in err[0], err
+    assert "--refiner policy" in err[0] and "refiner_server.log" in err[0], err   # the refusal, then the log's tail
+    assert err[1:3] == ["the server exited during start-up (exit code 1); last lines:", "CUDA out of memory"], err
+    assert len(err) == 4 and err[3].startswith("hint: ") and "memory" in err[3], err   # the hint that fits the log
     refiner = wiring.load_refiner(args, None, None, "cpu", str(tmp_path), scope.refine.refiner_prompt)   # the CPU: HF generate is safe
     assert loaded == [args.refiner] and refiner.generator == ("hf", 48)
 
