@@ -281,4 +281,5 @@ def test_the_help_the_install_block_and_the_toy_example_are_true(capsys):
     assert all(arg == toy.TASK_DEFAULTS["max_factor"] for sym, arg in toy.parse_question(example)[1] if sym == "*")
     assert f"\\boxed{{{chain[-1]}}}" in toy.__doc__.replace("\\\\", "\\")
     tests = open(os.path.join(root, "README.md")).read().split("## Tests", 1)[1].split("\n## ", 1)[0]
-    assert "about 200 s quiet, 250 s busy" in tests and "about 24 min quiet, 30 min busy" in tests
+    assert re.search(r"the default tier: .*CI, 2 cores, quiet: about \d+ min", tests), tests   # CI's own figures
+    assert re.search(r"the slow tier: .*CI, 2 cores, quiet: about \d+ min", tests), tests
