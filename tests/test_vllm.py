@@ -20,7 +20,8 @@ SFT steps so that greedy decoding says something that ends with EOS. One engine 
 6. a two-step real-path run with Qwen2.5's real tokenizer (tiny random policy, PRM, separate refiner) through
    vLLM: policy rollouts in-process, the refiner on its own `vllm serve` (log in the run folder), and no
    server process left afterwards;
-7. refiner tokens/s through `vllm serve` vs HF generate, same tiny model and prompts (printed; the figures in docs/vllm.md).
+7. refiner tokens/s through `vllm serve` vs HF generate, same tiny model and prompts (printed; the figures in docs/vllm.md):
+   a benchmark (marker `bench`, 90 s), which the CI stage leaves out; run it by name (docs/vllm.md).
 8. the tiny checkpoint in Qwen2.5-Math-PRM's layout (tests/real_layout_prm.py): prm.py's step probabilities
    equal vLLM's own Qwen2ForProcessRewardModel (runner="pooling", STEP pooling on `<extra_0>`, softmax);
 9. the same checkpoint on its own `vllm serve --runner pooling` (harness/served_prm.py, the trainer's served PRM):
@@ -285,6 +286,7 @@ def test_real_tokenizer_run_with_the_refiner_on_vllm_serve(tmp_path, qwen_models
     assert _processes_mentioning(qwen_models["refiner"]) == []  # no server left behind
 
 
+@pytest.mark.bench
 def test_refiner_tokens_per_second_vllm_serve_vs_hf(tmp_path, qwen_models):
     """(7) The same refiner model, prompts and sampling through HF generate and through `vllm serve`;
     tokens/s as counted by each backend (HF: sampled ids; vLLM: the server's usage.completion_tokens).

