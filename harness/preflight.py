@@ -456,7 +456,7 @@ def check_prm_weights(args) -> None:
             archs = json.load(f).get("architectures") or []
     except (OSError, ValueError):
         return   # the loader names an unreadable config
-    from harness import overlap, prm_checkpoint
+    from harness import prm_checkpoint
 
     if prm_checkpoint.PRM_ARCHITECTURE in archs:
         try:

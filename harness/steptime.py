@@ -12,7 +12,7 @@ to `estimate(...)`.
 """
 import argparse
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 GIB = 2 ** 30
 

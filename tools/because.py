@@ -478,7 +478,7 @@ def precheck_pi(start: dict, n_problems: int = 200) -> dict:
     problems = toy.make_problems(n_problems, seed=5)
     out = {}
     for k in range(len(toy.STYLES)):
-        whole, suffix, suffix_geo = [], [], []
+        whole, suffix = [], []
         for p in problems:
             start_value, ops = toy.parse_question(p["question"])
             steps = toy._chain_steps(start_value, ops, style=k)

@@ -232,7 +232,7 @@ def run_one(j: dict, args) -> dict:
         return {**j, "result": done, "fresh": False}
     t0, env = time.time(), environment()   # the commit the job starts from
     if j["kind"] == "mechanism":
-        res = mechanism(args)
+        res = mechanism()
         res["wall_s"] = round(time.time() - t0, 1)
         res["environment"] = env
         os.makedirs(os.path.join(args.out, STAGE), exist_ok=True)
@@ -414,7 +414,7 @@ def split_one(seed: int, style: str, start_path: str, problems: list[dict], lr: 
     return out
 
 
-def mechanism(args) -> dict:
+def mechanism() -> dict:
     """M over the pre-registered seeds and refiner styles (docs/because2-preregistration.md)."""
     from harness import toy
 

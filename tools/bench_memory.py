@@ -344,7 +344,6 @@ def compare(args, only: str = "", world: int = 1) -> None:
     p, T = preflight.n_params(cfg), preflight.PROMPT_TOKENS + args.max_new_tokens
     gib = preflight.CARD_GIB[80]
     rows, _ = preflight.memory_plan(args, gib, use_vllm=True)
-    planned = {r: g for r, g, _ in rows}
     print(f"policy {args.model} ({p / 1e9:.2f} B params), micro-batch {args.micro_batch_size} x {T} tokens, "
           f"checkpointing {'on' if args.gradient_checkpointing else 'off'}, log-prob chunk {args.logprob_chunk}")
     print(f"  {'component':58} {'traced':>8} {'planned':>8}")

@@ -354,7 +354,7 @@ def run_minutes(results: list[dict]) -> float:
 
 def report(results: list[dict], summary: dict, args, wall_minutes: float, command: str) -> str:
     f3 = lambda x: "–" if x is None else f"{x:.3f}"   # noqa: E731
-    md = [f"# Toy world: the regime map\n", f"Command: `{command}`  \nWall time: {wall_minutes:.1f} min "
+    md = ["# Toy world: the regime map\n", f"Command: `{command}`  \nWall time: {wall_minutes:.1f} min "
           f"({args.jobs} jobs at once; finished runs are read from their records).  \nEach run: "
           f"{args.regime_steps} steps of `scope.py --toy` (8 prompts x 8 rollouts); final eval on {args.eval_size} "
           f"held-out problems of its task, {args.eval_n} samples at T = 1.0. Seeds per cell: see the tables.  \n"

@@ -9,7 +9,6 @@ import reprlib
 import shutil
 import signal
 import stat
-import subprocess
 import sys
 import tarfile
 import tempfile
