@@ -18,7 +18,6 @@
 # Run from anywhere:  bash .ci/vllm33_contract.sh      (VLLM33_VENV=path to use another environment folder)
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PIP_COMPILE=0   # no .pyc at install time (pip --no-compile): Python writes them on first import
 start=$(date +%s)
 VENV=${VLLM33_VENV:-.venv-vllm33}
 PY=$VENV/bin/python

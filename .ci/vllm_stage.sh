@@ -14,7 +14,6 @@
 # already sees (on this project's machines, a wheel on disk).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-export PIP_COMPILE=0   # no .pyc at install time (pip --no-compile): Python writes them on first import
 start=$(date +%s)
 VENV=${VLLM_VENV:-.venv-vllm}
 PY=$VENV/bin/python
