@@ -124,7 +124,7 @@ def ci_copy(tmp_path):
     writes a README whose marked blocks hold `lines`."""
     (tmp_path / ".ci").mkdir()
     shutil.copy(os.path.join(ROOT, ".ci", "run"), tmp_path / ".ci" / "run")
-    for script in re.findall(r"bash (\.ci/[\w.]+\.sh)", (tmp_path / ".ci" / "run").read_text()):
+    for script in re.findall(r"\.ci/\w+\.sh", (tmp_path / ".ci" / "run").read_text()):
         (tmp_path / script).write_text(f"echo 'stand-in for {script}'\n")
 
     def write_readme(first: list[str], second: list[str]):
@@ -149,6 +149,26 @@ def test_ci_runs_the_marked_lines_in_order_then_the_stages(ci_copy):
     assert proc.stdout.index("+ echo three") < proc.stdout.index("stand-in for .ci/vllm_stage.sh")
     assert run("--list").stdout.splitlines() == ["echo one > order.txt", "echo two >> order.txt   # a trailing comment",
                                                  "echo three >> order.txt"]
+
+
+def test_ci_runs_the_two_vllm_stages_at_once_and_fails_with_the_failing_one(ci_copy):
+    """The vLLM stages run side by side (most of each is pip on one core): each stand-in waits for the other's file,
+    so run one after the other they would time out. One failing fails CI with its status, and the other's verdict is
+    still printed; each line carries its script's name."""
+    folder, write_readme, run = ci_copy
+    write_readme(["echo one"], ["echo two"])
+    meet = ("touch {me}; for i in $(seq 200); do [ -e {other} ] && break; sleep 0.1; done; "
+            "[ -e {other} ] || {{ echo 'no {other}: run one after the other'; exit 9; }}; echo met {other}; ")
+    (folder / ".ci" / "vllm33_contract.sh").write_text(meet.format(me="a", other="b") + "exit 7\n")
+    (folder / ".ci" / "vllm_stage.sh").write_text(meet.format(me="b", other="a") + "exit 0\n")
+    proc = run()
+    assert proc.returncode == 7, proc.stdout + proc.stderr
+    assert "vllm33_contract: met b" in proc.stdout and "vllm_stage: met a" in proc.stdout
+    assert "ci: .ci/vllm33_contract.sh FAILED (exit 7)" in proc.stdout and "ci: .ci/vllm_stage.sh passed" in proc.stdout
+    assert "FAILED (exit 7)" in proc.stdout.splitlines()[-1]
+    (folder / "a").unlink(), (folder / "b").unlink()
+    proc = run("--vllm")
+    assert "+ echo one" not in proc.stdout and proc.returncode == 7
 
 
 def test_ci_runs_the_readme_lines_in_a_new_virtual_environment(ci_copy):
