@@ -3,73 +3,118 @@
 - `config_argv(path, defaults)`: a YAML file of flags (`--config recipe.yaml`, as TRL's recipes are run) turned
   into the command-line words it stands for, so argparse checks its values exactly as typed ones (types,
   choices) and a flag typed on the command line after it wins. Keys are our flag names, with dashes or
-  underscores (`group_size: 8` or `group-size: 8`); a boolean is `true`/`false`. A key we do not have stops
-  in one line naming the file and the key, with our name when the key is TRL's (`num_generations` → group_size).
-  The values land in the run's config.json as every flag does, so `--resume` continues with them.
-- `trl_hint(word)`: the one-line refusal of a TRL flag name (`--num_generations` → `--group-size`), or None for
-  a word that is not one. The table is TRL_NAMES (docs/running.md shows it).
-- `trl_lora(argv)`: TRL's LoRA flags taken as ours (`--use_peft` = `--lora-rank 16`, `--lora_r`, `--lora_alpha`,
-  `--lora_target_modules`), on the command line, in a --config file and in scope.main's dict.
+  underscores (`group_size: 8` or `group-size: 8`), or TRL's names as the command line takes them; a boolean is
+  `true`/`false`. One refusal names the file and every key it cannot take, each with its reason (our name when
+  the key is TRL's). The values land in the run's config.json as every flag does, so `--resume` continues with them.
+- `trl_names(argv)`: TRL's names that mean what ours mean taken as ours (TRL_SAME: `--learning_rate` = `--lr`,
+  `--use_peft` = `--lora-rank 16`, `--lora_target_modules q_proj v_proj`, `--lora_dropout 0`), on the command
+  line, in a --config file and in scope.main's dict.
+- `trl_hint(word)`: the one-line refusal of a TRL name whose meaning differs here or that has no flag here
+  (`--per_device_train_batch_size` → `--prompts-per-step`, what differs), or None for a word that is not one. The
+  tables are TRL_SAME and TRL_NAMES (docs/running.md shows them).
+- `normalise(argv, flags, booleans)`: our flags with underscores, a negative number as a value, and a boolean flag
+  followed by true/false (HfArgumentParser's `--gradient_checkpointing false`) as --flag / --no-flag.
 - `DATA_FLAGS`: --system-prompt, --question-field and --answer-field, defined once for scope.py's Args and
   eval.py's parser; `unused_system_prompt` names a system prompt a tokenizer without chat template cannot carry.
 - `as_keys(message)`: a refusal in the spelling of scope.main's dict (`--run-name x` → `run_name=x`), for a
   Python caller (config.library_call).
 """
+import difflib
 import os
 import re
 
 from harness.problems import DEFAULT_SYSTEM
 
-# TRL (GRPOConfig / TrainingArguments / ModelConfig) name → (our flag, what differs; "" = the same meaning)
+# TRL's names (GRPOConfig / TrainingArguments / ModelConfig / ScriptArguments) that mean what one of our flags means:
+# taken as ours, on the command line, in a --config file and in scope.main's dict (config.json records our name)
+TRL_SAME = {"num_generations": "group_size", "learning_rate": "lr", "model_name_or_path": "model",
+            "max_completion_length": "max_new_tokens", "beta": "kl_coef", "epsilon": "clip_eps",
+            "dataset_name": "dataset", "lora_r": "lora_rank", "lora_alpha": "lora_alpha",
+            "lora_target_modules": "lora_targets"}
+USE_PEFT_RANK = 16   # --use_peft alone: TRL's (ModelConfig) default rank
+
+# TRL's names whose meaning differs here, or that have no flag here → (our nearest flag or None, what differs):
+# each is refused in one line that says so
+_ROLLOUT_STEPS = "ours counts rollout steps (each --updates-per-batch optimizer steps), not epochs or optimizer steps"
+_HUB_SPLIT = ("a hub id loads its default config and the first of its test, validation, train splits "
+              "(harness/problems.py); for another, save it as .jsonl and pass that to --dataset")
+_VLLM = ("--backend vllm (auto: vLLM when installed and CUDA is present); the policy's engine runs in this process "
+         "(TRL's colocate)")
+_TIS = "the cap C of min(π_train/π_vLLM, C); 0 = off; on by default with vLLM rollouts"
+_GEN = ("sequences per HF generate call (evaluation included); a step samples --prompts-per-step × --group-size")
 TRL_NAMES = {
-    "num_generations": ("--group-size", "rollouts per prompt (G)"),
-    "learning_rate": ("--lr", ""),
     "output_dir": ("--run-name", "the run folder is runs/<run-name>"),
-    "model_name_or_path": ("--model", ""),
     "per_device_train_batch_size": ("--prompts-per-step", "ours counts prompts (B); TRL's counts completions, "
                                     "B × G per device"),
     "gradient_accumulation_steps": ("--micro-batch-size", "ours sets sequences per forward/backward pass; each "
                                     "mini-batch is one optimizer step"),
-    "max_completion_length": ("--max-new-tokens", ""),
-    "beta": ("--kl-coef", "β of the k3 KL penalty; 0 = no reference model"),
-    "epsilon": ("--clip-eps", "symmetric: [1 − ε, 1 + ε]"),
     "epsilon_high": ("--clip-eps", "ours is symmetric; no separate upper ε"),
     "num_iterations": ("--updates-per-batch", "ours takes that many optimizer steps on one rollout batch, one per "
                        "mini-batch of whole groups"),
-    "num_train_epochs": ("--steps", "ours counts rollout steps, not epochs"),
-    "max_steps": ("--steps", ""),
+    "num_train_epochs": ("--steps", _ROLLOUT_STEPS),
+    "max_steps": ("--steps", _ROLLOUT_STEPS),
     "loss_type": ("--loss-agg", "dr_grpo = constant; token-mean as DAPO's"),
     "scale_rewards": ("--adv-std", "divide advantages by the group's std (--no-adv-std: mean-centred only)"),
-    "save_steps": ("--save-every", ""),
-    "eval_steps": ("--eval-every", ""),
+    "save_steps": ("--save-every", "every N rollout steps and after the last"),
+    "save_strategy": ("--save-every", "every N rollout steps and after the last"),
+    "eval_steps": ("--eval-every", "every N rollout steps, before the first and after the last"),
+    "eval_strategy": ("--eval-every", "every N rollout steps, before the first and after the last"),
+    "save_total_limit": (None, "one checkpoint is kept, swapped in whole at every save"),
     "resume_from_checkpoint": ("--resume", "takes the run folder runs/NAME"),
-    "dataset_name": ("--dataset", ""),
-    "use_vllm": ("--backend", "--backend vllm (auto: vLLM when installed and CUDA is present)"),
+    "overwrite_output_dir": ("--overwrite", "a used run folder is replaced only with --overwrite"),
+    "dataset_train_split": (None, _HUB_SPLIT),
+    "dataset_config": (None, _HUB_SPLIT),
+    "use_vllm": ("--backend", _VLLM),
+    "vllm_mode": ("--backend", _VLLM),
     "vllm_gpu_memory_utilization": ("--refiner-mem", "the policy's engine is sized by need; this is the served "
                                     "refiner's share"),
+    "vllm_importance_sampling_correction": ("--tis-cap", _TIS),
+    "vllm_importance_sampling_cap": ("--tis-cap", _TIS),
+    "generation_batch_size": ("--gen-batch-size", _GEN),
+    "per_device_eval_batch_size": ("--gen-batch-size", _GEN),
     "top_entropy_quantile": (None, "no token-entropy masking here"),
     "max_prompt_length": (None, "prompts are not truncated here (a prompt past the context stops the run)"),
-    "logging_steps": (None, "every step is logged (metrics.jsonl and one line)"),
-    "bf16": (None, "bfloat16 autocast on CUDA always, float32 master weights"),
-    "max_grad_norm": ("--max-grad-norm", ""),
+    **dict.fromkeys(("top_p", "top_k", "min_p", "repetition_penalty"),
+                    (None, "rollouts sample the full distribution at --temperature")),
+    **dict.fromkeys(("logging_steps", "log_completions"),
+                    (None, "every step is logged (metrics.jsonl and one line); two rollouts per step are kept whole "
+                     "in rollouts.jsonl, every repair in traces.jsonl")),
     "lr_scheduler_type": (None, "the learning rate is constant after --warmup-steps"),
     "warmup_ratio": ("--warmup-steps", "ours counts steps, not a share of them"),
+    **dict.fromkeys(("weight_decay", "optim"),
+                    (None, "AdamW with torch's default weight decay (0.01), fused on CUDA (--fused-adamw)")),
     "reward_funcs": (None, "the reward is the grader's 1/0 on the final \\boxed{} answer (harness/grader.py); "
                      "--mode prm-reward adds --prm-reward-coef × the mean PRM step score"),
-    "torch_dtype": (None, "the policy trains in float32 master weights under bfloat16 autocast on CUDA (float32 on "
-                    "the CPU); the PRM and a refiner load in bfloat16 on CUDA"),
+    **dict.fromkeys(("bf16", "fp16", "torch_dtype", "dtype"),
+                    (None, "the policy trains in float32 master weights under bfloat16 autocast on CUDA (float32 on "
+                     "the CPU); the PRM and a refiner load in bfloat16 on CUDA")),
+    "attn_implementation": (None, "the model's default attention (sdpa) in training, vLLM's own in its engine"),
+    "trust_remote_code": (None, "models load without remote code (a PRM's checkpoint too: harness/prm_checkpoint.py)"),
+    "sync_ref_model": (None, "the KL reference (--kl-coef) is the initial policy throughout"),
+    "lora_dropout": (None, "no LoRA dropout here (0 is taken): π_old, π_θ and the sampler must be the same network "
+                     "for the PPO ratio (docs/choices.md, the LoRA row)"),
+    **dict.fromkeys(("use_rslora", "use_dora", "lora_modules_to_save"),
+                    (None, "plain LoRA: only the adapter trains, its output scaled by --lora-alpha / --lora-rank")),
+    **dict.fromkeys(("load_in_4bit", "load_in_8bit"), (None, "no quantized base: a LoRA base stays in bf16 on a GPU")),
+    **dict.fromkeys(("push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo", "hub_token"),
+                    (None, "nothing is uploaded: runs/NAME/model is a transformers folder with its model card; "
+                     "upload it with `hf upload REPO runs/NAME/model`")),
 }
-
-# TRL's LoRA flags (ModelConfig) are taken as spellings of ours; --use_peft alone is TRL's default rank
-TRL_LORA = {"lora_r": "lora_rank", "lora_alpha": "lora_alpha", "lora_target_modules": "lora_targets"}
-USE_PEFT_RANK = 16
+BOOLEAN_WORDS = {"true": True, "false": False, "1": True, "0": False, "yes": True, "no": False}   # HfArgumentParser's
 
 
-def trl_lora(argv: list[str]) -> list[str]:
-    """argv with TRL's LoRA flags in our names: --lora_r 8 → --lora-rank 8, --lora_target_modules q_proj v_proj →
-    --lora-targets q_proj,v_proj, and --use_peft → --lora-rank 16 put first, so a rank typed anywhere wins."""
-    out, peft, joining = [], False, False
-    for word in argv:
+def _bool_word(word: str) -> bool | None:
+    return BOOLEAN_WORDS.get(word.lower())
+
+
+def trl_names(argv: list[str]) -> list[str]:
+    """argv with TRL's names that mean what ours do in our spelling (TRL_SAME: --learning_rate 1e-5 → --lr 1e-5,
+    --lora_target_modules q_proj v_proj → --lora-targets q_proj,v_proj), --use_peft [true] → --lora-rank 16 put first
+    (a rank typed anywhere wins) and --lora_dropout 0 dropped (ours has none); --lora_dropout above 0 stops here."""
+    out, peft, joining, i = [], False, False, 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
         name, eq, value = word.partition("=")
         key = name[2:].replace("-", "_") if name.startswith("--") else None
         if joining and key is None:   # TRL's list of target modules, one word each
@@ -77,13 +122,22 @@ def trl_lora(argv: list[str]) -> list[str]:
             continue
         joining = False
         if key == "use_peft":
-            peft = value.lower() not in ("false", "0")
-        elif key in TRL_LORA:
-            ours, joining = "--" + TRL_LORA[key].replace("_", "-"), key == "lora_target_modules" and not eq
+            if not eq and i < len(argv) and _bool_word(argv[i]) is not None:   # --use_peft true (HfArgumentParser)
+                eq, value, i = "=", argv[i], i + 1
+            peft = _bool_word(value) is not False if eq else True
+        elif key == "lora_dropout":
+            if not eq and i < len(argv):
+                value, i = argv[i], i + 1
+            if not _zero(value):
+                _fail(f"--lora_dropout {value}: TRL's name; {TRL_NAMES['lora_dropout'][1]}")
+        elif key in TRL_SAME:
+            ours, joining = "--" + TRL_SAME[key].replace("_", "-"), key == "lora_target_modules" and not eq
             out.append(ours + "=" + value if eq or joining else ours)
         else:
             out.append(word)
     return [f"--lora-rank={USE_PEFT_RANK}"] * peft + out
+
+
 # The data and prompt flags scope.py (harness/config.py EngineArgs) and eval.py share, one definition:
 # name → (default, help text).
 DATA_FLAGS = {
@@ -182,48 +236,80 @@ def config_argv(path: str, defaults: dict) -> list[str]:
 
 def flags_argv(data: dict, defaults: dict, where: str) -> list[str]:
     """The command-line words for {flag name: value} (a --config file's mapping, or the dict given to
-    scope.main); each problem is one line naming `where` and the key, its value's type checked here."""
-    argv = []
+    scope.main); TRL's names are taken as trl_names takes them. Every key that is not a flag or whose value has the
+    wrong type is named in one refusal, each with its reason (`where`: the file or main)."""
+    argv, problems = [], []
     for key, value in data.items():
         name = str(key).replace("-", "_")
         if name in ("config", "resume") and where.startswith("--config"):
-            _fail(f"{where}: key '{key}' belongs on the command line, not in a config file")
-        if name in TRL_LORA or name == "use_peft":   # TRL's LoRA keys, as on the command line (trl_lora)
-            words = trl_lora([f"--{name}=" + (",".join(map(str, value)) if isinstance(value, list) else str(value))])
+            problems.append(f"'{key}' belongs on the command line, not in a config file")
+            continue
+        if name in TRL_SAME or name in ("use_peft", "lora_dropout"):   # as on the command line (trl_names)
+            text = ",".join(map(str, value)) if isinstance(value, list) else str(value)
+            if name == "lora_dropout" and not _zero(text):
+                problems.append(f"'{key}': TRL's name; {TRL_NAMES['lora_dropout'][1]}")
+                continue
+            words = trl_names([f"--{name}={text}"])
             argv = words + argv if name == "use_peft" else argv + words
             continue
         if name not in defaults:
             hint = trl_hint(str(key))
-            _fail(f"{where}: key '{key}': " + (hint.split(": ", 1)[1] if hint else "no such flag "
-                  "(python scope.py --help lists every flag; keys are its names with dashes or underscores)"))
+            near = difflib.get_close_matches(name, list(defaults), n=1, cutoff=0.75)
+            problems.append(f"'{key}': " + (hint.split(": ", 1)[1] if hint else "no such flag"
+                                            + (f": did you mean {near[0]}?" if near else "")))
+            continue
         flag = "--" + name.replace("_", "-")
         kind = type(defaults[name])
         if kind is bool:
             if not isinstance(value, bool):
-                _fail(f"{where}: key '{key}': {value!r} is not true or false")
-            argv.append(flag if value else "--no-" + flag[2:])
+                problems.append(f"'{key}': {value!r} is not true or false")
+            else:
+                argv.append(flag if value else "--no-" + flag[2:])
             continue
         if isinstance(value, (dict, list, bool)) or value is None:
-            _fail(f"{where}: key '{key}': {value!r} is not a single {kind.__name__}")
+            problems.append(f"'{key}': {value!r} is not a single {kind.__name__}")
+            continue
         try:
             if kind is int and isinstance(value, float):
                 raise ValueError(value)
             kind(value)
         except (TypeError, ValueError):
-            _fail(f"{where}: key '{key}': {value!r} is not {'an int' if kind is int else 'a ' + kind.__name__}")
+            problems.append(f"'{key}': {value!r} is not {'an int' if kind is int else 'a ' + kind.__name__}")
+            continue
         argv.append(f"{flag}={value}")   # '=' keeps a negative number a value (--lr=-1e-4)
+    if problems:
+        unknown = any("no such flag" in p for p in problems)
+        _fail((f"{where}: key " if len(problems) == 1 else f"{where}: {len(problems)} keys: ")
+              + "; ".join(problems) + (" (python scope.py --help lists every flag; keys are its names with dashes "
+                                       "or underscores)" if unknown else ""))
     return argv
 
 
-def normalise(argv: list[str], flags: list[str]) -> list[str]:
+def _zero(text: str) -> bool:
+    try:
+        return float(text) == 0
+    except ValueError:
+        return False
+
+
+def normalise(argv: list[str], flags: list[str], booleans=frozenset()) -> list[str]:
     """argv as argparse should read it: our flags typed with underscores (--group_size, as YAML keys may be)
-    get dashes, and a negative number after a flag is joined to it (--lr -1e-4 → --lr=-1e-4), which argparse
-    would otherwise take for a flag ("expected one argument")."""
-    out = []
-    for word in argv:
+    get dashes, a negative number after a flag is joined to it (--lr -1e-4 → --lr=-1e-4), which argparse
+    would otherwise take for a flag ("expected one argument"), and a boolean flag (`booleans`: --flag spellings)
+    given a value as TRL's parser takes one (--adv_std false, --adv-std=True) becomes --flag or --no-flag."""
+    out, i = [], 0
+    while i < len(argv):
+        word = argv[i]
+        i += 1
         name, eq, value = word.partition("=")
         if name.startswith("--") and name.replace("_", "-") in flags:
-            word = name.replace("_", "-") + eq + value
+            name = name.replace("_", "-")
+            word = name + eq + value
+        if name in booleans and not name.startswith("--no-"):
+            if not eq and i < len(argv) and _bool_word(argv[i]) is not None:
+                eq, value, i = "=", argv[i], i + 1
+            if eq and _bool_word(value) is not None:
+                word = name if _bool_word(value) else "--no-" + name[2:]
         if out and out[-1] in flags and word.startswith("-") and _is_number(word):
             out[-1] += "=" + word
             continue

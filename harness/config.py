@@ -6,10 +6,13 @@ torchrun, trackers, offload, evaluation budgets, paths, the toy world). Each fie
 `--help` line; `--help` lists both, grouped. Precedence and resume: `parse_args`.
 """
 import argparse
+import contextlib
 import difflib
 import functools
+import io
 import os
 import sys
+import textwrap
 import weakref
 from dataclasses import asdict, dataclass, field, fields
 
@@ -118,11 +121,33 @@ TOY_DEFAULTS = dict(model="toy", prm="toy", refiner="toy-oracle", dataset="toy",
                     backend="hf", device="cpu", steps=30, prompts_per_step=8, group_size=8, max_new_tokens=128,
                     lr=1e-4, micro_batch_size=64, eval_every=10, save_every=10, eval_max_new_tokens=128,
                     gradient_checkpointing=False, logprob_chunk=0, updates_per_batch=1)
-LORA_LR_SCALE = 10   # with --lora-rank and no --lr typed: the default --lr times this (TRL's and PEFT's practice)
+LORA_LR_SCALE = 10   # with --lora-rank and no --lr typed: the default --lr times this (PEFT's practice; said at start)
+USE_PEFT_LINE = (f"--use_peft here is --lora-rank {cli.USE_PEFT_RANK} on all seven projections ({lora.TARGETS}) without "
+                 f"dropout; TRL's resolves to q_proj,v_proj with dropout 0.05 for Qwen2 (--lora_target_modules q_proj "
+                 f"v_proj gives those targets; dropout stays 0: docs/choices.md, the LoRA row).")
+
+
+def flag_words(name: str, value) -> str:
+    """One flag as typed: --adv-std / --no-adv-std for a boolean, --steps 30 otherwise."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    return f"{flag} {value}"
 
 
 def lora_lr(lr: float) -> float:
     return float(f"{lr * LORA_LR_SCALE:.6g}")   # 1e-05, not 9.999999999999999e-06
+
+
+class NoHyphenBreaks(argparse.HelpFormatter):
+    """--help wrapped at spaces only: a flag such as --eval-max-new-tokens stays whole, so it can be copied."""
+
+    def _split_lines(self, text, width):
+        return textwrap.wrap(self._whitespace_matcher.sub(" ", text).strip(), width, break_on_hyphens=False)
+
+    def _fill_text(self, text, width, indent):
+        return textwrap.fill(self._whitespace_matcher.sub(" ", text).strip(), width, initial_indent=indent,
+                             subsequent_indent=indent, break_on_hyphens=False)
 
 
 class OneLineErrors(argparse.ArgumentParser):
@@ -148,11 +173,14 @@ def parse_args(args_class, argv=None, description: str = ""):
     --mode grpo run off the toy world gets --prm none unless --prm is typed, and a new --lora-rank run gets
     LORA_LR_SCALE × the default --lr unless --lr is typed. On a resume, a typed flag that changes training is refused by
     the pre-flight unless --change-config confirms it. A mistyped flag is one line naming the closest flag."""
-    toy_line = " ".join(f"--{k.replace('_', '-')} {v}" for k, v in TOY_DEFAULTS.items())
-    parser = OneLineErrors(description=description, allow_abbrev=False,
+    toy_line = " ".join(flag_words(k, v) for k, v in TOY_DEFAULTS.items())
+    parser = OneLineErrors(description=description, allow_abbrev=False, formatter_class=NoHyphenBreaks,
                            epilog=f"--toy also sets, unless typed: {toy_line}. --lora-rank R (--use_peft) sets --lr "
-                                  f"to {LORA_LR_SCALE:g} × its default unless typed ({lora_lr(args_class().lr):g}; with --toy "
-                                  f"{lora_lr(TOY_DEFAULTS['lr']):g})")
+                                  f"to {LORA_LR_SCALE:g} × its default unless typed ({lora_lr(args_class().lr):g}; with "
+                                  f"--toy {lora_lr(TOY_DEFAULTS['lr']):g}; TRL keeps learning_rate as given), and the "
+                                  f"run says so. {USE_PEFT_LINE} TRL's names that mean what ours mean are taken as "
+                                  f"ours (--learning_rate, --num_generations, ...); the others are refused naming "
+                                  f"ours (docs/running.md)")
     engine = {f.name for f in fields(EngineArgs)}
     groups = {False: parser.add_argument_group("the method (scope.py Args)"),
               True: parser.add_argument_group("the engine (harness/config.py EngineArgs)")}
@@ -163,8 +191,9 @@ def parse_args(args_class, argv=None, description: str = ""):
             "--" + f.name.replace("_", "-"), help=f"{f.metadata['help']} (default: {f.default!r})",
             choices=f.metadata["choices"], default=argparse.SUPPRESS, **kind).option_strings
     argv = cli.expand_config(list(sys.argv[1:] if argv is None else argv), asdict(args_class()))   # --config's flags first
-    argv = cli.trl_lora(argv)   # TRL's --use_peft, --lora_r, --lora_target_modules: ours
-    argv = cli.normalise(argv, flags)   # --group_size → --group-size, --lr -1e-4 → --lr=-1e-4
+    argv = cli.trl_names(argv)   # TRL's names that mean ours (--learning_rate, --use_peft, --lora_r, ...): ours
+    booleans = {"--" + f.name.replace("_", "-") for f in fields(args_class) if isinstance(f.default, bool)}
+    argv = cli.normalise(argv, flags, booleans)   # --group_size → --group-size, --lr -1e-4 → --lr=-1e-4, --toy true
     known, unknown = parser.parse_known_args(argv)
     if unknown:   # TRL's name for one of our flags gets ours (harness/cli.py)
         parser.error(cli.trl_hint(unknown[0]) or unknown_argument(unknown[0], flags))
@@ -182,22 +211,31 @@ def parse_args(args_class, argv=None, description: str = ""):
              f"folder under its own name ({own_name}); drop --run-name (to branch the run, copy its folder and "
              f"resume the copy)")
     values.update(typed)
+    notes = []
     if values["lora_rank"] and "lr" not in typed and not typed.get("resume"):
         values["lr"] = lora_lr(values["lr"])   # an adapter's usual learning rate (docs/choices.md: the LoRA row)
+        notes.append(f"--lora-rank {values['lora_rank']}: --lr {values['lr']:g}, {LORA_LR_SCALE:g} × the default "
+                     f"(an adapter's usual rate; TRL keeps learning_rate as given): type --lr to choose it")
     if values["mode"] == "grpo" and "prm" not in typed and not typed.get("resume") and not values["toy"]:
         values["prm"] = "none"   # GRPO uses no PRM: the 7B one for the near-miss metrics alone is asked for by name
     resolved = args_class(**values)
-    _RESOLVED.add(id(resolved))   # as_args takes it as it is (an Args built in code is resolved like a dict)
-    weakref.finalize(resolved, _RESOLVED.discard, id(resolved))
+    _RESOLVED[id(resolved)] = notes   # as_args takes it as it is (an Args built in code is resolved like a dict)
+    weakref.finalize(resolved, _RESOLVED.pop, id(resolved), None)
     return resolved
 
 
-_RESOLVED: set[int] = set()   # the ids of the Args parse_args returned, while they live
+_RESOLVED: dict[int, list[str]] = {}   # the ids of the Args parse_args returned, while they live → their notes
 
 
 def resolved(args) -> bool:
     """True for an Args that parse_args returned (the command line's, or a dict's resolved by as_args)."""
     return id(args) in _RESOLVED
+
+
+def notes_of(args) -> list[str]:
+    """What parse_args chose for `args` that was not typed and that the run says in its first lines (a LoRA run's
+    --lr); [] for an Args it did not return."""
+    return list(_RESOLVED.get(id(args), []))
 
 
 def as_args(args_class, args):
@@ -219,9 +257,11 @@ def as_args(args_class, args):
 def library_call(args_class_of):
     """scope.main as a Python call (a notebook): `main(dict or Args)` resolves its argument with `as_args`; a
     refusal raises runs.Refused, a ValueError whose message names the dict's keys (`run_name=x`, not
-    `--run-name x`); a dry run returns its plan and a finished run {"run_dir", "finished_step"} (runs.Done).
-    An Args from parse_args is the command line's: one-line refusals, exit 2, a dry run exits 0.
-    `args_class_of()` gives the Args class (defined below main in scope.py)."""
+    `--run-name x`); a finished run returns {"run_dir", "finished_step"} (runs.Done). A dry run prints nothing on
+    stdout and returns its plan: the resolved args, every note (the warnings the command line prints among them),
+    the memory plan, and "text", what the command line would print. An Args from parse_args is the command line's:
+    one-line refusals, exit 2, a dry run prints its plan and exits 0. `args_class_of()` gives the Args class
+    (defined below main in scope.py)."""
     def wrap(main):
         @functools.wraps(main)
         def call(args):
@@ -230,9 +270,17 @@ def library_call(args_class_of):
                 return main(args)
             booleans = frozenset(f.name for f in fields(args_class) if isinstance(f.default, bool))
             with refusals_raised(functools.partial(cli.as_keys, booleans=booleans)):
+                args = as_args(args_class, args)
+                printed = io.StringIO()
                 try:
-                    return main(as_args(args_class, args))
+                    with contextlib.redirect_stdout(printed) if args.dry_run else contextlib.nullcontext():
+                        return main(args)
                 except Done as done:
-                    return done.result
+                    if not args.dry_run:
+                        return done.result
+                    text = printed.getvalue()
+                    notes = done.result["notes"] + [line[len("note: "):] for line in text.splitlines()
+                                                    if line.startswith("note: ")]
+                    return {**done.result, "notes": list(dict.fromkeys(notes)), "text": text}
         return call
     return wrap

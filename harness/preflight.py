@@ -86,19 +86,11 @@ def ignored_flags(args) -> list[str]:
     return [n for n in names if hasattr(defaults, n) and getattr(args, n) != getattr(defaults, n)]
 
 
-def check_args(args) -> None:
-    """Every flag's range and coherence; one line and exit 2 on the first problem. Flags the mode ignores are
-    named in one note line."""
+def check_args(args, notes=()) -> list[str]:
+    """Every flag's range and coherence; one line and exit 2 on the first problem. Then the notes, each one line on
+    stderr and returned: `notes` (what parse_args chose untyped, config.notes_of), the flags the mode ignores, a
+    warm-up longer than the run."""
     from dataclasses import fields
-
-    ignored = ignored_flags(args)
-    if ignored:
-        print(f"note: --mode {args.mode} ignores " + ", ".join(f"--{n.replace('_', '-')} {getattr(args, n)}"
-                                                             for n in ignored), file=sys.stderr)
-
-    if args.warmup_steps > args.steps:   # the learning rate never reaches --lr
-        print(f"note: --warmup-steps {args.warmup_steps} is longer than the run (--steps {args.steps}): the learning "
-              f"rate rises only to {args.steps / args.warmup_steps:.0%} of --lr {args.lr:g}", file=sys.stderr)
 
     for f in fields(args):   # argparse checks choices; an Args built in code is checked here
         choices = f.metadata.get("choices")
@@ -174,6 +166,17 @@ def check_args(args) -> None:
     if args.refiner_url and args.refiner in ("policy", "toy", "toy-oracle", "toy-model"):
         stop(f"--refiner-url {args.refiner_url!r}: needs --refiner NAME of the served model, not {args.refiner!r}")
     lora.check(args)   # --lora-rank, --lora-alpha, --lora-targets
+    notes = list(notes)
+    ignored = ignored_flags(args)
+    if ignored:
+        notes.append(f"--mode {args.mode} ignores " + ", ".join(f"--{n.replace('_', '-')} {getattr(args, n)}"
+                                                              for n in ignored))
+    if args.warmup_steps > args.steps:   # the learning rate never reaches --lr
+        notes.append(f"--warmup-steps {args.warmup_steps} is longer than the run (--steps {args.steps}): the learning "
+                     f"rate rises only to {args.steps / args.warmup_steps:.0%} of --lr {args.lr:g}")
+    for note in notes:
+        print(f"note: {note}", file=sys.stderr)
+    return notes
 
 
 # ---------------------------------------------------------------------------------------------------------- 2. folder

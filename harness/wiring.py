@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from harness import cli, dist, lora, overlap, phase_memory, preflight, trainer
+from harness import cli, config, dist, lora, overlap, phase_memory, preflight, trainer
 from harness.generate import (GeneratorUnavailable, HFGenerator, ServerStartError, format_prompt, load_causal_lm,
                               load_tokenizer, vllm_importable)
 from harness.refiner import Refiner
@@ -769,7 +769,7 @@ def start(args, paper: Paper) -> Run:
              f"(each takes whole groups)")
     if args.fsdp and d.world == 1:
         stop("--fsdp shards the policy over torchrun processes: launch with torchrun --nproc_per_node N")
-    preflight.check_args(args)                                        # every flag: one line and exit 2
+    arg_notes = preflight.check_args(args, config.notes_of(args))    # every flag: one line and exit 2; notes
     grade = mathverify.for_name(args.grader)                          # the evaluation's grader; missing: one line
     preflight.check_resume(args)                                      # the record kept; a finished run: exit 0
     run_dir = preflight.run_dir_of(args)
@@ -785,7 +785,7 @@ def start(args, paper: Paper) -> Run:
                                                  .total_memory / preflight.GIB, use_vllm)[0], torch.cuda)
     if args.dry_run:   # the command line exits 0; scope.main called from Python returns the plan
         preflight.print_dry_run(args, run_dir, notes + hub_notes)
-        raise Done({"dry_run": True, "run_dir": run_dir, "args": asdict(args), "notes": notes + hub_notes,
+        raise Done({"dry_run": True, "run_dir": run_dir, "args": asdict(args), "notes": arg_notes + notes + hub_notes,
                     "memory_plan": [{"what": what, "gib": gib, "phase": phase} for what, gib, phase in
                                     preflight.memory_plan(args, None, use_vllm or args.backend != "hf")[0]]})
 

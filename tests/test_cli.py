@@ -47,8 +47,9 @@ def test_config_file_refusals_name_the_file_and_key(tmp_path, capsys):
         path.write_text(text)
         return refusal(capsys, ["--config", str(path)])
 
-    assert "key 'num_generations': TRL's name; did you mean --group-size?" in refuse("num_generations: 4\n")
-    assert "key 'group_sise': no such flag" in refuse("group_sise: 4\n")
+    assert "key 'per_device_train_batch_size': TRL's name; did you mean --prompts-per-step?" in refuse(
+        "per_device_train_batch_size: 4\n")
+    assert "key 'group_sise': no such flag: did you mean group_size?" in refuse("group_sise: 4\n")
     assert "not valid YAML (line 2)" in refuse("lr: [1\n")
     assert "key 'adv_std': 'yes please' is not true or false" in refuse("adv_std: yes please\n")
     assert "key 'steps': [1, 2] is not a single int" in refuse("steps: [1, 2]\n")
@@ -60,14 +61,106 @@ def test_config_file_refusals_name_the_file_and_key(tmp_path, capsys):
     assert "no such file" in refusal(capsys, ["--config", str(tmp_path / "none.yaml")])
 
 
-@pytest.mark.parametrize("word,ours", [("--num_generations", "--group-size"), ("--learning_rate", "--lr"),
-                                       ("--output_dir", "--run-name"), ("--model_name_or_path", "--model"),
+def test_a_trl_recipe_is_refused_once_naming_every_key_it_cannot_take(tmp_path, capsys):
+    """An 11-key TRL recipe through --config took 8 tries: each refusal named one key. Now one line names every key
+    the file cannot take, each with its reason, and the TRL keys that mean ours are taken."""
+    recipe = tmp_path / "trl.yaml"
+    recipe.write_text("model_name_or_path: Qwen/Qwen2.5-1.5B\nlearning_rate: 3.0e-6\nnum_generations: 4\n"
+                      "max_completion_length: 512\nbeta: 0.04\nuse_peft: true\nlora_dropout: 0.0\n"
+                      "per_device_train_batch_size: 16\nbf16: true\npush_to_hub: true\noutput_dir: out\n"
+                      "group_sise: 3\nsteps: four\n")
+    line = refusal(capsys, ["--config", str(recipe)])
+    assert line.startswith(f"error: --config {recipe}: 6 keys: 'per_device_train_batch_size': TRL's name; did you "
+                           f"mean --prompts-per-step?")
+    for part in ("'bf16': TRL's name; no such flag here (the policy trains in float32", "'push_to_hub': TRL's name",
+                 "hf upload", "'output_dir': TRL's name; did you mean --run-name?",
+                 "'group_sise': no such flag: did you mean group_size?", "'steps': 'four' is not an int"):
+        assert part in line, part
+    recipe.write_text("\n".join(line for line in recipe.read_text().splitlines()
+                                 if line.split(":")[0] in ("model_name_or_path", "learning_rate", "num_generations",
+                                                           "max_completion_length", "beta", "use_peft",
+                                                           "lora_dropout")))
+    args = scope.parse_args(["--config", str(recipe)])
+    assert (args.model, args.lr, args.group_size, args.max_new_tokens, args.kl_coef, args.lora_rank) == (
+        "Qwen/Qwen2.5-1.5B", 3e-6, 4, 512, 0.04, 16)
+
+
+@pytest.mark.parametrize("word,value,field,want", [
+    ("--learning_rate", "1e-5", "lr", 1e-5), ("--num_generations", "4", "group_size", 4),
+    ("--model_name_or_path", "Qwen/Qwen2.5-Math-1.5B", "model", "Qwen/Qwen2.5-Math-1.5B"),
+    ("--max_completion_length", "256", "max_new_tokens", 256), ("--beta", "0.04", "kl_coef", 0.04),
+    ("--epsilon", "0.3", "clip_eps", 0.3), ("--dataset_name", "gsm8k", "dataset", "gsm8k"),
+    ("--num-generations", "4", "group_size", 4), ("--learning_rate=1e-5", None, "lr", 1e-5)])
+def test_trl_names_that_mean_ours_are_taken(word, value, field, want):
+    """TRL's names with our meaning were refused one at a time ("did you mean --lr?"); they are ours now."""
+    args = scope.parse_args([word] + ([value] if value else []))
+    assert getattr(args, field) == want and asdict(args) == asdict(scope.parse_args(
+        [f"--{field.replace('_', '-')}", value or word.split("=")[1]]))
+
+
+@pytest.mark.parametrize("word,ours", [("--output_dir", "--run-name"),
                                        ("--per_device_train_batch_size", "--prompts-per-step"),
-                                       ("--max_completion_length", "--max-new-tokens"), ("--beta", "--kl-coef"),
-                                       ("--epsilon", "--clip-eps"), ("--num_train_epochs", "--steps"),
-                                       ("--num-generations", "--group-size"), ("--learning_rate=1e-5", "--lr")])
-def test_trl_names_get_ours(capsys, word, ours):
-    assert f"TRL's name; did you mean {ours}?" in refusal(capsys, [word, "4"] if "=" not in word else [word])
+                                       ("--num_train_epochs", "--steps"), ("--max_steps", "--steps"),
+                                       ("--save_steps", "--save-every"), ("--epsilon_high", "--clip-eps")])
+def test_trl_names_whose_meaning_differs_get_ours_and_what_differs(capsys, word, ours):
+    line = refusal(capsys, [word, "4"])
+    assert f"TRL's name; did you mean {ours}? (" in line
+
+
+def test_trl_names_are_handled_evenly(capsys):
+    """--lora_dropout was refused as "did you mean --lora-rank?", --push_to_hub was a plain unknown flag and
+    --hub_model_id suggested --model. Each now says what it is here: a dropout of 0 is ours (taken), another is
+    refused with the reason; the hub names say that nothing is uploaded and how to upload model/."""
+    assert scope.parse_args(["--use_peft", "--lora_dropout", "0"]) == scope.parse_args(["--use_peft"])
+    assert scope.parse_args(["--use_peft", "--lora_dropout=0.0"]) == scope.parse_args(["--use_peft"])
+    line = refusal(capsys, ["--use_peft", "--lora_dropout", "0.05"])
+    assert "--lora_dropout 0.05: TRL's name; no LoRA dropout here" in line and "--lora-rank" not in line
+    for word in ("--push_to_hub", "--hub_model_id", "--hub_strategy"):
+        line = refusal(capsys, [word, "me/model"] if word != "--push_to_hub" else [word])
+        assert f"unknown flag {word}: TRL's name" in line and "hf upload REPO runs/NAME/model" in line, line
+        assert "--model?" not in line
+    assert scope.parse_args(["--use_peft", "true"]).lora_rank == 16 and scope.parse_args(
+        ["--use_peft", "false"]).lora_rank == 0
+    from harness import config
+    assert not set(cli.TRL_SAME) & set(cli.TRL_NAMES)   # each TRL name once: taken or hinted
+    assert all(f"--{v.replace('_', '-')}" in config.flag_words(v, 1) for v in cli.TRL_SAME.values())
+
+
+def test_a_boolean_flag_takes_trls_true_and_false_and_the_help_epilogue_parses(capsys):
+    """The --help epilogue said --toy sets "--gradient-checkpointing False", which the parser refused. A boolean
+    takes TRL's (HfArgumentParser's) spelling with a value, and every flag the epilogue names parses as written."""
+    import re
+
+    from harness import config
+
+    assert scope.parse_args(["--toy", "--gradient_checkpointing", "true", "--adv-std=False"]) == scope.parse_args(
+        ["--toy", "--gradient-checkpointing", "--no-adv-std"])
+    assert scope.parse_args(["--gradient-checkpointing", "no"]).gradient_checkpointing is False
+    with pytest.raises(SystemExit):
+        scope.parse_args(["--help"])
+    epilogue = " ".join(capsys.readouterr().out.split())
+    toy_line = re.search(r"--toy also sets, unless typed: (.*?)\. --lora-rank", epilogue).group(1)
+    assert "--no-gradient-checkpointing" in toy_line
+    assert scope.parse_args(["--toy"]) == scope.parse_args(["--toy", *toy_line.split()])
+    assert asdict(scope.parse_args(toy_line.split())) == {**asdict(scope.Args()), **config.TOY_DEFAULTS}
+
+
+def test_use_peft_is_told_apart_from_trls_and_its_learning_rate_is_said(capsys):
+    """--use_peft trained all seven projections without dropout (TRL's: q_proj, v_proj, dropout 0.05) and at 10 ×
+    the default --lr, said only in --help's epilogue and config.json. --help says both; the run's first lines and
+    the dry run's notes say the learning rate."""
+    from harness import config, preflight
+
+    with pytest.raises(SystemExit):
+        scope.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "TRL's resolves to q_proj,v_proj with dropout 0.05" in text and "q_proj,k_proj,v_proj,o_proj" in text
+    args = scope.parse_args(["--toy", "--use_peft"])
+    notes = preflight.check_args(args, config.notes_of(args))
+    assert notes == ["--lora-rank 16: --lr 0.001, 10 × the default (an adapter's usual rate; TRL keeps "
+                     "learning_rate as given): type --lr to choose it"]
+    assert capsys.readouterr().err == f"note: {notes[0]}\n"
+    assert config.notes_of(scope.parse_args(["--toy", "--use_peft", "--lr", "1e-3"])) == []
 
 
 def test_trl_names_we_do_not_have_say_so(capsys):
@@ -87,12 +180,14 @@ def test_trls_reward_and_dtype_names_say_what_they_mean_here(capsys):
 def test_every_trl_name_points_at_a_flag_we_have():
     flags = {"--" + name.replace("_", "-") for name in asdict(scope.Args())}
     assert {ours for ours, _ in cli.TRL_NAMES.values() if ours} <= flags
+    assert {"--" + ours.replace("_", "-") for ours in cli.TRL_SAME.values()} <= flags
 
 
 def test_the_docs_table_lists_every_trl_name():
     import os
     text = open(os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs", "running.md")).read()
-    assert all(f"`{name}`" in text for name in cli.TRL_NAMES)
+    missing = [name for name in [*cli.TRL_SAME, *cli.TRL_NAMES, "use_peft"] if f"`{name}`" not in text]
+    assert not missing, missing
 
 
 def test_a_dict_runs_like_the_same_flags_typed():
@@ -138,16 +233,35 @@ def test_scope_main_from_python_raises_in_key_spelling_and_returns_its_plan(tmp_
     assert "--" not in text and capsys.readouterr().err == ""
     with pytest.raises(Refused, match=r"^lr=-1\.0: must be > 0 and < 1$"):
         scope.main({"toy": True, "lr": -1.0})
-    with pytest.raises(Refused, match="main: key 'stpes': no such flag .*help\\(scope.Args\\) lists every key"):
+    with pytest.raises(Refused, match="main: key 'stpes': no such flag: did you mean steps\\? .*help\\(scope.Args\\) lists every key"):
         scope.main({"stpes": 5})
     plan = scope.main({"toy": True, "steps": 5, "dry_run": True})   # the folder exists: a note, not a refusal
     assert plan["dry_run"] and plan["run_dir"] == "runs/scope-toy-s0" and plan["args"]["steps"] == 5
-    assert "note: the run itself would stop here: runs/scope-toy-s0 already holds a run" in capsys.readouterr().out
+    assert any(n.startswith("the run itself would stop here: runs/scope-toy-s0 already holds a run")
+               for n in plan["notes"]) and capsys.readouterr().out == ""
     with pytest.raises(SystemExit) as exit_:   # the command line: one line in its own spelling, exit 2
         scope.main(scope.parse_args(["--toy", "--steps", "5"]))
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and err.startswith("error: runs/scope-toy-s0 already holds a run; continue it "
                                                     "(--resume runs/scope-toy-s0)") and err.count("\n") == 1
+
+
+def test_a_python_dry_run_keeps_stdout_quiet_and_returns_every_warning(tmp_path, monkeypatch, capsys):
+    """scope.main({"dry_run": True, ...}) printed ~80 lines of JSON on stdout and returned notes without the
+    coherence warnings (the warm-up longer than the run went to stderr only). From Python the plan is the returned
+    dict: every note, and "text", what the command line prints; the command line's dry run prints as before."""
+    monkeypatch.chdir(tmp_path)
+    plan = scope.main({"toy": True, "steps": 2, "warmup_steps": 5, "use_peft": True, "dry_run": True})
+    out, err = capsys.readouterr()
+    assert out == "" and plan["notes"][:2] == [
+        "--lora-rank 16: --lr 0.001, 10 × the default (an adapter's usual rate; TRL keeps learning_rate as given): "
+        "type --lr to choose it",
+        "--warmup-steps 5 is longer than the run (--steps 2): the learning rate rises only to 40% of --lr 0.001"]
+    assert plan["text"].count("\n") > 60 and '"warmup_steps": 5' in plan["text"]
+    assert all(f"note: {n}" in err for n in plan["notes"][:2])   # warnings still reach stderr, as a run's do
+    with pytest.raises(SystemExit) as exit_:   # the command line: the plan on stdout, exit 0
+        scope.main(scope.parse_args(["--toy", "--steps", "2", "--dry-run"]))
+    assert exit_.value.code == 0 and '"steps": 2' in capsys.readouterr().out
 
 
 def test_underscored_flags_and_negative_numbers_on_the_command_line():
@@ -234,6 +348,18 @@ def test_a_negative_learning_rate_reaches_the_check_of_its_range(capsys):
         with pytest.raises(SystemExit):
             preflight.check_args(scope.parse_args(["--toy", flag, value]))
         assert capsys.readouterr().err.startswith(f"error: {flag} ")
+
+
+def test_a_negative_step_count_is_one_line_before_any_note(capsys):
+    """`--steps -3` was a ZeroDivisionError traceback (the warm-up note was computed before the range check), and
+    with --warmup-steps 1 it first printed "rises only to -300% of --lr"."""
+    from harness import preflight
+
+    for argv in (["--steps", "-3"], ["--steps", "-3", "--warmup-steps", "1"], ["--steps", "0"]):
+        with pytest.raises(SystemExit) as exit_:
+            preflight.check_args(scope.parse_args(["--toy", *argv]))
+        assert exit_.value.code == 2 and capsys.readouterr().err == (
+            f"error: --steps {argv[1]}: must be an integer >= 1\n")
 
 
 def test_run_name_with_resume_and_system_paths_are_one_line(tmp_path, monkeypatch, capsys):
