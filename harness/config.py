@@ -100,6 +100,9 @@ class EngineArgs:
                           "--run-name, or --resume of a folder without checkpoint): its logs are replaced")
     memory_check: bool = arg(True, "stop before loading when the memory plan (an estimate) exceeds the GPU; "
                              "--no-memory-check starts anyway")
+    log_detail: bool = arg(False, "the step line also names the phases' seconds, the loss, the all-failed groups' "
+                           "repairs and their keep ratio, and the checkpoint's seconds (metrics.jsonl holds every "
+                           "field either way; docs/metrics.md)")
     dry_run: bool = arg(False, "run the pre-flight (flags, folder, data, memory plan), print the resolved Args, exit")
     # --- the toy world (harness/toy.py)
     toy: bool = arg(False, "the CPU toy world: tiny char-level Qwen2, rule-based PRM, oracle refiner")

@@ -46,7 +46,8 @@ MODES_WITH_REFINER = ("scope", "replace")   # the modes that repair failures (pr
 MODES_WITH_PRM = MODES_WITH_REFINER + ("prm-reward",)
 PROMPT_TOKENS = 256       # assumed prompt length (system prompt + a MATH question) for the plan
 COMMAND_ONLY = ("resume", "overwrite", "dry_run", "change_config", "run_name", "config")   # how this process was started
-BOOKKEEPING = ("steps", "eval_every", "save_every", "memory_check", "report_to", "dist_timeout", "grader")   # not the training
+BOOKKEEPING = ("steps", "eval_every", "save_every", "memory_check", "report_to", "dist_timeout", "grader",
+               "log_detail")   # not the training
 TRACKER_PACKAGES = {"tensorboard": "tensorboard", "wandb": "wandb"}
 
 # The published config.json fields the plan needs, for the aliases (so --dry-run works offline).

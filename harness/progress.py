@@ -1,5 +1,9 @@
 """progress.py — where a run or a study is, in its log as on a terminal; what a finished run leaves to read.
 
+- `step_line`: the one line a step prints, within 160 characters with its position and ETA (the reward before and
+  after repairs, the repairs, the groups without signal, length, entropy, gradient norm, seconds, evaluation);
+  `--log-detail` adds the phases' seconds, the loss, the all-failed groups' repairs and their keep ratio, and the
+  checkpoint's seconds. metrics.jsonl holds every field either way (docs/metrics.md).
 - `StepClock`: the step line's position and ETA ("step 12/30, ETA 1 min 05 s"), from the wall time of the
   steps this process ran (evaluation steps included, so the ETA counts them), printed whether or not a
   terminal is attached: a log file under nohup or SLURM gets the same line. Progress bars (tqdm) are drawn
@@ -46,6 +50,37 @@ def bars_only_on_a_terminal() -> None:
         from transformers.utils import logging as hf_logging
         hf_logging.disable_progress_bar()
         os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+
+
+def step_line(m: dict, checkpoint_seconds: float | None = None, detail: bool = False) -> str:
+    """One step's line from its metrics record `m` (its leading "step N" becomes the position and ETA: StepClock).
+    Short: fits 160 characters with a 500-step run's position, an evaluation and 1,024-token answers (the two
+    warnings, SKIPPED and REFINER UNAVAILABLE, add to it). `detail` (--log-detail): each number named in full and
+    the step's seconds that add up, the phases, the evaluation, "other" (gathering, metrics, the weight push) and
+    the checkpoint."""
+    if not detail:
+        seconds = m["time_step"]
+        text = (f"step {m['step']:4d} | reward {m['reward_mean']:.3f} → {m['reward_merged']:.3f}, repaired "
+                f"{m['rectify_accepted']}/{m['rectify_tried']} | all-fail {m['frac_all_fail']:.2f}, all-pass "
+                f"{m['frac_all_pass']:.2f} | length {m['response_len']:.0f}, entropy {m['entropy']:.2f}, grad "
+                f"{m['grad_norm']:.2f}{' SKIPPED' if m['skipped'] else ''} | "
+                + (f"{seconds:.1f} s" if seconds < 100 else f"{seconds:.0f} s"))
+        text += " | REFINER UNAVAILABLE: no rectification" if m.get("refiner_unavailable") else ""
+        return text + (f" | eval {m['eval_acc']:.3f}" if "eval_acc" in m else "")
+    kept = m["keep_ratio_steps"]
+    text = (f"step {m['step']:4d} | reward {m['reward_mean']:.3f}, after repairs {m['reward_merged']:.3f} | "
+            f"groups all failed {m['frac_all_fail']:.2f}, all passed {m['frac_all_pass']:.2f} | "
+            f"repaired {m['rectify_accepted']} of {m['rectify_tried']} tried ({m['rectify_all_fail']} in all-failed "
+            f"groups{'' if kept is None else f', keeping {kept:.0%} of their steps'}) | "
+            f"length {m['response_len']:.0f} tokens, entropy {m['entropy']:.3f} | loss {m['loss']:+.4f}, "
+            f"gradient norm {m['grad_norm']:.3f}{' SKIPPED' if m['skipped'] else ''} | {m['time_step']:.1f} s: "
+            f"rollout {m['time_rollout']:.1f}, PRM {m['time_prm']:.1f}, refiner {m['time_refine']:.1f}, "
+            f"update {m['time_update']:.1f}"
+            + (f", eval {m['time_eval']:.1f}" if "time_eval" in m else "")
+            + f", other {m['time_step'] - sum(v for k, v in m.items() if k.startswith('time_') and k != 'time_step'):.1f}"
+            + ("" if checkpoint_seconds is None else f"; then checkpoint {checkpoint_seconds:.1f} s"))
+    text += " | REFINER UNAVAILABLE: no rectification" if m.get("refiner_unavailable") else ""
+    return text + (f" | eval accuracy {m['eval_acc']:.3f}" if "eval_acc" in m else "")
 
 
 class StepClock:

@@ -724,7 +724,7 @@ class Run:
             self.traces_file.flush()
             self.record(m)
         if self.dist.main and line:
-            text = summary_line(m, checkpoint_seconds)
+            text = progress.step_line(m, checkpoint_seconds, self.args.log_detail)   # ≤ 160 characters
             tqdm.write(self.clock.line(text, step) if self.clock else text)
 
     def checkpoint(self, step: int) -> None:
@@ -880,25 +880,6 @@ def step_metrics(step: int, args, rollouts: list, trained: list, traces: list[di
 def seed_for(seed: int, step: int, phase: str) -> int:
     """A seed for one random phase of one step, derived from (seed, step, phase) only: resume is exact."""
     return int(np.random.SeedSequence([seed, step, zlib.crc32(phase.encode())]).generate_state(1)[0] % 2**31)
-
-
-def summary_line(m: dict, checkpoint_seconds: float | None = None) -> str:
-    """One line per step with the numbers a person acts on, each named in words (docs/metrics.md: the fields). Its
-    seconds add up: the phases, the evaluation, "other" (gathering, metrics, the weight push) and the checkpoint."""
-    kept = m["keep_ratio_steps"]
-    text = (f"step {m['step']:4d} | reward {m['reward_mean']:.3f}, after repairs {m['reward_merged']:.3f} | "
-            f"groups all failed {m['frac_all_fail']:.2f}, all passed {m['frac_all_pass']:.2f} | "
-            f"repaired {m['rectify_accepted']} of {m['rectify_tried']} tried ({m['rectify_all_fail']} in all-failed "
-            f"groups{'' if kept is None else f', keeping {kept:.0%} of their steps'}) | "
-            f"length {m['response_len']:.0f} tokens, entropy {m['entropy']:.3f} | loss {m['loss']:+.4f}, "
-            f"gradient norm {m['grad_norm']:.3f}{' SKIPPED' if m['skipped'] else ''} | {m['time_step']:.1f} s: "
-            f"rollout {m['time_rollout']:.1f}, PRM {m['time_prm']:.1f}, refiner {m['time_refine']:.1f}, "
-            f"update {m['time_update']:.1f}"
-            + (f", eval {m['time_eval']:.1f}" if "time_eval" in m else "")
-            + f", other {m['time_step'] - sum(v for k, v in m.items() if k.startswith('time_') and k != 'time_step'):.1f}"
-            + ("" if checkpoint_seconds is None else f"; then checkpoint {checkpoint_seconds:.1f} s"))
-    text += " | REFINER UNAVAILABLE: no rectification" if m.get("refiner_unavailable") else ""
-    return text + (f" | eval accuracy {m['eval_acc']:.3f}" if "eval_acc" in m else "")
 
 
 def _fmt(x) -> str:

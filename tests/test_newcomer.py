@@ -31,7 +31,7 @@ from conftest import ROOT, pytest_collection_modifyitems, run_scope
 
 sys.path.insert(0, ROOT)
 
-from harness import runs, wiring  # noqa: E402
+from harness import progress, runs, wiring  # noqa: E402
 import scope  # noqa: E402
 
 MARK = "<!-- .ci/run runs the lines of each block marked like this one, in README order -->"
@@ -394,17 +394,18 @@ def test_the_closing_summary_names_each_setting_and_the_refiner(tmp_path, capsys
                              "http://127.0.0.1:8000/v1")
 
 
-def test_the_step_line_spells_out_its_fields():
+def test_the_detailed_step_line_spells_out_its_fields():
+    """--log-detail's line: every number named in full."""
     m = {"step": 3, "reward_mean": 0.453, "reward_merged": 0.531, "frac_all_fail": 0.125, "frac_all_pass": 0.25,
          "rectify_accepted": 2, "rectify_tried": 3, "rectify_all_fail": 1, "keep_ratio_steps": 0.48,
          "response_len": 85.2, "entropy": 0.412, "loss": 0.0123, "grad_norm": 0.321, "skipped": 0, "time_step": 0.5,
          "time_rollout": 0.2, "time_prm": 0.0, "time_refine": 0.1, "time_update": 0.2, "eval_acc": 0.3}
-    assert wiring.summary_line(m) == (
+    assert progress.step_line(m, detail=True) == (
         "step    3 | reward 0.453, after repairs 0.531 | groups all failed 0.12, all passed 0.25 | repaired 2 of 3 "
         "tried (1 in all-failed groups, keeping 48% of their steps) | length 85 tokens, entropy 0.412 | "
         "loss +0.0123, gradient norm 0.321 | 0.5 s: rollout 0.2, PRM 0.0, refiner 0.1, update 0.2, other 0.0 | "
         "eval accuracy 0.300")
-    line = wiring.summary_line({**m, "keep_ratio_steps": None, "skipped": 1, "refiner_unavailable": 1})
+    line = progress.step_line({**m, "keep_ratio_steps": None, "skipped": 1, "refiner_unavailable": 1}, detail=True)
     assert "(1 in all-failed groups) |" in line and "gradient norm 0.321 SKIPPED" in line
     assert "REFINER UNAVAILABLE: no rectification" in line
     for abbreviation in ("κ", " H ", " gn ", "trained", "len ", "upd ", "roll "):
@@ -419,7 +420,7 @@ def test_the_step_seconds_add_up_with_the_evaluation_and_the_checkpoint():
          "response_len": 9.0, "entropy": 0.4, "loss": 0.0, "grad_norm": 0.1, "skipped": 0, "time_step": 2.0,
          "time_rollout": 0.4, "time_prm": 0.1, "time_refine": 0.1, "time_update": 0.3, "time_sync": 0.0,
          "time_eval": 0.9, "eval_acc": 0.5}
-    line = wiring.summary_line(m, checkpoint_seconds=0.7)
+    line = progress.step_line(m, checkpoint_seconds=0.7, detail=True)
     assert "| 2.0 s: rollout 0.4, PRM 0.1, refiner 0.1, update 0.3, eval 0.9, other 0.2; then checkpoint 0.7 s |" \
         in line
 

@@ -85,3 +85,28 @@ def test_the_eval_bar_writes_no_carriage_return_into_a_log_file(tmp_path):
     text = log.read_text()
     assert rc.returncode == 0, text
     assert "\r" not in text and text.strip().endswith("1.0")
+
+
+def test_a_step_line_fits_160_characters_and_the_detail_is_behind_a_flag():
+    """Step lines were 310-366 characters, 4-5 rows each on an 80-column terminal. The line a step prints fits 160
+    with its position and ETA (a 500-step run's, an evaluation, 1,024-token answers, a 2-minute step); the phases'
+    seconds, the loss, the keep ratio and the checkpoint come with --log-detail (off by default)."""
+    import scope
+
+    m = {"step": 123, "reward_mean": 0.453, "reward_merged": 0.531, "frac_all_fail": 0.125, "frac_all_pass": 0.25,
+         "rectify_accepted": 12, "rectify_tried": 16, "rectify_all_fail": 3, "keep_ratio_steps": 0.48,
+         "response_len": 1024.0, "entropy": 0.412, "loss": 0.0123, "grad_norm": 12.321, "skipped": 0,
+         "time_step": 123.4, "time_rollout": 60.0, "time_prm": 20.0, "time_refine": 20.0, "time_update": 20.0,
+         "time_eval": 3.0, "eval_acc": 0.3}
+    clock = progress.StepClock(1, 500, now=iter([0.0, 12 * 3600 * 123 / 377]).__next__)   # 12 h left
+    line = clock.line(progress.step_line(m, checkpoint_seconds=12.3), 123)
+    assert line == ("step 123/500, ETA 12 h 00 min | reward 0.453 → 0.531, repaired 12/16 | all-fail 0.12, all-pass "
+                    "0.25 | length 1024, entropy 0.41, grad 12.32 | 123 s | eval 0.300")
+    assert len(line) <= 160
+    toy = {**m, "step": 3, "response_len": 85.2, "grad_norm": 0.321, "time_step": 0.5}
+    assert progress.step_line(toy).endswith("| 0.5 s | eval 0.300")
+    detail = progress.step_line(m, checkpoint_seconds=12.3, detail=True)
+    assert len(detail) > 250 and "keeping 48% of their steps" in detail and "then checkpoint 12.3 s" in detail
+    assert "loss" not in line and "rollout" not in line and "checkpoint" not in line
+    assert progress.step_line({**m, "skipped": 1}).count("grad 12.32 SKIPPED") == 1
+    assert scope.Args().log_detail is False and scope.parse_args(["--log-detail"]).log_detail
