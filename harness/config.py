@@ -79,7 +79,8 @@ class EngineArgs:
     rollout_sleep: bool = arg(True, "put the policy's vLLM engine to sleep during the update (level 2: weights and "
                               "KV cache freed); its weights are woken for the push, its KV cache for the next rollout")
     lora_rank: int = arg(0, "train a LoRA adapter of this rank instead of the whole policy (PEFT; --use_peft = rank "
-                         "16, not TRL's targets: below; TRL's --lora_r): AdamW holds the adapter alone, the base stays frozen in bf16 on a GPU, the loss "
+                         "16, not TRL's targets: below; TRL's --lora_r): AdamW holds the adapter alone, the base "
+                         "stays frozen in bf16 on a GPU, the loss "
                          "is the same; 0 = the full fine-tune, the paper's (docs/choices.md)")
     lora_alpha: float = arg(0.0, "LoRA's α: the adapter's output is scaled by α / rank; 0 = 2 × --lora-rank")
     lora_targets: str = arg(lora.TARGETS, "the linear layers that get an adapter, comma-separated module names, or "

@@ -1,7 +1,11 @@
 """export.py — a run's trained policy as a model folder the ecosystem loads: runs/NAME/model/.
 
 runs/NAME/checkpoint/ is for `--resume`: float32 weights (a LoRA run: the adapter alone) beside the AdamW state and
-the RNG states. model/ is for everyone else: the weights in bfloat16 (save_pretrained; a LoRA run's adapter merged
+the RNG states, and a README.md (`describe_checkpoint`, written into every checkpoint) that says so, where the model
+to load is, and, for the toy's char-level tokenizer, that AutoTokenizer misreads the one saved there (below; the
+checkpoint keeps it as trained, since a resume must read what the run read). A LoRA checkpoint's adapter_config.json
+names its base as --model gave it (a hub id, a path as typed; the toy warm start relative to this repository), not
+as an absolute path into the clone. model/ is for everyone else: the weights in bfloat16 (save_pretrained; a LoRA run's adapter merged
 into its base, and the adapter alone in model/adapter/ for PEFT), the tokenizer with its chat template,
 generation_config.json (the evaluation's sampling settings) and a README.md model card (YAML front matter for
 the Hub; the flags of the run; accuracy before → after where the run evaluated; the system prompt and answer
@@ -53,6 +57,97 @@ EXAMPLE_CHAT = ("What is 7 * 6?", "42")
 TOY_ALPHABET = (" Its tokenizer knows only the toy task's characters (digits, `+ - * =`, `\\boxed{}` and the letters "
                 "of its words); AutoTokenizer keeps any other character, but the model reads each one as an unknown "
                 "token it never trained on, so write problems as the example does.")
+
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository: its cache/ holds the toy warm starts
+
+
+def base_name(name: str) -> str:
+    """An adapter's base as adapter_config.json keeps it: a model in this repository's cache/ (the toy warm start,
+    which PEFT records as an absolute path) relative to the repository; any other name as --model gave it."""
+    cache = os.path.join(ROOT, "cache")
+    if os.path.isabs(name) and os.path.commonpath([os.path.abspath(name), cache]) == cache:
+        return os.path.relpath(name, ROOT)
+    return name
+
+
+def base_path(name: str) -> str:
+    """Where an adapter's base loads from: `name` itself, or a path relative to this repository (base_name) that the
+    current folder lacks, in the repository."""
+    if not os.path.isabs(name) and not os.path.exists(name) and os.path.isdir(os.path.join(ROOT, name)):
+        return os.path.join(ROOT, name)
+    return name
+
+
+def in_repository(name: str) -> bool:
+    """True for a base named relative to this repository (base_name: the toy warm start)."""
+    return not os.path.isabs(name) and os.path.isdir(os.path.join(ROOT, name))
+
+
+def base_words(base: str) -> str:
+    """What an adapter's base is, in words: the toy warm start in this repository, or the run's --model."""
+    if in_repository(base):
+        return ("the toy world's warm start, a folder of the SCOPE repository (load it from the repository's root, "
+                "or give its full path)")
+    return "the run's `--model`"
+
+
+def adapter_base(folder: str) -> str:
+    """The base model named in the adapter_config.json of `folder`."""
+    with open(os.path.join(folder, "adapter_config.json"), encoding="utf-8") as f:
+        return json.load(f)["base_model_name_or_path"]
+
+
+def describe_checkpoint(folder: str, run_dir: str, tokenizer) -> None:
+    """Called on a checkpoint being written (`folder`, before its swap into run_dir/checkpoint): a LoRA adapter's base
+    named as --model gave it (base_name), and README.md saying what the folder is for and what to load instead; it
+    replaces PEFT's blank model card."""
+    adapter = lora.is_adapter(folder)
+    if adapter:
+        path = os.path.join(folder, "adapter_config.json")
+        with open(path, encoding="utf-8") as f:
+            adapter_config = json.load(f)
+        adapter_config["base_model_name_or_path"] = base_name(adapter_config["base_model_name_or_path"])
+        with open(path, "w", encoding="utf-8") as f:
+            json.dump(adapter_config, f, indent=2, sort_keys=True)
+    with open(os.path.join(folder, "README.md"), "w", encoding="utf-8") as f:
+        f.write(checkpoint_readme(run_dir, is_char_level(tokenizer), adapter_base(folder) if adapter else None))
+
+
+def checkpoint_readme(run_dir: str, char_level: bool, base: str | None) -> str:
+    """The README.md of runs/NAME/checkpoint/: for --resume, not for loading; model/ is; the toy tokenizer's
+    warning; a LoRA adapter's base."""
+    ckpt, model = os.path.join(run_dir, "checkpoint"), os.path.join(run_dir, "model")
+    text = f"""# {ckpt}: for `--resume`, not for loading
+
+`python scope.py --resume {run_dir}` continues the run from this folder: the policy's float32 weights
+{"(the LoRA adapter alone) " if base else ""}beside `optimizer.pt` (AdamW's state) and `state.pt` (the step, the RNG states).
+
+To use the trained model, load **`{model}/`**: bf16 weights{", the adapter merged in" if base else ""}, a tokenizer
+that `AutoTokenizer` reads as trained, its chat template, `generation_config.json` and a model card. The run writes
+it after its last step; `python -m harness.export {run_dir}` writes it from this folder at any time.
+`AutoModelForCausalLM`, `pipeline` and `vllm serve` read it; so does `python eval.py --model {model}`.
+"""
+    if char_level:
+        text += f"""
+**`AutoTokenizer.from_pretrained("{ckpt}")` misreads the tokenizer saved here.** It is the toy world's char-level
+tokenizer; transformers rebuilds it as Qwen2's byte-level BPE, which silently drops every space and newline
+("Question: Start at 7, add 5." becomes "Question:Startat7,add5.") and has no chat template. Only this project's
+loader reads it as trained (`harness.generate.load_tokenizer`, which scope.py, eval.py and a resume use); `{model}/`
+holds the same tokenizer written so that `AutoTokenizer` reads it exactly.
+"""
+    if base:
+        text += f"""
+The adapter's base is `{base}`, {base_words(base)}. With PEFT:
+
+```python
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+base = AutoModelForCausalLM.from_pretrained("{base}")   # the adapter's base (adapter_config.json)
+model = PeftModel.from_pretrained(base, "{ckpt}")
+```
+"""
+    return text
 
 
 def byte_level_names() -> dict[int, str]:
@@ -203,10 +298,27 @@ def adapter_line(config: dict, folder_name: str) -> str:
     if not config.get("lora_rank"):
         return ""
     return (f"\nTrained as a LoRA adapter of rank {config['lora_rank']} (PEFT); these weights have it merged in, "
-            f"and `{folder_name}/adapter` holds it alone (`PeftModel.from_pretrained(base, \"{folder_name}/adapter\")`).")
+            f"and `{folder_name}/adapter` holds it alone (PEFT, below).")
 
 
-def model_card(config: dict, records: list[dict], chat: bool, folder_name: str = "model") -> str:
+def adapter_snippet(folder_name: str, base: str | None) -> str:
+    """The card's PEFT section for a LoRA run: what `base` is, and the lines that load the adapter on it."""
+    if not base:
+        return ""
+    return f"""
+PEFT, the adapter alone on its base, `{base}`: {base_words(base)}.
+
+```python
+from peft import PeftModel
+from transformers import AutoModelForCausalLM
+base = AutoModelForCausalLM.from_pretrained("{base}", dtype="bfloat16")   # the adapter's base
+model = PeftModel.from_pretrained(base, "{folder_name}/adapter")
+```
+"""
+
+
+def model_card(config: dict, records: list[dict], chat: bool, folder_name: str = "model",
+               adapter_base_name: str | None = None) -> str:
     """The README.md of model/: front matter, what was trained how, accuracy, prompt format, how to load it."""
     toy = bool(config.get("toy"))
     base = None if toy else hub_id(config.get("model", ""))
@@ -282,7 +394,7 @@ vLLM (an OpenAI-compatible server):
 ```bash
 vllm serve {folder_name} --dtype bfloat16
 ```
-
+{adapter_snippet(folder_name, adapter_base_name if config.get("lora_rank") else None)}
 ## Flags of the run
 
 ```
@@ -324,7 +436,7 @@ def export_model(model, tokenizer, out: str, config: dict, records: list[dict], 
                      else tokenizer.eos_token_id).save_pretrained(tmp)
     with open(os.path.join(tmp, "README.md"), "w", encoding="utf-8") as f:
         f.write(model_card(config, records, chat=bool(getattr(tokenizer, "chat_template", None)),
-                           folder_name=out))
+                           folder_name=out, adapter_base_name=adapter_base(adapter) if adapter else None))
     try:
         check_round_trip(tmp, tokenizer)
     except ValueError:
@@ -350,7 +462,8 @@ def export_run(run_dir: str, out: str | None = None, quiet: bool = False) -> str
     records = read_log(os.path.join(run_dir, "metrics.jsonl"))
     bars = hf_logging.is_progress_bar_enabled()
     hf_logging.disable_progress_bar()
-    model = lora.export_merged(ckpt) if adapter else AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16)
+    model = (lora.export_merged(ckpt, base_path(adapter_base(ckpt))) if adapter
+             else AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16))
     if bars:
         hf_logging.enable_progress_bar()
     out = export_model(model, load_tokenizer(ckpt), out or os.path.join(run_dir, "model"), config, records, adapter)

@@ -128,16 +128,17 @@ class Saved:
         self.policy.save_pretrained(path, save_embedding_layers=False)
 
 
-def export_merged(ckpt: str):
-    """The checkpoint's adapter merged into its base (read from adapter_config.json), as a plain causal LM in
-    float32: what model/ saves; the adapter files themselves are copied beside it (harness/export.py)."""
+def export_merged(ckpt: str, base_path: str | None = None):
+    """The checkpoint's adapter merged into its base (`base_path`, else read from adapter_config.json), as a plain
+    causal LM in float32: what model/ saves; the adapter files themselves are copied beside it (harness/export.py)."""
     import json
 
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    with open(os.path.join(ckpt, "adapter_config.json"), encoding="utf-8") as f:
-        base_path = json.load(f)["base_model_name_or_path"]
+    if base_path is None:
+        with open(os.path.join(ckpt, "adapter_config.json"), encoding="utf-8") as f:
+            base_path = json.load(f)["base_model_name_or_path"]
     try:
         base = AutoModelForCausalLM.from_pretrained(base_path, dtype=torch.float32)
     except (OSError, ValueError) as err:

@@ -253,10 +253,12 @@ def recover_checkpoint(run_dir: str) -> tuple[str, int] | None:
     return final, step
 
 
-def save_checkpoint(run_dir: str, step: int, model, tokenizer, optimizer, cuda_rng: list | None = None) -> None:
+def save_checkpoint(run_dir: str, step: int, model, tokenizer, optimizer, cuda_rng: list | None = None,
+                    describe=None) -> None:
     """runs/<name>/checkpoint: model + tokenizer (save_pretrained), optimizer, RNG states, step; swapped in
     without a moment in which no complete checkpoint exists (rule 3 above). cuda_rng: each torchrun rank's CUDA
-    RNG state of its own GPU, in rank order (None: this process's, when CUDA is there)."""
+    RNG state of its own GPU, in rank order (None: this process's, when CUDA is there). describe(folder), if given,
+    writes what says what the folder is (export.describe_checkpoint: its README.md) before the swap."""
     import torch   # here, not at the top: eval.py refuses bad input before torch loads
     from transformers.utils import logging as hf_logging
 
@@ -266,6 +268,8 @@ def save_checkpoint(run_dir: str, step: int, model, tokenizer, optimizer, cuda_r
     model.save_pretrained(tmp)
     hf_logging.enable_progress_bar()
     tokenizer.save_pretrained(tmp)
+    if describe is not None:
+        describe(tmp)
     torch.save(optimizer.state_dict(), os.path.join(tmp, "optimizer.pt"))
     if cuda_rng is None and torch.cuda.is_available():
         cuda_rng = [torch.cuda.get_rng_state()]   # the current device's: one process, one GPU

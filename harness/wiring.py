@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from harness import cli, config, dist, lora, overlap, phase_memory, preflight, trainer
+from harness import cli, config, dist, export, lora, overlap, phase_memory, preflight, trainer
 from harness.generate import (GeneratorUnavailable, HFGenerator, ServerStartError, format_prompt, load_causal_lm,
                               load_tokenizer, vllm_importable)
 from harness.refiner import Refiner
@@ -738,7 +738,9 @@ class Run:
         cuda_rng = self.dist.all_gather(torch.cuda.get_rng_state() if torch.cuda.is_available() else None)
         if self.dist.main:   # each rank's CUDA RNG state, of its own GPU: a resume gives each rank its own back
             save_checkpoint(self.run_dir, step, model, self.tokenizer, optimizer,
-                            cuda_rng if torch.cuda.is_available() else None)
+                            cuda_rng if torch.cuda.is_available() else None,   # + README.md, the adapter's base name
+                            functools.partial(export.describe_checkpoint, run_dir=self.run_dir,
+                                              tokenizer=self.tokenizer))
         self.dist.barrier()   # a resume after a crash finds the checkpoint every rank trained past
 
     def finish(self) -> dict:

@@ -233,7 +233,8 @@ def test_scope_main_from_python_raises_in_key_spelling_and_returns_its_plan(tmp_
     assert "--" not in text and capsys.readouterr().err == ""
     with pytest.raises(Refused, match=r"^lr=-1\.0: must be > 0 and < 1$"):
         scope.main({"toy": True, "lr": -1.0})
-    with pytest.raises(Refused, match="main: key 'stpes': no such flag: did you mean steps\\? .*help\\(scope.Args\\) lists every key"):
+    with pytest.raises(Refused, match="main: key 'stpes': no such flag: did you mean steps\\? .*"
+                                      "help\\(scope.Args\\) lists every key"):
         scope.main({"stpes": 5})
     plan = scope.main({"toy": True, "steps": 5, "dry_run": True})   # the folder exists: a note, not a refusal
     assert plan["dry_run"] and plan["run_dir"] == "runs/scope-toy-s0" and plan["args"]["steps"] == 5

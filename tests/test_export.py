@@ -237,3 +237,62 @@ def test_a_run_started_from_an_exported_folder_exports_its_own(exported, tmp_pat
     out = export.export_run(str(run), quiet=True)
     card = open(os.path.join(out, "README.md")).read()
     assert card.startswith("---") and "\n# again\n" in card and "\n--run-name again\n" in card
+
+
+def small_run(tmp_path, monkeypatch, name: str, **flags) -> str:
+    """A one-step toy run in this process (scope.main), its folder as the run leaves it."""
+    import scope
+
+    monkeypatch.chdir(tmp_path)
+    scope.main({"toy": True, "steps": 1, "prompts_per_step": 2, "group_size": 2, "max_new_tokens": 48,
+                "eval_every": 0, "run_name": name, **flags})
+    return str(tmp_path / "runs" / name)
+
+
+def test_the_checkpoint_says_it_is_for_resume_and_that_autotokenizer_misreads_its_toy_tokenizer(
+        tmp_path, monkeypatch, toy_model_dir):
+    """AutoTokenizer.from_pretrained(runs/NAME/checkpoint) of a full fine-tune silently turned "Question: Start at 7,
+    add 5.\\nSolution:\\n" into "Question:Startat7,add5.Solution:", and nothing inside the folder said so. Its
+    README.md now says what the folder is for, that model/ is what to load, and the misreading, in the words
+    AutoTokenizer really produces; model/ round-trips."""
+    from transformers import AutoTokenizer
+
+    run = small_run(tmp_path, monkeypatch, "full", model=toy_model_dir)
+    readme = open(os.path.join(run, "checkpoint", "README.md"), encoding="utf-8").read()
+    assert readme.startswith("# runs/full/checkpoint: for `--resume`, not for loading")
+    assert "load **`runs/full/model/`**" in readme and "python -m harness.export runs/full" in readme
+    text = "Question: Start at 7, add 5."
+    misread = AutoTokenizer.from_pretrained(os.path.join(run, "checkpoint"))
+    said = re.search(r'\("Question: Start at 7, add 5\." becomes "([^"]+)"\)', readme).group(1)
+    assert misread.decode(misread.encode(text, add_special_tokens=False)) == said != text   # the README is right
+    assert load_tokenizer(os.path.join(run, "checkpoint")).decode(
+        load_tokenizer(os.path.join(run, "checkpoint")).encode(text, add_special_tokens=False)) == text
+    exported = AutoTokenizer.from_pretrained(os.path.join(run, "model"))
+    assert exported.decode(exported.encode(text, add_special_tokens=False)) == text
+
+
+def test_a_lora_checkpoint_names_its_base_as_given_and_the_card_says_what_base_is(tmp_path, monkeypatch):
+    """adapter_config.json stored the base as an absolute path into the clone's cache, checkpoint/README.md was PEFT's
+    blank template, and the model card's `PeftModel.from_pretrained(base, ...)` did not say what `base` is. The toy
+    warm start is now named relative to the repository (a hub id or a typed path stays as given), the checkpoint's
+    README is ours, and the card loads the adapter on its named base."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from harness import toy
+
+    run = small_run(tmp_path, monkeypatch, "lora", use_peft=True, lora_r=4)
+    warm = os.path.relpath(toy.cache_path(os.path.join(ROOT, "cache"), seed=0), ROOT)   # cache/toy_warm_...
+    for folder in ("checkpoint", os.path.join("model", "adapter")):
+        assert export.adapter_base(os.path.join(run, folder)) == warm and not os.path.isabs(warm)
+    readme = open(os.path.join(run, "checkpoint", "README.md"), encoding="utf-8").read()
+    assert "Model Card for Model ID" not in readme and "for `--resume`, not for loading" in readme
+    assert f'AutoModelForCausalLM.from_pretrained("{warm}")' in readme
+    assert "the toy world's warm start, a folder of the SCOPE repository" in readme
+    card = open(os.path.join(run, "model", "README.md"), encoding="utf-8").read()
+    assert f'base = AutoModelForCausalLM.from_pretrained("{warm}", dtype="bfloat16")   # the adapter\'s base' in card
+    assert 'PeftModel.from_pretrained(base, "runs/lora/model/adapter")' in card
+    assert export.base_name("Qwen/Qwen2.5-1.5B") == "Qwen/Qwen2.5-1.5B" and export.base_name("/elsewhere/m") == \
+        "/elsewhere/m"
+    base = AutoModelForCausalLM.from_pretrained(export.base_path(warm))   # from any folder (this test's is tmp_path)
+    assert isinstance(PeftModel.from_pretrained(base, os.path.join(run, "checkpoint")), PeftModel)

@@ -538,7 +538,8 @@ def test_the_eta_leaves_out_the_evaluation_before_training(monkeypatch):
 def test_the_dry_run_and_the_config_show_the_run_name_they_use(tmp_path, monkeypatch, capsys):
     """The dry run said it "would write runs/scope-Qwen2.5-1.5B-s0" but showed "run_name": "" (as did the card)."""
     monkeypatch.chdir(tmp_path)
-    plan = scope.main({"toy": True, "dry_run": True})   # from Python a dry run returns its plan
-    out = capsys.readouterr().out
+    plan = scope.main({"toy": True, "dry_run": True})   # from Python a dry run returns its plan, stdout quiet
+    out = plan["text"]
+    assert capsys.readouterr().out == ""
     assert "would write runs/scope-toy-s0" in out and '"run_name": "scope-toy-s0"' in out
     assert plan["run_dir"] == "runs/scope-toy-s0" and plan["args"]["run_name"] == "scope-toy-s0"
