@@ -231,7 +231,10 @@ def library_call(args_class_of):
             booleans = frozenset(f.name for f in fields(args_class) if isinstance(f.default, bool))
             with refusals_raised(functools.partial(cli.as_keys, booleans=booleans)):
                 try:
-                    return main(as_args(args_class, args))
+                    args = as_args(args_class, args)
+                    from harness import wiring   # here: config.py is read before the engine loads
+                    with wiring.calm_interrupt(args, python=True):   # Ctrl-C: the resume line, the lock released
+                        return main(args)
                 except Done as done:
                     return done.result
         return call

@@ -403,26 +403,38 @@ def finish(summary: dict, run_dir: str, t_start: float, start_step: int, refiner
 
 
 @contextlib.contextmanager
-def calm_interrupt(args):
+def calm_interrupt(args, python: bool = False):
     """Ctrl-C or SIGTERM: one line naming the last complete checkpoint and the exact --resume command (before the
     first checkpoint: that nothing was saved yet, and the command that starts the run again), exit 130,
-    no traceback. The lock is released by the exit handler open_run registered; a save cut short is
-    recovered by the resume (runs.py rule 4)."""
+    no traceback; the lock is released (also by the exit handler open_run registered), and a save cut short is
+    recovered by the resume (runs.py rule 4). `python`: scope.main called from Python (a notebook), whose process
+    lives on: the lock is released as the call ends, whatever ends it (done, refused, failed); Ctrl-C prints the
+    line with the main(...) call that resumes, and the KeyboardInterrupt goes on to the caller (SIGTERM is left as
+    it is)."""
     def on_term(signum, frame):
         raise KeyboardInterrupt
 
-    previous = signal.signal(signal.SIGTERM, on_term)
+    previous = None if python else signal.signal(signal.SIGTERM, on_term)
     try:
         yield
     except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut this message short
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        if not python:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut this message short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        run_dir = preflight.run_dir_of(args)
+        release_lock(os.path.join(run_dir, "lock"))   # only if this process holds it
         if os.environ.get("RANK", "0") == "0":   # under torchrun every rank gets the signal; rank 0 speaks
-            hint = resume_hint(preflight.run_dir_of(args), sys.argv[1:], min(args.save_every, args.steps))
+            hint = resume_hint(run_dir, None if python else sys.argv[1:], min(args.save_every, args.steps))
             tqdm.write(f"\ninterrupted: {hint}", file=sys.stderr)
+        if python:
+            raise
         raise SystemExit(130) from None
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if python:   # finished, refused or failed: the process's next call on this run must not find it locked
+            with contextlib.suppress(ValueError, SystemExit):   # a run name refused: no folder, no lock
+                release_lock(os.path.join(preflight.run_dir_of(args), "lock"))
 
 
 @dataclass(frozen=True)
