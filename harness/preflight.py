@@ -34,8 +34,8 @@ import urllib.parse
 from dataclasses import asdict
 
 from harness import lora, trackers
-from harness.runs import (CONFIG_RECORDS, RUN_MODELS, Done, find_checkpoint, holds_run, lock_holder, read_changes,
-                          run_folder, run_of, run_settings, stop, unwritable)
+from harness.runs import (CONFIG_RECORDS, Done, find_checkpoint, holds_run, lock_holder, read_changes, run_folder,
+                          run_of, run_settings, stop, unwritable)
 
 GIB = 2 ** 30
 MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
@@ -331,6 +331,8 @@ def hub_models(args, resume_step: int | None) -> list[str]:
     if args.toy and args.model != "toy" and resume_step is None and not os.path.isdir(args.model):
         stop(f"--model {args.model} with --toy: no such folder{near_path(args.model)}; --toy trains 'toy' (the "
              f"shipped warm start) or a folder a toy run saved (runs/NAME/checkpoint or runs/NAME/model)")
+    if args.toy and args.model != "toy" and resume_step is None:
+        check_model_name("--model", args.model)   # a run folder or an adapter: one line naming the model to pass
     if not args.toy:
         if resume_step is None or args.kl_coef > 0:   # a resume loads the policy from its checkpoint
             names.append(check_model_name("--model", args.model))
@@ -358,7 +360,8 @@ def check_model_name(flag: str, name: str, adapter: bool = False) -> str:
     path = model_id(name)
     if run_folder(path):
         inside = {d: os.path.join(path.rstrip("/"), d) for d in ("checkpoint", "model")
-                  if os.path.isfile(os.path.join(path, d, "config.json")) or lora.is_adapter(os.path.join(path, d))}
+                  if os.path.isfile(os.path.join(path, d, "config.json"))
+                  or (adapter and lora.is_adapter(os.path.join(path, d)))}
         if inside:
             what = {"checkpoint": "its last checkpoint, which --resume continues",
                     "model": "the model it wrote when it finished"}

@@ -613,12 +613,19 @@ def test_a_run_name_is_a_name_under_runs(tmp_path, monkeypatch, capsys):
 
 def test_a_lora_checkpoint_as_a_model_to_train_names_the_merged_model(tmp_path, monkeypatch, capsys):
     """`--model runs/R/checkpoint` of a LoRA run said "no config.json in that folder": it is an adapter, and the
-    line names the run's merged model/ and the resume."""
+    line names the run's merged model/ and the resume; with --toy a run folder or an adapter got a tokenizer error
+    after the load was tried: both are now the same one line, before anything loads."""
     monkeypatch.chdir(tmp_path)
     ckpt = tmp_path / "runs" / "r" / "checkpoint"
     ckpt.mkdir(parents=True)
     (ckpt.parent / "config.json").write_text('{"lora_rank": 16, "environment": {}}')
     (ckpt / "adapter_config.json").write_text('{"peft_type": "LORA"}')
-    assert refused(capsys, {"model": "runs/r/checkpoint", "dry_run": True}) == (
-        "error: --model runs/r/checkpoint: a LoRA adapter (no config.json), not a model; pass runs/r/model (the "
-        "merged model; python -m harness.export runs/r writes it), or --resume runs/r to train on")
+    adapter_line = ("error: --model runs/r/checkpoint: a LoRA adapter (no config.json), not a model; pass runs/r/model "
+                    "(the merged model; python -m harness.export runs/r writes it), or --resume runs/r to train on")
+    assert refused(capsys, {"model": "runs/r/checkpoint", "dry_run": True}) == adapter_line
+    assert refused(capsys, {"toy": True, "model": "runs/r/checkpoint"}) == adapter_line   # --toy: before any load
+    (ckpt.parent / "model").mkdir()
+    (ckpt.parent / "model" / "config.json").write_text('{"model_type": "qwen2"}')
+    assert refused(capsys, {"toy": True, "model": "runs/r"}) == (   # the adapter is no model to start from
+        "error: --model runs/r: a run folder, not a model; pass runs/r/model (the model it wrote when it finished)")
+    assert os.listdir(tmp_path / "runs") == ["r"]
