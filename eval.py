@@ -561,7 +561,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def checked_inputs(args: argparse.Namespace) -> str:
     """What the input alone decides, checked before anything loads (scope.py's pre-flight functions, so both
     answer alike); returns the model to load. A model name resolved as scope.py resolves it (an alias → its hub
-    id); a path that does not exist names the closest one, a run folder its checkpoint/ and model/; without
+    id); a path that does not exist names the closest one, a run folder its checkpoint/ and model/; a LoRA run's
+    checkpoint/ (an adapter) is taken, for HF generate only (load_adapter); without
     network (no connection within 3 s) the hub libraries go offline at once, and a model or benchmark that must
     come from the hub and is not in the local cache stops here. --question-field / --answer-field need a data set
     of one's own. runs.Refused (a ValueError): one line."""
@@ -578,15 +579,23 @@ def checked_inputs(args: argparse.Namespace) -> str:
     if refusal:
         stop(refusal)
     from_hub = [n for n in names if n in BENCHMARKS or ("/" in n and not os.path.exists(n))]
-    if (from_hub or not os.path.exists(model)) and preflight.offline_now():
-        if not os.path.exists(model) and not preflight.in_hub_cache(model):
-            stop(f"--model {args.model}: {preflight.uncached(model)}")
+    loads = adapter_base(model) if lora.is_adapter(model) else model   # an adapter loads its base first
+    if (from_hub or not os.path.exists(loads)) and preflight.offline_now():
+        if not os.path.exists(loads) and not preflight.in_hub_cache(loads):
+            stop(f"--model {args.model}: {'its base ' + loads + ': ' if loads != model else ''}"
+                 f"{preflight.uncached(loads)}")
         args.offline = True
         for name in from_hub:
             if not maybe_cached(name):
                 stop(f"{'--ood' if name in args.ood.split(',') else '--benchmarks'} {name}: no network: cannot reach "
                      f"the Hugging Face hub and it is not in the local cache; {LOCAL_FILE_HINT}")
     return model
+
+
+def adapter_base(adapter: str) -> str:
+    """The base model a LoRA adapter folder names (adapter_config.json's base_model_name_or_path)."""
+    with open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8") as f:
+        return json.load(f).get("base_model_name_or_path") or ""
 
 
 def lora_merged_hint(adapter: str) -> str:

@@ -433,6 +433,10 @@ def test_no_network_is_one_line_at_once_for_a_model_or_a_benchmark(tmp_path, mon
     assert time.time() - start < 15 and no_model_load == []
     assert preflight.check_model_name("--model", "Qwen2.5-1.5B") == preflight.model_id("Qwen2.5-1.5B") == \
         "Qwen/Qwen2.5-1.5B"
+    (tmp_path / "a").mkdir()   # a LoRA checkpoint whose base is a hub id: the base is what must be cached
+    (tmp_path / "a" / "adapter_config.json").write_text('{"base_model_name_or_path": "Qwen/Qwen2.5-1.5B"}')
+    line = refusal(["--model", "a", "--benchmarks", "toy"], capsys)
+    assert line.startswith("eval.py: --model a: its base Qwen/Qwen2.5-1.5B: no network") and no_model_load == []
 
 
 def test_the_data_and_prompt_flags_are_scopes_own(tmp_path, monkeypatch):
