@@ -351,10 +351,12 @@ def make_generator(name_or_path: str, backend: str, *, seed: int = 0, vllm_mem: 
     --gen-batch-size: then its periodic evaluation and this one draw the same samples)."""
     import torch
 
+    from harness import lora
     from harness.generate import HFGenerator, VLLMGenerator, load_causal_lm, load_tokenizer, vllm_importable
 
+    adapter = lora.is_adapter(name_or_path) and not os.path.isfile(os.path.join(name_or_path, "config.json"))
     if backend == "auto":
-        backend = "vllm" if vllm_importable() and torch.cuda.is_available() else "hf"
+        backend = "vllm" if vllm_importable() and torch.cuda.is_available() and not adapter else "hf"
     if backend == "vllm":
 
         try:
@@ -365,10 +367,27 @@ def make_generator(name_or_path: str, backend: str, *, seed: int = 0, vllm_mem: 
         return VLLMGenerator(name_or_path, tokenizer=tokenizer, gpu_memory_utilization=vllm_mem,
                              seed=seed), tokenizer
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    model, tokenizer = load_causal_lm(name_or_path, device)
+    model, tokenizer = load_adapter(name_or_path, device) if adapter else load_causal_lm(name_or_path, device)
     if device == "cpu" and sum(p.numel() for p in model.parameters()) < TINY_MODEL:
         torch.set_num_threads(1)   # as the toy world trains and evaluates: the same samples, no oversubscription
     return HFGenerator(model.eval(), tokenizer, micro_batch_size=gen_batch_size), tokenizer
+
+
+def load_adapter(path: str, device: str):
+    """(model, tokenizer) of a LoRA run's checkpoint: its adapter merged into the base that adapter_config.json
+    names (lora.export_merged, as model/ is written), bfloat16 on CUDA, float32 on the CPU; the checkpoint's
+    tokenizer. A base that cannot load: RuntimeError naming it."""
+    import torch
+
+    from harness import lora
+    from harness.generate import load_tokenizer
+
+    print(f"{path}: a LoRA adapter, evaluated merged into its base with HF generate")
+    try:
+        model = lora.export_merged(path)
+    except SystemExit as err:   # lora's one-line refusal: the base named in adapter_config.json does not load
+        raise RuntimeError(str(err.code).removeprefix("error: ")) from None
+    return model.to(device, torch.bfloat16 if device.startswith("cuda") else torch.float32), load_tokenizer(path)
 
 
 def format_table(headers: list[str], rows: list[list[str]]) -> str:
@@ -423,6 +442,15 @@ def diversity_table(results: dict[str, dict], model: str) -> str:
     return format_table(headers, rows)
 
 
+class DefaultsShown(argparse.HelpFormatter):
+    """--help with each flag's default after its text, where it has one (not for switches or an unset path)."""
+
+    def _get_help_string(self, action):
+        shown = action.option_strings and not any(action.default is x for x in (None, False, argparse.SUPPRESS))
+        shown = shown and action.default != "" and "(default:" not in action.help   # the data flags say their own
+        return f"{action.help} (default: %(default)s)" if shown else action.help
+
+
 class OneLineErrors(argparse.ArgumentParser):
     """argparse whose refusals are one line naming the culprit (and the closest flag), not the usage screen."""
 
@@ -435,13 +463,15 @@ def make_parser() -> OneLineErrors:
     from harness import cli
 
     p = OneLineErrors(
-        prog="eval.py", allow_abbrev=False, description="Evaluate a checkpoint on math / OOD benchmarks (avg@n, "
+        prog="eval.py", allow_abbrev=False, formatter_class=DefaultsShown, description="Evaluate a checkpoint on math / OOD benchmarks (avg@n, "
         "pass@k, diversity), or time the grader (curves and traces: python -m tools.report).")
     p.add_argument("--model", help="HF model id, alias (Qwen2.5-1.5B, ... as scope.py takes them) or local model "
-                   "folder (a run's runs/NAME/checkpoint or runs/NAME/model)")
+                   "folder (a run's runs/NAME/checkpoint or runs/NAME/model; a LoRA run's checkpoint/ is its "
+                   "adapter, evaluated on its base with HF generate)")
     p.add_argument("--benchmarks", default="math500,aime24,aime25,amc,minerva,olympiad",
                    help="comma-separated names from BENCHMARKS, 'toy', or local .jsonl paths")
-    p.add_argument("--ood", default="", help="comma-separated out-of-domain benchmarks, e.g. arc-c,gpqa,mmlu-pro")
+    p.add_argument("--ood", default="", help="comma-separated out-of-domain benchmarks, e.g. arc-c,gpqa,mmlu-pro "
+                   "(default: none)")
     p.add_argument("--n", type=int, default=8, help="samples per problem (avg@n, pass@k for k <= n)")
     p.add_argument("--temperature", type=float, default=0.6, help="sampling temperature (0 = greedy)")
     p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling top-p")
@@ -452,14 +482,14 @@ def make_parser() -> OneLineErrors:
                    "--gen-batch-size: the same samples as its periodic evaluation)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed")
     p.add_argument("--limit", type=int, default=None,
-                   help="first K problems of each benchmark")
+                   help="first K problems of each benchmark (default: all)")
     cli.add_data_flags(p)   # --system-prompt, --question-field, --answer-field: as scope.py has them
     p.add_argument("--backend", choices=["auto", "vllm", "hf"], default="auto",
                    help="generation backend; auto = vLLM when importable and CUDA is present, else HF")
     p.add_argument("--vllm-mem", type=float, default=0.85, help="vLLM gpu_memory_utilization")
     p.add_argument("--out", default=None,
-                   help="results JSON (default: eval_<folder>.json next to a local model folder, else "
-                        "runs/eval_<hub id>.json)")
+                   help="the results JSON file (default: eval_<folder>.json next to a local model folder, else "
+                        "runs/eval_<hub id>.json), its pass@k picture beside it (.png)")
     p.add_argument("--overwrite", action="store_true", help="replace a report already at the --out path (without "
                    "it the evaluation stops before it starts)")
     p.add_argument("--save-samples", action="store_true", help="keep every sampled text in the results JSON")
@@ -472,13 +502,45 @@ def make_parser() -> OneLineErrors:
     return p
 
 
+# TRL's names (GRPOConfig, TrainingArguments, ModelConfig) of eval.py's flags: (ours, what differs). "" = the same
+# meaning: taken as ours (--max_completion_length 512 = --max-new-tokens 512); else a one-line hint naming ours.
+# Our own flags with underscores (--max_new_tokens, --top_p) are taken too, as scope.py takes them.
+TRL_NAMES = {
+    "model_name_or_path": ("--model", ""),
+    "max_completion_length": ("--max-new-tokens", ""),
+    "vllm_gpu_memory_utilization": ("--vllm-mem", ""),
+    "num_generations": ("--n", "samples per problem, for avg@n and pass@k"),
+    "per_device_eval_batch_size": ("--batch-size", "ours counts problems per generate call, each sampled --n times"),
+    "output_dir": ("--out", "ours is the report's JSON file, by default beside the evaluated model folder"),
+    "dataset_name": ("--benchmarks", "a comma-separated list of benchmark names or local .jsonl files"),
+    "use_vllm": ("--backend", "--backend vllm (auto: vLLM when installed and CUDA is present)"),
+    "top_k": (None, "nucleus sampling only (--top-p)"),
+    "torch_dtype": (None, "bfloat16 on CUDA, float32 on the CPU"),
+    "bf16": (None, "bfloat16 on CUDA, float32 on the CPU"),
+}
+
+
+def trl_argv(argv: list[str]) -> list[str]:
+    """argv with TRL's names of the same meaning in ours (`--max_completion_length 512` → `--max-new-tokens 512`)."""
+    out = []
+    for word in argv:
+        name, eq, value = word.partition("=")
+        ours, note = TRL_NAMES.get(name[2:].replace("-", "_"), (None, None)) if name.startswith("--") else (None, None)
+        out.append(ours + eq + value if ours and not note else word)
+    return out
+
+
 def parse_args(argv=None) -> argparse.Namespace:
-    """The flags, each value checked: a refusal is one line (exit 2) before anything loads."""
+    """The flags, each value checked: a refusal is one line (exit 2) before anything loads. TRL's names: TRL_NAMES."""
+    from harness import cli
+
     p = make_parser()
+    flags = [o for a in p._actions for o in a.option_strings]
+    argv = cli.normalise(trl_argv(list(sys.argv[1:] if argv is None else argv)), flags)
     args, unknown = p.parse_known_args(argv)
     if unknown:
         from harness.config import unknown_argument
-        p.error(unknown_argument(unknown[0], [o for a in p._actions for o in a.option_strings]))
+        p.error(cli.trl_hint(unknown[0], TRL_NAMES) or unknown_argument(unknown[0], flags))
     if not (args.grader_bench or args.model):
         p.error("--model is required (or --grader-bench; curves and traces: python -m tools.report --plot/--trace RUN)")
     for flag, ok, valid in (("n", args.n >= 1, "an integer >= 1"),
@@ -499,29 +561,49 @@ def parse_args(argv=None) -> argparse.Namespace:
 def checked_inputs(args: argparse.Namespace) -> str:
     """What the input alone decides, checked before anything loads (scope.py's pre-flight functions, so both
     answer alike); returns the model to load. A model name resolved as scope.py resolves it (an alias → its hub
-    id); a path that does not exist names the closest one, a run folder its checkpoint/ and model/; without
+    id); a path that does not exist names the closest one, a run folder its checkpoint/ and model/; a LoRA run's
+    checkpoint/ (an adapter) is taken, for HF generate only (load_adapter); without
     network (no connection within 3 s) the hub libraries go offline at once, and a model or benchmark that must
     come from the hub and is not in the local cache stops here. --question-field / --answer-field need a data set
     of one's own. runs.Refused (a ValueError): one line."""
-    from harness import cli, preflight
+    from harness import cli, lora, preflight
     from harness.problems import BENCHMARKS
     from harness.runs import stop
 
-    model = preflight.check_model_name("--model", args.model)
+    model = preflight.check_model_name("--model", args.model, adapter=True)   # a LoRA checkpoint: on its base
+    if lora.is_adapter(model) and args.backend == "vllm":
+        stop(f"--model {args.model}: a LoRA adapter, which eval.py evaluates on its base with HF generate; pass "
+             f"--backend hf, or the run's merged model{lora_merged_hint(model)} for vLLM")
     names = [name.strip() for names in (args.benchmarks, args.ood) for name in names.split(",") if name.strip()]
     refusal = cli.own_data_refusal(names, args.question_field, args.answer_field)
     if refusal:
         stop(refusal)
     from_hub = [n for n in names if n in BENCHMARKS or ("/" in n and not os.path.exists(n))]
-    if (from_hub or not os.path.exists(model)) and preflight.offline_now():
-        if not os.path.exists(model) and not preflight.in_hub_cache(model):
-            stop(f"--model {args.model}: {preflight.uncached(model)}")
+    loads = adapter_base(model) if lora.is_adapter(model) else model   # an adapter loads its base first
+    if (from_hub or not os.path.exists(loads)) and preflight.offline_now():
+        if not os.path.exists(loads) and not preflight.in_hub_cache(loads):
+            stop(f"--model {args.model}: {'its base ' + loads + ': ' if loads != model else ''}"
+                 f"{preflight.uncached(loads)}")
         args.offline = True
         for name in from_hub:
             if not maybe_cached(name):
                 stop(f"{'--ood' if name in args.ood.split(',') else '--benchmarks'} {name}: no network: cannot reach "
                      f"the Hugging Face hub and it is not in the local cache; {LOCAL_FILE_HINT}")
     return model
+
+
+def adapter_base(adapter: str) -> str:
+    """The base model a LoRA adapter folder names (adapter_config.json's base_model_name_or_path)."""
+    with open(os.path.join(adapter, "adapter_config.json"), encoding="utf-8") as f:
+        return json.load(f).get("base_model_name_or_path") or ""
+
+
+def lora_merged_hint(adapter: str) -> str:
+    """" (runs/R/model: python -m harness.export runs/R writes it)" for a run's LoRA checkpoint; else ""."""
+    from harness.runs import run_of
+
+    run = run_of(adapter)
+    return f" ({os.path.join(run, 'model')}: python -m harness.export {run} writes it)" if run else ""
 
 
 LOCAL_FILE_HINT = 'pass a local .jsonl file ({"question": ..., "answer": ...} per line)'
@@ -563,6 +645,9 @@ def checked_out(args: argparse.Namespace) -> str:
     from harness.runs import unwritable
 
     out = args.out or report_path(args.model)
+    if os.path.isdir(out) or out.endswith(("/", os.sep)):   # the report is a file; a folder fails only at the write
+        raise ValueError(f"--out {out}: a folder; the report is a JSON file: pass --out "
+                         f"{os.path.join(out, os.path.basename(report_path(args.model)))}, say")
     if os.path.exists(out) and not args.overwrite:
         raise ValueError(f"{out} already holds a report; pass --overwrite to replace it, or --out another path")
     blocked = unwritable(os.path.dirname(os.path.abspath(out)))

@@ -195,12 +195,14 @@ def as_keys(message: str, booleans=frozenset()) -> str:
     return re.sub(r"--([a-z][a-z0-9-]*)(?:[ =](-?\d[^\s,;:()]*|[^\s,;:()<>=\-][^\s,;:()]*))?", key, message)
 
 
-def trl_hint(word: str) -> str | None:
-    """The refusal of a TRL flag name ("--num_generations", "num-generations"), naming ours; None otherwise."""
+def trl_hint(word: str, names: dict | None = None) -> str | None:
+    """The refusal of a TRL flag name ("--num_generations", "num-generations"), naming ours; None otherwise.
+    `names`: the table (TRL_NAMES, scope.py's; eval.py passes its own)."""
+    names = TRL_NAMES if names is None else names
     name = word.split("=", 1)[0].lstrip("-").replace("-", "_")
-    if name not in TRL_NAMES:
+    if name not in names:
         return None
-    ours, note = TRL_NAMES[name]
+    ours, note = names[name]
     shown = word.split("=", 1)[0]
     if ours is None:
         return f"unknown flag {shown}: TRL's name; no such flag here ({note})"

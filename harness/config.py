@@ -11,13 +11,17 @@ import difflib
 import functools
 import io
 import os
+import signal
 import sys
 import textwrap
 import weakref
 from dataclasses import asdict, dataclass, field, fields
 
+from tqdm import tqdm
+
 from harness import cli, lora, preflight
-from harness.runs import Done, read_changes, refusals_raised, run_settings, stop
+from harness.runs import (Done, read_changes, refusals_raised, release_lock, resume_hint, run_settings,
+                          stop)
 
 
 def arg(default, help, choices=None):
@@ -277,7 +281,8 @@ def library_call(args_class_of):
                 args = as_args(args_class, args)
                 printed = io.StringIO()
                 try:
-                    with contextlib.redirect_stdout(printed) if args.dry_run else contextlib.nullcontext():
+                    with calm_interrupt(args, python=True), \
+                            contextlib.redirect_stdout(printed) if args.dry_run else contextlib.nullcontext():
                         return main(args)
                 except Done as done:
                     if not args.dry_run:
@@ -288,3 +293,38 @@ def library_call(args_class_of):
                     return {**done.result, "notes": list(dict.fromkeys(notes)), "text": text}
         return call
     return wrap
+
+
+@contextlib.contextmanager
+def calm_interrupt(args, python: bool = False):
+    """Ctrl-C or SIGTERM: one line naming the last complete checkpoint and the exact --resume command (before the
+    first checkpoint: that nothing was saved yet, and the command that starts the run again), exit 130,
+    no traceback; the lock is released (also by the exit handler open_run registered), and a save cut short is
+    recovered by the resume (runs.py rule 4). `python`: scope.main called from Python (a notebook), whose process
+    lives on: the lock is released as the call ends, whatever ends it (done, refused, failed); Ctrl-C prints the
+    line with the main(...) call that resumes, and the KeyboardInterrupt goes on to the caller (SIGTERM is left as
+    it is)."""
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = None if python else signal.signal(signal.SIGTERM, on_term)
+    try:
+        yield
+    except KeyboardInterrupt:
+        if not python:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut this message short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        run_dir = preflight.run_dir_of(args)
+        release_lock(os.path.join(run_dir, "lock"))   # only if this process holds it
+        if os.environ.get("RANK", "0") == "0":   # under torchrun every rank gets the signal; rank 0 speaks
+            hint = resume_hint(run_dir, None if python else sys.argv[1:], min(args.save_every, args.steps))
+            tqdm.write(f"\ninterrupted: {hint}", file=sys.stderr)
+        if python:
+            raise
+        raise SystemExit(130) from None
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+        if python:   # finished, refused or failed: the process's next call on this run must not find it locked
+            with contextlib.suppress(ValueError, SystemExit):   # a run name refused: no folder, no lock
+                release_lock(os.path.join(preflight.run_dir_of(args), "lock"))

@@ -34,8 +34,8 @@ import urllib.parse
 from dataclasses import asdict
 
 from harness import lora, trackers
-from harness.runs import (CONFIG_RECORDS, Done, find_checkpoint, holds_run, lock_holder, read_changes, run_settings,
-                          stop, unwritable)
+from harness.runs import (CONFIG_RECORDS, Done, find_checkpoint, holds_run, lock_holder, read_changes, run_folder,
+                          run_of, run_settings, stop, unwritable)
 
 GIB = 2 ** 30
 MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
@@ -182,6 +182,13 @@ def check_args(args, notes=()) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------------- 2. folder
 def run_dir_of(args) -> str:
+    """The run's folder: --resume's, else runs/<--run-name> (default: <mode>-<model>-s<seed>). A run name is one
+    folder name under runs/, where --resume, tools.report and eval.py's reports find the run: a name that is a
+    path (`../x`, `/data/x`, `a/b`) stops in one line."""
+    if args.run_name and not args.resume and (args.run_name in (".", "..") or "/" in args.run_name
+                                              or os.sep in args.run_name):
+        stop(f"--run-name {args.run_name}: a run name is one folder name under runs/ (no '/', not '..'); to keep "
+             f"runs elsewhere, start scope.py from that folder (runs/ is made in the working folder)")
     name = args.run_name or f"{args.mode}-{os.path.basename(args.model.rstrip('/'))}-s{args.seed}"
     return args.resume.rstrip("/") or os.path.join("runs", name)
 
@@ -261,6 +268,10 @@ def read_run_config(run_dir: str, known: set[str]) -> dict:
     path = os.path.join(run_dir, "config.json")
     if not os.path.isdir(run_dir):
         stop(f"--resume {run_dir}: no such folder")
+    run = run_of(run_dir)
+    if run is not None:   # TRL's resume_from_checkpoint habit: the checkpoint, not the run
+        stop(f"--resume {run_dir}: the {os.path.basename(os.path.normpath(run_dir))}/ folder of run {run}; --resume "
+             f"takes the run folder (it continues from that run's newest complete checkpoint): --resume {run}")
     if not os.path.isfile(path):
         stop(f"--resume {run_dir}: no config.json there (not a scope.py run folder, or it never started)")
     try:
@@ -324,6 +335,8 @@ def hub_models(args, resume_step: int | None) -> list[str]:
     if args.toy and args.model != "toy" and resume_step is None and not os.path.isdir(args.model):
         stop(f"--model {args.model} with --toy: no such folder{near_path(args.model)}; --toy trains 'toy' (the "
              f"shipped warm start) or a folder a toy run saved (runs/NAME/checkpoint or runs/NAME/model)")
+    if args.toy and args.model != "toy" and resume_step is None:
+        check_model_name("--model", args.model)   # a run folder or an adapter: one line naming the model to pass
     if not args.toy:
         if resume_step is None or args.kl_coef > 0:   # a resume loads the policy from its checkpoint
             names.append(check_model_name("--model", args.model))
@@ -340,21 +353,33 @@ def model_id(name: str) -> str:
     return MODEL_ALIASES.get(name, name)
 
 
-def check_model_name(flag: str, name: str) -> str:
+def check_model_name(flag: str, name: str, adapter: bool = False) -> str:
     """`name` resolved (model_id) when it can be a model folder or a hub id ("owner/name"); else one line and exit
     2: a path that does not exist (naming the closest one beside it), a word that is no alias (naming the closest
-    alias), a folder without config.json, or a run folder, whose model is its checkpoint/ or model/."""
+    alias), a folder without config.json, or a run folder (runs.run_folder: known by what it holds), whose models
+    are its checkpoint/ and model/. A LoRA run's checkpoint/ holds an adapter, no config.json: accepted where the
+    caller evaluates an adapter on its base (`adapter`, eval.py), else one line naming the run's merged model/."""
     import difflib
 
     path = model_id(name)
-    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+    if run_folder(path):
         inside = {d: os.path.join(path.rstrip("/"), d) for d in ("checkpoint", "model")
-                  if os.path.isfile(os.path.join(path, d, "config.json"))}
+                  if os.path.isfile(os.path.join(path, d, "config.json"))
+                  or (adapter and lora.is_adapter(os.path.join(path, d)))}
         if inside:
             what = {"checkpoint": "its last checkpoint, which --resume continues",
                     "model": "the model it wrote when it finished"}
             stop(f"{flag} {name}: a run folder, not a model; pass "
                  + " or ".join(f"{p} ({what[d]})" for d, p in inside.items()))
+        stop(f"{flag} {name}: a run folder with no model yet (it stopped before its first checkpoint was saved)")
+    if os.path.isdir(path) and not os.path.isfile(os.path.join(path, "config.json")):
+        if lora.is_adapter(path):
+            if adapter:
+                return path
+            run = run_of(path)
+            merged = (f"{os.path.join(run, 'model')} (the merged model; python -m harness.export {run} writes it), "
+                      f"or --resume {run} to train on" if run else "the model it was merged into")
+            stop(f"{flag} {name}: a LoRA adapter (no config.json), not a model; pass {merged}")
         stop(f"{flag} {name}: no config.json in that folder, so no model (a model folder holds config.json, the "
              f"weights and the tokenizer)")
     if os.path.exists(path):

@@ -91,6 +91,36 @@ def holds_run(run_dir: str) -> bool:
     return any(os.path.exists(os.path.join(run_dir, name)) for name in RUN_FILES)
 
 
+RUN_MODELS = ("checkpoint", "checkpoint.tmp", "checkpoint.old", "model")   # the model folders a run folder holds
+
+
+def run_config(path: str) -> dict | None:
+    """The config.json of a run folder (a run's flags); None where `path` has none, or a model's (which names its
+    "model_type")."""
+    try:
+        with open(os.path.join(path, "config.json"), encoding="utf-8") as f:
+            config = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return config if isinstance(config, dict) and "model_type" not in config else None
+
+
+def run_folder(path: str) -> bool:
+    """True for a scope.py run folder (runs/NAME), known by what it holds: a checkpoint, model/, its logs, its lock,
+    or a run's config.json (which records the "environment"); a folder whose config.json is a model's is a model."""
+    if not os.path.isdir(path) or (os.path.isfile(os.path.join(path, "config.json")) and run_config(path) is None):
+        return False
+    return "environment" in (run_config(path) or {}) or any(
+        os.path.exists(os.path.join(path, name)) for name in (*RUN_MODELS, "metrics.jsonl", "traces.jsonl", "lock"))
+
+
+def run_of(path: str) -> str | None:
+    """The run folder whose checkpoint/ (or model/) `path` is: runs/NAME for runs/NAME/checkpoint, else None."""
+    folder = os.path.normpath(path)
+    parent = os.path.dirname(folder) or "."
+    return parent if os.path.basename(folder) in RUN_MODELS and run_config(parent) is not None else None
+
+
 def clear_run(run_dir: str) -> None:
     """Remove a previous run's files (only called with --overwrite, while holding the lock)."""
     for name in RUN_FILES:
@@ -375,15 +405,20 @@ def launch_command(argv: list[str]) -> str:
     return " ".join([launcher, *map(shlex.quote, argv)])
 
 
-def resume_hint(run_dir: str, argv: list[str], first_save: int) -> str:
+def resume_hint(run_dir: str, argv: list[str] | None, first_save: int) -> str:
     """Where a stopped run stands and the command that goes on from there (for an interrupt). After a checkpoint:
     its step and the --resume command. Before the first one (`first_save`: the step that writes it): that nothing
     was saved, and the typed command that starts the run again from step 1 (with --overwrite when the folder
-    already holds this run's logs, said in words: that restart replaces them)."""
+    already holds this run's logs, said in words: that restart replaces them). `argv` None: scope.main called from
+    Python, whose call is spelled instead (main({"resume": "runs/NAME"}))."""
     found = find_checkpoint(run_dir)
     if found is not None:
-        return (f"the last complete checkpoint is step {found[1]} ({found[0]}); continue with: "
-                f"{launch_command(['--resume', run_dir])}")
+        again = f'main({{"resume": "{run_dir}"}})' if argv is None else launch_command(['--resume', run_dir])
+        return f"the last complete checkpoint is step {found[1]} ({found[0]}); continue with: {again}"
+    if argv is None:
+        replace = f' with "overwrite": True added (it replaces the logs in {run_dir})' if holds_run(run_dir) else ""
+        return (f"nothing was saved yet (the first checkpoint comes after step {first_save}); start the run again "
+                f"with the same main(...) call{replace}")
     if not holds_run(run_dir):
         return f"nothing was written; start the run again with: {launch_command(argv)}"
     again = launch_command(argv if "--overwrite" in argv else [*argv, "--overwrite"])

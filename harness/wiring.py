@@ -8,8 +8,8 @@ folder (lock, resume, config.json) and loads the policy, its rollout engine, the
 metrics, eval, log, checkpoint), `finish`; each docstring says what it adds to the step's data, or that it changes
 none (timers, PRM offload, autocast, vLLM sleep). `paper` holds
 the pieces of the five top-level files the engine builds and calls (this package imports none of them). Under
-torchrun (harness/dist.py) every rank runs the loop; rank 0 alone writes and prints. `calm_interrupt(args)` turns
-Ctrl-C or SIGTERM into one line naming the last checkpoint and the command that resumes it.
+torchrun (harness/dist.py) every rank runs the loop; rank 0 alone writes and prints. Ctrl-C's one line and the
+lock's release: `config.calm_interrupt`.
 """
 import atexit
 import contextlib
@@ -17,7 +17,6 @@ import functools
 import json
 import os
 import random
-import signal
 import sys
 import time
 import zlib
@@ -35,7 +34,7 @@ from harness import trackers
 from harness import mathverify, progress   # --grader; step k/N + ETA, rollouts.jsonl, curves.png, summary.txt, model/
 from harness.runs import (Done, acquire_lock, append_change, clear_run, environment, format_changes, only_logs,
                           read_changes, read_log, recover_checkpoint, release_lock, removed_on_failure, restore_rng,
-                          resume_hint, save_checkpoint, stop, truncate_jsonl)
+                          save_checkpoint, stop, truncate_jsonl)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
 CACHE_DIR = os.path.join(ROOT, "cache")        # toy warm starts (gitignored but for the shipped ones)
@@ -400,29 +399,6 @@ def finish(summary: dict, run_dir: str, t_start: float, start_step: int, refiner
           + f"; checkpoint: {run_dir}/checkpoint\nplot: python -m tools.report --plot {run_dir}"
           + (f"    repairs: python -m tools.report --trace {run_dir}" if has_traces else ""))
     return summary
-
-
-@contextlib.contextmanager
-def calm_interrupt(args):
-    """Ctrl-C or SIGTERM: one line naming the last complete checkpoint and the exact --resume command (before the
-    first checkpoint: that nothing was saved yet, and the command that starts the run again), exit 130,
-    no traceback. The lock is released by the exit handler open_run registered; a save cut short is
-    recovered by the resume (runs.py rule 4)."""
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    except KeyboardInterrupt:
-        signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut this message short
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
-        if os.environ.get("RANK", "0") == "0":   # under torchrun every rank gets the signal; rank 0 speaks
-            hint = resume_hint(preflight.run_dir_of(args), sys.argv[1:], min(args.save_every, args.steps))
-            tqdm.write(f"\ninterrupted: {hint}", file=sys.stderr)
-        raise SystemExit(130) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 @dataclass(frozen=True)

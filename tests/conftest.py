@@ -281,20 +281,117 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 LEFT_ALONE = ("__pycache__", ".pytest_cache")   # Python's and pytest's own caches
 
 
-def repo_listing() -> set[str]:
+def repo_listing(root: str = ROOT) -> set[str]:
     """The entries of the repository root and of its runs/ folder (the folders a user's work lives in)."""
-    runs = os.path.join(ROOT, "runs")
-    return ({name for name in os.listdir(ROOT) if name not in LEFT_ALONE}
+    runs = os.path.join(root, "runs")
+    return ({name for name in os.listdir(root) if name not in LEFT_ALONE}
             | ({f"runs/{name}" for name in os.listdir(runs)} if os.path.isdir(runs) else set()))
+
+
+class RepoGuard:
+    """What a test leaves in the repository root or its runs/ — only what the test could have made, never what a
+    person (or another pytest-xdist worker) makes there meanwhile, such as a run of their own.
+
+    A new entry is the test's when this process created it: an audit hook (sys.addaudithook) sees every file this
+    process opens for writing, every folder it makes, every rename or link, and the Python these open (torch.save,
+    json.dump, save_pretrained's folders). A child process is seen only at its start: one that may write in the
+    repository — its working folder is in it, or an argument names a folder in it or a path there that does not
+    exist yet — makes every new entry the test's, except a run folder whose lock a live process outside this one
+    holds (a person's run in progress). A child that writes in the repository without a word of it in its
+    arguments (started elsewhere, the path built inside it) goes unseen."""
+    WRITE_FLAGS = os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_APPEND | os.O_TRUNC
+    CHILDREN = ("subprocess.Popen", "os.system", "os.posix_spawn", "os.spawn", "os.exec", "os.fork", "os.forkpty")
+    active: list = []   # the guards watching now (the autouse fixture's, and a test's own)
+
+    def __init__(self, root: str = ROOT):
+        self.root, self.made, self.child = os.path.realpath(root), set(), False
+        self.before = repo_listing(self.root)
+
+    def entry(self, path) -> str | None:
+        """The repository entry `path` lies in ("scope.py", "runs/x"); None outside the repository (and for the
+        root itself)."""
+        rel = os.path.relpath(os.path.realpath(os.path.abspath(os.fsdecode(path))), self.root)
+        if rel == "." or rel == ".." or rel.startswith(".." + os.sep):
+            return None
+        parts = rel.split(os.sep)
+        return "/".join(parts[:2]) if parts[0] == "runs" and len(parts) > 1 else parts[0]
+
+    def inside(self, path) -> bool:
+        return os.path.realpath(os.path.abspath(os.fsdecode(path))) == self.root or self.entry(path) is not None
+
+    def writes_in_repo(self, cwd, words: list) -> bool:
+        """True when a child started in `cwd` (None: ours) with `words` may write in the repository (see above)."""
+        if self.inside(cwd or os.getcwd()):
+            return True
+        for word in (os.fsdecode(w) for w in words if isinstance(w, (str, bytes, os.PathLike))):
+            for path in {word, word.partition("=")[2]}:
+                if os.path.isabs(path) and self.inside(path) and not os.path.isfile(path):
+                    return True
+        return False
+
+    def seen(self, event: str, args: tuple) -> None:
+        if event in self.CHILDREN:   # Popen: (executable, args, cwd, env); the others: their words, our cwd
+            cwd = args[2] if event == "subprocess.Popen" else None
+            words = [w for a in args for w in (a if isinstance(a, (list, tuple)) else [a])]
+            self.child = self.child or self.writes_in_repo(cwd, words)
+            return
+        if event == "open":
+            path, mode, flags = args
+            if isinstance(path, int) or not ((mode and any(c in mode for c in "wxa+")) or (flags or 0) & self.WRITE_FLAGS):
+                return
+        else:
+            path = args[1] if event in ("os.rename", "os.link", "os.symlink") else args[0]
+        made = self.entry(path)
+        if made is not None:
+            self.made.add(made)
+
+    def left(self) -> list[str]:
+        """The new entries this test made (sorted)."""
+        new = repo_listing(self.root) - self.before
+        if not self.child:
+            return sorted(new & self.made)
+        return sorted(e for e in new if e in self.made or not self.held_by_another(e))
+
+    def held_by_another(self, entry: str) -> bool:
+        """True for a run folder whose lock names a live process on this host other than this one."""
+        import socket
+
+        try:
+            with open(os.path.join(self.root, entry, "lock")) as f:
+                pid, host = f.read().split()
+            os.kill(int(pid), 0)
+        except (OSError, ValueError):
+            return False
+        return int(pid) != os.getpid() and host == socket.gethostname()
+
+
+WATCHED = frozenset(("open", "os.mkdir", "os.rename", "os.link", "os.symlink") + RepoGuard.CHILDREN)
+
+
+def _audit(event, args):
+    if event in WATCHED and RepoGuard.active:
+        for guard in RepoGuard.active:
+            try:   # an audit hook that raises would break the operation it watches
+                guard.seen(event, args)
+            except Exception:
+                pass
+
+
+sys.addaudithook(_audit)
 
 
 @pytest.fixture(autouse=True)
 def writes_only_under_tmp():
     """Every test writes only under temporary folders: a test that leaves a file or folder in the repository
-    root or its runs/ fails, naming what it left (the suite once left runs/study-data-min-ops--6--max-ops--6/)."""
-    before = repo_listing()
-    yield
-    left = sorted(repo_listing() - before)
+    root or its runs/ fails, naming what it left (the suite once left runs/study-data-min-ops--6--max-ops--6/).
+    Only what the test made counts (RepoGuard): a folder a person makes there meanwhile is not the test's."""
+    guard = RepoGuard()
+    RepoGuard.active.append(guard)
+    try:
+        yield
+    finally:
+        RepoGuard.active.remove(guard)
+    left = guard.left()
     assert not left, f"this test left {', '.join(left)} in the repository (tests write under tmp_path)"
 
 

@@ -377,9 +377,14 @@ def test_run_name_with_resume_and_system_paths_are_one_line(tmp_path, monkeypatc
         "error: --run-name x with --resume runs/r: a resumed run continues in its own folder under its own name (r)")
     assert scope.parse_args(["--resume", "runs/r", "--run-name", "r"]).run_name == "r"
     with pytest.raises(SystemExit) as exit_:
-        scope.main(scope.parse_args(["--toy", "--run-name", "/sys/x"]))
+        scope.main(scope.parse_args(["--toy", "--run-name", "/sys/x"]))   # a name under runs/, not a path
+    assert exit_.value.code == 2 and capsys.readouterr().err.startswith(
+        "error: --run-name /sys/x: a run name is one folder name under runs/")
+    monkeypatch.chdir("/sys")   # runs/ in a folder that root may "access" but not write
+    with pytest.raises(SystemExit) as exit_:
+        scope.main(scope.parse_args(["--toy", "--run-name", "x"]))
     err = capsys.readouterr().err
-    assert exit_.value.code == 2 and err.startswith("error: /sys/x: cannot write there (/sys is ") and \
+    assert exit_.value.code == 2 and err.startswith("error: runs/x: cannot write there (/sys is ") and \
         err.count("\n") == 1
 
 

@@ -3,6 +3,7 @@ with a tiny random model saved to disk (HF backend), and tools/report.py: `--plo
 files go next to the run."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -432,6 +433,10 @@ def test_no_network_is_one_line_at_once_for_a_model_or_a_benchmark(tmp_path, mon
     assert time.time() - start < 15 and no_model_load == []
     assert preflight.check_model_name("--model", "Qwen2.5-1.5B") == preflight.model_id("Qwen2.5-1.5B") == \
         "Qwen/Qwen2.5-1.5B"
+    (tmp_path / "a").mkdir()   # a LoRA checkpoint whose base is a hub id: the base is what must be cached
+    (tmp_path / "a" / "adapter_config.json").write_text('{"base_model_name_or_path": "Qwen/Qwen2.5-1.5B"}')
+    line = refusal(["--model", "a", "--benchmarks", "toy"], capsys)
+    assert line.startswith("eval.py: --model a: its base Qwen/Qwen2.5-1.5B: no network") and no_model_load == []
 
 
 def test_the_data_and_prompt_flags_are_scopes_own(tmp_path, monkeypatch):
@@ -509,3 +514,120 @@ def test_a_log_file_gets_no_loading_bar(tmp_path, capsys):
     captured = capsys.readouterr()
     assert "Loading weights" not in captured.err and "\r" not in captured.err
     assert "note: --system-prompt 'Be brief.' is not used: the tokenizer has no chat template" in captured.out
+
+
+# ---- a TRL user's habits: the run folder, an --out folder, a LoRA checkpoint, TRL's names, --help's defaults ----
+
+def run_folder_with(root, *models) -> str:
+    """runs/r as scope.py leaves it: its config.json (the run's flags and environment) and the model folders."""
+    run = root / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "config.json").write_text(json.dumps({"mode": "scope", "steps": 2, "environment": {"python": "3"}}))
+    (run / "metrics.jsonl").write_text('{"step": 1}\n')
+    for d in models:
+        (run / d).mkdir()
+        (run / d / "config.json").write_text('{"model_type": "qwen2"}')
+    return str(run)
+
+
+def test_a_run_folder_is_known_by_what_it_holds(tmp_path, monkeypatch, capsys, no_model_load):
+    """`eval.py --model runs/NAME` (TRL's output_dir habit) gave a 5-line tokenizer error: the pointer to checkpoint/
+    and model/ looked for a folder without config.json, and every run folder has one (the run's flags). A run folder
+    is refused in one line naming both (they are different models: the last checkpoint and the finished export; the
+    report is written beside the one evaluated), and one with neither says it has no model yet."""
+    monkeypatch.chdir(tmp_path)
+    run_folder_with(tmp_path, "checkpoint", "model")
+    line = refusal(["--model", "runs/r", "--benchmarks", "toy"], capsys)
+    assert line == ("eval.py: --model runs/r: a run folder, not a model; pass runs/r/checkpoint (its last checkpoint, "
+                    "which --resume continues) or runs/r/model (the model it wrote when it finished)")
+    shutil.rmtree(tmp_path / "runs")
+    run_folder_with(tmp_path)
+    assert refusal(["--model", "runs/r/", "--benchmarks", "toy"], capsys) == (
+        "eval.py: --model runs/r/: a run folder with no model yet (it stopped before its first checkpoint was saved)")
+    assert no_model_load == []
+
+
+def test_an_out_folder_is_refused_before_the_work(tmp_path, monkeypatch, capsys, no_model_load):
+    """`--out FOLDER --overwrite` evaluated everything, then failed with "Is a directory" and the results were lost;
+    without --overwrite it said the folder "already holds a report". A folder (or a path ending in /) is one line
+    up front, naming a file path inside it."""
+    monkeypatch.chdir(tmp_path)
+    run_folder_with(tmp_path, "checkpoint")
+    (tmp_path / "results").mkdir()
+    base = ["--model", "runs/r/checkpoint", "--benchmarks", "toy"]
+    for out in (["--out", "results"], ["--out", "results", "--overwrite"], ["--out", "new/"]):
+        line = refusal(base + out, capsys)
+        assert line.startswith(f"eval.py: --out {out[1]}: a folder; the report is a JSON file: pass --out "
+                               f"{os.path.join(out[1], 'eval_checkpoint.json')}"), line
+    assert no_model_load == [] and os.listdir(tmp_path / "results") == [] and not (tmp_path / "new").exists()
+
+
+def test_a_lora_checkpoint_is_evaluated_on_its_base(tmp_path, monkeypatch, capsys):
+    """A LoRA run's checkpoint/ (the README's eval pattern) was refused: "no config.json in that folder". It holds
+    the adapter: eval.py evaluates it merged into the base that adapter_config.json names, as the run's model/ holds
+    it, so both draw the same samples; --backend vllm (which loads a model folder) is one line naming model/."""
+    from types import SimpleNamespace
+
+    from harness import lora, toy, wiring
+    from harness.runs import save_checkpoint
+
+    base = toy.cache_path(os.path.join(REPO, "cache"), seed=0)   # the shipped toy warm start
+    args = SimpleNamespace(lora_rank=4, lora_alpha=0.0, lora_targets=lora.TARGETS, kl_coef=0.0, lr=1e-2,
+                           gradient_checkpointing=False, fused_adamw=False)
+    torch.manual_seed(0)
+    policy, tokenizer, _ = wiring.load_policy(args, base, base, "cpu")
+    with torch.no_grad():   # an adapter that moves the policy: B away from 0
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    monkeypatch.chdir(tmp_path)
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    save_checkpoint(str(run), 1, lora.Saved(policy), tokenizer, wiring.make_optimizer(args, policy, "cpu"))
+    (run / "config.json").write_text(json.dumps({"toy": True, "lora_rank": 4, "environment": {}}))
+    merged = lora.export_merged(str(run / "checkpoint"))
+    merged.save_pretrained(tmp_path / "merged")
+    tokenizer.save_pretrained(tmp_path / "merged")
+    flags = ["--benchmarks", "toy", "--limit", "3", "--n", "2", "--max-new-tokens", "12", "--backend", "hf",
+             "--save-samples"]
+    threads = torch.get_num_threads()
+    try:
+        assert ev.main(["--model", "runs/r/checkpoint", *flags]) == 0
+        assert ev.main(["--model", "merged", *flags, "--out", "merged.json"]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    assert "runs/r/checkpoint: a LoRA adapter, evaluated merged into its base" in capsys.readouterr().out
+    ours = json.loads((run / "eval_checkpoint.json").read_text())["benchmarks"]["toy"]["per_problem"]
+    theirs = json.loads((tmp_path / "merged.json").read_text())["benchmarks"]["toy"]["per_problem"]
+    assert [r["samples"] for r in ours] == [r["samples"] for r in theirs] and len(ours) == 3
+    assert refusal(["--model", "runs/r/checkpoint", "--backend", "vllm", "--benchmarks", "toy"], capsys) == (
+        "eval.py: --model runs/r/checkpoint: a LoRA adapter, which eval.py evaluates on its base with HF generate; "
+        "pass --backend hf, or the run's merged model (runs/r/model: python -m harness.export runs/r writes it) for "
+        "vLLM")
+
+
+def test_trl_names_are_taken_or_hinted(tmp_path, monkeypatch, capsys, no_model_load):
+    """eval.py had no TRL names: `--num_generations 4` was told "did you mean --max-new-tokens?". TRL's names of the
+    same meaning are taken as ours, our own flags with underscores too (as scope.py takes them); the others are one
+    line naming ours."""
+    args = ev.parse_args(["--model_name_or_path", "m", "--max_completion_length", "7", "--top_p", "0.5",
+                          "--vllm_gpu_memory_utilization=0.5", "--batch_size", "3"])
+    assert (args.model, args.max_new_tokens, args.top_p, args.vllm_mem, args.batch_size) == ("m", 7, 0.5, 0.5, 3)
+    assert refusal(["--model", "m", "--num_generations", "4"], capsys) == (
+        "eval.py: unknown flag --num_generations: TRL's name; did you mean --n? (samples per problem, for avg@n and "
+        "pass@k) (python eval.py --help lists every flag)")
+    assert "did you mean --out? (ours is the report's JSON file" in refusal(["--model", "m", "--output_dir", "x"],
+                                                                            capsys)
+    assert "no such flag here (nucleus sampling only (--top-p))" in refusal(["--model", "m", "--top_k", "5"], capsys)
+
+
+def test_help_shows_the_defaults(capsys):
+    """`eval.py --help` showed no defaults (--n 8, --temperature 0.6, --max-new-tokens 1024, --batch-size 64)."""
+    with pytest.raises(SystemExit):
+        ev.parse_args(["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for flag, default in (("--n N", "8"), ("--temperature TEMPERATURE", "0.6"), ("--batch-size BATCH_SIZE", "64"),
+                          ("--max-new-tokens MAX_NEW_TOKENS", "1024"), ("--seed SEED", "0")):
+        entry = text.split(flag + " ", 1)[1].split(" --", 1)[0]
+        assert entry.endswith(f"(default: {default})"), (flag, entry)
+    assert "(default: None)" not in text and "(default: False)" not in text

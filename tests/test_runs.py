@@ -543,3 +543,90 @@ def test_the_dry_run_and_the_config_show_the_run_name_they_use(tmp_path, monkeyp
     assert capsys.readouterr().out == ""
     assert "would write runs/scope-toy-s0" in out and '"run_name": "scope-toy-s0"' in out
     assert plan["run_dir"] == "runs/scope-toy-s0" and plan["args"]["run_name"] == "scope-toy-s0"
+
+
+def test_ctrl_c_in_a_notebook_releases_the_lock_and_the_next_call_resumes(toy_model_dir, tmp_path, monkeypatch,
+                                                                         capsys):
+    """scope.main called from Python (a notebook cell) and interrupted kept runs/NAME/lock held by the kernel's own
+    pid, so the next cell's resume was refused as "in use by another run", and no "interrupted:" line was printed.
+    Now the call prints the line with the main(...) call that resumes, releases the lock and raises the
+    KeyboardInterrupt on (the cell shows it interrupted); the next call resumes from the checkpoint."""
+    monkeypatch.chdir(tmp_path)
+    real_end_step = wiring.Run.end_step
+
+    def ctrl_c_after_step_1(self, step, *a, **k):
+        real_end_step(self, step, *a, **k)
+        if step == 1:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(wiring.Run, "end_step", ctrl_c_after_step_1)
+    call = {"toy": True, "model": toy_model_dir, "run_name": "nb", "steps": 2, "prompts_per_step": 2,
+            "group_size": 2, "max_new_tokens": 96, "micro_batch_size": 4, "eval_size": 4, "save_every": 1,
+            "eval_every": 0}   # TINY
+    with pytest.raises(KeyboardInterrupt):
+        scope.main(call)
+    said = [line for line in capsys.readouterr().err.splitlines() if line.startswith("interrupted")]
+    assert said == ['interrupted: the last complete checkpoint is step 1 (runs/nb/checkpoint); continue with: '
+                    'main({"resume": "runs/nb"})']
+    assert not (tmp_path / "runs" / "nb" / "lock").exists()
+    monkeypatch.setattr(wiring.Run, "end_step", real_end_step)
+    scope.main({"resume": "runs/nb"})   # the same process: no "in use by another run"
+    assert read_steps(tmp_path / "runs" / "nb" / "metrics.jsonl") == [1, 2]
+    assert not (tmp_path / "runs" / "nb" / "lock").exists()   # a finished call leaves the run unlocked too
+
+
+def test_resume_of_a_checkpoint_folder_names_the_run_folder(tmp_path, monkeypatch, capsys):
+    """`--resume runs/NAME/checkpoint` (TRL's resume_from_checkpoint habit) said "config.json has keys scope.py does
+    not know ... another program or version?" (a LoRA checkpoint: "not a scope.py run folder"): both say to pass
+    the run folder."""
+    from dataclasses import asdict
+
+    monkeypatch.chdir(tmp_path)
+    for kind, files in (("full", {"config.json": '{"model_type": "qwen2"}'}),
+                        ("lora", {"adapter_config.json": '{"peft_type": "LORA"}'})):
+        ckpt = tmp_path / "runs" / kind / "checkpoint"
+        ckpt.mkdir(parents=True)
+        (ckpt.parent / "config.json").write_text(json.dumps({**asdict(scope.Args(toy=True)), "environment": {}}))
+        for name, text in files.items():
+            (ckpt / name).write_text(text)
+        for typed in (f"runs/{kind}/checkpoint", f"runs/{kind}/checkpoint/"):
+            with pytest.raises(SystemExit) as exit_:
+                scope.parse_args(["--resume", typed])
+            assert exit_.value.code == 2 and capsys.readouterr().err == (
+                f"error: --resume {typed}: the checkpoint/ folder of run runs/{kind}; --resume takes the run folder "
+                f"(it continues from that run's newest complete checkpoint): --resume runs/{kind}\n")
+
+
+def test_a_run_name_is_a_name_under_runs(tmp_path, monkeypatch, capsys):
+    """`--run-name ../x` or an absolute path wrote the run outside runs/, where --resume runs/NAME, tools.report and
+    eval.py's reports do not look: a run name that is a path is one line, and nothing is written."""
+    monkeypatch.chdir(tmp_path / "..")
+    here = os.getcwd()
+    monkeypatch.chdir(tmp_path)
+    for name in ("../x", str(tmp_path / "abs"), "a/b", ".."):
+        assert refused(capsys, {"toy": True, "run_name": name}) == (
+            f"error: --run-name {name}: a run name is one folder name under runs/ (no '/', not '..'); to keep runs "
+            f"elsewhere, start scope.py from that folder (runs/ is made in the working folder)")
+    assert os.listdir(tmp_path) == [] and not os.path.exists(os.path.join(here, "x"))
+    with pytest.raises(runs.Refused, match=r"^run_name=\.\./x: a run name is one folder name"):
+        scope.main({"toy": True, "run_name": "../x"})
+
+
+def test_a_lora_checkpoint_as_a_model_to_train_names_the_merged_model(tmp_path, monkeypatch, capsys):
+    """`--model runs/R/checkpoint` of a LoRA run said "no config.json in that folder": it is an adapter, and the
+    line names the run's merged model/ and the resume; with --toy a run folder or an adapter got a tokenizer error
+    after the load was tried: both are now the same one line, before anything loads."""
+    monkeypatch.chdir(tmp_path)
+    ckpt = tmp_path / "runs" / "r" / "checkpoint"
+    ckpt.mkdir(parents=True)
+    (ckpt.parent / "config.json").write_text('{"lora_rank": 16, "environment": {}}')
+    (ckpt / "adapter_config.json").write_text('{"peft_type": "LORA"}')
+    adapter_line = ("error: --model runs/r/checkpoint: a LoRA adapter (no config.json), not a model; pass runs/r/model "
+                    "(the merged model; python -m harness.export runs/r writes it), or --resume runs/r to train on")
+    assert refused(capsys, {"model": "runs/r/checkpoint", "dry_run": True}) == adapter_line
+    assert refused(capsys, {"toy": True, "model": "runs/r/checkpoint"}) == adapter_line   # --toy: before any load
+    (ckpt.parent / "model").mkdir()
+    (ckpt.parent / "model" / "config.json").write_text('{"model_type": "qwen2"}')
+    assert refused(capsys, {"toy": True, "model": "runs/r"}) == (   # the adapter is no model to start from
+        "error: --model runs/r: a run folder, not a model; pass runs/r/model (the model it wrote when it finished)")
+    assert os.listdir(tmp_path / "runs") == ["r"]

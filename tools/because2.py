@@ -117,7 +117,7 @@ def scope_run(argv: list[str]) -> None:
     """scope.py's main with --same-dose and/or --keep-checkpoints (module docstring) taken off argv; the hooks
     are removed again when it returns."""
     import scope
-    from harness import wiring
+    from harness import config, wiring
 
     same_dose, keep = "--same-dose" in argv, "--keep-checkpoints" in argv
     argv = [a for a in argv if a not in ("--same-dose", "--keep-checkpoints")]
@@ -142,7 +142,7 @@ def scope_run(argv: list[str]) -> None:
                                 os.path.join(self.run_dir, "checkpoints", f"step-{step}"), dirs_exist_ok=True)
         wiring.Run.checkpoint = keep_copy
     try:
-        with wiring.calm_interrupt(args):
+        with config.calm_interrupt(args):
             scope.main(args)
     finally:
         scope.rectify, wiring.Run.checkpoint = rectify, checkpoint
