@@ -619,7 +619,7 @@ def lora_targets(args) -> tuple[str, ...]:
     """The decoder's linear layers that --lora-targets names (comma-separated; "all-linear" = LORA_TARGETS)."""
     named = getattr(args, "lora_targets", "") or "all-linear"
     names = [n.strip() for n in (named.split(",") if isinstance(named, str) else named) if n.strip()]
-    return LORA_TARGETS if names in (["all-linear"], ["all_linear"]) else tuple(names)
+    return LORA_TARGETS if names == ["all-linear"] else tuple(names)
 
 
 def lora_params(cfg: dict, rank: int, targets=LORA_TARGETS) -> int:
