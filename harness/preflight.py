@@ -703,17 +703,18 @@ def rollout_engine_limits(args, world: int | None = None) -> tuple[int, int]:
 
 
 def vllm_runtime_bytes(cfg: dict, max_num_seqs: int, batched_tokens: int) -> tuple[float, float]:
-    """(held all step, held in a generate call) bytes of vLLM 0.33's own buffers beside its weights and KV cache
-    (Model Runner V2, vllm/v1/worker/gpu/; not traced). Held all step, through sleep(level=2), which frees only the
-    weights' and the KV cache's memory pools (vllm/v1/worker/gpu_worker.py:301-339): the penalties' output_bin_counts,
-    max_num_seqs × V int32 (sample/penalties.py:45-50), and the CUDA graph pool, a forward's working set at the
-    largest captured decode batch. In a generate call: one step's bf16 logits of max_num_seqs rows and the sampler's
-    float32 copy of them, which our logit_bias (the surplus ban) needs (sample/sampler.py:239-240: 6 bytes a logit),
-    and a prefill step's working set at max_num_batched_tokens. A forward's working set is the PRM's traced one
-    (PRM_FIT: one layer's bf16 no-grad activations, from our HF module; vLLM's fused kernels hold less)."""
+    """(the CUDA graph pool, the rest) bytes of vLLM 0.33's own buffers beside its weights and KV cache (Model Runner
+    V2, vllm/v1/worker/gpu/; not traced). The graph pool, a forward's working set at the largest captured decode
+    batch, is captured after the memory pools of sleep mode (vllm/v1/worker/gpu_worker.py:933-990), so sleep(level=2)
+    keeps it. The rest lives and sleeps with the weights: the sampler is built in load_model, inside the "weights"
+    pool (gpu_worker.py:594-596, gpu/model_runner.py:495), with the penalties' output_bin_counts, max_num_seqs × V
+    int32 (sample/penalties.py:45-50); and in a generate call one step's bf16 logits of max_num_seqs rows with the
+    sampler's float32 copy of them, which our logit_bias (the surplus ban) needs (sample/sampler.py:239-240), and a
+    prefill step's working set at max_num_batched_tokens. A forward's working set is the PRM's traced one (PRM_FIT:
+    one layer's bf16 no-grad activations, from our HF module; vLLM's fused kernels hold less)."""
     v = cfg["vocab_size"]
-    held = 4 * max_num_seqs * v + prm_scoring_bytes(cfg, min(2 * max_num_seqs, VLLM_GRAPH_TOKENS_MAX))
-    return held, 6 * max_num_seqs * v + prm_scoring_bytes(cfg, batched_tokens)
+    graphs = prm_scoring_bytes(cfg, min(2 * max_num_seqs, VLLM_GRAPH_TOKENS_MAX))
+    return graphs, (4 + 6) * max_num_seqs * v + prm_scoring_bytes(cfg, batched_tokens)
 
 
 PRM_SERVED_KV_TOKENS = 32768   # the served PRM's KV cache: ~36 failures of 900 tokens in one prefill wave
@@ -856,11 +857,11 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
                      f"tokens{' (asleep in the update)' if sleep else ''}", (2 * p + kv) / GIB,
                      "other" if sleep else "all"))
         seqs, batched = rollout_engine_limits(args, world)
-        held, generating = vllm_runtime_bytes(cfg, seqs, batched)
-        rows.append((f"vLLM runtime (not traced): output_bin_counts of {seqs} sequences + the CUDA graph pool "
-                     f"(kept asleep)", held / GIB, "all"))
-        rows.append((f"vLLM runtime (not traced): logits + the sampler's float32 copy of {seqs} sequences, one "
-                     f"prefill step of {batched} tokens", generating / GIB, "other"))
+        graphs, awake = vllm_runtime_bytes(cfg, seqs, batched)
+        rows.append(("vLLM runtime (not traced): the CUDA graph pool (kept asleep)", graphs / GIB, "all"))
+        rows.append((f"vLLM runtime (not traced): output_bin_counts, logits and the sampler's float32 copy of {seqs} "
+                     f"sequences, one prefill step of {batched} tokens{' (asleep in the update)' if sleep else ''}",
+                     awake / GIB, "other" if sleep else "all"))
     else:
         # HF generate holds the KV cache of --gen-batch-size rows, in the rollouts and in the evaluation
         new = max(args.max_new_tokens, args.eval_max_new_tokens if getattr(args, "eval_every", 0) else 0)

@@ -604,12 +604,12 @@ def test_vllms_own_buffers_the_kl_reference_and_hf_evaluation_are_planned():
     assert preflight.rollout_engine_limits(default, 1) == (128, 8192)
     assert preflight.rollout_engine_limits(scope.Args(model="Qwen2.5-1.5B", prompts_per_step=64), 8) == (64, 8192)
     held, generating = preflight.vllm_runtime_bytes(q15, 128, 8192)
-    assert held == 4 * 128 * 151936 + preflight.prm_scoring_bytes(q15, 256)   # bin counts + graph pool at 2 x 128
-    assert generating == 6 * 128 * 151936 + preflight.prm_scoring_bytes(q15, 8192)
+    assert held == preflight.prm_scoring_bytes(q15, 256)   # the graph pool: decode graphs of up to 2 x 128 tokens
+    assert generating == (4 + 6) * 128 * 151936 + preflight.prm_scoring_bytes(q15, 8192)   # bin counts, logits
     assert sum(preflight.vllm_runtime_bytes(q15, 1024, 16384)) > 3 * (held + generating)   # vLLM's H100 defaults
     rows = preflight.memory_plan(default, 79.2, True)[0]
     runtime = {ph: gib for name, gib, ph in rows if name.startswith("vLLM runtime (not traced)")}
-    assert runtime == {"all": pytest.approx(held / 2**30), "other": pytest.approx(generating / 2**30)}
+    assert runtime == {"all": pytest.approx(held / 2**30), "other": pytest.approx(generating / 2**30)}   # sleeps
     assert not any(name.startswith("vLLM runtime") for name, _, _ in preflight.memory_plan(
         scope.Args(model="Qwen2.5-1.5B", backend="hf"), 79.2, False)[0])
     assert preflight.plan_total(rows) <= preflight.FIT_SHARE * 79.2
