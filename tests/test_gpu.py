@@ -539,7 +539,8 @@ def test_the_check_at_a_tiny_shape_on_the_cpu(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(["bash", os.path.join(ROOT, ".ci", "gpu_check.sh"), "--cpu"], cwd=tmp_path,
                           capture_output=True, text=True, timeout=900,
-                          env={**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path), "GPU_CHECK_OUT": str(out)})
+                          env={**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path),
+                               "GPU_CHECK_OUT": str(out)})
     summary = proc.stdout.strip().splitlines()[-1]
     assert proc.returncode == 0 and summary.startswith("gpu check (cpu): PASS"), proc.stdout[-3000:] + proc.stderr
     for part in ("run", "update-peak", "update-time", "prm-time", "co-run", "small-card"):
@@ -567,8 +568,8 @@ def test_a_part_killed_mid_step_leaves_its_childs_lines_in_out(tmp_path):
     out = tmp_path / "out"
     proc = subprocess.run(["bash", os.path.join(ROOT, ".ci", "gpu_check.sh"), "--cpu", "--part", "small-card"],
                           cwd=tmp_path, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path), "GPU_CHECK_OUT": str(out),
-                               "GPU_CHECK_LIMIT": "150", "GPU_CHECK_STALL": "update"})
+                          env={**os.environ, "PYTHON": sys.executable, "TMPDIR": str(tmp_path),
+                               "GPU_CHECK_OUT": str(out), "GPU_CHECK_LIMIT": "150", "GPU_CHECK_STALL": "update"})
     summary = proc.stdout.strip().splitlines()[-1]
     assert proc.returncode == 1 and summary.startswith("gpu check (cpu): FAIL"), proc.stdout[-3000:] + proc.stderr
     assert re.search(r"small-card (FAIL|TIMEOUT)", summary), summary
@@ -982,7 +983,8 @@ def small_card(tmp_path, device: str, shape: dict, flags: list[str], timeout: fl
     env = {**os.environ, "TOKENIZERS_PARALLELISM": "false"}
     if device == "cpu":
         env["OMP_NUM_THREADS"] = "1"
-    code = SMALL_CARD.format(card=CARD_24GB_GIB, root=ROOT) + CHILD.format(root=ROOT, device=device, argv=argv, save="none")
+    code = (SMALL_CARD.format(card=CARD_24GB_GIB, root=ROOT)
+            + CHILD.format(root=ROOT, device=device, argv=argv, save="none"))
     _, stdout = run_child(code, tmp_path, env, child_log(tmp_path, "small_card_child.log"), max(end - time.time(), 10))
     metrics = [json.loads(line) for line in open(tmp_path / "runs" / "small" / "metrics.jsonl")]
     import scope
@@ -996,7 +998,8 @@ def small_card(tmp_path, device: str, shape: dict, flags: list[str], timeout: fl
     return dict(part="small-card", variant=HF_VARIANT, device=memory.get("device_name", "cpu"), tokenizer=which,
                 card_gib=CARD_24GB_GIB, peak_gib=max(peaks) if device == "cuda" else None,
                 device_peak_gib=(memory["peak_used"] - memory["before"]) / 2**30 if "before" in memory else None,
-                planned_gib=round(preflight.plan_total(plan_rows), 2), planned_allocator_gib=round(max(mine.values()), 2),
+                planned_gib=round(preflight.plan_total(plan_rows), 2),
+                planned_allocator_gib=round(max(mine.values()), 2),
                 phases={k: (m["allocated"], m["planned"]) for k, m in phases.items()},
                 reward=metrics[0].get("reward"), rectify_tried=metrics[0].get("rectify_tried"),
                 bytes_real=2 * 2 * preflight_params(QWEN25_15B))
