@@ -403,10 +403,12 @@ vllm serve {folder_name} --dtype bfloat16
 """
 
 
-def export_model(model, tokenizer, out: str, config: dict, records: list[dict], adapter: str | None = None) -> str:
+def export_model(model, tokenizer, out: str, config: dict, records: list[dict], adapter: str | None = None,
+                 own: bool = False) -> str:
     """Write `out`: bfloat16 weights, the portable tokenizer, generation_config.json, README.md, and with `adapter`
     (a LoRA checkpoint; `model` its merge) the adapter's files in out/adapter/; then check that AutoTokenizer reads
-    the tokenizer back exactly. `model` is not changed (a bfloat16 copy is saved)."""
+    the tokenizer back exactly. `model` is not changed (a bfloat16 copy is saved), unless `own`: the caller hands it
+    over and it is cast to bfloat16 in place (no second copy of the weights in memory)."""
     import copy
 
     from transformers import GenerationConfig
@@ -414,7 +416,7 @@ def export_model(model, tokenizer, out: str, config: dict, records: list[dict], 
     tmp = out.rstrip("/") + ".tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     os.makedirs(tmp)
-    half = copy.deepcopy(model).to(torch.bfloat16)
+    half = (model if own else copy.deepcopy(model)).to(torch.bfloat16)
     half.config.dtype = "bfloat16"
     portable = portable_tokenizer(tokenizer)
     unknown_rows(half, len(portable), tokenizer.unk_token_id)
@@ -466,7 +468,9 @@ def export_run(run_dir: str, out: str | None = None, quiet: bool = False) -> str
              else AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.bfloat16))
     if bars:
         hf_logging.enable_progress_bar()
-    out = export_model(model, load_tokenizer(ckpt), out or os.path.join(run_dir, "model"), config, records, adapter)
+    # the model was loaded here: cast in place (a LoRA merge is float32, a copy would hold it twice)
+    out = export_model(model, load_tokenizer(ckpt), out or os.path.join(run_dir, "model"), config, records, adapter,
+                       own=True)
     if not quiet:
         print(f"model: {out} (bfloat16{', the LoRA adapter merged; the adapter alone in adapter/' if adapter else ''}, "
               f"tokenizer, generation_config.json, README.md); "

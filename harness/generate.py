@@ -408,6 +408,9 @@ class VLLMGenerator:
         if self.can_sleep:
             options["enable_sleep_mode"] = True
         options.update(engine_kwargs)
+        if options.get("enable_chunked_prefill") is False and options.get("max_num_batched_tokens"):
+            # without chunked prefill a whole prompt is one step: vLLM wants max_model_len tokens in it
+            options["max_num_batched_tokens"] = max(options["max_num_batched_tokens"], max_model_len or 0)
         # note: with the engine in-process, vLLM re-seeds the global torch RNG here; seed after building it
         self.llm = LLM(model=model_path, gpu_memory_utilization=gpu_memory_utilization,
                        max_model_len=max_model_len, dtype=dtype, seed=seed, enforce_eager=enforce_eager,

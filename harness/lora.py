@@ -36,6 +36,13 @@ def check(args) -> None:
         stop(f"--lora-alpha {args.lora_alpha}: must be > 0 (or 0: 2 × --lora-rank)")
     if not args.lora_targets.replace(",", "").strip():
         stop("--lora-targets '': name at least one linear layer (e.g. q_proj,v_proj), or all-linear")
+    # the vLLM push sends each decoder projection merged (Merged) under the base's names and nothing else: an adapter
+    # on the embedding (the head of a tied model) or on lm_head would train one network and sample from another
+    names = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+    other = [t for t in names if t not in TARGETS.split(",")]
+    if other and names != ["all-linear"]:
+        stop(f"--lora-targets {args.lora_targets}: {', '.join(other)} is not one of the decoder's projections; "
+             f"name some of {TARGETS} (comma-separated) or all-linear")
     if args.fsdp:
         stop(f"--lora-rank {args.lora_rank}: not with --fsdp (it shards a full fine-tune; an adapter's gradients "
              f"and AdamW state are small: run torchrun without --fsdp, one full base per GPU)")
@@ -105,6 +112,7 @@ class Merged:
     def state_dict(self):
         return self
 
+    @torch.no_grad()   # the push reads values: no autograd graph per merged tensor
     def items(self):
         layers = {name: module for name, module in self.model.named_modules() if hasattr(module, "get_delta_weight")}
         for name, tensor in self.model.state_dict().items():

@@ -648,7 +648,7 @@ def lora_targets(args) -> tuple[str, ...]:
     """The decoder's linear layers that --lora-targets names (comma-separated; "all-linear" = LORA_TARGETS)."""
     named = getattr(args, "lora_targets", "") or "all-linear"
     names = [n.strip() for n in (named.split(",") if isinstance(named, str) else named) if n.strip()]
-    return LORA_TARGETS if names in (["all-linear"], ["all_linear"]) else tuple(names)
+    return LORA_TARGETS if names == ["all-linear"] else tuple(names)
 
 
 def lora_params(cfg: dict, rank: int, targets=LORA_TARGETS) -> int:
@@ -714,7 +714,40 @@ def rollout_kv_need(args, world: int | None = None) -> tuple[int | None, int]:
     return max(tokens, max_len) * kv_bytes_per_token(cfg), max_len   # vLLM needs room for one full-length request
 
 
+# The in-process engine's batch limits, passed to vllm.LLM (harness/wiring.make_rollout_engine). Left unset, vLLM 0.33
+# takes 256 sequences and 8,192 batched tokens on a card under 70 GiB, 1,024 and 16,384 on an H100 or H200
+# (vllm/engine/arg_utils.py:2973-3006, EngineArgs.get_batch_defaults), and sizes its sampler and graph buffers by them.
+ROLLOUT_BATCHED_TOKENS = 8192   # a prefill step's tokens: vLLM's own figure below 70 GiB, for every card
+VLLM_GRAPH_TOKENS_MAX = 512     # vLLM 0.33 captures decode CUDA graphs of up to min(2 · max_num_seqs, 512) tokens
+                                # (vllm/config/vllm.py:2464-2470, _set_cudagraph_sizes; 1,024 on Blackwell)
+
+
+def rollout_engine_limits(args, world: int | None = None) -> tuple[int, int]:
+    """(max_num_seqs, max_num_batched_tokens) of the in-process engine: every rollout of the rank's one generate call
+    at once (prompts_per_step / world × group_size, as rollout_kv_need sizes its KV cache), and ROLLOUT_BATCHED_TOKENS
+    (at least max_num_seqs: vLLM refuses fewer, vllm/config/scheduler.py:331)."""
+    world = world_size() if world is None else world
+    seqs = -(-args.prompts_per_step // world) * args.group_size
+    return seqs, max(ROLLOUT_BATCHED_TOKENS, seqs)
+
+
+def vllm_runtime_bytes(cfg: dict, max_num_seqs: int, batched_tokens: int) -> tuple[float, float]:
+    """(the CUDA graph pool, the rest) bytes of vLLM 0.33's own buffers beside its weights and KV cache (Model Runner
+    V2, vllm/v1/worker/gpu/; not traced). The graph pool, a forward's working set at the largest captured decode
+    batch, is captured after the memory pools of sleep mode (vllm/v1/worker/gpu_worker.py:933-990), so sleep(level=2)
+    keeps it. The rest lives and sleeps with the weights: the sampler is built in load_model, inside the "weights"
+    pool (gpu_worker.py:594-596, gpu/model_runner.py:495), with the penalties' output_bin_counts, max_num_seqs × V
+    int32 (sample/penalties.py:45-50); and in a generate call one step's bf16 logits of max_num_seqs rows with the
+    sampler's float32 copy of them, which our logit_bias (the surplus ban) needs (sample/sampler.py:239-240), and a
+    prefill step's working set at max_num_batched_tokens. A forward's working set is the PRM's traced one (PRM_FIT:
+    one layer's bf16 no-grad activations, from our HF module; vLLM's fused kernels hold less)."""
+    v = cfg["vocab_size"]
+    graphs = prm_scoring_bytes(cfg, min(2 * max_num_seqs, VLLM_GRAPH_TOKENS_MAX))
+    return graphs, (4 + 6) * max_num_seqs * v + prm_scoring_bytes(cfg, batched_tokens)
+
+
 PRM_SERVED_KV_TOKENS = 32768   # the served PRM's KV cache: ~36 failures of 900 tokens in one prefill wave
+PRM_PREFILL_TOKENS = 4096      # the served PRM's max_num_batched_tokens: one prefill step of 4,096 tokens
 
 
 def prm_served(args, use_vllm: bool, gpu_gib: float | None = None, world: int | None = None) -> bool:
@@ -731,13 +764,21 @@ def prm_served(args, use_vllm: bool, gpu_gib: float | None = None, world: int | 
     return gpu_gib is None or plan_total(rows) <= FIT_SHARE * gpu_gib
 
 
+def prm_batched_tokens(args) -> int:
+    """The served PRM's --max-num-batched-tokens: PRM_PREFILL_TOKENS, or the PRM's context when longer (STEP pooling
+    has no chunked prefill, vllm/config/model.py:2205-2216, and then vLLM needs a whole sequence in one step,
+    vllm/config/scheduler.py:318-329)."""
+    cfg = model_config(args.prm) or {}
+    return max(PRM_PREFILL_TOKENS, int(cfg.get("max_position_embeddings") or 0))
+
+
 def prm_server_need(args) -> tuple[int, float]:
     """(KV cache bytes, GiB in all) of the served PRM: bf16 weights, a KV cache of PRM_SERVED_KV_TOKENS tokens, the
-    activations of one 4,096-token prefill (PRM_FIT, traced on our HF module: vLLM's own are smaller) and a CUDA
-    context. Its `--gpu-memory-utilization` is this over the card."""
+    activations of one prefill step of prm_batched_tokens (PRM_FIT, traced on our HF module: vLLM's own are smaller)
+    and a CUDA context. Its `--gpu-memory-utilization` is this over the card."""
     cfg = model_config(args.prm)
     kv = PRM_SERVED_KV_TOKENS * kv_bytes_per_token(cfg)
-    return kv, (2 * n_params(cfg) + kv + prm_scoring_bytes(cfg, 4096)) / GIB + CUDA_CONTEXT_GIB
+    return kv, (2 * n_params(cfg) + kv + prm_scoring_bytes(cfg, prm_batched_tokens(args))) / GIB + CUDA_CONTEXT_GIB
 
 
 def prm_offloaded(args, device: str, use_vllm: bool, gpu_gib: float | None = None, world: int | None = None) -> bool:
@@ -832,17 +873,30 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
         rows.append((f"update activations + temporaries ({args.micro_batch_size} x {T} tokens, checkpointing "
                      f"{'on' if ckpt else 'off'}; traced)",
                      update_extra_bytes(cfg, tokens, ckpt, getattr(args, "logprob_chunk", 512)) / GIB, "update"))
-    if args.kl_coef > 0 and not rank:   # with LoRA the reference is the base with its adapters off: no memory
+    if args.kl_coef > 0 and not rank:   # with LoRA the reference is the base with its adapters off: no weights
         rows.append(("KL reference (fp32)", 4 * p / GIB, "all"))
+    if args.kl_coef > 0:   # the reference's no-grad pass over each micro-batch, inside the update
+        chunk = min(getattr(args, "logprob_chunk", 512) or tokens, tokens)
+        rows.append((f"KL reference's pass: bf16 logits of {args.micro_batch_size} x {T} tokens + a float32 "
+                     f"log-softmax chunk (not traced)", (2 * tokens + 8 * chunk) * cfg["vocab_size"] / GIB, "update"))
     if use_vllm:
         kv, _ = rollout_kv_need(args, world)
         sleep = bool(getattr(args, "rollout_sleep", False))
         rows.append((f"rollout engine: vLLM bf16 weights + KV of {-(-args.prompts_per_step // world)}x{args.group_size} x {T} "
                      f"tokens{' (asleep in the update)' if sleep else ''}", (2 * p + kv) / GIB,
                      "other" if sleep else "all"))
+        seqs, batched = rollout_engine_limits(args, world)
+        graphs, awake = vllm_runtime_bytes(cfg, seqs, batched)
+        rows.append(("vLLM runtime (not traced): the CUDA graph pool (kept asleep)", graphs / GIB, "all"))
+        rows.append((f"vLLM runtime (not traced): output_bin_counts, logits and the sampler's float32 copy of {seqs} "
+                     f"sequences, one prefill step of {batched} tokens{' (asleep in the update)' if sleep else ''}",
+                     awake / GIB, "other" if sleep else "all"))
     else:
-        rows.append((f"rollout KV cache (HF generate, {args.gen_batch_size} sequences)",
-                     args.gen_batch_size * T * kv_bytes_per_token(cfg) / GIB, "other"))
+        # HF generate holds the KV cache of --gen-batch-size rows, in the rollouts and in the evaluation
+        new = max(args.max_new_tokens, args.eval_max_new_tokens if getattr(args, "eval_every", 0) else 0)
+        what = "rollouts" if new == args.max_new_tokens else f"evaluation, --eval-max-new-tokens {new}"
+        rows.append((f"rollout KV cache (HF generate, {args.gen_batch_size} sequences x {PROMPT_TOKENS + new} tokens: "
+                     f"{what})", args.gen_batch_size * (PROMPT_TOKENS + new) * kv_bytes_per_token(cfg) / GIB, "other"))
     if prm_serve:
         rows.append((f"PRM: its own vllm serve (pooling runner, bf16 weights, KV of {PRM_SERVED_KV_TOKENS} tokens, "
                      f"one prefill's activations, its CUDA context)", prm_server_need(args)[1], "all"))

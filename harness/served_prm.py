@@ -90,11 +90,14 @@ class PooledStepScores:
 
 
 def serve_command_extra(sep_id: int, kv_cache_bytes: int, dtype: str = "bfloat16", quantization: str = "none",
-                        ) -> list[str]:
+                        batched_tokens: int | None = None) -> list[str]:
     """`vllm serve` flags of the PRM beyond the refiner's: the pooling runner, STEP pooling on the separator id,
-    the dtype (bf16 on a GPU), a KV cache sized by need, and --prm-quantization (`prm_quantization_flags`)."""
+    the dtype (bf16 on a GPU), a KV cache sized by need, the tokens of one prefill step that the plan's activations
+    assume (`batched_tokens`: preflight.prm_batched_tokens; None: vLLM's default), and --prm-quantization
+    (`prm_quantization_flags`)."""
+    budget = ["--max-num-batched-tokens", str(int(batched_tokens))] if batched_tokens else []
     return ["--runner", "pooling", "--pooler-config", json.dumps({"step_tag_id": int(sep_id)}), "--dtype", dtype,
-            "--kv-cache-memory-bytes", str(int(kv_cache_bytes)), *prm_quantization_flags(quantization)]
+            "--kv-cache-memory-bytes", str(int(kv_cache_bytes)), *budget, *prm_quantization_flags(quantization)]
 
 
 # vLLM 0.33's --quantization fp8 quantizes every LinearBase, the score head's too, whose float32 bias then meets a
@@ -120,7 +123,7 @@ def prm_quantization_flags(quantization: str) -> list[str]:
 def serve_prm(model: str, tokenizer, *, sep_id: int, log_path: str, gpu_memory_utilization: float,
               kv_cache_bytes: int, max_model_len: int, cpu: bool = False, dtype: str = "bfloat16",
               quantization: str = "none", timeout: float = 600, retries: int = 2,
-              startup_timeout: float = 900) -> PooledStepScores:
+              startup_timeout: float = 900, batched_tokens: int | None = None) -> PooledStepScores:
     """Start `vllm serve model --runner pooling` on a free local port (generate.serve_with_vllm: its log, its
     process-group handling, closed at exit) and return the stand-in module that queries it. RuntimeError when it
     cannot start."""
@@ -129,7 +132,7 @@ def serve_prm(model: str, tokenizer, *, sep_id: int, log_path: str, gpu_memory_u
     served = serve_with_vllm(model, tokenizer, log_path=log_path, gpu_memory_utilization=gpu_memory_utilization,
                              cpu=cpu, timeout=timeout, retries=retries, startup_timeout=startup_timeout,
                              max_model_len=max_model_len,
-                             extra=serve_command_extra(sep_id, kv_cache_bytes, dtype, quantization))
+                             extra=serve_command_extra(sep_id, kv_cache_bytes, dtype, quantization, batched_tokens))
     scores = PooledStepScores(served, served.model, sep_id)
     scores.server = served.server
     return scores
@@ -155,4 +158,5 @@ def start_for_run(args, run_dir: str, separator: str) -> PooledStepScores:
     print(f"starting the PRM server (vllm serve {args.prm} --runner pooling); log: {log_path}")
     return serve_prm(args.prm, tokenizer, sep_id=sep_id, log_path=log_path, kv_cache_bytes=kv_bytes,
                      gpu_memory_utilization=round(min(gib / total_gib, 0.95), 3), max_model_len=None,
-                     quantization=args.prm_quantization, timeout=getattr(args, "refiner_timeout", 600))
+                     quantization=args.prm_quantization, timeout=getattr(args, "refiner_timeout", 600),
+                     batched_tokens=preflight.prm_batched_tokens(args))

@@ -176,9 +176,11 @@ def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, worl
         kv_bytes, max_len = preflight.rollout_kv_need(args, world)   # sized by need, not a share of the card
         context = getattr(policy.config, "max_position_embeddings", None)
         max_len = min(max_len, context) if context else max_len   # never past the model's own context
+        seqs, batched = preflight.rollout_engine_limits(args, world)   # vLLM's buffers as the plan sizes them
         with engine_starting(path):   # a failure: vLLM's traceback, then one line with the hint that fits
             return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed, max_model_len=max_len,
-                                 sleep_mode=args.rollout_sleep, kv_cache_memory_bytes=kv_bytes, **launch)
+                                 sleep_mode=args.rollout_sleep, kv_cache_memory_bytes=kv_bytes, max_num_seqs=seqs,
+                                 max_num_batched_tokens=batched, **launch)
     return HFGenerator(lora.inner(policy), tokenizer, micro_batch_size=args.gen_batch_size)   # LoRA: adapter on
 
 

@@ -193,3 +193,54 @@ def test_trl_spellings_and_one_line_refusals(capsys):
             preflight.check_args(scope.parse_args(["--toy", *argv]))
         err = capsys.readouterr().err.strip().splitlines()
         assert err[-1].startswith(f"error: {culprit}"), err
+
+
+@pytest.mark.parametrize("targets, culprit", [("embed_tokens", "embed_tokens"), ("lm_head", "lm_head"),
+                                              ("nonexistent_proj", "nonexistent_proj"),
+                                              ("q_proj,nonexistent_proj", "nonexistent_proj")])
+def test_targets_other_than_the_decoders_projections_are_refused_in_one_line(targets, culprit, capsys):
+    """Regression: any --lora-targets went to PEFT: an embed_tokens adapter on a tied model was merged into the row
+    vLLM samples from while the trained head was not adapted, an lm_head adapter was dropped by the push, a name the
+    model lacks stopped with PEFT's text, and q_proj,nonexistent_proj was taken as q_proj."""
+    import scope
+    from harness import preflight
+
+    with pytest.raises(SystemExit) as stopped:
+        preflight.check_args(scope.parse_args(["--toy", "--lora-rank", "4", "--lora-targets", targets]))
+    err = capsys.readouterr().err.strip().splitlines()
+    assert stopped.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith(f"error: --lora-targets {targets}: {culprit} is not one of the decoder's projections")
+    for fine in ("q_proj,v_proj", "all-linear", lora.TARGETS):   # the decoder's projections are taken
+        preflight.check_args(scope.parse_args(["--toy", "--lora-rank", "4", "--lora-targets", fine]))
+
+
+def test_the_merged_weights_carry_no_autograd_graph(base_dir, toy_tokenizer):
+    """Regression: Merged.items computed W + (α / r) B A with autograd on, one graph (and its saved B, A) per tensor
+    the push reads."""
+    policy, _, _ = wiring.load_policy(lora_args(), base_dir, base_dir, "cpu")
+    for p in policy.parameters():
+        if p.requires_grad:
+            torch.nn.init.normal_(p, std=0.1)   # B != 0: the delta is really computed
+    merged = dict(lora.Merged(policy).state_dict().items())
+    assert merged and all(t.grad_fn is None and not t.requires_grad for t in merged.values())
+
+
+def test_the_export_of_a_lora_run_casts_its_merge_in_place(tmp_path, base_dir, toy_tokenizer, monkeypatch):
+    """Regression: the export merged the adapter in float32, then deep-copied the model before the bf16 cast: two
+    float32 copies in memory (~12 GB at 1.5B). The merge it loads is its own, so it is cast in place."""
+    import copy
+
+    from harness import export
+
+    run, _, _ = trained_run(tmp_path, base_dir, toy_tokenizer)
+    real = copy.deepcopy
+
+    def no_model_copy(obj, *a, **k):
+        assert not isinstance(obj, torch.nn.Module), "the export copied the model"
+        return real(obj, *a, **k)
+    monkeypatch.setattr(copy, "deepcopy", no_model_copy)
+    out = export.export_run(run, quiet=True)
+    assert {t.dtype for t in load_base(out).state_dict().values()} == {torch.float32}   # loaded as asked
+    import safetensors.torch
+    saved = safetensors.torch.load_file(os.path.join(out, "model.safetensors"))
+    assert {t.dtype for t in saved.values()} == {torch.bfloat16}

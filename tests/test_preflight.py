@@ -253,7 +253,8 @@ def test_a_24gb_card_plans_lora_and_the_trl_prm():
     assert plan["policy 1.54 B params: bf16 base weights, frozen (LoRA)"] == (pytest.approx(2 * 1_543_714_304 / 2**30), "all")
     assert plan["LoRA adapters 18.5 M params (rank 16): fp32 weights + AdamW m, v"] == (pytest.approx(12 * 18_464_768 / 2**30), "all")
     assert plan["LoRA adapter gradients (fp32)"] == (pytest.approx(4 * 18_464_768 / 2**30), "update")
-    assert not any(k.startswith("KL reference") for k in plan) and not notes
+    assert "KL reference (fp32)" not in plan and not notes   # no reference weights: the base with its adapters off
+    assert plan[next(k for k in plan if k.startswith("KL reference's pass"))][1] == "update"   # but its logits
     assert not preflight.prm_served(lora, True, 23.6) and any(k.startswith("PRM 1.54 B params (bf16)") for k in plan)
     full_05 = scope.Args(model="Qwen2.5-0.5B", prm=preflight.TRL_PRM, refiner="policy")
     for args in (lora, full_05):
@@ -590,3 +591,50 @@ def test_a_cpu_run_of_a_real_model_prints_no_gpu_memory_plan(capsys):
                                        "(--dry-run prints it)\n")
     preflight.check_memory(scope.parse_args(["--model", "some/model", "--dry-run"]), "cpu", False)
     assert "memory plan" in capsys.readouterr().out
+
+
+def test_vllms_own_buffers_the_kl_reference_and_hf_evaluation_are_planned():
+    """Regression: the plan left out vLLM's own runtime buffers (sampler logits, output_bin_counts, graph pool,
+    prefill step: vLLM 0.33's defaults would size them for 1,024 sequences and 16,384 tokens on an H100), the KL
+    reference's logits (--kl-coef > 0; a LoRA plan said the reference costs nothing) and HF evaluation's KV cache
+    (64 rows of up to --eval-max-new-tokens, sized by --max-new-tokens). The engine gets the limits its rows assume,
+    and the 80 GB default and the 24 GB LoRA row still fit."""
+    q15 = preflight.KNOWN_CONFIGS["Qwen2.5-1.5B"]
+    default = scope.Args(model="Qwen2.5-1.5B")
+    assert preflight.rollout_engine_limits(default, 1) == (128, 8192)
+    assert preflight.rollout_engine_limits(scope.Args(model="Qwen2.5-1.5B", prompts_per_step=64), 8) == (64, 8192)
+    held, generating = preflight.vllm_runtime_bytes(q15, 128, 8192)
+    assert held == preflight.prm_scoring_bytes(q15, 256)   # the graph pool: decode graphs of up to 2 x 128 tokens
+    assert generating == (4 + 6) * 128 * 151936 + preflight.prm_scoring_bytes(q15, 8192)   # bin counts, logits
+    assert sum(preflight.vllm_runtime_bytes(q15, 1024, 16384)) > 3 * (held + generating)   # vLLM's H100 defaults
+    rows = preflight.memory_plan(default, 79.2, True)[0]
+    runtime = {ph: gib for name, gib, ph in rows if name.startswith("vLLM runtime (not traced)")}
+    assert runtime == {"all": pytest.approx(held / 2**30), "other": pytest.approx(generating / 2**30)}   # sleeps
+    assert not any(name.startswith("vLLM runtime") for name, _, _ in preflight.memory_plan(
+        scope.Args(model="Qwen2.5-1.5B", backend="hf"), 79.2, False)[0])
+    assert preflight.plan_total(rows) <= preflight.FIT_SHARE * 79.2
+    lora = scope.Args(model="Qwen2.5-1.5B", lora_rank=16, prm=preflight.TRL_PRM, refiner="policy")
+    assert preflight.plan_total(preflight.memory_plan(lora, 23.6, True)[0]) <= preflight.FIT_SHARE * 23.6
+
+    def plan(**kw):   # {row: (GiB, phase)}
+        return {n: (g, ph) for n, g, ph in preflight.memory_plan(scope.Args(model="Qwen2.5-1.5B", **kw), 79.2,
+                                                                  kw.get("backend") != "hf")[0]}
+
+    def total(**kw):
+        return preflight.plan_total([(n, g, ph) for n, (g, ph) in plan(**kw).items()])
+    reference_pass = (2 * 4 * 1280 + 8 * 512) * 151936 / 2**30   # bf16 logits of 4 x 1,280 tokens, a float32 chunk
+    for kw, weights in ((dict(mode="grpo", prm="none"), 4 * preflight.n_params(q15) / 2**30),
+                        (dict(lora_rank=16, prm=preflight.TRL_PRM, refiner="policy"), None)):   # LoRA: the base
+        added = {n: v for n, v in plan(kl_coef=0.05, **kw).items() if n not in plan(**kw)}
+        assert added.pop("KL reference (fp32)", (None,))[0] == (weights and pytest.approx(weights))
+        (name, (gib, phase)), = added.items()
+        assert name.startswith("KL reference's pass") and gib == pytest.approx(reference_pass) and phase == "update"
+        assert total(kl_coef=0.05, **kw) >= total(**kw) + (weights or 0) - 1e-9   # LoRA: the update may not be the peak
+    kv = 28 * 2 * 2 * 128 * 2   # Qwen2.5-1.5B's KV bytes per token
+    hf = dict(backend="hf", prm="none", mode="grpo")
+    def hf_kv(**kw):
+        return next(g for n, (g, ph) in plan(**hf, **kw).items() if n.startswith("rollout KV cache (HF generate"))
+    assert hf_kv() == pytest.approx(64 * (256 + 3000) * kv / 2**30)   # the evaluation's 3,000 tokens, not 1,024
+    assert hf_kv(eval_max_new_tokens=6000) - hf_kv() == pytest.approx(64 * 3000 * kv / 2**30)
+    assert hf_kv(eval_max_new_tokens=6000, eval_every=0) == pytest.approx(64 * (256 + 1024) * kv / 2**30)
+    assert total(eval_max_new_tokens=6000, **hf) > total(**hf)

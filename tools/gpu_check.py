@@ -221,11 +221,12 @@ def eta_label(mps: bool) -> str:
     return "η (MPS)" if mps else "η (no MPS, time-slicing)"
 
 
-def corun(device: str, tiny: bool, repeats: int = 3, timeout: float = 300) -> dict:
-    """Part "co-run": eta (processes), then eta (streams) (`corun_streams`). Both workers built and warm, then
-    `repeats` interleaved rounds of (decode alone, update alone, both at once), the medians: eta and each one's
-    slowdown. Each worker is its own process, ended here whatever happens; a worker that ends or says nothing by
-    the deadline (a silent stall included) is one RuntimeError with its last words."""
+def corun(device: str, tiny: bool, repeats: int = 3, timeout: float = 300, log_dir: str | None = None) -> dict:
+    """Part "co-run": eta (processes), then eta (streams) (`corun_streams`), both within `timeout` seconds. Both
+    workers built and warm, then `repeats` interleaved rounds of (decode alone, update alone, both at once), the
+    medians: eta and each one's slowdown. Each worker is its own process, ended here whatever happens; its stderr
+    streams to `log_dir`/corun_<role>.log (None: a temporary file); a worker that ends or says nothing by the
+    deadline (a silent stall included) is one RuntimeError with its last words."""
     import queue
     import statistics
     import threading
@@ -233,7 +234,9 @@ def corun(device: str, tiny: bool, repeats: int = 3, timeout: float = 300) -> di
     env = {**os.environ, "PYTHONPATH": ROOT}
     if device == "cpu":
         env["OMP_NUM_THREADS"] = "1"
-    errs = {role: tempfile.TemporaryFile("w+") for role in ("decode", "update")}   # a file: a full pipe would block
+    # a file, not a pipe (a full pipe would block), on disk as the worker writes
+    errs = {role: open(os.path.join(log_dir, f"corun_{role}.log"), "w+") if log_dir else tempfile.TemporaryFile("w+")
+            for role in ("decode", "update")}
     procs = {role: subprocess.Popen([sys.executable, "-m", "tools.gpu_check", "serve", role, "--device", device]
                                     + (["--tiny"] if tiny else []), cwd=ROOT, env=env, text=True,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errs[role])
@@ -305,7 +308,7 @@ def corun(device: str, tiny: bool, repeats: int = 3, timeout: float = 300) -> di
                 update_seconds=round(t_upd, 4), both_seconds=round(t_both, 4), eta=eta(t_dec, t_upd, t_both),
                 decode_slowdown=round(inside["decode"] / t_dec, 3), update_slowdown=round(inside["update"] / t_upd, 3),
                 decode=facts["decode"], update=facts["update"],
-                streams=corun_streams(device, tiny, repeats, max(deadline - time.time(), 30)))
+                streams=corun_streams(device, tiny, repeats, max(deadline - time.time(), 10)))
 
 
 def corun_streams(device: str, tiny: bool, repeats: int = 3, timeout: float = 300) -> dict:
@@ -354,7 +357,7 @@ def corun_streams(device: str, tiny: bool, repeats: int = 3, timeout: float = 30
 
 
 # ------------------------------------------------------------------------------ the projection of the two runs
-RUNS = {"correctness": ("run", "update-peak", "update-time", "prm-time", "vllm"), "design": ("co-run", "small-card")}
+RUNS = {"correctness": ("run", "update-peak", "update-time", "prm-time", "vllm"), "design": ("small-card", "co-run")}
 CUDA_START = 20.0    # s per part process on a GPU machine: python, torch and transformers imports, the CUDA context
 DISK_RATE = 1.0e9    # bytes/s a part's files are written and read back at (a cloud disk's sustained rate)
 
