@@ -87,8 +87,8 @@ class EngineArgs:
                          "stays frozen in bf16 on a GPU, the loss "
                          "is the same; 0 = the full fine-tune, the paper's (docs/choices.md)")
     lora_alpha: float = arg(0.0, "LoRA's α: the adapter's output is scaled by α / rank; 0 = 2 × --lora-rank")
-    lora_targets: str = arg(lora.TARGETS, "the linear layers that get an adapter, comma-separated module names, or "
-                            "all-linear (PEFT: every linear layer but the output head)")
+    lora_targets: str = arg(lora.TARGETS, "the layers that get an adapter: some of the decoder's projections "
+                            "(comma-separated) or all-linear (all seven); the embedding and the head are refused")
     prm_offload: str = arg("auto", "move the PRM to CPU memory between its uses; auto = when the memory plan with "
                            "the PRM resident does not fit the GPU", ("auto", "on", "off"))
     # --- the run folder (docs/running.md)
