@@ -93,7 +93,8 @@ class EngineArgs:
                            "the PRM resident does not fit the GPU", ("auto", "on", "off"))
     # --- the run folder (docs/running.md)
     save_every: int = arg(100, "checkpoint every N steps (and after the last)")
-    run_name: str = arg("", "logs go to runs/<run_name>; default <mode>-<model>-s<seed>")
+    run_name: str = arg("", "logs go to runs/<run_name> (an absolute path: that folder); default "
+                        "<mode>-<model>-s<seed>")
     config: str = arg("", "a YAML file of flags (keys: these flag names, with dashes or underscores); flags typed on "
                       "the command line override it; its values are recorded in config.json like typed ones")
     resume: str = arg("", "continue the run in this folder (runs/<name>) from its checkpoint, with its settings")

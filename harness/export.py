@@ -164,8 +164,12 @@ def byte_level_names() -> dict[int, str]:
 
 
 def is_char_level(tokenizer) -> bool:
-    """True for a WordLevel tokenizer whose ordinary tokens are single characters (the toy tokenizer)."""
-    state = json.loads(tokenizer.backend_tokenizer.to_str())
+    """True for a WordLevel tokenizer whose ordinary tokens are single characters (the toy tokenizer); a tokenizer
+    without a fast backend is none."""
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if backend is None:
+        return False
+    state = json.loads(backend.to_str())
     if state["model"]["type"] != "WordLevel":
         return False
     specials = {t["content"] for t in state.get("added_tokens", [])} | set(tokenizer.all_special_tokens)

@@ -182,13 +182,12 @@ def check_args(args, notes=()) -> list[str]:
 
 # ---------------------------------------------------------------------------------------------------------- 2. folder
 def run_dir_of(args) -> str:
-    """The run's folder: --resume's, else runs/<--run-name> (default: <mode>-<model>-s<seed>). A run name is one
-    folder name under runs/, where --resume, tools.report and eval.py's reports find the run: a name that is a
-    path (`../x`, `/data/x`, `a/b`) stops in one line."""
-    if args.run_name and not args.resume and (args.run_name in (".", "..") or "/" in args.run_name
-                                              or os.sep in args.run_name):
-        stop(f"--run-name {args.run_name}: a run name is one folder name under runs/ (no '/', not '..'); to keep "
-             f"runs elsewhere, start scope.py from that folder (runs/ is made in the working folder)")
+    """The run's folder: --resume's, else runs/<--run-name> (default: <mode>-<model>-s<seed>). A relative name stays
+    under runs/, where --resume, tools.report and eval.py's reports find the run (`a/b` is runs/a/b; a name that
+    climbs out with '..' stops in one line); an absolute path is the run folder itself (TRL's output_dir)."""
+    if args.run_name and not args.resume and ".." in args.run_name.replace(os.sep, "/").split("/"):
+        stop(f"--run-name {args.run_name}: a run name stays under runs/ ('..' would leave it); to keep a run "
+             f"elsewhere give its folder as an absolute path")
     name = args.run_name or f"{args.mode}-{os.path.basename(args.model.rstrip('/'))}-s{args.seed}"
     return args.resume.rstrip("/") or os.path.join("runs", name)
 

@@ -598,18 +598,22 @@ def test_resume_of_a_checkpoint_folder_names_the_run_folder(tmp_path, monkeypatc
 
 
 def test_a_run_name_is_a_name_under_runs(tmp_path, monkeypatch, capsys):
-    """`--run-name ../x` or an absolute path wrote the run outside runs/, where --resume runs/NAME, tools.report and
-    eval.py's reports do not look: a run name that is a path is one line, and nothing is written."""
+    """`--run-name ../x` wrote the run outside runs/, where --resume runs/NAME, tools.report and eval.py's reports do
+    not look: a name that climbs out with '..' is one line, and nothing is written; an absolute path is the run
+    folder itself (the studies keep their runs so) and a relative one with a '/' nests under runs/."""
     monkeypatch.chdir(tmp_path / "..")
     here = os.getcwd()
     monkeypatch.chdir(tmp_path)
-    for name in ("../x", str(tmp_path / "abs"), "a/b", ".."):
+    for name in ("../x", "a/../../x", ".."):
         assert refused(capsys, {"toy": True, "run_name": name}) == (
-            f"error: --run-name {name}: a run name is one folder name under runs/ (no '/', not '..'); to keep runs "
-            f"elsewhere, start scope.py from that folder (runs/ is made in the working folder)")
+            f"error: --run-name {name}: a run name stays under runs/ ('..' would leave it); to keep a run elsewhere "
+            f"give its folder as an absolute path")
     assert os.listdir(tmp_path) == [] and not os.path.exists(os.path.join(here, "x"))
-    with pytest.raises(runs.Refused, match=r"^run_name=\.\./x: a run name is one folder name"):
+    with pytest.raises(runs.Refused, match=r"^run_name=\.\./x: a run name stays under runs/"):
         scope.main({"toy": True, "run_name": "../x"})
+    assert scope.main({"toy": True, "run_name": "a/b", "dry_run": True})["run_dir"] == os.path.join("runs", "a", "b")
+    absolute = str(tmp_path / "elsewhere")
+    assert scope.main({"toy": True, "run_name": absolute, "dry_run": True})["run_dir"] == absolute
 
 
 def test_a_lora_checkpoint_as_a_model_to_train_names_the_merged_model(tmp_path, monkeypatch, capsys):
