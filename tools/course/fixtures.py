@@ -147,7 +147,7 @@ def make_split_steps(rng, ctx):
         pieces = ["Then we " + _sentence(rng, rng.randint(3, 5)) + rng.choice(["\n\n", "\r\n\r\n", "\n \t\n"])
                   for _ in range(m + extra)]   # at least 8 non-space characters each
         if short:   # fewer than 8 non-space characters: each merges into the piece after it
-            for k in rng.sample(range(m + extra - 1), 2):
+            for k in (rng.randrange(m - 1), rng.randrange(m - 1, m + extra - 1)):   # one among the first m - 1
                 pieces[k] = rng.choice(["x\n\n", "so\n\n", "12\n\n"])
             pieces += ["Then we " + _sentence(rng, 3) + "\n\n" for _ in range(2)]
         cases.append({"text": "".join(pieces).rstrip(), "min_chars": 8 if short else 0, "max_steps": m})
