@@ -136,6 +136,17 @@ def test_logprobs_and_entropy_of_logits_past_100(dtype, big):
     assert torch.isfinite(logits.grad).all()
 
 
+def test_float64_logits_keep_float64_precision():
+    """float64 logits [1e5, 1e5 + 0.004]: π = [1/(1 + e^0.004), 1/(1 + e^−0.004)], log π = [−0.695149180558612,
+    −0.691149180558612]. In float32 both logits round to 1e5 (its spacing there is 2^−7 ≈ 0.0078): log π = −ln 2
+    twice, off by 2e−3."""
+    logits = torch.tensor([[[1e5, 1e5 + 0.004]] * 2], dtype=torch.float64)
+    logp, _ = logprobs_and_entropy(logits, torch.tensor([[0, 1]]))
+    assert logp.dtype == torch.float64, "float64 logits give float64 log-probs"
+    assert torch.allclose(logp, torch.tensor([[-0.695149180558612, -0.691149180558612]], dtype=torch.float64),
+                          rtol=1e-9, atol=0), f"log π {logp.tolist()}: compute in float64, not float32 cast back"
+
+
 # ---------------------------------------------------------------------------------------------------
 # problem 9: clipped_surrogate
 # ---------------------------------------------------------------------------------------------------

@@ -98,6 +98,13 @@ def _tie_flipped(c, whole: bool) -> bool:
                for a, b in itertools.combinations(pairs, 2))
 
 
+def _length_then_index_tie(c, ctx):
+    """Failures tied on the best (κ, prefix mean), the longest of them first and two of the shortest after it."""
+    tied = [i for i, km in enumerate(zip(c["kappas"], c["means"])) if km == max(zip(c["kappas"], c["means"]))]
+    short = [i for i in tied if c["lengths"][i] == min(c["lengths"][j] for j in tied)]
+    return len(short) >= 2 and c["lengths"][tied[0]] > c["lengths"][short[0]]
+
+
 def _index_tiebreak(c, ctx):
     return c.get("tiebreak") == "index" and c["mode"] == "scope"
 
@@ -117,6 +124,7 @@ EDGES = {
     "an unscored step before the first one below τ": ("first_error", lambda c, ctx: None in c["scores"] and any(
         s is not None and s < c["tau"] for s in c["scores"][c["scores"].index(None):])
         and prm.first_error(c["scores"], c["tau"]) is None),
+    "a tie in κ and prefix mean that length, then index, breaks": ("first_error", _length_then_index_tie),
     "an unscored step and no step below τ": ("first_error", lambda c, ctx: None in c["scores"] and not any(
         s is not None and s < c["tau"] for s in c["scores"])),
     "a turn-end eos_id, finished": ("splice", _turn_end),
@@ -131,6 +139,8 @@ EDGES = {
     'tiebreak "index"': ("scope_step", _index_tiebreak),
     "float32 logits past ±100": ("logprob_entropy", lambda c, ctx: str(c["logits"].dtype) == "torch.float32"
                                  and float(c["logits"].abs().max()) > 100),
+    "float64 logits that float32 rounds": ("logprob_entropy", lambda c, ctx: str(c["logits"].dtype) == "torch.float64"
+                                           and float(c["logits"].min()) > 1e4 and float(c["logits"].std()) < 1),
     "float64 logits past ±709": ("logprob_entropy", lambda c, ctx: str(c["logits"].dtype) == "torch.float64"
                                  and float(c["logits"].abs().max()) > 709),
     "a clip ε other than 0.2": ("clipped_surrogate", lambda c, ctx: c["eps"] != 0.2),
@@ -225,6 +235,12 @@ MUTANTS = {
         "first_error", "an unscored step and no step below τ",
         [_edit("prm", "cut_point", UNSCORED, "return len(scores) - 1")],
         "tests/test_prm.py::test_cut_point"),
+    "the_longer_failure_picked_on_a_tie": (
+        "first_error", "a tie in κ and prefix mean that length, then index, breaks",
+        [_edit("prm", "select_candidate", "lengths[i], i))", "-lengths[i], i))")], "tests/test_prm.py::test_select_candidate"),
+    "the_later_failure_picked_on_a_tie": (
+        "first_error", "a tie in κ and prefix mean that length, then index, breaks",
+        [_edit("prm", "select_candidate", "lengths[i], i))", "lengths[i], -i))")], "tests/test_prm.py::test_select_candidate"),
     # problem 4
     "the_tokenizers_eos_appended_not_eos_id": (
         "splice", "a turn-end eos_id, finished",
@@ -281,6 +297,11 @@ MUTANTS = {
         [_edit("grpo", "logprobs_and_entropy", "if logits.dtype in (torch.float16, torch.bfloat16):",
                "if logits.dtype != torch.float32:")],
         "tests/test_grpo.py::test_logprobs_and_entropy_hand_computed"),
+    "float64_log_probs_computed_in_float32_and_cast_back": (
+        "logprob_entropy", "float64 logits that float32 rounds",
+        [_edit("grpo", "logprobs_and_entropy", LOG_SOFTMAX,
+               "    logprobs_all = F.log_softmax(logits.float(), dim=-1).to(logits.dtype)")],
+        C + "test_float64_logits_keep_float64_precision"),
     # problem 9
     "clip_at_the_default_eps": (
         "clipped_surrogate", "a clip ε other than 0.2",

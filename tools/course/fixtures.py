@@ -231,6 +231,11 @@ def make_first_error(rng, ctx):
                        + good(rng.randint(0, 2)),
                        "none_no_error": good(rng.randint(1, 3)) + [None] + good(rng.randint(1, 3))}[kind]
         cases.append(c)
+    # the pick's tie-breaks: the best κ and prefix mean three times, the longest first, then two of one length
+    # (the shorter wins, then the earlier), and a worse failure last
+    k, mean, n = rng.choice([0.25, 0.5, 0.75]), rng.choice([0.6, 0.9]), rng.randint(5, 9)
+    cases.append(dict(cases[rng.randrange(len(cases))], kappas=[k, k, k, k - 0.25], means=[mean, mean, mean, 1.0],
+                      lengths=[n + rng.randint(1, 5), n, n, 1]))
     return cases
 
 
@@ -444,6 +449,10 @@ def make_logprob_entropy(rng, ctx):
     for dtype, scale in (("float32", 150.0), ("float64", 1000.0)):
         cases.append({"logits": _t(rng, rng.randint(1, 2), rng.randint(2, 4), 11, lo=-scale, hi=scale, dtype=dtype),
                       "targets_seed": rng.randrange(2**31), "entropy_grad": rng.random() < 0.5})
+    # float64 logits 1e5 apart from 0 and 0.04 from each other: float32 holds them to 0.008 (its spacing at 1e5),
+    # so log-probs computed in float32 and cast back are off by ~1e-3, ten times the tolerance
+    cases.append({"logits": 1e5 + _t(rng, 1, rng.randint(2, 4), 11, lo=-0.02, hi=0.02),
+                  "targets_seed": rng.randrange(2**31), "entropy_grad": True})
     return cases
 
 

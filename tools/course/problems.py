@@ -252,7 +252,8 @@ EXERCISES = [
              ("tests/test_grpo.py::test_logprobs_and_entropy_hand_computed",
               "tests/test_grpo.py::test_token_logprobs_matches_plain_forward",
               CHECKS + "test_logprobs_are_normalised_over_the_vocabulary",
-              CHECKS + "test_logprobs_and_entropy_of_logits_past_100"), 2, 6,
+              CHECKS + "test_logprobs_and_entropy_of_logits_past_100",
+              CHECKS + "test_float64_logits_keep_float64_precision"), 2, 6,
              "log_softmax, gather, -sum p log p (the entropy keeps a graph only with entropy_grad)",
              breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (
                  "tests/test_grpo.py::test_chunked_logprobs_equal_the_whole_log_softmax",
