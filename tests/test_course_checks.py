@@ -306,12 +306,13 @@ def test_update_hands_policy_loss_its_settings_and_weighs_against_pi_old(monkeyp
                     clip_eps=0.05, shaping_gamma=0.5, offpolicy_credit=credit, tis_cap=2.0)
         assert seen, "update did not call policy_loss"
         assert all((c.get("clip_eps"), c.get("shaping_gamma"), c.get("offpolicy_credit")) == (0.05, 0.5, credit)
-                   for c in seen), "update must hand policy_loss the clip_eps, shaping_gamma and offpolicy_credit it was given"
+                   for c in seen), \
+            "update must hand policy_loss the clip_eps, shaping_gamma and offpolicy_credit it was given"
     for call in seen:
         on = call["response_mask"].bool() & ~call["offpolicy_mask"].bool()
         assert call.get("is_weight") is not None and torch.allclose(
             call["is_weight"][on].double(), torch.full((int(on.sum()),), 1.5, dtype=torch.float64)), \
-            "the TIS weight is exp(old_logp − sampler_logp) with the batch's old_logp (truncated_is_weight(old_logp, …))"
+            "the TIS weight is exp(old_logp − sampler_logp) with the batch's old_logp: truncated_is_weight(old_logp, …)"
 
 
 # ---------------------------------------------------------------------------------------------------

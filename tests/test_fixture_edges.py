@@ -128,7 +128,8 @@ EDGES = {
     "an unscored step and no step below τ": ("first_error", lambda c, ctx: None in c["scores"] and not any(
         s is not None and s < c["tau"] for s in c["scores"])),
     "a turn-end eos_id, finished": ("splice", _turn_end),
-    "a turn-end eos_id spelled in the suffix": ("splice", lambda c, ctx: _spelled_turn_end(c, ctx) and not c["finished"]),
+    "a turn-end eos_id spelled in the suffix": ("splice",
+                                                lambda c, ctx: _spelled_turn_end(c, ctx) and not c["finished"]),
     "the tokenizer's EOS text under a turn-end eos_id": (
         "splice", lambda c, ctx: c["eos_id"] not in (None, ctx["tokenizer"].eos_token_id)
         and ctx["tokenizer"].eos_token in c["suffix_text"]),
@@ -199,14 +200,15 @@ MUTANTS = {
         STEPS + "test_max_steps_merges_the_tail_into_the_last_step"),
     "no_single_newline_fallback": (
         "split_steps", "single newlines and no blank line",
-        [_edit("prm", "split_steps", '    if not seps:\n        seps = [i + 1 for i, ch in enumerate(text) if ch == "\\n"]\n',
-               "")],
+        [_edit("prm", "split_steps",
+               '    if not seps:\n        seps = [i + 1 for i, ch in enumerate(text) if ch == "\\n"]\n', "")],
         STEPS + "test_single_newlines_are_used_only_when_there_is_no_blank_line"),
     # problem 2
     "straddled_character_left_in_the_prefix": (
         "step_token_spans", "a straddle of a multi-byte character",
-        [_edit("prm", "step_token_spans", "        while start > starts[-1] and pending[start - 1]:\n            start -= 1"
-               "  # the token before ends inside a character that the straddling token finishes\n", "")],
+        [_edit("prm", "step_token_spans", "        while start > starts[-1] and pending[start - 1]:\n"
+               "            start -= 1  # the token before ends inside a character that the straddling token finishes\n",
+               "")],
         STEPS + "test_a_character_split_over_byte_tokens_is_never_cut"),
     "token_strings_read_as_text_unchecked": (
         "step_token_spans", "a tokenizer that is not byte-level",
@@ -237,10 +239,12 @@ MUTANTS = {
         "tests/test_prm.py::test_cut_point"),
     "the_longer_failure_picked_on_a_tie": (
         "first_error", "a tie in κ and prefix mean that length, then index, breaks",
-        [_edit("prm", "select_candidate", "lengths[i], i))", "-lengths[i], i))")], "tests/test_prm.py::test_select_candidate"),
+        [_edit("prm", "select_candidate", "lengths[i], i))", "-lengths[i], i))")],
+        "tests/test_prm.py::test_select_candidate"),
     "the_later_failure_picked_on_a_tie": (
         "first_error", "a tie in κ and prefix mean that length, then index, breaks",
-        [_edit("prm", "select_candidate", "lengths[i], i))", "lengths[i], -i))")], "tests/test_prm.py::test_select_candidate"),
+        [_edit("prm", "select_candidate", "lengths[i], i))", "lengths[i], -i))")],
+        "tests/test_prm.py::test_select_candidate"),
     # problem 4
     "the_tokenizers_eos_appended_not_eos_id": (
         "splice", "a turn-end eos_id, finished",
@@ -267,7 +271,8 @@ MUTANTS = {
     # problem 6
     "tie_break_counts_the_first_wrong_step": (
         "scope_step", "a tie that the first wrong step ranks the other way",
-        [_edit("prm", "select_failures", TIE_MEAN, "[mean_score(trajs[i].step_scores[:trajs[i].cut + 1]) for i in idx],")],
+        [_edit("prm", "select_failures", TIE_MEAN,
+               "[mean_score(trajs[i].step_scores[:trajs[i].cut + 1]) for i in idx],")],
         problems.TIE_ON_THE_PREFIX),
     "tie_break_on_the_whole_response": (
         "scope_step", "a tie that the whole response ranks the other way",
@@ -285,7 +290,8 @@ MUTANTS = {
     # problem 8
     "softmax_then_log": (
         "logprob_entropy", "float32 logits past ±100",
-        [_edit("grpo", "logprobs_and_entropy", LOG_SOFTMAX, "    logprobs_all = torch.log(torch.softmax(logits, dim=-1))")],
+        [_edit("grpo", "logprobs_and_entropy", LOG_SOFTMAX,
+               "    logprobs_all = torch.log(torch.softmax(logits, dim=-1))")],
         C + "test_logprobs_and_entropy_of_logits_past_100"),
     "exp_before_the_normalising_sum": (
         "logprob_entropy", "float32 logits past ±100",
@@ -372,7 +378,8 @@ def mutant(name):
             made = {}
             exec(compile(src, mod.__file__, "exec"), mod.__dict__, made)   # this file's own mutant text
             for m in list(sys.modules.values()):
-                if getattr(m, "__dict__", {}).get(function) is original and (getattr(m, "__file__", None) or "").startswith(ROOT):
+                mine = (getattr(m, "__file__", None) or "").startswith(ROOT)
+                if mine and getattr(m, "__dict__", {}).get(function) is original:
                     mp.setattr(m, function, made[function])
         yield
 
@@ -447,7 +454,8 @@ def _own_check_fails(node, request, tmp_path_factory) -> bool:
     grids = []
     for mark in getattr(fn, "pytestmark", []):
         if mark.name == "parametrize":
-            names = [n.strip() for n in mark.args[0].split(",")] if isinstance(mark.args[0], str) else list(mark.args[0])
+            names = mark.args[0]
+            names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
             grids.append([dict(zip(names, v if len(names) > 1 else (v,))) for v in mark.args[1]])
     for combo in itertools.product(*grids):
         with pytest.MonkeyPatch.context() as mp:

@@ -1,6 +1,7 @@
 """Held-out fixtures: per problem, inputs drawn from the teacher's seed (`make_<problem>`), the runner that
 calls the student's functions on one input (`run_<problem>`, also run by the graded process) and the
 comparison of outputs (`matches`)."""
+import functools
 import importlib
 import json
 import math
@@ -71,22 +72,18 @@ def word_tokenizer(words) -> str:
     return tok.to_str()
 
 
-_WRAPPED = {}
-
-
 def case_tokenizer(ctx, case):
     """The tokenizer a case runs with: its own (`case["tokenizer"]`, a `word_tokenizer` spec) or the held-out one."""
     spec = case.get("tokenizer")
-    if spec is None:
-        return ctx["tokenizer"]
-    if spec not in _WRAPPED:
-        from tokenizers import Tokenizer
-        from transformers import PreTrainedTokenizerFast
+    return ctx["tokenizer"] if spec is None else _word_tokenizer(spec)
 
-        _WRAPPED.clear()
-        _WRAPPED[spec] = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(spec), unk_token="[UNK]",
-                                                 eos_token="<eos>")
-    return _WRAPPED[spec]
+
+@functools.lru_cache(maxsize=2)
+def _word_tokenizer(spec: str):
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(spec), unk_token="[UNK]", eos_token="<eos>")
 
 
 def _t(rng, *shape, lo=-1.0, hi=1.0, dtype="float64"):
@@ -190,7 +187,8 @@ def make_step_token_spans(rng, ctx):
     wt = case_tokenizer({}, {"tokenizer": spec})
     ids = []
     for k, line in enumerate(lines):
-        ids += wt.convert_tokens_to_ids(["▁" + w for w in line] + ([rng.choice(["\n\n", "\n"])] if k < len(lines) - 1 else []))
+        sep = [rng.choice(["\n\n", "\n"])] if k < len(lines) - 1 else []
+        ids += wt.convert_tokens_to_ids(["▁" + w for w in line] + sep)
     ids.append(wt.eos_token_id)
     text = wt.decode(ids, skip_special_tokens=True)
     second = text.index(" ", text.index(" ") + 1)   # the space that starts the third word's piece
@@ -403,7 +401,8 @@ def run_scope_step(m, ctx, c):
     tok = ctx["tokenizer"]
     args = m.scope.Args(toy=True, mode=c["mode"], rectify_groups=c["rectify_groups"], merge=c["merge"], tau=c["tau"],
                         refine_attempts=c["attempts"], max_new_tokens=400, group_size=len(c["trajs"]) // c["n_groups"],
-                        prompts_per_step=c["n_groups"], adv_std=c["adv_std"], select_tiebreak=c.get("tiebreak", "length"))
+                        prompts_per_step=c["n_groups"], adv_std=c["adv_std"],
+                        select_tiebreak=c.get("tiebreak", "length"))
     trajs = [m.refine.Trajectory(**{k: (list(v) if isinstance(v, list) else v) for k, v in t.items()}) for t in c["trajs"]]
     prm = None if c["scores"] is None else FakePRM(c["scores"])   # None: --prm none
     m.prm.locate_first_errors(trajs, prm, tok, args.tau, args.mode, args.prm_reward_coef)
