@@ -281,8 +281,9 @@ def test_update_hands_policy_loss_a_detached_old_logp(monkeypatch):
 
 def test_update_hands_policy_loss_its_settings_and_weighs_against_pi_old(monkeypatch):
     """update passes on the clip ε, the shaping γ and the credit it is given (none the default), and the TIS weight
-    of a policy token is exp(π_old − π_sampler) with the batch's π_old: π_old = −3 and π_sampler = −3 − ln 1.5 on
-    every token, so 1.5 (this forward's log-probs, ≈ −ln 32, are not π_old when the batch brings one)."""
+    of a policy token is min(exp(π_old − π_sampler), tis_cap) with the batch's π_old: π_old = −3 and π_sampler =
+    −3 − ln 1.5 on every token, so min(1.5, 1.4) = 1.4 (this forward's log-probs, ≈ −ln 32, are not π_old when the
+    batch brings one: they would give ≈ 0.94)."""
     import inspect
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
@@ -303,7 +304,7 @@ def test_update_hands_policy_loss_its_settings_and_weighs_against_pi_old(monkeyp
     for credit in ("shaped", "unit"):
         seen.clear()
         grpo.update(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, micro_batch_size=2, max_new_tokens=4,
-                    clip_eps=0.05, shaping_gamma=0.5, offpolicy_credit=credit, tis_cap=2.0)
+                    clip_eps=0.05, shaping_gamma=0.5, offpolicy_credit=credit, tis_cap=1.4)
         assert seen, "update did not call policy_loss"
         assert all((c.get("clip_eps"), c.get("shaping_gamma"), c.get("offpolicy_credit")) == (0.05, 0.5, credit)
                    for c in seen), \
@@ -311,8 +312,9 @@ def test_update_hands_policy_loss_its_settings_and_weighs_against_pi_old(monkeyp
     for call in seen:
         on = call["response_mask"].bool() & ~call["offpolicy_mask"].bool()
         assert call.get("is_weight") is not None and torch.allclose(
-            call["is_weight"][on].double(), torch.full((int(on.sum()),), 1.5, dtype=torch.float64)), \
-            "the TIS weight is exp(old_logp − sampler_logp) with the batch's old_logp: truncated_is_weight(old_logp, …)"
+            call["is_weight"][on].double(), torch.full((int(on.sum()),), 1.4, dtype=torch.float64)), \
+            "the TIS weight is min(exp(old_logp − sampler_logp), tis_cap) with the batch's old_logp and the cap given: " \
+            "truncated_is_weight(old_logp, part, tis_cap)"
 
 
 # ---------------------------------------------------------------------------------------------------

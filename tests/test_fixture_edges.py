@@ -105,6 +105,15 @@ def _length_then_index_tie(c, ctx):
     return len(short) >= 2 and c["lengths"][tied[0]] > c["lengths"][short[0]]
 
 
+def _binding_cap(c, ctx):
+    """Sampler log-probs under a cap other than 2 that binds on some policy tokens and not on others."""
+    cap, b = c["kw"].get("tis_cap", 0.0), c["batch"]
+    if not cap or cap == 2.0 or "sampler_logp" not in b:
+        return False
+    w = (b.get("old_logp", b["sampler_logp"]) - b["sampler_logp"]).exp()[grpo.tis_tokens(b)]
+    return bool((w > cap).any() and ((w < cap) & (w > 1)).any())
+
+
 def _index_tiebreak(c, ctx):
     return c.get("tiebreak") == "index" and c["mode"] == "scope"
 
@@ -162,6 +171,7 @@ EDGES = {
         "update", lambda c, ctx: c["kw"].get("offpolicy_credit", "shaped") == "unit"
         and bool(c["batch"]["offpolicy_mask"].any())),
     "update: old_logp with sampler_logp": ("update", lambda c, ctx: {"old_logp", "sampler_logp"} <= set(c["batch"])),
+    "update: a TIS cap other than 2 that binds on some tokens": ("update", _binding_cap),
 }
 
 
@@ -354,6 +364,10 @@ MUTANTS = {
         "update", "update: old_logp with sampler_logp",
         [_edit("grpo", "update", "truncated_is_weight(old_logp, part, tis_cap)",
                "truncated_is_weight(logp.detach(), part, tis_cap)")], SETTINGS),
+    "tis_cap_not_passed_on": (
+        "update", "update: a TIS cap other than 2 that binds on some tokens",
+        [_edit("grpo", "update", "truncated_is_weight(old_logp, part, tis_cap)", "truncated_is_weight(old_logp, part, 2.0)")],
+        SETTINGS),
     "update_ignores_the_batchs_old_logp": (
         "update", "update: a clip ε other than 0.2 with π_old",
         [_edit("grpo", "update", 'old_logp = part.get("old_logp", logp.detach())', "old_logp = logp.detach()")],

@@ -576,6 +576,7 @@ def run_policy_loss(m, ctx, c):
 
 def make_update(rng, ctx):
     import grpo
+    import torch
 
     cases = []
     for k in range(6):
@@ -588,6 +589,8 @@ def make_update(rng, ctx):
             masks[0], adv[0] = [0] * len(masks[0]), 0.5 + abs(adv[0])
         if k in (3, 5):   # a refiner token, where γ and the credit act
             masks[0][0] = 1
+        if k == 4:   # row 1 with a policy token and |A| ≥ 0.5: where the TIS cap binds
+            masks[1][0], adv[1] = 0, -0.5 - abs(adv[1])
         batch = grpo.build_batch(prompts, responses, masks, adv, 0)
         seed, shape = rng.randrange(2**31), batch["input_ids"].shape
         if k in (1, 4):   # several optimizer steps on one rollout batch: π_old stale by ρ = 1.1 on every token
@@ -595,8 +598,10 @@ def make_update(rng, ctx):
         if k == 2:
             batch["ref_logp"] = batch["response_mask"] * (-4.0 + 0.5 * _t(rng, *shape, dtype="float32"))
         if k == 4:   # vLLM rollouts: the sampler's log-probs (one unknown), weighted by the truncated IS weight
-            # min(exp(π_old − π_sampler), cap) = 1.3 (against this forward's π it would be 1.43)
-            batch["sampler_logp"] = batch["response_mask"] * (batch["old_logp"] - math.log(1.3))
+            # w = min(exp(π_old − π_sampler), cap 1.5): 1.3 on even rows (against this forward's π it would be 1.43),
+            # the cap on odd rows (exp gives 1.6)
+            gap = torch.tensor([math.log(1.3) if i % 2 == 0 else math.log(1.6) for i in range(n)]).unsqueeze(1)
+            batch["sampler_logp"] = batch["response_mask"] * (batch["old_logp"] - gap)
             batch["sampler_mask"] = batch["response_mask"].clone()
             batch["sampler_mask"][0, batch["sampler_mask"][0].nonzero()[0]] = 0
         # settings other than the defaults: ε = 0.05 (ρ = 1.1 clips at it, not at 0.2), γ = 0.5, unit credit
@@ -604,7 +609,7 @@ def make_update(rng, ctx):
                       "kw": {"loss_agg": rng.choice(["constant", "token-mean"]), "max_new_tokens": 8,
                              "kl_coef": 0.1 if k == 2 else 0.0, "entropy_coef": 0.01 if k == 3 else 0.0,
                              "clip_eps": 0.05 if k == 1 else 0.2, "max_grad_norm": 1.0,
-                             **({"tis_cap": 2.0} if k == 4 else {}), **({"shaping_gamma": 0.5} if k == 3 else {}),
+                             **({"tis_cap": 1.5} if k == 4 else {}), **({"shaping_gamma": 0.5} if k == 3 else {}),
                              **({"offpolicy_credit": "unit"} if k == 5 else {})}})
     # without old_logp (ρ = 1 where the gradient is taken, no clip binds): once with the student's own
     # clipped_surrogate (an update and a surrogate that both leave π_old attached to logp's graph train nothing)
