@@ -68,6 +68,34 @@ def test_splice_a_spelled_eos_ends_the_suffix_even_when_the_refiner_ran_on():
     assert mask == [0, 0] + [1] * (len(head) + 1)
 
 
+def test_splice_ends_with_the_end_id_it_is_given():
+    """`eos_id` is the id that ends the policy's turn, here <|im_end|> (id 2), not the tokenizer's EOS
+    <|endoftext|> (id 0): a finished suffix ends with id 2, the spelled "<|im_end|>" ends the suffix, and the
+    spelled "<|endoftext|>" is plain text like any other."""
+    tok = make_bpe_tokenizer()
+    end = tok.convert_tokens_to_ids("<|im_end|>")
+    assert (end, tok.eos_token_id) == (2, 0)
+    head = tok("so x = 3", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids, _ = splice([5, 6], "so x = 3", tok, max_new_tokens=100, eos_id=end, finished=True)
+    assert ids == [5, 6] + head + [2], "a finished suffix ends with the eos_id it is given, not tokenizer.eos_token_id"
+    ids, _ = splice([5, 6], "so x = 3<|im_end|> more", tok, max_new_tokens=100, eos_id=end, finished=False)
+    assert ids == [5, 6] + head + [2], "the spelled end of the turn is eos_id's text, tokenizer.decode([eos_id])"
+    ids, _ = splice([5, 6], "so x = 3<|endoftext|>", tok, max_new_tokens=100, eos_id=end, finished=True)
+    assert ids[-1] == 2 and 0 not in ids and tok.decode(ids[2:-1]) == "so x = 3<|endoftext|>", \
+        "with eos_id <|im_end|>, the text <|endoftext|> ends nothing: it stays plain text"
+
+
+def test_splice_without_an_end_id_adds_and_cuts_nothing():
+    """eos_id None (a policy whose turn has no end token): a finished suffix gets no end id (never a None in
+    the ids), and no text ends the suffix (the empty string is in every text)."""
+    tok = make_bpe_tokenizer()
+    head = tok("so x = 3<|endoftext|> y", add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    ids, mask = splice([5, 6], "so x = 3<|endoftext|> y", tok, max_new_tokens=100, eos_id=None, finished=True)
+    assert None not in ids, "eos_id None appended: with no end id, nothing is appended"
+    assert ids == [5, 6] + head and mask == [0, 0] + [1] * len(head), \
+        "eos_id None: the whole suffix as plain text, nothing cut and nothing appended"
+
+
 # ---------------------------------------------------------------------------------------------------
 # problem 5: group_advantages
 # ---------------------------------------------------------------------------------------------------
@@ -91,6 +119,32 @@ def test_logprobs_are_normalised_over_the_vocabulary():
         f"log π {logp.tolist()}: normalise over the vocabulary, the last dimension (log_softmax(dim=-1))"
     h = [-sum(p * LN(p) for p in ps) for ps in ((1 / 8, 2 / 8, 5 / 8), (3 / 5, 1 / 5, 1 / 5))]
     assert torch.allclose(ent, torch.tensor([h], dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype, big", [(torch.float32, 150.0), (torch.float64, 1000.0)])
+def test_logprobs_and_entropy_of_logits_past_100(dtype, big):
+    """Logits [0, big, −big] (big = 150 in float32, 1000 in float64: exp overflows past 88 and 709 and underflows
+    below −103 and −745): π ≈ [e^−big, 1, e^−2big], so log π = [−big, 0, −2big] and H = 0 to the dtype's precision.
+    softmax then log gives log 0 = −inf (and H = 0·(−inf) = NaN); exp before the normalising sum gives inf/inf."""
+    logits = torch.tensor([[[0.0, big, -big]] * 3], dtype=dtype, requires_grad=True)
+    logp, ent = logprobs_and_entropy(logits, torch.tensor([[0, 1, 2]]), entropy_grad=True)
+    assert torch.isfinite(logp).all() and torch.isfinite(ent).all(), \
+        f"log π {logp.tolist()}, H {ent.tolist()}: use log_softmax, which subtracts the largest logit first"
+    assert torch.allclose(logp.detach(), torch.tensor([[-big, 0.0, -2 * big]], dtype=dtype))
+    assert torch.allclose(ent.detach(), torch.zeros(1, 3, dtype=dtype), atol=1e-6)
+    (logp.sum() + ent.sum()).backward()
+    assert torch.isfinite(logits.grad).all()
+
+
+def test_float64_logits_keep_float64_precision():
+    """float64 logits [1e5, 1e5 + 0.004]: π = [1/(1 + e^0.004), 1/(1 + e^−0.004)], log π = [−0.695149180558612,
+    −0.691149180558612]. In float32 both logits round to 1e5 (its spacing there is 2^−7 ≈ 0.0078): log π = −ln 2
+    twice, off by 2e−3."""
+    logits = torch.tensor([[[1e5, 1e5 + 0.004]] * 2], dtype=torch.float64)
+    logp, _ = logprobs_and_entropy(logits, torch.tensor([[0, 1]]))
+    assert logp.dtype == torch.float64, "float64 logits give float64 log-probs"
+    assert torch.allclose(logp, torch.tensor([[-0.695149180558612, -0.691149180558612]], dtype=torch.float64),
+                          rtol=1e-9, atol=0), f"log π {logp.tolist()}: compute in float64, not float32 cast back"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -155,6 +209,22 @@ def test_clipped_surrogate_leaves_old_logp_out_of_the_gradient():
 
 
 # ---------------------------------------------------------------------------------------------------
+# problem 10: shaped_offpolicy_loss
+# ---------------------------------------------------------------------------------------------------
+def test_shaped_offpolicy_loss_at_the_gamma_it_is_given():
+    """γ = 0.5, not the default 0.1: f(0.5) = 0.5 / 1.0 = 0.5, f(0.25) = 0.25 / 0.75 = 1/3; A = 2, so the loss is
+    [−1, −2/3] and the gradient −A·γπ/(π+γ)² = [−0.5, −4/9]."""
+    logp = torch.tensor([[LN(0.5), LN(0.25)]], dtype=torch.float64, requires_grad=True)
+    loss, shaped = grpo.shaped_offpolicy_loss(logp, torch.tensor([2.0], dtype=torch.float64), torch.ones(1, 2),
+                                              shaping_gamma=0.5)
+    assert torch.allclose(shaped.detach(), torch.tensor([[0.5, 1 / 3]], dtype=torch.float64)), \
+        f"f(π) {shaped.tolist()}: f(π) = π / (π + shaping_gamma), with the γ given"
+    assert torch.allclose(loss.detach(), torch.tensor([[-1.0, -2 / 3]], dtype=torch.float64))
+    loss.sum().backward()
+    assert torch.allclose(logp.grad, torch.tensor([[-0.5, -4 / 9]], dtype=torch.float64))
+
+
+# ---------------------------------------------------------------------------------------------------
 # problem 11: policy_loss (the same mistake seen one level up)
 # ---------------------------------------------------------------------------------------------------
 def test_policy_loss_junk_outside_the_response_gives_a_finite_gradient():
@@ -169,6 +239,19 @@ def test_policy_loss_junk_outside_the_response_gives_a_finite_gradient():
     loss.backward()
     assert torch.isfinite(logp.grad).all()
     assert torch.allclose(logp.grad, torch.tensor([[0.0, -1 / 6, 0.0], [0.0, 0.0, 0.0]], dtype=torch.float64))
+
+
+def test_policy_loss_uses_the_clip_and_the_shaping_it_is_given():
+    """One row, A = 1, Z = 1 × 3 (constant), clip_eps = 0.1 and shaping_gamma = 0.5 (neither the default):
+    token 0 the policy's with ρ = 1: −1; token 1 the policy's with ρ = 0.575 / 0.5 = 1.15 > 1.1: clipped, −1.1;
+    token 2 the refiner's, π = 0.5: −0.5 / (0.5 + 0.5) = −0.5. L = −2.6 / 3 (at the defaults: −2.9833 / 3)."""
+    logp = torch.tensor([[LN(0.5), LN(0.575), LN(0.5)]], dtype=torch.float64, requires_grad=True)
+    old = torch.tensor([[LN(0.5), LN(0.5), float("nan")]], dtype=torch.float64)
+    loss, terms = policy_loss(logp, old, torch.tensor([1.0], dtype=torch.float64), torch.ones(1, 3, dtype=torch.long),
+                              torch.tensor([[0, 0, 1]]), clip_eps=0.1, shaping_gamma=0.5, max_new_tokens=3)
+    assert abs(loss.item() + 2.6 / 3) < 1e-12, \
+        f"loss {loss.item():.6f}, expected {-2.6 / 3:.6f}: pass clip_eps and shaping_gamma on to the two terms"
+    assert terms["clipped"].tolist() == [[False, True, False]]
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -194,6 +277,44 @@ def test_update_hands_policy_loss_a_detached_old_logp(monkeypatch):
     grpo.update(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, micro_batch_size=1, max_new_tokens=4)
     assert seen, "update did not call policy_loss"
     assert not any(seen), "update passed policy_loss an old_logp that requires grad: use logp.detach()"
+
+
+def test_update_hands_policy_loss_its_settings_and_weighs_against_pi_old(monkeypatch):
+    """update passes on the clip ε, the shaping γ and the credit it is given (none the default), and the TIS weight
+    of a policy token is min(exp(π_old − π_sampler), tis_cap) with the batch's π_old: π_old = −3 and π_sampler =
+    −3 − ln 1.5 on every token, so min(1.5, 1.4) = 1.4 (this forward's log-probs, ≈ −ln 32, are not π_old when the
+    batch brings one: they would give ≈ 0.94)."""
+    import inspect
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    seen, real = [], grpo.policy_loss
+
+    def spy(*args, **kwargs):
+        seen.append(inspect.signature(real).bind(*args, **kwargs).arguments)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(grpo, "policy_loss", spy)
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                                         bos_token_id=None, eos_token_id=1, pad_token_id=0))
+    batch = grpo.build_batch([[3, 4], [5]], [[6, 7, 8], [9, 10]], [[0, 0, 1], None], [0.5, -0.5], 0)
+    resp = batch["response_mask"]
+    batch.update(old_logp=resp * -3.0, sampler_logp=resp * (-3.0 - LN(1.5)), sampler_mask=resp.clone())
+    for credit in ("shaped", "unit"):
+        seen.clear()
+        grpo.update(model, torch.optim.SGD(model.parameters(), lr=0.1), batch, micro_batch_size=2, max_new_tokens=4,
+                    clip_eps=0.05, shaping_gamma=0.5, offpolicy_credit=credit, tis_cap=1.4)
+        assert seen, "update did not call policy_loss"
+        assert all((c.get("clip_eps"), c.get("shaping_gamma"), c.get("offpolicy_credit")) == (0.05, 0.5, credit)
+                   for c in seen), \
+            "update must hand policy_loss the clip_eps, shaping_gamma and offpolicy_credit it was given"
+    for call in seen:
+        on = call["response_mask"].bool() & ~call["offpolicy_mask"].bool()
+        assert call.get("is_weight") is not None and torch.allclose(
+            call["is_weight"][on].double(), torch.full((int(on.sum()),), 1.4, dtype=torch.float64)), \
+            "the TIS weight is min(exp(old_logp − sampler_logp), tis_cap) with the batch's old_logp and the cap given: " \
+            "truncated_is_weight(old_logp, part, tis_cap)"
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -270,16 +391,41 @@ def test_select_failures_one_pick_per_eligible_group():
 
 def test_select_failures_breaks_a_tie_on_the_kept_prefix_not_the_whole_response():
     """Two failures of one group cut at step 2 of 4 (κ = 1/2 each, the same length). a kept steps scored
-    [0.95, 0.95], b [0.8, 0.8]; after the cut a scores [0.1, 0.1] and b [0.2, 0.99], so over the whole response b
-    has the higher mean (0.70 against 0.53). The tie-break is the kept prefix's mean: a (index 0)."""
+    [0.95, 0.95], b [0.8, 0.8]; after the cut a scores [0.0, 0.1] and b [0.45, 0.99], so over the whole response b
+    has the higher mean (0.76 against 0.5), and so it has with the first wrong step counted (0.683 against 0.633).
+    The tie-break is the mean of the kept prefix, the steps before the cut: a (index 0)."""
     def failure(scores):
         return Trajectory(question="q", answer="1", group=0, prompt_ids=[1], response_ids=list(range(20)),
                           text="x", steps=["s"] * 4, step_scores=scores, cut=2, keep_ratio=0.5, prefix_len=9,
                           keep_ratio_tokens=0.45)
 
-    trajs = [failure([0.95, 0.95, 0.1, 0.1]), failure([0.8, 0.8, 0.2, 0.99])]
+    trajs = [failure([0.95, 0.95, 0.0, 0.1]), failure([0.8, 0.8, 0.45, 0.99])]
     assert select_failures(trajs, [0]) == [(0, 9)], "ties in κ go to the higher mean PRM score of the KEPT prefix"
     assert select_failures(trajs[::-1], [0]) == [(1, 9)]
+
+
+def test_select_failures_passes_the_index_tie_break():
+    """Two failures tied in κ = 1/2 and in the kept prefix's mean (0.9), the first 30 tokens long, the second 10:
+    tiebreak "length" (the default) picks the shorter (index 1), tiebreak "index" the first (index 0)."""
+    def failure(n_tokens):
+        return Trajectory(question="q", answer="1", group=0, prompt_ids=[1], response_ids=list(range(n_tokens)),
+                          text="x", steps=["s"] * 4, step_scores=[0.9, 0.9, 0.1, 0.1], cut=2, keep_ratio=0.5,
+                          prefix_len=4, keep_ratio_tokens=0.2)
+
+    trajs = [failure(30), failure(10)]
+    assert select_failures(trajs, [0], "scope", "any", "length") == [(1, 4)]
+    assert select_failures(trajs, [0], "scope", "any", "index") == [(0, 4)], \
+        "select_failures must pass its tiebreak on to select_candidate"
+
+
+def test_locate_first_errors_without_a_prm_scores_nothing():
+    """--prm none (mode grpo): no PRM, so no failure is split, scored or cut, and select_failures picks nothing."""
+    tok = make_char_tokenizer()
+    trajs, _, args = step_world(tok, mode="grpo")
+    locate_first_errors(trajs, None, tok, args.tau, args.mode, args.prm_reward_coef)
+    assert all(t.steps is None and t.step_scores is None and t.cut is None and t.prefix_len is None for t in trajs), \
+        "without a PRM (prm is None) nothing is scored"
+    assert select_failures(trajs, range(2), args.mode, args.rectify_groups, args.select_tiebreak) == []
 
 
 def test_repair_keeps_the_prefix_ids_and_survives_a_stopped_refiner():

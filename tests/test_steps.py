@@ -88,6 +88,10 @@ def test_max_steps_merges_the_tail_into_the_last_step():
     assert capped[:4] == paras[:4] and capped[4] == "".join(paras[4:])
     assert len(split_steps(text)) == 40  # the default cap
     assert split_steps(text, max_steps=1) == [text]
+    # the cap counts steps, after the short pieces merged: "a" and "b" (1 character < 8) join the pieces after
+    # them, giving 3 steps, of which the last two join (capping the 5 pieces first would leave 1 step)
+    short = "a\n\nParagraph one.\n\nb\n\nParagraph two.\n\nParagraph three.\n\n"
+    assert split_steps(short, max_steps=2) == ["a\n\nParagraph one.\n\n", "b\n\nParagraph two.\n\nParagraph three.\n\n"]
 
 
 def test_bad_arguments_are_rejected():

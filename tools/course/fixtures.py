@@ -1,6 +1,7 @@
 """Held-out fixtures: per problem, inputs drawn from the teacher's seed (`make_<problem>`), the runner that
 calls the student's functions on one input (`run_<problem>`, also run by the graded process) and the
 comparison of outputs (`matches`)."""
+import functools
 import importlib
 import json
 import math
@@ -25,25 +26,64 @@ def _text(rng: random.Random, pieces: int) -> str:
     return "".join(_sentence(rng, rng.randint(1, 6)) + rng.choice(SEPS) for _ in range(pieces)).rstrip(" ")
 
 
+SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]   # EOS, and the chat turn's start and end
+# a byte-level token that finishes "ï" (bytes C3 AF: "Ã" "¯") and runs on into "ve": a step cut after "ï" falls
+# inside it, and the "Ã" byte token before it ends inside that character (problem 2's straddle)
+STRADDLE, LEAD = "¯ve", "Ã"
+
+
 def held_out_tokenizer(rng: random.Random):
-    """A byte-level BPE (the Qwen2.5 scheme) trained on a corpus drawn from the teacher's seed."""
+    """A byte-level BPE (the Qwen2.5 scheme) trained on a corpus drawn from the teacher's seed, with a turn-end
+    special token and the straddling token `STRADDLE` (added when training did not merge it: a policy can
+    sample any id of its vocabulary, whether or not encoding text ever gives it)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(vocab_size=rng.randint(280, 360), special_tokens=["<|endoftext|>", "<|im_start|>"],
-                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    trainer = trainers.BpeTrainer(vocab_size=rng.randint(280, 360), special_tokens=SPECIALS,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
     tok.train_from_iterator([_text(rng, 4) for _ in range(200)], trainer=trainer)
-    return tok.to_str()
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    if STRADDLE not in vocab:
+        vocab[STRADDLE] = 1 + max(list(vocab.values()) + [t["id"] for t in spec["added_tokens"]])
+    return json.dumps(spec, ensure_ascii=False)
 
 
 def wrap_tokenizer(spec: str):
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(spec), eos_token="<|endoftext|>",
-                                   pad_token="<|endoftext|>", additional_special_tokens=["<|im_start|>"])
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(spec), eos_token=SPECIALS[0],
+                                   pad_token=SPECIALS[0], additional_special_tokens=SPECIALS[1:])
+
+
+def word_tokenizer(words) -> str:
+    """A tokenizer that is not byte-level: SentencePiece-style "▁word" pieces (a word-level vocabulary, the
+    Metaspace decoder), whose token strings are not their text. `words`: the pieces' words; "\n" and "\n\n"
+    are pieces too. Its spec, for `case_tokenizer`."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    pieces = ["\n", "\n\n"] + sorted({"▁" + w for w in words})
+    vocab = {"[UNK]": 0, "<eos>": 1, **{p: i + 2 for i, p in enumerate(pieces)}}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer, tok.decoder = pre_tokenizers.Metaspace(), decoders.Metaspace()
+    return tok.to_str()
+
+
+def case_tokenizer(ctx, case):
+    """The tokenizer a case runs with: its own (`case["tokenizer"]`, a `word_tokenizer` spec) or the held-out one."""
+    spec = case.get("tokenizer")
+    return ctx["tokenizer"] if spec is None else _word_tokenizer(spec)
+
+
+@functools.lru_cache(maxsize=2)
+def _word_tokenizer(spec: str):
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(spec), unk_token="[UNK]", eos_token="<eos>")
 
 
 def _t(rng, *shape, lo=-1.0, hi=1.0, dtype="float64"):
@@ -97,6 +137,17 @@ def make_split_steps(rng, ctx):
     cases += [{"text": "\n".join(lines), "min_chars": 0, "max_steps": 40},
               {"text": " ".join(lines), "min_chars": 0, "max_steps": 40},
               {"text": "", "min_chars": rng.choice([0, 8]), "max_steps": 40}]
+    # more steps than max_steps: the tail joins the last step; one step over, and several over with short
+    # pieces that merge first (so cutting the pieces, not the steps, to max_steps is wrong)
+    for extra, short in ((1, False), (rng.randint(3, 5), True)):
+        m = rng.randint(2, 4)
+        pieces = ["Then we " + _sentence(rng, rng.randint(3, 5)) + rng.choice(["\n\n", "\r\n\r\n", "\n \t\n"])
+                  for _ in range(m + extra)]   # at least 8 non-space characters each
+        if short:   # fewer than 8 non-space characters: each merges into the piece after it
+            for k in (rng.randrange(m - 1), rng.randrange(m - 1, m + extra - 1)):   # one among the first m - 1
+                pieces[k] = rng.choice(["x\n\n", "so\n\n", "12\n\n"])
+            pieces += ["Then we " + _sentence(rng, 3) + "\n\n" for _ in range(2)]
+        cases.append({"text": "".join(pieces).rstrip(), "min_chars": 8 if short else 0, "max_steps": m})
     return cases
 
 
@@ -121,11 +172,34 @@ def make_step_token_spans(rng, ctx):
     text = tok.decode(tok.encode("\n\n".join(_sentence(rng, rng.randint(2, 5)) for _ in range(4)) + "\n",
                                  add_special_tokens=False), skip_special_tokens=True)
     cases.append({"ids": tok.encode(text, add_special_tokens=False), "steps": prm.split_steps(text, min_chars=0)})
+    # a character split over byte tokens at a step's end: "Ã" holds the first byte of "ï", `STRADDLE` finishes it
+    # and runs on into the next step, so both belong to the later step
+    head = tok.encode(_sentence(rng, rng.randint(1, 4)) + " na", add_special_tokens=False)
+    tail = tok.encode(" " + _sentence(rng, rng.randint(1, 4)), add_special_tokens=False)
+    ids = head + tok.convert_tokens_to_ids([LEAD, STRADDLE]) + tail + [tok.eos_token_id] * rng.randint(0, 1)
+    text = tok.decode(ids, skip_special_tokens=True)
+    cut = len(tok.decode(head)) + 1   # right after "ï"
+    cases.append({"ids": ids, "steps": [text[:cut], text[cut:]]})
+    # a tokenizer that is not byte-level ("▁word" pieces): split steps, and cuts inside a piece and after its space
+    words = [w for w in WORDS if " " not in w]
+    lines = [[rng.choice(words) for _ in range(rng.randint(2, 4))] for _ in range(rng.randint(3, 4))]
+    spec = word_tokenizer(w for line in lines for w in line)
+    wt = case_tokenizer({}, {"tokenizer": spec})
+    ids = []
+    for k, line in enumerate(lines):
+        sep = [rng.choice(["\n\n", "\n"])] if k < len(lines) - 1 else []
+        ids += wt.convert_tokens_to_ids(["▁" + w for w in line] + sep)
+    ids.append(wt.eos_token_id)
+    text = wt.decode(ids, skip_special_tokens=True)
+    second = text.index(" ", text.index(" ") + 1)   # the space that starts the third word's piece
+    cases.append({"ids": ids, "steps": prm.split_steps(text, min_chars=0), "tokenizer": spec})
+    cases.append({"ids": ids, "steps": [text[:second + 1], text[second + 1:second + 2], text[second + 2:]],
+                  "tokenizer": spec})
     return cases
 
 
 def run_step_token_spans(m, ctx, c):
-    return [tuple(s) for s in m.prm.step_token_spans(c["ids"], c["steps"], ctx["tokenizer"])]
+    return [tuple(s) for s in m.prm.step_token_spans(c["ids"], c["steps"], case_tokenizer(ctx, c))]
 
 
 def make_first_error(rng, ctx):
@@ -155,6 +229,11 @@ def make_first_error(rng, ctx):
                        + good(rng.randint(0, 2)),
                        "none_no_error": good(rng.randint(1, 3)) + [None] + good(rng.randint(1, 3))}[kind]
         cases.append(c)
+    # the pick's tie-breaks: the best κ and prefix mean three times, the longest first, then two of one length
+    # (the shorter wins, then the earlier), and a worse failure last
+    k, mean, n = rng.choice([0.25, 0.5, 0.75]), rng.choice([0.6, 0.9]), rng.randint(5, 9)
+    cases.append(dict(cases[rng.randrange(len(cases))], kappas=[k, k, k, k - 0.25], means=[mean, mean, mean, 1.0],
+                      lengths=[n + rng.randint(1, 5), n, n, 1]))
     return cases
 
 
@@ -167,23 +246,36 @@ def run_first_error(m, ctx, c):
 
 def make_splice(rng, ctx):
     tok, cases = ctx["tokenizer"], []
-    eos = tok.decode([tok.eos_token_id])
+    eos, turn_end = tok.eos_token_id, tok.convert_tokens_to_ids(SPECIALS[2])
+    eos_text, end_text = tok.decode([eos]), SPECIALS[2]
     for k in range(12):
         prefix = tok.encode(_text(rng, 2), add_special_tokens=False)
-        suffix = _text(rng, rng.randint(1, 3)) + rng.choice(["", "", eos + " tail", " <|im_start|> x"])
+        suffix = _text(rng, rng.randint(1, 3)) + rng.choice(["", "", eos_text + " tail", " <|im_start|> x"])
         cases.append({"prefix_ids": prefix, "suffix_text": suffix, "finished": rng.random() < 0.7,
-                      "max_new_tokens": len(prefix) + rng.choice([2, 6, 40, 400])})
+                      "max_new_tokens": len(prefix) + rng.choice([2, 6, 40, 400]),
+                      "eos_id": rng.choice([eos, eos, turn_end, None])})
     for room in (0, 0, 1):   # finished suffixes exactly the budget long (no room for EOS) and one token shorter
         prefix = tok.encode(_text(rng, 2), add_special_tokens=False)
         suffix = _text(rng, rng.randint(1, 3))
         n = len(tok(suffix, add_special_tokens=False, split_special_tokens=True)["input_ids"])
         cases.append({"prefix_ids": prefix, "suffix_text": suffix, "finished": True,
-                      "max_new_tokens": len(prefix) + n + room})
+                      "max_new_tokens": len(prefix) + n + room, "eos_id": eos})
     for _ in range(2):   # the refiner spelled out EOS but did not stop by itself: its text ends there, with EOS
         prefix = tok.encode(_text(rng, 2), add_special_tokens=False)
-        cases.append({"prefix_ids": prefix, "suffix_text": _text(rng, 2) + eos + " tail", "finished": False,
-                      "max_new_tokens": len(prefix) + 400})
-    cases += [_seam_case(rng, tok, merged) for merged in (False, False, True, True)]
+        cases.append({"prefix_ids": prefix, "suffix_text": _text(rng, 2) + eos_text + " tail", "finished": False,
+                      "max_new_tokens": len(prefix) + 400, "eos_id": eos})
+    # the turn's end is not the tokenizer's EOS (a chat model's <|im_end|>): it is what ends the suffix, spelled
+    # or appended, and the tokenizer's EOS text is plain text; no end id at all (eos_id None): nothing is
+    # appended and no text ends the suffix
+    for eos_id, suffix, finished in ((turn_end, _text(rng, 2), True),
+                                     (turn_end, _text(rng, 2) + end_text + " tail", False),
+                                     (turn_end, _text(rng, 1) + eos_text + " " + _text(rng, 1), True),
+                                     (None, _text(rng, 2), True),
+                                     (None, _text(rng, 1) + eos_text + " " + _text(rng, 1), True)):
+        prefix = tok.encode(_text(rng, 2), add_special_tokens=False)
+        cases.append({"prefix_ids": prefix, "suffix_text": suffix, "finished": finished,
+                      "max_new_tokens": len(prefix) + 400, "eos_id": eos_id})
+    cases += [dict(_seam_case(rng, tok, merged), eos_id=eos) for merged in (False, False, True, True)]
     return cases
 
 
@@ -213,7 +305,7 @@ def _seam_case(rng, tok, merged: bool) -> dict:
 def run_splice(m, ctx, c):
     tok = ctx["tokenizer"]
     return m.refine.splice(c["prefix_ids"], c["suffix_text"], tok, max_new_tokens=c["max_new_tokens"],
-                           eos_id=tok.eos_token_id, finished=c["finished"])
+                           eos_id=c["eos_id"], finished=c["finished"])
 
 
 def make_group_advantages(rng, ctx):
@@ -263,28 +355,43 @@ def make_scope_step(rng, ctx):
                       "rectify_groups": rng.choice(["any", "all-fail"]), "merge": rng.choice(["replace", "append"]),
                       "tau": rng.choice([0.5, 0.7]), "attempts": rng.choice([1, 2, 3]),
                       "adv_std": rng.random() < 0.3})
+    # a tie in κ (the cut at step 2 of 4) whose kept prefixes rank one way, and both the whole responses and the
+    # kept prefixes with the first wrong step counted the other: a keeps [0.95, 0.95] then scores [0.0, 0.1], b keeps
+    # [0.8, 0.8] then [0.45, 0.99]. The pick is a (prefix mean 0.95 > 0.8); with the first wrong step b (0.68 >
+    # 0.63), over the whole response b (0.76 > 0.5)
     for c in cases[4:6]:
-        _tie_after_the_cut(rng, tok, c)
+        _tie_in_group_0(rng, tok, c, [0.95, 0.95, 0.0, 0.1], [0.8, 0.8, 0.45, 0.99])
+        c["tau"] = rng.choice([0.5, 0.7])
+    # tiebreak "index": a tie in κ and in the prefix mean, the first failure the longer one (the default
+    # tie-break picks the second, "index" the first)
+    c = dict(cases[6], trajs=[dict(t) for t in cases[6]["trajs"]], scores=dict(cases[6]["scores"]),
+             tiebreak="index")
+    _tie_in_group_0(rng, tok, c, [0.9, 0.9, 0.1, 0.1], [0.9, 0.9, 0.1, 0.1], longer_first=True)
+    cases.append(c)
+    # no PRM (--prm none, mode grpo): nothing is scored, located or picked
+    cases.append(dict(cases[2], trajs=[dict(t) for t in cases[2]["trajs"]], scores=None, mode="grpo"))
     return cases
 
 
-def _tie_after_the_cut(rng, tok, case) -> None:
-    """Make group 0 of `case` a tie in κ with the cut at step 2 of 4 whose kept prefixes and whole responses
-    rank the other way round: failure a keeps [0.95, 0.95] then scores low, b keeps [0.8, 0.8] then scores
-    high. The pick is a (higher prefix mean); a tie-break on the whole response's mean picks b."""
+def _tie_in_group_0(rng, tok, case, scores_a, scores_b, longer_first=False) -> None:
+    """Make group 0 of `case` hold two failures a and b of 4 steps each (PRM scores `scores_a`, `scores_b`; a the
+    longer in tokens when `longer_first`) and successes, in mode scope with every group eligible."""
     import prm
 
     group = [t for t in case["trajs"] if t["group"] == 0]
     for t in group:
         t["correct"], t["reward"] = True, 1.0
-    for t, tail in zip(group[:2], ([0.1, 0.1], [0.2, 0.99])):
+    made = []
+    for t, scores in zip(group[:2], (scores_a, scores_b)):
         while True:
-            text = "\n\n".join(_sentence(rng, 4) for _ in range(4)) + f" \\boxed{{{int(t['answer']) + 1}}}"
-            if len(prm.split_steps(text)) == 4:
+            n = rng.randint(3, 5) if not longer_first else (6 if not made else 3)
+            text = "\n\n".join(_sentence(rng, n) for _ in range(4)) + f" \\boxed{{{int(t['answer']) + 1}}}"
+            ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+            if len(prm.split_steps(text)) == 4 and (not made or not longer_first or len(ids) < made[0]):
                 break
-        ids = tok.encode(text, add_special_tokens=False) + [tok.eos_token_id]
+        made.append(len(ids))
         t.update(response_ids=ids, text=tok.decode(ids, skip_special_tokens=True), correct=False, reward=0.0)
-        case["scores"][t["question"]] = ([0.95, 0.95] if tail[0] < 0.15 else [0.8, 0.8]) + tail
+        case["scores"][t["question"]] = list(scores)
     case.update(mode="scope", rectify_groups="any")
 
 
@@ -294,9 +401,10 @@ def run_scope_step(m, ctx, c):
     tok = ctx["tokenizer"]
     args = m.scope.Args(toy=True, mode=c["mode"], rectify_groups=c["rectify_groups"], merge=c["merge"], tau=c["tau"],
                         refine_attempts=c["attempts"], max_new_tokens=400, group_size=len(c["trajs"]) // c["n_groups"],
-                        prompts_per_step=c["n_groups"], adv_std=c["adv_std"])
+                        prompts_per_step=c["n_groups"], adv_std=c["adv_std"],
+                        select_tiebreak=c.get("tiebreak", "length"))
     trajs = [m.refine.Trajectory(**{k: (list(v) if isinstance(v, list) else v) for k, v in t.items()}) for t in c["trajs"]]
-    prm = FakePRM(c["scores"])
+    prm = None if c["scores"] is None else FakePRM(c["scores"])   # None: --prm none
     m.prm.locate_first_errors(trajs, prm, tok, args.tau, args.mode, args.prm_reward_coef)
     located = [(t.steps, t.step_scores, t.cut, _graded_float(t.keep_ratio) if t.keep_ratio is not None else None,
                 _graded_float(t.keep_ratio_tokens) if t.keep_ratio_tokens is not None else None, t.prefix_len)
@@ -332,9 +440,19 @@ def run_build_batch(m, ctx, c):
 def make_logprob_entropy(rng, ctx):
     # the last case has as many positions as vocabulary entries (random, so not symmetric): a log_softmax over
     # the wrong dimension has the right shape there and wrong values
-    return [{"logits": _t(rng, rng.randint(1, 3), 11 if k == 8 else rng.randint(1, 5), 11, lo=-4, hi=4,
-                          dtype=rng.choice(["float32", "float64"])), "targets_seed": rng.randrange(2**31),
-             "entropy_grad": k % 2 == 1} for k in range(9)]
+    cases = [{"logits": _t(rng, rng.randint(1, 3), 11 if k == 8 else rng.randint(1, 5), 11, lo=-4, hi=4,
+                           dtype=rng.choice(["float32", "float64"])), "targets_seed": rng.randrange(2**31),
+              "entropy_grad": k % 2 == 1} for k in range(9)]
+    # logits past ±100 (float32: exp overflows past 88 and underflows below −103; float64: past ±709), so
+    # softmax before the log, or exp before the normalising sum, gives −inf, inf or NaN where log_softmax does not
+    for dtype, scale in (("float32", 150.0), ("float64", 1000.0)):
+        cases.append({"logits": _t(rng, rng.randint(1, 2), rng.randint(2, 4), 11, lo=-scale, hi=scale, dtype=dtype),
+                      "targets_seed": rng.randrange(2**31), "entropy_grad": rng.random() < 0.5})
+    # float64 logits 1e5 apart from 0 and 0.04 from each other: float32 holds them to 0.008 (its spacing at 1e5),
+    # so log-probs computed in float32 and cast back are off by ~1e-3, ten times the tolerance
+    cases.append({"logits": 1e5 + _t(rng, 1, rng.randint(2, 4), 11, lo=-0.02, hi=0.02),
+                  "targets_seed": rng.randrange(2**31), "entropy_grad": True})
+    return cases
 
 
 def run_logprob_entropy(m, ctx, c):
@@ -361,6 +479,13 @@ def make_clipped_surrogate(rng, ctx):
         c["old"] = _junk_off(c["old"], c["mask"], rng)
     for c in out[1::3]:   # π_old handed over still attached to a graph: the loss must not differentiate it
         c["old_grad"] = True
+    # ε other than the default 0.2, each with a token whose ρ the clip at ε binds on and the clip at 0.2 would
+    # not (ρ = 1.15 at ε = 0.1, A > 0), or the other way round (ρ = 1.25 at ε = 0.3, A > 0)
+    for c, eps, rho in zip(out[:2], (0.1, 0.3), (1.15, 1.25)):
+        c["eps"] = eps
+        c["mask"][-1, -1] = 1
+        c["old"][-1, -1] = c["logp"][-1, -1] - math.log(rho)
+        c["adv"][-1] = 0.5 + abs(float(c["adv"][-1]))
     return out
 
 
@@ -387,6 +512,9 @@ def make_shaped_offpolicy(rng, ctx):
         n, length = rng.randint(1, 4), rng.randint(2, 6)
         out.append({"logp": _t(rng, n, length, lo=-4, hi=-0.01), "adv": _t(rng, n, lo=-2, hi=2),
                     "mask": _mask(rng, n, length), "gamma": rng.choice([0.05, 0.1, 0.5])})
+    for c, gamma in zip(out[:2], (0.05, 0.5)):   # γ other than the default 0.1, on a masked token
+        c["gamma"] = gamma
+        c["mask"][0, 0] = 1
     return out
 
 
@@ -398,6 +526,8 @@ def run_shaped_offpolicy(m, ctx, c):
 
 
 def make_policy_loss(rng, ctx):
+    import torch
+
     out = []
     for k in range(10):
         n, length = rng.randint(2, 5), rng.randint(3, 8)
@@ -408,7 +538,7 @@ def make_policy_loss(rng, ctx):
                     "resp": resp, "off": _mask(rng, n, length, p=0.4) * resp,
                     "ref": logp + 0.3 * _t(rng, n, length) if k % 2 else None,
                     "ent": 3 * _t(rng, n, length, lo=0, hi=1) if k % 3 else None,
-                    "kw": {"clip_eps": rng.choice([0.2, float("inf")]), "shaping_gamma": rng.choice([0.1, 0.3]),
+                    "kw": {"clip_eps": rng.choice([0.2, 0.3, float("inf")]), "shaping_gamma": rng.choice([0.1, 0.3]),
                            "loss_agg": rng.choice(["constant", "token-mean"]), "max_new_tokens": length + 2,
                            "kl_coef": 0.05, "entropy_coef": 0.01,
                            "offpolicy_credit": "unit" if k % 4 == 3 else "shaped"}})
@@ -416,6 +546,19 @@ def make_policy_loss(rng, ctx):
         c["old"] = _junk_off(c["old"], c["resp"], rng)
     for c in out[::3]:   # vLLM rollouts: the truncated importance weight of the policy's tokens
         c["is_weight"] = _t(rng, *c["logp"].shape, lo=0.3, hi=2.0)
+    # settings other than the defaults, each where it changes the loss: ε = 0.1 on a policy token with ρ = 1.15,
+    # A > 0 (the clip at 0.1 binds, at 0.2 it would not); γ = 0.5 on a refiner token; unit credit on a refiner token
+    c = out[0]
+    c["kw"]["clip_eps"], c["off"][0, 1] = 0.1, 0
+    c["old"][0, 1] = c["logp"][0, 1] - math.log(1.15)
+    c["adv"][0] = 0.5 + abs(float(c["adv"][0]))
+    out[1]["kw"].update(shaping_gamma=0.5, offpolicy_credit="shaped")
+    for c in (out[1], out[3], out[7]):
+        c["off"][0, 1] = 1
+    # a token-mean batch without a response token (every row empty): Z is at least 1, the loss 0, never 0/0
+    c = dict(out[rng.randrange(len(out))], kw=dict(out[0]["kw"], loss_agg="token-mean"))
+    c.update(resp=torch.zeros_like(c["resp"]), off=torch.zeros_like(c["off"]))
+    out.append(c)
     return out
 
 
@@ -432,28 +575,42 @@ def run_policy_loss(m, ctx, c):
 
 
 def make_update(rng, ctx):
+    import grpo
+    import torch
+
     cases = []
-    for k in range(5):
+    for k in range(6):
         n = rng.randint(3, 6)
         prompts = [[rng.randint(3, 60) for _ in range(rng.randint(1, 4))] for _ in range(n)]
         responses = [[rng.randint(3, 60) for _ in range(rng.randint(1, 6))] for _ in range(n)]
         masks = [[int(rng.random() < 0.4) for _ in r] for r in responses]
         adv = [round(rng.uniform(-1, 1), 3) for _ in range(n)]
-        import grpo
+        if k in (1, 4):   # row 0 all the policy's, with A > 0: the clip binds on its tokens at ρ = 1.1 > 1 + ε
+            masks[0], adv[0] = [0] * len(masks[0]), 0.5 + abs(adv[0])
+        if k in (3, 5):   # a refiner token, where γ and the credit act
+            masks[0][0] = 1
+        if k == 4:   # row 1 with a policy token and |A| ≥ 0.5: where the TIS cap binds
+            masks[1][0], adv[1] = 0, -0.5 - abs(adv[1])
         batch = grpo.build_batch(prompts, responses, masks, adv, 0)
-        if k == 1:   # several optimizer steps on one rollout batch: stale old log-probs, some clip
-            batch["old_logp"] = batch["response_mask"] * (-4.0 + 0.5 * _t(rng, *batch["input_ids"].shape, dtype="float32"))
+        seed, shape = rng.randrange(2**31), batch["input_ids"].shape
+        if k in (1, 4):   # several optimizer steps on one rollout batch: π_old stale by ρ = 1.1 on every token
+            batch["old_logp"] = (batch["response_mask"] * (_model_logp(seed, batch) - math.log(1.1))).float()
         if k == 2:
-            batch["ref_logp"] = batch["response_mask"] * (-4.0 + 0.5 * _t(rng, *batch["input_ids"].shape, dtype="float32"))
+            batch["ref_logp"] = batch["response_mask"] * (-4.0 + 0.5 * _t(rng, *shape, dtype="float32"))
         if k == 4:   # vLLM rollouts: the sampler's log-probs (one unknown), weighted by the truncated IS weight
-            shape = batch["input_ids"].shape
-            batch["sampler_logp"] = batch["response_mask"] * (-4.2 + 0.6 * _t(rng, *shape, dtype="float32"))
+            # w = min(exp(π_old − π_sampler), cap 1.5): 1.3 on even rows (against this forward's π it would be 1.43),
+            # the cap on odd rows (exp gives 1.6)
+            gap = torch.tensor([math.log(1.3) if i % 2 == 0 else math.log(1.6) for i in range(n)]).unsqueeze(1)
+            batch["sampler_logp"] = batch["response_mask"] * (batch["old_logp"] - gap)
             batch["sampler_mask"] = batch["response_mask"].clone()
             batch["sampler_mask"][0, batch["sampler_mask"][0].nonzero()[0]] = 0
-        cases.append({"batch": batch, "model_seed": rng.randrange(2**31), "mb": rng.choice([1, 2, n]),
+        # settings other than the defaults: ε = 0.05 (ρ = 1.1 clips at it, not at 0.2), γ = 0.5, unit credit
+        cases.append({"batch": batch, "model_seed": seed, "mb": rng.choice([1, 2, n]),
                       "kw": {"loss_agg": rng.choice(["constant", "token-mean"]), "max_new_tokens": 8,
                              "kl_coef": 0.1 if k == 2 else 0.0, "entropy_coef": 0.01 if k == 3 else 0.0,
-                             "clip_eps": 0.2, "max_grad_norm": 1.0, **({"tis_cap": 2.0} if k == 4 else {})}})
+                             "clip_eps": 0.05 if k == 1 else 0.2, "max_grad_norm": 1.0,
+                             **({"tis_cap": 1.5} if k == 4 else {}), **({"shaping_gamma": 0.5} if k == 3 else {}),
+                             **({"offpolicy_credit": "unit"} if k == 5 else {})}})
     # without old_logp (ρ = 1 where the gradient is taken, no clip binds): once with the student's own
     # clipped_surrogate (an update and a surrogate that both leave π_old attached to logp's graph train nothing)
     # and once with `_attached_surrogate`, which differentiates π_old as update hands it over
@@ -462,6 +619,27 @@ def make_update(rng, ctx):
         c["batch"] = {k: v for k, v in c["batch"].items() if k != "old_logp"}
         cases.append(c)
     return cases
+
+
+def _update_model(seed: int):
+    """The tiny float64 Qwen2 policy that an update case trains, from its seed."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                      num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=None,
+                      eos_token_id=1, pad_token_id=0)
+    return Qwen2ForCausalLM(cfg).double()
+
+
+def _model_logp(seed: int, batch: dict):
+    """The log-probs (N, L), 0 off the response, that the case's model gives the batch's tokens before any step."""
+    import grpo
+
+    logp, _ = grpo.token_logprobs(_update_model(seed), batch["input_ids"], batch["attention_mask"],
+                                  batch["response_mask"], len(batch["input_ids"]))
+    return logp
 
 
 def _attached_surrogate(logp, old_logp, advantages, mask, clip_eps):
@@ -477,13 +655,8 @@ def _attached_surrogate(logp, old_logp, advantages, mask, clip_eps):
 
 def run_update(m, ctx, c):
     import torch
-    from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    torch.manual_seed(c["model_seed"])
-    cfg = Qwen2Config(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
-                      num_key_value_heads=1, max_position_embeddings=64, tie_word_embeddings=True, bos_token_id=None,
-                      eos_token_id=1, pad_token_id=0)
-    model = Qwen2ForCausalLM(cfg).double()
+    model = _update_model(c["model_seed"])
     before = [p.detach().clone() for p in model.parameters()]
     opt = torch.optim.SGD(model.parameters(), lr=0.5)
     batch = {k: v.clone() for k, v in c["batch"].items()}

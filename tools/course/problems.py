@@ -48,6 +48,7 @@ DIST_GRADIENTS = ("tests/test_dist.py::test_ddp_and_fsdp2_gradients_equal_the_on
                   "tests/test_preflight.py::test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced")
 # prm.locate_first_errors on an empty failed response: split_steps, cut_point, keep_ratio, step_token_spans
 FIRST_ERRORS = ("tests/test_runs.py::test_empty_failed_response_keeps_nothing",)
+CHECKS = "tests/test_course_checks.py::"   # checks that teach: each catches a classic mistake of its problem
 POLICY_LOSS_TESTS = ("tests/test_grpo.py::test_policy_loss_hand_computed",
                      "tests/test_grpo.py::test_policy_loss_without_clipping_is_luffy_ratio",
                      "tests/test_grpo.py::test_policy_loss_gradient_closed_form",
@@ -56,6 +57,7 @@ POLICY_LOSS_TESTS = ("tests/test_grpo.py::test_policy_loss_hand_computed",
                      "tests/test_grpo.py::test_policy_loss_matches_loop",
                      "tests/test_grpo.py::test_policy_loss_with_is_weight_by_hand",
                      "tests/test_study_flags.py::test_unit_credit_hand_numbers",
+                     CHECKS + "test_policy_loss_uses_the_clip_and_the_shaping_it_is_given",
                      "tests/test_preflight.py::test_memory_plan_within_ten_percent_of_a_trace",
                      "tests/test_preflight.py::test_lora_plan_within_ten_percent_of_a_peft_trace",
                      "tests/test_preflight.py::test_fsdp_plan_within_ten_percent_of_an_fsdp_mem_tracker_trace")
@@ -73,14 +75,14 @@ UPDATE_TESTS = ("tests/test_grpo.py::test_update_micro_batches_equal_full_batch"
                 "tests/test_grpo.py::test_the_clip_binds_on_the_second_mini_batch_by_hand",
                 "tests/test_grpo.py::test_one_update_per_batch_is_update_on_the_whole_batch",
                 "tests/test_grpo.py::test_ddp_exchanges_gradients_on_the_last_micro_batch_of_each_step_only",
-                "tests/test_course_checks.py::test_update_hands_policy_loss_a_detached_old_logp",
+                CHECKS + "test_update_hands_policy_loss_a_detached_old_logp",
+                CHECKS + "test_update_hands_policy_loss_its_settings_and_weighs_against_pi_old",
                 "tests/test_overlap.py::test_an_update_of_two_mini_batches_equals_the_whole_batch_pass",
                 "tests/test_overlap.py::test_the_pi_old_pass_covers_mini_batches_2_to_k_only_with_the_same_logprobs",
                 "tests/test_grpo.py::test_the_warm_up_sets_each_steps_learning_rate_in_update",
                 "tests/test_lora.py::test_the_update_trains_the_adapter_alone_and_the_reference_stays_the_base",
                 "tests/test_lora.py::test_the_push_and_the_export_hold_the_merged_weights",
                 "tests/test_lora.py::test_a_resume_takes_the_next_step_bit_for_bit")
-CHECKS = "tests/test_course_checks.py::"   # checks that teach: each catches a classic mistake of its problem
 # problem 6's four functions one by one (seconds): locate, select and the two repairs run split_steps,
 # step_token_spans and first_error; the repairs run splice
 SCOPE_UNITS = tuple(CHECKS + t for t in ("test_locate_first_errors_sets_the_cut_and_the_kept_tokens",
@@ -89,6 +91,9 @@ SCOPE_UNITS = tuple(CHECKS + t for t in ("test_locate_first_errors_sets_the_cut_
                                          "test_repair_append_grows_the_group"))
 # select_failures' tie-break on hand-set trajectories: it runs select_candidate, nothing of problems 1-2
 TIE_ON_THE_PREFIX = CHECKS + "test_select_failures_breaks_a_tie_on_the_kept_prefix_not_the_whole_response"
+TIE_BY_INDEX = CHECKS + "test_select_failures_passes_the_index_tie_break"
+# locate_first_errors without a PRM: it returns before any other exercise's function
+NO_PRM = CHECKS + "test_locate_first_errors_without_a_prm_scores_nothing"
 RAGGED = CHECKS + "test_group_advantages_per_ragged_group"
 # the study switches' unit tests: the phantom repair runs group_advantages; the tie-break tests run
 # select_candidate, one of them through prm.select_failures
@@ -174,7 +179,7 @@ EXERCISES = [
              "first step scored below tau, the cut point, kappa = cut / n_steps, the pick by (kappa, prefix mean, "
              "length, index)",
              breaks=SCOPE_RUNS + FIRST_ERRORS + SCOPE_UNITS[:4] + TIEBREAK + (
-                 "tests/test_metrics.py::test_near_miss_with_prm_cut_point", TIE_ON_THE_PREFIX),
+                 "tests/test_metrics.py::test_near_miss_with_prm_cut_point", TIE_ON_THE_PREFIX, TIE_BY_INDEX),
              hints=("A score of None means unscored (the PRM's input was too long): nothing after it is verified.",
                     "The rollout failed, so when every step passes the last step is presumed wrong.")),
     Exercise("splice", ("refine.py:splice",),
@@ -189,7 +194,9 @@ EXERCISES = [
               "tests/test_qwen_tokenizer.py::test_refiner_suffix_ends_with_the_turn_end_of_a_base_model",
               CHECKS + "test_splice_keeps_special_token_text_plain",
               CHECKS + "test_splice_a_finished_suffix_that_fills_the_budget_gets_no_eos",
-              CHECKS + "test_splice_a_spelled_eos_ends_the_suffix_even_when_the_refiner_ran_on"), 2, 8,
+              CHECKS + "test_splice_a_spelled_eos_ends_the_suffix_even_when_the_refiner_ran_on",
+              CHECKS + "test_splice_ends_with_the_end_id_it_is_given",
+              CHECKS + "test_splice_without_an_end_id_adds_and_cuts_nothing"), 2, 8,
              "encode the suffix once (special-token parsing off), EOS if finished and it fits, cut to the budget",
              breaks=("tests/test_refine.py::test_rectify_fake_refiner_accept_reject_and_merge",
                      "tests/test_refine.py::test_rectify_empty_prefix_is_whole_replacement",
@@ -217,7 +224,7 @@ EXERCISES = [
              "the SCOPE step, steps 3–4 of the loop: localise the first errors, pick the failure to repair",
              "failed rollouts → split_steps → PRM scores → cut_point, κ, kept tokens (step_token_spans) → per "
              "eligible group select_candidate → (index, tokens to keep), which scope.main passes to refine.rectify",
-             SCOPE_UNITS + FIRST_ERRORS + (TIE_ON_THE_PREFIX,), 3, 16,
+             SCOPE_UNITS + FIRST_ERRORS + (TIE_ON_THE_PREFIX, TIE_BY_INDEX, NO_PRM), 3, 16,
              "steps 3-4 of scope.main, each function as its docstring says", breaks=SCOPE_RUNS + (TIEBREAK[1],),
              slow=SCOPE_RUNS,
              hints=("`kept_tokens(spans, cut, n_tokens)` turns a cut step into a token count.",
@@ -245,7 +252,9 @@ EXERCISES = [
              "log π(y_t) = log_softmax(logits_t)[y_t];   H_t = −Σ_v π_v log π_v",
              ("tests/test_grpo.py::test_logprobs_and_entropy_hand_computed",
               "tests/test_grpo.py::test_token_logprobs_matches_plain_forward",
-              CHECKS + "test_logprobs_are_normalised_over_the_vocabulary"), 2, 6,
+              CHECKS + "test_logprobs_are_normalised_over_the_vocabulary",
+              CHECKS + "test_logprobs_and_entropy_of_logits_past_100",
+              CHECKS + "test_float64_logits_keep_float64_precision"), 2, 6,
              "log_softmax, gather, -sum p log p (the entropy keeps a graph only with entropy_grad)",
              breaks=UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (
                  "tests/test_grpo.py::test_chunked_logprobs_equal_the_whole_log_softmax",
@@ -272,7 +281,8 @@ EXERCISES = [
     Exercise("shaped_offpolicy", ("grpo.py:shaped_offpolicy_loss",),
              "LUFFY policy shaping on the refiner's off-policy tokens",
              "ℓ = −f(π) A,  f(π) = π / (π + γ)   on the mask (behaviour probability 1, no clip)",
-             ("tests/test_grpo.py::test_shaped_offpolicy_loss_hand_computed",), 2, 6,
+             ("tests/test_grpo.py::test_shaped_offpolicy_loss_hand_computed",
+              CHECKS + "test_shaped_offpolicy_loss_at_the_gamma_it_is_given"), 2, 6,
              "-f(pi)*A with f(pi) = pi / (pi + gamma) on the mask; return (loss, f(pi))",
              breaks=POLICY_LOSS_TESTS + UPDATE_TESTS + DIST_GRADIENTS + SCOPE_RUNS + (POLICY_LOSS_JUNK,)),
     Exercise("policy_loss", ("grpo.py:loss_normaliser", "grpo.py:policy_loss"),

@@ -13,7 +13,7 @@ NOT_COPIED = ("tools/exercises.py", "tests/test_exercises.py", "tests/test_refer
 # the study's results, the handout's source, the teacher's key (rubric, redactions, answer phrases), the course
 # itself and its seal's tests, and the test of the teacher's repository (the copy's README is the student's)
 LEFT_OUT = ("results/", "docs/results.md", "docs/course.md", "tools/course_key.py", "tools/course/",
-            "tests/test_seal.py", "tests/test_declared_imports.py")
+            "tests/test_seal.py", "tests/test_declared_imports.py", "tests/test_fixture_edges.py")
 SKIP_DIRS = {".git", "__pycache__", ".pytest_cache", ".hypothesis", "runs"}
 BEGIN = re.compile(r"^(?P<indent>[ \t]*)# BEGIN SOLUTION (?P<name>[A-Za-z0-9_]+)[ \t]*$")
 END = re.compile(r"^[ \t]*# END SOLUTION[ \t]*$")
