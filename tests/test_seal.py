@@ -89,6 +89,19 @@ def connect_unix():
     s.close()
 attempt("connect_unix", connect_unix)
 attempt("socketpair", lambda: [s.close() for s in socket.socketpair()])
+attempt("socketpair_dgram", lambda: [s.close() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)])
+attempt("vsock", lambda: socket.socket(40, socket.SOCK_STREAM).close())        # AF_VSOCK: the host of a VM
+attempt("netlink", lambda: socket.socket(16, socket.SOCK_RAW).close())        # AF_NETLINK
+attempt("inet_socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).close())
+big = os.open(os.__file__, os.O_RDONLY)
+call("fadvise64", 221 if os.uname().machine == "x86_64" else 223, big, 0, 4096, 4)     # POSIX_FADV_DONTNEED
+call("readahead", 187 if os.uname().machine == "x86_64" else 213, big, 0, 4096)
+page = ctypes.create_string_buffer(4096)
+iov = (ctypes.c_void_p * 2)(ctypes.cast(page, ctypes.c_void_p), 4096)
+call("preadv2_nowait", 327 if os.uname().machine == "x86_64" else 286, big, iov, 1, 0, 0, 8)   # RWF_NOWAIT
+call("preadv2", 327 if os.uname().machine == "x86_64" else 286, big, iov, 1, 0, 0, 0)
+call("cachestat", 451, big, 0, 0, 0)
+os.close(big)
 out["fds"] = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
 out["ttys"] = [os.isatty(fd) for fd in (0, 1, 2)]
 out["stdin"] = sys.stdin.read()
@@ -239,7 +252,17 @@ def test_10_no_network_and_no_unix_socket(probe):
     assert probe["connect_localhost"] in ("ENETUNREACH", "EACCES", "ECONNREFUSED", "EPERM")
     assert probe["connect_localhost"] != "ok"
     assert probe["connect_unix"] == "EPERM"   # a pathname socket of anyone's: socket(AF_UNIX) is denied
-    assert probe["socketpair"] == "ok"        # a pair of its own connects to nothing outside
+    # socketpair(AF_UNIX)'s end can sendto() any pathname datagram socket; AF_VSOCK reaches a VM's host
+    assert probe["socketpair"] == probe["socketpair_dgram"] == "EPERM"
+    assert probe["vsock"] == probe["netlink"] == "EPERM" and probe["inet_socket"] == "ok"   # loopback IP only
+
+
+def test_14_no_page_cache_probe(probe):
+    """fadvise64 (to evict a page), readahead (to load one) and preadv2 with RWF_NOWAIT (EAGAIN when a page is not
+    cached) answer EPERM, as does cachestat; a plain preadv2 runs."""
+    for key in ("fadvise64", "readahead", "preadv2_nowait"):
+        assert probe[key] == "EPERM", (key, probe[key])
+    assert probe["cachestat"] in ("EPERM", "ENOSYS") and probe["preadv2"] == "ok"
 
 
 def test_12_no_terminal_and_no_descriptor_of_the_graders(probe):
@@ -311,27 +334,31 @@ def test_the_seccomp_program_denies_exactly_its_table():
         code = seal.seccomp_program(arch)
         prog = [struct.unpack("HBBI", code[i:i + 8]) for i in range(0, len(code), 8)]
 
-        def run(nr, arch_word=audit, args=(0, 0)):
+        def run(nr, arch_word=audit, args=(0, 0, 0, 0, 0, 0)):
+            args = tuple(args) + (0,) * (6 - len(args))
             pc, acc = 0, 0
             while True:
                 op, jt, jf, k = prog[pc]
                 if op == 0x20:
-                    acc = {4: arch_word, 0: nr, 16: args[0] & 0xFFFFFFFF, 24: args[1] & 0xFFFFFFFF}[k]
+                    acc = {4: arch_word, 0: nr, **{16 + 8 * i: a & 0xFFFFFFFF for i, a in enumerate(args)}}[k]
                 elif op == 0x06:
                     return k
-                elif op in (0x15, 0x35):
-                    pc += jt if (acc == k if op == 0x15 else acc >= k) else jf
+                elif op in (0x15, 0x35, 0x45):
+                    pc += jt if {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[op] else jf
                 pc += 1
 
         assert all(run(nr) == 0x00050001 for nr in denied)
         assert run(0) == run(1) == 0x7FFF0000 and run(denied[0], arch_word=0x40000003) == 0x80000000
         if arch == "x86_64":
             assert run(0x40000000 + 2) == 0x00050001
-        ioctl, socket = seal.BY_ARGUMENT[arch]
+        ioctl, socket, preadv2 = seal.BY_ARGUMENT[arch]
         assert run(ioctl, args=(0, seal.TIOCSTI)) == run(ioctl, args=(1, seal.TIOCLINUX)) == 0x00050001
         assert run(ioctl, args=(0, seal.TIOCSTI | 1 << 32)) == 0x00050001   # the kernel reads the request as 32 bits
         assert run(ioctl, args=(0, 0x5401)) == 0x7FFF0000                    # TCGETS runs
-        assert run(socket, args=(seal.AF_UNIX, 1)) == 0x00050001 and run(socket, args=(2, 1)) == 0x7FFF0000
+        assert all(run(socket, args=(family, 1)) == 0x00050001 for family in (1, 16, 17, 40))   # unix netlink packet vsock
+        assert run(socket, args=(2, 1)) == run(socket, args=(10, 2)) == 0x7FFF0000
+        assert run(preadv2, args=(3, 0, 1, 0, 0, seal.RWF_NOWAIT | 1)) == 0x00050001
+        assert run(preadv2, args=(3, 0, 1, 0, 0, 0)) == 0x7FFF0000
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -361,9 +388,13 @@ def test_links_and_other_non_regular_files_are_refused_with_one_line(tmp_path):
     (sub / "big.py").write_bytes(b"#" * (grade.HAND_IN_BYTES + 1))
     with pytest.raises(ValueError, match=r"big\.py is refused \(\d+ bytes, over \d+\)"):
         grade.submission_folder(str(sub), str(out), needed | {"big.py"})
-    (sub / "latin1.py").write_bytes(b"x = '\xe9'\n")
-    with pytest.raises(ValueError, match=r"latin1\.py is not UTF-8 text"):
+    (sub / "latin1.py").write_bytes(b"x = '\xe9'\n")   # Latin-1 without its declaration: Python refuses it too
+    with pytest.raises(ValueError, match=r"latin1\.py is not Python source text \(SyntaxError"):
         grade.submission_folder(str(sub), str(out), needed | {"latin1.py"})
+    (sub / "latin1.py").write_bytes(b"# -*- coding: latin-1 -*-\nx = '\xe9'\n")   # read as Python reads them
+    (sub / "bom.py").write_bytes(b"\xef\xbb\xbfx = '\xc3\xa9'\n")
+    assert grade.submission_folder(str(sub), str(out), needed | {"latin1.py", "bom.py"}) == str(out)
+    assert (out / "latin1.py").read_bytes() == (sub / "latin1.py").read_bytes()   # byte for byte
     for linked, to in (("linked", sub), ("cwd", "/proc/self/cwd")):   # the folder itself a link: refused too
         os.symlink(to, tmp_path / linked)
         with pytest.raises(ValueError, match=rf"^--grade .*: {tmp_path / linked} is refused \(a symbolic link\)"):
@@ -609,3 +640,90 @@ def test_a_forged_report_and_deep_folders_change_nothing(tmp_path):
     assert data["total"] == 0 and data["max"] == 6 and data["problems"]["first_error"]["points"] == 0
     assert "\n" not in data["problems"]["first_error"]["error"]
     assert left == [], left
+
+
+# ---------------------------------------------------------------------------------------------------
+# the grader cannot be taken down: bounded output, any answer compared, tarballs read in a limited child
+# ---------------------------------------------------------------------------------------------------
+def test_a_process_that_floods_stdout_costs_the_grader_no_memory():
+    """A process that writes 256 MiB to stdout and 16 MiB to stderr: the grader keeps the last seal.OUTPUT_BYTES of
+    each, and its own peak memory grows by far less than what was written."""
+    code = ("import os, resource, sys; sys.path.insert(0, sys.argv[1]); from tools.course import seal\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "w = 'import os\\nfor _ in range(256): os.write(1, b\"x\" * (1 << 20))\\n"
+            "for _ in range(16): os.write(2, b\"y\" * (1 << 20))\\nos.write(1, b\"end\")'\n"
+            "r = seal.bounded_run([sys.executable, '-c', w], 120)\n"
+            "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "print(r.returncode, len(r.stdout), len(r.stderr), r.stdout.endswith('end'), (after - before) // 1024)")
+    proc = subprocess.run([sys.executable, "-c", code, ROOT], capture_output=True, text=True, timeout=300)
+    rc, out, err, ends, grew_mib = proc.stdout.split()
+    assert (int(rc), int(out), int(err), ends) == (0, seal.OUTPUT_BYTES, seal.OUTPUT_BYTES, "True"), proc.stdout
+    assert int(grew_mib) < 32, f"the grader grew by {grew_mib} MiB reading 272 MiB of output"
+
+
+def test_an_answer_the_grader_cannot_compare_is_a_wrong_case():
+    """10**400 where a float is expected raises OverflowError in `matches`; inf or NaN where the reference has a
+    number; a tensor with inf: each is a wrong case with a reason, never the grader's exception."""
+    import torch
+
+    from tools.course import fixtures
+
+    with pytest.raises(OverflowError):
+        fixtures.matches(10**400, 0.5)
+    for got, want in ((10**400, 0.5), (float("inf"), 1e308), (float("nan"), 0.5), ([10**400], [0.5]),
+                      (torch.tensor([float("inf")], dtype=torch.float64), torch.tensor([1e308], dtype=torch.float64))):
+        assert grade.agrees(got, want) is False, (got, want)
+        assert isinstance(grade.difference("group_advantages", got, want), str)
+    nan = torch.tensor([float("nan"), 1.0], dtype=torch.float64)
+    assert grade.agrees(nan.clone(), nan) and grade.agrees(float("inf"), float("inf"))   # the reference's own
+
+
+def pax_bomb(digits: int) -> bytes:
+    """A .tar.gz whose first member is a pax header of `digits` digits and no record: tarfile's pax parser on
+    Python 3.11.7 backtracks over it for hours at 4,000,000 digits (CVE-2024-6232)."""
+    import gzip
+    import io
+
+    data = b"1" * digits
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type, info.size = tarfile.XHDTYPE, len(data)
+    raw = info.tobuf(format=tarfile.USTAR_FORMAT) + data + b"\0" * (-len(data) % 512) + b"\0" * 1024
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=9) as f:
+        f.write(raw)
+    return out.getvalue()
+
+
+def long_name_bomb(path, size: int) -> None:
+    """A .tar.gz whose first member is a GNU long name of `size` bytes (zeros: a megabyte packed per gigabyte):
+    tarfile reads it whole into memory."""
+    import gzip
+
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = tarfile.GNUTYPE_LONGNAME, size
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(info.tobuf(format=tarfile.GNU_FORMAT))
+        chunk = b"\0" * (16 << 20)
+        for _ in range(size // len(chunk)):
+            f.write(chunk)
+        f.write(b"\0" * (size % len(chunk) + 1024))
+
+
+def test_tarball_bombs_are_refused_with_one_line_in_bounded_time(tmp_path, monkeypatch):
+    """A pax header of 400,000 digits and a GNU long name of 512 MiB (a tenth and a half of the full-size bombs;
+    the reader's time and memory limits lowered to match, 3 s and 256 MiB): each is refused with one line naming the
+    hand-in, within seconds, the tarball read in a limited child so the grader holds none of it."""
+    import time
+
+    monkeypatch.setattr(grade, "TAR_SECONDS", 3)
+    monkeypatch.setattr(grade, "TAR_MEMORY", 256 << 20)
+    (tmp_path / "pax.tar.gz").write_bytes(pax_bomb(400_000))
+    long_name_bomb(tmp_path / "long.tar.gz", 512 << 20)
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, why in (("pax.tar.gz", "took over 3 s"), ("long.tar.gz", "a tarball the grader cannot read")):
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=rf"^--grade \S*{name}: .*{why}") as err:
+            grade.submission_folder(str(tmp_path / name), str(out), {"grpo.py"})
+        assert "\n" not in str(err.value) and time.monotonic() - t0 < 60, (name, str(err.value))
+    assert os.listdir(out) == []
