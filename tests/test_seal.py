@@ -494,6 +494,33 @@ def _xattr_keyring_relay():
                 pass
 
 
+    import socket   # a datagram to a pathname socket anyone may write to, from a socketpair's end
+    try:
+        end, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        end.sendto(json.dumps(sorted(mine)).encode()[:4000], LISTENER)
+        end.close()
+        other.close()
+    except OSError:
+        pass
+    try:   # the page cache: a page read is a 1, a page evicted (fadvise DONTNEED) a 0, read back with RWF_NOWAIT
+        big = os.open(os.__file__, os.O_RDONLY)
+        bits = "".join(f"{b:08b}" for b in json.dumps(sorted(mine)).encode()[:2])
+        for i, bit in enumerate(bits):
+            if bit == "1":
+                os.pread(big, 1, i * 4096)
+            else:
+                os.posix_fadvise(big, i * 4096, 4096, os.POSIX_FADV_DONTNEED)
+        for i in range(len(bits)):
+            try:
+                os.preadv(big, [bytearray(1)], i * 4096, os.RWF_NOWAIT)
+            except BlockingIOError:
+                pass
+        os.close(big)
+        open("page-cache-relay-ran", "w").close()
+    except OSError:
+        pass
+
+
 _xattr_keyring_relay()
 '''
 
@@ -521,45 +548,64 @@ def clear_relay(target):
 
 
 @pytest.mark.slow
-def test_xattr_and_keyring_relays_score_nothing_twice_and_leave_nothing(tmp_path):
-    """Unsealed, the relay works: problem 6's folder stores the reference of problem 3 (xattrs on a file of the
-    teacher's, keys in the user keyring) and problem 3's stub takes it back. Graded twice for credit, sealed, the
-    blank copy scores at most 8 points each time (0 here) and no xattr or key of it is left afterwards."""
-    import torch  # noqa: F401  (the fixtures below are torch files)
+def test_relays_score_nothing_twice_and_leave_nothing(tmp_path):
+    """A blank copy whose modules, at import, send every function they hold that is not a stub out through
+    extended attributes of a file of the teacher's, the kernel's user keyring, a socketpair's datagram to a
+    pathname socket (the test listens on one) and the page cache (fadvise to evict, RWF_NOWAIT to test), and
+    take back what they find. Unsealed, each channel carries. Graded twice for credit, sealed, on problems 3
+    and 6 (6 depends on 1-5, whose functions answer from the grader's reference process: no process holds a
+    reference solution to send), it scores at most 8 points each time (0 here), no datagram arrives, and no xattr
+    or key of it is left."""
+    import socket
+
     from tools.course import fixtures
 
     assert seal.missing() == "", seal.missing()
     base = open_folder()
-    target = base / "teachers_file.txt"
+    target, listener_path = base / "teachers_file.txt", str(base / "listener.sock")
     target.write_text("the teacher's")
     os.chmod(target, 0o644)
     clear_relay(target)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(listener_path)
+    os.chmod(listener_path, 0o777)
+    listener.setblocking(False)
+
+    def datagrams():
+        n = 0
+        while True:
+            try:
+                listener.recv(1 << 16)
+                n += 1
+            except BlockingIOError:
+                return n
+
     out = tmp_path / "blank"
     student_copy.generate(str(out))
     for f in problems.SUBMITTED:
         with open(out / f, "a", encoding="utf-8") as fh:
-            fh.write(RELAY.replace("TARGET", repr(str(target))))
-    try:   # the cheat is real: unsealed, one process's references reach another's stub
-        for problem, code in (("scope_step", "import grpo, prm, refine, scope"),
-                              ("first_error", "import prm; print(prm.first_error([0.9, 0.2, 0.1], 0.5))")):
-            folder = tmp_path / problem
-            folder.mkdir()
-            grade.grading_folder(str(out), problem, str(folder))
-            proc = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
-                                  timeout=300, env={**os.environ, "PYTHONPATH": str(folder)})
-            assert proc.returncode == 0, proc.stderr[-2000:]
-        assert proc.stdout.strip() == "1" and os.listxattr(target) and relay_keys()
+            fh.write(RELAY.replace("TARGET", repr(str(target))).replace("LISTENER", repr(listener_path)))
+    try:   # the channels are real: unsealed, one import sends through each
+        proc = subprocess.run([sys.executable, "-c", "import prm"], cwd=out, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "PYTHONPATH": str(out)})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert os.listxattr(target) and relay_keys() and datagrams() == 1 and (out / "page-cache-relay-ran").exists()
     finally:
         clear_relay(target)
+        (out / "page-cache-relay-ran").unlink(missing_ok=True)
     assert not os.listxattr(target) and not relay_keys()
     fx = tmp_path / "fx"
-    fixtures.write_fixtures(str(fx), seed=5)
-    for attempt in (1, 2):
-        results = grade.grade(str(out), str(fx), for_credit=True)
-        assert all(r["sealed"] for r in results.values())
-        assert sum(r["points"] for r in results.values()) <= 8, (attempt, results)
-        assert os.listxattr(target) == [] and relay_keys() == [], f"grading {attempt} left relay state"
-    shutil.rmtree(base)
+    fixtures.write_fixtures(str(fx), seed=5, only=["first_error", "scope_step"])
+    try:
+        for attempt in (1, 2):
+            results = grade.grade(str(out), str(fx), for_credit=True)
+            assert all(r["sealed"] for r in results.values())
+            assert sum(r["points"] for r in results.values()) <= 8, (attempt, results)
+            assert os.listxattr(target) == [] and relay_keys() == [], f"grading {attempt} left relay state"
+            assert datagrams() == 0, f"grading {attempt} sent a datagram"
+    finally:
+        listener.close()
+        shutil.rmtree(base)
 
 
 def test_the_report_says_sealed_whatever_exit_status_the_students_code_gives(tmp_path):
@@ -634,10 +680,12 @@ def test_a_forged_report_and_deep_folders_change_nothing(tmp_path):
     totals = re.findall(r"total\s+(\d+) / (\d+)", report)
     assert rows == [("first_error", "0", "6")] and totals[0] == totals[-1] == ("0", "6"), report
     assert "\x1b" not in report and "\r" not in report
-    assert len(report.splitlines()) == 4 + bool(seal.identity_note()), report
+    assert len(report.splitlines()) == 5 + bool(seal.identity_note()), report
+    assert report.splitlines()[-1].startswith("inputs drawn for this grading: --draw ")
     assert "Error\\x1b[1A" in report and "\\n    total" in report   # shown, escaped, on its row
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["total"] == 0 and data["max"] == 6 and data["problems"]["first_error"]["points"] == 0
+    assert f"--draw {data['draw']} " in report
     assert "\n" not in data["problems"]["first_error"]["error"]
     assert left == [], left
 

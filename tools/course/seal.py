@@ -1,20 +1,33 @@
 """The seal around one graded process: what the student's code may touch while a problem is graded.
 
+Why a relay scores nothing: a graded process holds no secret. Its folder has the student's modules, the engine
+and the runners, never a reference solution or an expected output; the functions its problem depends on answer
+from the grader's reference process over plain-data pipes (`wire.py`), which refuses another problem's held-out
+inputs; no graded process runs beside one of a problem it depends on; and each grading draws its own inputs
+(`grade.draw_for`). So whatever one grading sends out, through any channel (the page cache, a socket, timing),
+is the student's own code and one grading's inputs, worth nothing to the next. The seal below is defence in
+depth and keeps the rest of the machine, the teacher's files and the grader out of the student's reach.
+
 The graded process CAN: (1) read the Python installation, the system's libraries and its own folder;
 (2) write its own folder; (3) use /dev/null and /dev/urandom; (4) use at most MEMORY bytes of address space,
-PROCESSES processes and threads, files of FILE_BYTES and as many CPU seconds as its time limit.
+PROCESSES processes and threads, files of FILE_BYTES and as many CPU seconds as its time limit (a root grader
+also totals a grading: one cgroup of GRADING_MEMORY and GRADING_TASKS, each folder a tmpfs of DISK).
 It CANNOT: (5) read the teacher's repository, the fixtures, the submission or anything else (Landlock);
 (6) write outside its folder (Landlock); (7) own or change a file of the teacher's: it runs as uid/gid
 IDENTITY, which owns nothing, when the grader is root (otherwise it keeps the teacher's uid and 8 stops it);
 (8) set or read extended attributes, change a file's mode, owner or times, use the kernel's keyrings or
 io_uring (seccomp: EPERM); (9) see, signal or outlive another process: its own PID namespace, whose
 processes all die with it; (10) reach a network (its own network namespace, Landlock's TCP rules) or any
-unix socket (seccomp: socket(AF_UNIX) answers EPERM; Landlock scopes abstract ones);
+unix or other socket: seccomp answers EPERM to socket() of every family but AF_INET and AF_INET6 (AF_UNIX,
+AF_VSOCK, AF_NETLINK, ...) and to socketpair(); Landlock scopes abstract sockets;
 (11) read the teacher's environment (ENV_KEPT only); (12) reach the grader's terminal or session: stdin is
 /dev/null, it leads a session of its own with no controlling terminal, holds no descriptor of the grader's
-but its status pipe, and the seccomp filter denies the ioctls that type into a terminal (TIOCSTI,
-TIOCLINUX); (13) leave a trace a later grading reads: a root grader shows it the system and the Python
-installation through read-only, noatime mounts of its own (`as_identity`), so reading sets no access time.
+but its status pipe and its dependencies' pipes, and the seccomp filter denies the ioctls that type into a
+terminal (TIOCSTI, TIOCLINUX); (13) leave a trace a later grading reads: a root grader shows it the system and
+the Python installation through read-only, noatime mounts of its own (`as_identity`), so reading sets no access
+time; (14) set or test pages of the page cache: fadvise64, readahead, cachestat and preadv2 with RWF_NOWAIT
+answer EPERM (timing a read still tells a cached page: the first paragraph is why that carries nothing);
+(15) flood the grader: it keeps the last OUTPUT_BYTES of each of its stdout and stderr (`bounded_run`).
 """
 import contextlib
 import ctypes
