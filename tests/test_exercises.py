@@ -932,7 +932,7 @@ def test_a_correct_copy_keeps_its_marks_without_unused_imports_with_a_bom_and_in
     grpo = (sub / "grpo.py").read_text()
     assert grpo.count("import torch.nn.functional as F\n") == 1
     grpo = re.sub(r"\bF\.", "torch.nn.functional.", grpo.replace("import torch.nn.functional as F\n", ""))
-    (sub / "grpo.py").write_bytes(("# -*- coding: latin-1 -*-\n# café\n" + grpo).encode("latin-1"))
+    (sub / "grpo.py").write_bytes(("# -*- coding: latin-1 -*-\n# café\n" + grpo).encode("latin-1", "backslashreplace"))
     results = grade.grade(str(sub), str(held_out), verbose=True, only=["scope_step", "update"])
     assert {n: r["points"] for n, r in results.items()} == {"scope_step": 16, "update": 12}, results
 

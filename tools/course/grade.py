@@ -103,7 +103,7 @@ def read_regular(folder_fd: int, rel: str, label: str) -> bytes:
 
 
 TAR_SECONDS = 20              # the longest a tarball's reading may take (CPU and wall clock)
-TAR_MEMORY = 1 << 30          # the address space of the process that reads it
+TAR_MEMORY = 256 << 20        # the address space of the process that reads it (Python and tarfile: about 40 MB)
 
 
 def tar_members(f, label: str, needed: set) -> dict:
