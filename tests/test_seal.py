@@ -774,3 +774,80 @@ def test_tarball_bombs_are_refused_with_one_line_in_bounded_time(tmp_path, monke
             grade.submission_folder(str(tmp_path / name), str(out), {"grpo.py"})
         assert "\n" not in str(err.value) and time.monotonic() - t0 < 60, (name, str(err.value))
     assert os.listdir(out) == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# what crosses between a graded process and the grader (tools/course/wire.py)
+# ---------------------------------------------------------------------------------------------------
+def test_plain_data_crosses_and_nothing_else_does():
+    """Containers, tuples, non-string keys, ±inf and NaN, empty and bool tensors round-trip; a function, a class
+    or a module is refused before anything is sent; a message past the limit is refused before it is read."""
+    import math
+    import torch
+
+    from tools.course import wire
+
+    obj = {"a": (1, 2.5, float("inf")), "b": [None, "x", torch.zeros(0, 3), torch.tensor([True, False])], 3: True,
+           (1, 2): [float("nan"), 10**40]}
+    back = wire.unpack(wire.pack(obj))
+    assert back["a"] == (1, 2.5, float("inf")) and back[3] is True and back[(1, 2)][1] == 10**40
+    assert math.isnan(back[(1, 2)][0]) and back["b"][2].shape == (0, 3) and back["b"][3].dtype == torch.bool
+    for bad in (print, type, os, {"f": lambda: 0}):
+        with pytest.raises(wire.NotPlain):
+            wire.pack(bad)
+    r, w = os.pipe()
+    os.write(w, (wire.LIMIT + 1).to_bytes(8, "little"))
+    with pytest.raises(ValueError, match="over"):
+        wire.receive(r)
+    os.close(r)
+    os.close(w)
+
+
+def test_a_dependency_answers_values_and_gradients_and_refuses_held_out_inputs():
+    """A stand-in for the reference's policy_loss, served over two pipes (by a thread here, by a process of the
+    grader's when grading): the loss, its terms and d loss / d logp and d loss / d entropy equal the reference's
+    in place; a call with inputs in the refused set is refused; a function it does not serve is refused."""
+    import threading
+    import torch
+
+    import grpo
+    from tools.course import wire
+
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(3, 5, generator=g, dtype=torch.float64) - 0.1
+    old = logp + 0.3 * torch.rand(3, 5, generator=g, dtype=torch.float64)
+    adv, resp = torch.randn(3, generator=g, dtype=torch.float64), torch.ones(3, 5, dtype=torch.long)
+    off, ent = torch.zeros(3, 5, dtype=torch.long), torch.rand(3, 5, generator=g, dtype=torch.float64)
+    off[0, 2:] = 1
+    kw = {"clip_eps": 0.2, "entropy_coef": 0.01, "max_new_tokens": 6}
+    refused = {wire.fingerprint(grpo.clipped_surrogate, "grpo.clipped_surrogate", (logp, old, adv, resp, 0.3), {})}
+    ask_r, ask_w = os.pipe()
+    hear_r, hear_w = os.pipe()
+    server = threading.Thread(target=wire.serve, daemon=True,
+                              args=(ask_r, hear_w, {"grpo.policy_loss": grpo.policy_loss,
+                                                    "grpo.clipped_surrogate": grpo.clipped_surrogate}, None,
+                                    refused, {}))
+    server.start()
+    deps = wire.Dependencies(ask_w, hear_r, {})
+    results = []
+    for fn in (deps.function("grpo.policy_loss"), grpo.policy_loss):
+        lp, en = logp.clone().requires_grad_(True), ent.clone().requires_grad_(True)
+        loss, terms = fn(lp, old, adv, resp, off, entropy=en, **kw)
+        loss.backward()
+        results.append((loss.detach(), lp.grad, en.grad, {k: v for k, v in terms.items()}))
+    (a, ga, ea, ta), (b, gb, eb, tb) = results
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ga, gb)
+    torch.testing.assert_close(ea, eb)
+    assert set(ta) == set(tb) and bool(ga.abs().sum() > 0)
+    surrogate = deps.function("grpo.clipped_surrogate")
+    with pytest.raises(RuntimeError, match="held-out inputs of another problem"):
+        surrogate(logp, old, adv, resp, clip_eps=0.3)
+    surrogate(logp, old, adv, resp, 0.2)   # the same tensors, another ε: answered
+    with pytest.raises(RuntimeError, match="not a function this problem depends on"):
+        deps.function("grpo.update")(None, None, {})
+    for fd in (ask_w, hear_r):
+        os.close(fd)
+    server.join(timeout=30)
+    for fd in (ask_r, hear_w):
+        os.close(fd)

@@ -6,7 +6,7 @@ ints, floats, strings, lists, tuples, dicts; a tensor is {"__tensor__": i}; the 
 the blob, refused past `LIMIT` bytes before it is read.
 
 `Dependencies` is the graded process's end of the functions its problem depends on (the reference's, answered by
-`serve` in the grader's own process): each call sends its arguments and gets the outputs; a call whose inputs
+`serve` in a reference process of the grader's): each call sends its arguments and gets the outputs; a call whose inputs
 need a gradient gets a node in the autograd graph whose backward asks the reference for the vector-Jacobian
 product, so a loss built on a dependency's outputs trains as if the reference ran in place.
 """
@@ -130,13 +130,21 @@ def fingerprint(fn, name: str, args: tuple, kwargs: dict, tokenizer=None) -> str
     bound = inspect.signature(fn).bind(*args, **kwargs)
     bound.apply_defaults()
     tensors = []
-    meta = encode(dict(bound.arguments), tensors, tokenizer)
+    meta = _without_grad(encode(dict(bound.arguments), tensors, tokenizer))
     h = hashlib.sha256(json.dumps([name, meta], sort_keys=True, default=str).encode())
     for t in tensors:
         t = t.detach().cpu()
         h.update(f"{t.dtype}{tuple(t.shape)}".encode())
         h.update((t.double() if t.is_floating_point() else t.long()).contiguous().numpy().tobytes())
     return h.hexdigest()
+
+
+def _without_grad(meta):
+    if isinstance(meta, list):
+        return [_without_grad(x) for x in meta]
+    if isinstance(meta, dict):
+        return {k: _without_grad(v) for k, v in meta.items() if k != "grad"}
+    return meta
 
 
 def _flat_tensors(obj, out: list) -> list:
