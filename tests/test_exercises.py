@@ -847,6 +847,27 @@ def test_a_relay_between_gradings_scores_0_twice_and_leaves_nothing_running(held
         assert not relay_processes(), f"grading {attempt} left the relay running"
 
 
+@pytest.mark.slow
+def test_each_grading_draws_its_own_inputs_and_a_draw_repeats_exactly():
+    """The number a grading draws from mixes the teacher's seed, the hand-in's digest and a nonce; the same number
+    gives the same inputs and outputs (`--draw` re-grades exactly), another number other inputs."""
+    import random
+
+    spec = fixtures.held_out_tokenizer(random.Random(3))
+    one = grade.draw_for(3, "d" * 64, 1)
+    assert len({one, grade.draw_for(3, "d" * 64, 2), grade.draw_for(3, "e" * 64, 1), grade.draw_for(4, "d" * 64, 1)}) == 4
+    names = ["first_error", "group_advantages"]
+    a, prints = grade.held_out(one, names, spec)
+    b, _ = grade.held_out(one, names, spec)
+    c, _ = grade.held_out(one + 1, names, spec)
+    for n in names:
+        assert fixtures.matches(a[n]["cases"], b[n]["cases"]) and fixtures.matches(a[n]["outputs"], b[n]["outputs"])
+        assert not fixtures.matches(a[n]["cases"], c[n]["cases"])
+        own, used = prints[n]
+        assert own and not used   # neither problem calls another's functions
+    assert grade.refused_for("first_error", prints) == prints["group_advantages"][0]
+
+
 def test_for_credit_refuses_a_machine_that_cannot_seal(monkeypatch, tmp_path):
     monkeypatch.setitem(seal._CHECKED, "missing", "no unshare command (Debian's util-linux package)")
     (tmp_path / "index.json").write_text(json.dumps({"problems": {}, "tokenizer": ""}))

@@ -446,7 +446,7 @@ def _cgroup_dirs() -> list:
 def grading_limits():
     """Within the block, every graded process joins one cgroup of this grading (a root grader on a machine with
     the memory and pids controllers): GRADING_MEMORY of memory and GRADING_TASKS processes and threads for all of
-    them together, each process's rlimits still its own. Yields the note the report gives ("" when it holds)."""
+    them together, each process's rlimits still its own (elsewhere, the rlimits only)."""
     made = []
     if os.geteuid() == 0 and sys.platform.startswith("linux"):
         try:
@@ -465,7 +465,7 @@ def grading_limits():
             made = _remove_cgroups(made)
     _GRADING["procs"] = [os.path.join(p, "cgroup.procs") for p in made]
     try:
-        yield "" if made else "no cgroup (not root, or no memory and pids controllers): limits per process only"
+        yield
     finally:
         _GRADING.clear()
         _remove_cgroups(made)
