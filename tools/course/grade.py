@@ -129,7 +129,8 @@ def tar_members(f, label: str, needed: set) -> dict:
         if proc.returncode != 0:
             why = (proc.stdout.strip().splitlines() or [""])[-1][:200] if proc.returncode == 2 else ""
             raise ValueError(f"--grade {label}: " + (why or f"a tarball the grader cannot read (its reader "
-                                                            f"{seal.ended(proc.returncode)}): hand in what submit.sh packs"))
+                                                            f"{seal.ended(proc.returncode)}): hand in what "
+                                                            f"submit.sh packs"))
         files = {}
         for name in sorted(needed):
             with open(os.path.join(out, name.replace("/", "%")), "rb") as g:
@@ -588,7 +589,8 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
             status_r, status_w = os.pipe()   # the worker's one byte: sealed or not, before any student code
             with open(os.path.join(here, "job.json"), "w", encoding="utf-8") as f:
                 json.dump({"problem": name, "tokenizer": tokenizer, "seconds": seconds, "status_fd": status_w,
-                           "depends": depends, "modules": graded_modules(name, depends), "ask_fd": ends[0] if ends else None,
+                           "depends": depends, "modules": graded_modules(name, depends),
+                           "ask_fd": ends[0] if ends else None,
                            "hear_fd": ends[1] if ends else None, "hidden": [ROOT, folder] + list(hidden)}, f)
             try:
                 proc = seal.run([sys.executable, "-m", "_course.worker", here], here, seconds, sealed,
