@@ -1,5 +1,7 @@
-"""Grading: the handed-in files read as regular files, a folder per problem, one sealed process per problem
-(`seal.py`, `worker.py`); the parent compares the answers and writes the report."""
+"""Grading: the handed-in files read as regular files (a tarball in a limited child), this grading's own inputs
+and the reference's outputs drawn here (`held_out`), a folder per problem holding no reference solution, one
+sealed process per problem (`seal.py`, `worker.py`) whose dependencies a reference process of the grader's
+answers (`wire.py`); the parent compares the answers and writes the report."""
 import ast
 import concurrent.futures
 import contextlib
