@@ -414,6 +414,15 @@ def held_out(draw: int, names, spec: str, root: str = ROOT) -> tuple[dict, dict]
     from .fixtures import PROBLEMS, constant_like, load_modules, wrap_tokenizer
     from . import wire
 
+    if "torch._dynamo" not in sys.modules:   # its import makes a cache folder in the temp folder (torch 2.x):
+        with fresh_folder("torch-cache-") as scratch:   # here, one of the grader's, removed after
+            was = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch
+            try:
+                import torch._dynamo  # noqa: F401
+            finally:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR") if was is None else os.environ.update(
+                    TORCHINDUCTOR_CACHE_DIR=was)
     ref = load_modules(root)
     saved = {n: sys.modules.get(n) for n in MODULES}
     sys.modules.update({n: getattr(ref, n) for n in MODULES})   # makers call the reference directly
