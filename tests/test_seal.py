@@ -106,6 +106,9 @@ out["fds"] = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
 out["ttys"] = [os.isatty(fd) for fd in (0, 1, 2)]
 out["stdin"] = sys.stdin.read()
 out["environ"] = sorted(os.environ)
+st = os.statvfs(".")
+out["disk"] = st.f_blocks * st.f_frsize
+out["cgroup"] = open("/proc/self/cgroup").read()
 print(json.dumps(out))
 '''
 
@@ -151,6 +154,9 @@ def probe():
     here, secret = base / "here", base / "secret"
     here.mkdir()
     secret.mkdir()
+    disk, totals = seal.own_disk(str(here)), seal.grading_limits()   # as grade_problem and grade set them up
+    disk.__enter__()
+    totals.__enter__()
     target = base / "target.txt"   # a file of the teacher's, readable by all
     target.write_text("teacher")
     os.chmod(base, 0o755)
@@ -185,6 +191,8 @@ def probe():
     report["target_after"] = (target.read_text(), os.stat(target).st_mode & 0o777, os.listxattr(target))
     report["orphans"] = named("scope-seal-orph")
     report["atime_moved"] = atime != was.st_mtime_ns - 10**9
+    totals.__exit__(None, None, None)
+    disk.__exit__(None, None, None)
     yield report
     shutil.rmtree(base)
 
@@ -318,6 +326,15 @@ def test_the_terminal_cheat_types_nothing_on_the_graders_terminal(tmp_path):
     assert typed == b"", typed
     assert report["ttys"] == [False, False, False], report
     assert all(report[k] != "ok" for k in ("0", "1", "2")), report
+
+
+def test_4_a_root_grader_totals_a_gradings_memory_processes_and_disk(probe):
+    """Its folder is a tmpfs of seal.DISK bytes, and it runs in the grading's cgroups (memory and pids), so the
+    grading's processes together have a bound, not only each one."""
+    if os.geteuid() != 0 or not seal._cgroup_dirs():
+        pytest.skip("the totals need a root grader and cgroup controllers: the per-process limits hold alone")
+    assert probe["disk"] == seal.DISK
+    assert probe["cgroup"].count(f"scope-grading-{os.getpid()}-") == len(seal._cgroup_dirs()), probe["cgroup"]
 
 
 def test_11_its_environment_is_the_allow_list(probe):
