@@ -125,7 +125,7 @@ def tar_members(f, label: str, needed: set) -> dict:
 
         proc = seal.bounded_run([sys.executable, "-I", "-c", code, ROOT, out, *sorted(needed)], TAR_SECONDS,
                                 stdin=f.fileno(), preexec_fn=limited, env={"PATH": os.environ.get("PATH", "")})
-        if proc is None:
+        if proc is None or proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL):   # wall clock or CPU time
             raise ValueError(f"--grade {label}: reading the tarball took over {TAR_SECONDS} s: hand in what "
                              f"submit.sh packs")
         if proc.returncode != 0:
