@@ -89,10 +89,26 @@ def connect_unix():
     s.close()
 attempt("connect_unix", connect_unix)
 attempt("socketpair", lambda: [s.close() for s in socket.socketpair()])
+attempt("socketpair_dgram", lambda: [s.close() for s in socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)])
+attempt("vsock", lambda: socket.socket(40, socket.SOCK_STREAM).close())        # AF_VSOCK: the host of a VM
+attempt("netlink", lambda: socket.socket(16, socket.SOCK_RAW).close())        # AF_NETLINK
+attempt("inet_socket", lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM).close())
+big = os.open(os.__file__, os.O_RDONLY)
+call("fadvise64", 221 if os.uname().machine == "x86_64" else 223, big, 0, 4096, 4)     # POSIX_FADV_DONTNEED
+call("readahead", 187 if os.uname().machine == "x86_64" else 213, big, 0, 4096)
+page = ctypes.create_string_buffer(4096)
+iov = (ctypes.c_void_p * 2)(ctypes.cast(page, ctypes.c_void_p), 4096)
+call("preadv2_nowait", 327 if os.uname().machine == "x86_64" else 286, big, iov, 1, 0, 0, 8)   # RWF_NOWAIT
+call("preadv2", 327 if os.uname().machine == "x86_64" else 286, big, iov, 1, 0, 0, 0)
+call("cachestat", 451, big, 0, 0, 0)
+os.close(big)
 out["fds"] = sorted(int(fd) for fd in os.listdir("/proc/self/fd"))
 out["ttys"] = [os.isatty(fd) for fd in (0, 1, 2)]
 out["stdin"] = sys.stdin.read()
 out["environ"] = sorted(os.environ)
+st = os.statvfs(".")
+out["disk"] = st.f_blocks * st.f_frsize
+out["cgroup"] = open("/proc/self/cgroup").read()
 print(json.dumps(out))
 '''
 
@@ -138,6 +154,9 @@ def probe():
     here, secret = base / "here", base / "secret"
     here.mkdir()
     secret.mkdir()
+    disk, totals = seal.own_disk(str(here)), seal.grading_limits()   # as grade_problem and grade set them up
+    disk.__enter__()
+    totals.__enter__()
     target = base / "target.txt"   # a file of the teacher's, readable by all
     target.write_text("teacher")
     os.chmod(base, 0o755)
@@ -172,6 +191,8 @@ def probe():
     report["target_after"] = (target.read_text(), os.stat(target).st_mode & 0o777, os.listxattr(target))
     report["orphans"] = named("scope-seal-orph")
     report["atime_moved"] = atime != was.st_mtime_ns - 10**9
+    totals.__exit__(None, None, None)
+    disk.__exit__(None, None, None)
     yield report
     shutil.rmtree(base)
 
@@ -239,7 +260,17 @@ def test_10_no_network_and_no_unix_socket(probe):
     assert probe["connect_localhost"] in ("ENETUNREACH", "EACCES", "ECONNREFUSED", "EPERM")
     assert probe["connect_localhost"] != "ok"
     assert probe["connect_unix"] == "EPERM"   # a pathname socket of anyone's: socket(AF_UNIX) is denied
-    assert probe["socketpair"] == "ok"        # a pair of its own connects to nothing outside
+    # socketpair(AF_UNIX)'s end can sendto() any pathname datagram socket; AF_VSOCK reaches a VM's host
+    assert probe["socketpair"] == probe["socketpair_dgram"] == "EPERM"
+    assert probe["vsock"] == probe["netlink"] == "EPERM" and probe["inet_socket"] == "ok"   # loopback IP only
+
+
+def test_14_no_page_cache_probe(probe):
+    """fadvise64 (to evict a page), readahead (to load one) and preadv2 with RWF_NOWAIT (EAGAIN when a page is not
+    cached) answer EPERM, as does cachestat; a plain preadv2 runs."""
+    for key in ("fadvise64", "readahead", "preadv2_nowait"):
+        assert probe[key] == "EPERM", (key, probe[key])
+    assert probe["cachestat"] in ("EPERM", "ENOSYS") and probe["preadv2"] == "ok"
 
 
 def test_12_no_terminal_and_no_descriptor_of_the_graders(probe):
@@ -297,6 +328,15 @@ def test_the_terminal_cheat_types_nothing_on_the_graders_terminal(tmp_path):
     assert all(report[k] != "ok" for k in ("0", "1", "2")), report
 
 
+def test_4_a_root_grader_totals_a_gradings_memory_processes_and_disk(probe):
+    """Its folder is a tmpfs of seal.DISK bytes, and it runs in the grading's cgroups (memory and pids), so the
+    grading's processes together have a bound, not only each one."""
+    if os.geteuid() != 0 or not seal._cgroup_dirs():
+        pytest.skip("the totals need a root grader and cgroup controllers: the per-process limits hold alone")
+    assert probe["disk"] == seal.DISK
+    assert probe["cgroup"].count(f"scope-grading-{os.getpid()}-") == len(seal._cgroup_dirs()), probe["cgroup"]
+
+
 def test_11_its_environment_is_the_allow_list(probe):
     assert "SCOPE_TEACHER_SECRET" not in probe["environ"]
     assert set(probe["environ"]) <= set(seal.ENV_KEPT) | set(seal.environment("/x")) | {"LC_CTYPE"}
@@ -311,27 +351,31 @@ def test_the_seccomp_program_denies_exactly_its_table():
         code = seal.seccomp_program(arch)
         prog = [struct.unpack("HBBI", code[i:i + 8]) for i in range(0, len(code), 8)]
 
-        def run(nr, arch_word=audit, args=(0, 0)):
+        def run(nr, arch_word=audit, args=(0, 0, 0, 0, 0, 0)):
+            args = tuple(args) + (0,) * (6 - len(args))
             pc, acc = 0, 0
             while True:
                 op, jt, jf, k = prog[pc]
                 if op == 0x20:
-                    acc = {4: arch_word, 0: nr, 16: args[0] & 0xFFFFFFFF, 24: args[1] & 0xFFFFFFFF}[k]
+                    acc = {4: arch_word, 0: nr, **{16 + 8 * i: a & 0xFFFFFFFF for i, a in enumerate(args)}}[k]
                 elif op == 0x06:
                     return k
-                elif op in (0x15, 0x35):
-                    pc += jt if (acc == k if op == 0x15 else acc >= k) else jf
+                elif op in (0x15, 0x35, 0x45):
+                    pc += jt if {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[op] else jf
                 pc += 1
 
         assert all(run(nr) == 0x00050001 for nr in denied)
         assert run(0) == run(1) == 0x7FFF0000 and run(denied[0], arch_word=0x40000003) == 0x80000000
         if arch == "x86_64":
             assert run(0x40000000 + 2) == 0x00050001
-        ioctl, socket = seal.BY_ARGUMENT[arch]
+        ioctl, socket, preadv2 = seal.BY_ARGUMENT[arch]
         assert run(ioctl, args=(0, seal.TIOCSTI)) == run(ioctl, args=(1, seal.TIOCLINUX)) == 0x00050001
         assert run(ioctl, args=(0, seal.TIOCSTI | 1 << 32)) == 0x00050001   # the kernel reads the request as 32 bits
         assert run(ioctl, args=(0, 0x5401)) == 0x7FFF0000                    # TCGETS runs
-        assert run(socket, args=(seal.AF_UNIX, 1)) == 0x00050001 and run(socket, args=(2, 1)) == 0x7FFF0000
+        assert all(run(socket, args=(family, 1)) == 0x00050001 for family in (1, 16, 17, 40))   # unix netlink packet vsock
+        assert run(socket, args=(2, 1)) == run(socket, args=(10, 2)) == 0x7FFF0000
+        assert run(preadv2, args=(3, 0, 1, 0, 0, seal.RWF_NOWAIT | 1)) == 0x00050001
+        assert run(preadv2, args=(3, 0, 1, 0, 0, 0)) == 0x7FFF0000
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -361,9 +405,13 @@ def test_links_and_other_non_regular_files_are_refused_with_one_line(tmp_path):
     (sub / "big.py").write_bytes(b"#" * (grade.HAND_IN_BYTES + 1))
     with pytest.raises(ValueError, match=r"big\.py is refused \(\d+ bytes, over \d+\)"):
         grade.submission_folder(str(sub), str(out), needed | {"big.py"})
-    (sub / "latin1.py").write_bytes(b"x = '\xe9'\n")
-    with pytest.raises(ValueError, match=r"latin1\.py is not UTF-8 text"):
+    (sub / "latin1.py").write_bytes(b"x = '\xe9'\n")   # Latin-1 without its declaration: Python refuses it too
+    with pytest.raises(ValueError, match=r"latin1\.py is not Python source text \(SyntaxError"):
         grade.submission_folder(str(sub), str(out), needed | {"latin1.py"})
+    (sub / "latin1.py").write_bytes(b"# -*- coding: latin-1 -*-\nx = '\xe9'\n")   # read as Python reads them
+    (sub / "bom.py").write_bytes(b"\xef\xbb\xbfx = '\xc3\xa9'\n")
+    assert grade.submission_folder(str(sub), str(out), needed | {"latin1.py", "bom.py"}) == str(out)
+    assert (out / "latin1.py").read_bytes() == (sub / "latin1.py").read_bytes()   # byte for byte
     for linked, to in (("linked", sub), ("cwd", "/proc/self/cwd")):   # the folder itself a link: refused too
         os.symlink(to, tmp_path / linked)
         with pytest.raises(ValueError, match=rf"^--grade .*: {tmp_path / linked} is refused \(a symbolic link\)"):
@@ -463,6 +511,33 @@ def _xattr_keyring_relay():
                 pass
 
 
+    import socket   # a datagram to a pathname socket anyone may write to, from a socketpair's end
+    try:
+        end, other = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+        end.sendto(json.dumps(sorted(mine)).encode()[:4000], LISTENER)
+        end.close()
+        other.close()
+    except OSError:
+        pass
+    try:   # the page cache: a page read is a 1, a page evicted (fadvise DONTNEED) a 0, read back with RWF_NOWAIT
+        big = os.open(os.__file__, os.O_RDONLY)
+        bits = "".join(f"{b:08b}" for b in json.dumps(sorted(mine)).encode()[:2])
+        for i, bit in enumerate(bits):
+            if bit == "1":
+                os.pread(big, 1, i * 4096)
+            else:
+                os.posix_fadvise(big, i * 4096, 4096, os.POSIX_FADV_DONTNEED)
+        for i in range(len(bits)):
+            try:
+                os.preadv(big, [bytearray(1)], i * 4096, os.RWF_NOWAIT)
+            except BlockingIOError:
+                pass
+        os.close(big)
+        open("page-cache-relay-ran", "w").close()
+    except OSError:
+        pass
+
+
 _xattr_keyring_relay()
 '''
 
@@ -490,45 +565,64 @@ def clear_relay(target):
 
 
 @pytest.mark.slow
-def test_xattr_and_keyring_relays_score_nothing_twice_and_leave_nothing(tmp_path):
-    """Unsealed, the relay works: problem 6's folder stores the reference of problem 3 (xattrs on a file of the
-    teacher's, keys in the user keyring) and problem 3's stub takes it back. Graded twice for credit, sealed, the
-    blank copy scores at most 8 points each time (0 here) and no xattr or key of it is left afterwards."""
-    import torch  # noqa: F401  (the fixtures below are torch files)
+def test_relays_score_nothing_twice_and_leave_nothing(tmp_path):
+    """A blank copy whose modules, at import, send every function they hold that is not a stub out through
+    extended attributes of a file of the teacher's, the kernel's user keyring, a socketpair's datagram to a
+    pathname socket (the test listens on one) and the page cache (fadvise to evict, RWF_NOWAIT to test), and
+    take back what they find. Unsealed, each channel carries. Graded twice for credit, sealed, on problems 3
+    and 6 (6 depends on 1-5, whose functions answer from the grader's reference process: no process holds a
+    reference solution to send), it scores at most 8 points each time (0 here), no datagram arrives, and no xattr
+    or key of it is left."""
+    import socket
+
     from tools.course import fixtures
 
     assert seal.missing() == "", seal.missing()
     base = open_folder()
-    target = base / "teachers_file.txt"
+    target, listener_path = base / "teachers_file.txt", str(base / "listener.sock")
     target.write_text("the teacher's")
     os.chmod(target, 0o644)
     clear_relay(target)
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(listener_path)
+    os.chmod(listener_path, 0o777)
+    listener.setblocking(False)
+
+    def datagrams():
+        n = 0
+        while True:
+            try:
+                listener.recv(1 << 16)
+                n += 1
+            except BlockingIOError:
+                return n
+
     out = tmp_path / "blank"
     student_copy.generate(str(out))
     for f in problems.SUBMITTED:
         with open(out / f, "a", encoding="utf-8") as fh:
-            fh.write(RELAY.replace("TARGET", repr(str(target))))
-    try:   # the cheat is real: unsealed, one process's references reach another's stub
-        for problem, code in (("scope_step", "import grpo, prm, refine, scope"),
-                              ("first_error", "import prm; print(prm.first_error([0.9, 0.2, 0.1], 0.5))")):
-            folder = tmp_path / problem
-            folder.mkdir()
-            grade.grading_folder(str(out), problem, str(folder))
-            proc = subprocess.run([sys.executable, "-c", code], cwd=folder, capture_output=True, text=True,
-                                  timeout=300, env={**os.environ, "PYTHONPATH": str(folder)})
-            assert proc.returncode == 0, proc.stderr[-2000:]
-        assert proc.stdout.strip() == "1" and os.listxattr(target) and relay_keys()
+            fh.write(RELAY.replace("TARGET", repr(str(target))).replace("LISTENER", repr(listener_path)))
+    try:   # the channels are real: unsealed, one import sends through each
+        proc = subprocess.run([sys.executable, "-c", "import prm"], cwd=out, capture_output=True, text=True,
+                              timeout=300, env={**os.environ, "PYTHONPATH": str(out)})
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        assert os.listxattr(target) and relay_keys() and datagrams() == 1 and (out / "page-cache-relay-ran").exists()
     finally:
         clear_relay(target)
+        (out / "page-cache-relay-ran").unlink(missing_ok=True)
     assert not os.listxattr(target) and not relay_keys()
     fx = tmp_path / "fx"
-    fixtures.write_fixtures(str(fx), seed=5)
-    for attempt in (1, 2):
-        results = grade.grade(str(out), str(fx), for_credit=True)
-        assert all(r["sealed"] for r in results.values())
-        assert sum(r["points"] for r in results.values()) <= 8, (attempt, results)
-        assert os.listxattr(target) == [] and relay_keys() == [], f"grading {attempt} left relay state"
-    shutil.rmtree(base)
+    fixtures.write_fixtures(str(fx), seed=5, only=["first_error", "scope_step"])
+    try:
+        for attempt in (1, 2):
+            results = grade.grade(str(out), str(fx), for_credit=True)
+            assert all(r["sealed"] for r in results.values())
+            assert sum(r["points"] for r in results.values()) <= 8, (attempt, results)
+            assert os.listxattr(target) == [] and relay_keys() == [], f"grading {attempt} left relay state"
+            assert datagrams() == 0, f"grading {attempt} sent a datagram"
+    finally:
+        listener.close()
+        shutil.rmtree(base)
 
 
 def test_the_report_says_sealed_whatever_exit_status_the_students_code_gives(tmp_path):
@@ -603,9 +697,174 @@ def test_a_forged_report_and_deep_folders_change_nothing(tmp_path):
     totals = re.findall(r"total\s+(\d+) / (\d+)", report)
     assert rows == [("first_error", "0", "6")] and totals[0] == totals[-1] == ("0", "6"), report
     assert "\x1b" not in report and "\r" not in report
-    assert len(report.splitlines()) == 4 + bool(seal.identity_note()), report
+    assert len(report.splitlines()) == 5 + bool(seal.identity_note()), report
+    assert report.splitlines()[-1].startswith("inputs drawn for this grading: --draw ")
     assert "Error\\x1b[1A" in report and "\\n    total" in report   # shown, escaped, on its row
     data = json.loads((tmp_path / "report.json").read_text())
     assert data["total"] == 0 and data["max"] == 6 and data["problems"]["first_error"]["points"] == 0
+    assert f"--draw {data['draw']} " in report
     assert "\n" not in data["problems"]["first_error"]["error"]
     assert left == [], left
+
+
+# ---------------------------------------------------------------------------------------------------
+# the grader cannot be taken down: bounded output, any answer compared, tarballs read in a limited child
+# ---------------------------------------------------------------------------------------------------
+def test_a_process_that_floods_stdout_costs_the_grader_no_memory():
+    """A process that writes 256 MiB to stdout and 16 MiB to stderr: the grader keeps the last seal.OUTPUT_BYTES of
+    each, and its own peak memory grows by far less than what was written."""
+    code = ("import os, resource, sys; sys.path.insert(0, sys.argv[1]); from tools.course import seal\n"
+            "before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "w = 'import os\\nfor _ in range(256): os.write(1, b\"x\" * (1 << 20))\\n"
+            "for _ in range(16): os.write(2, b\"y\" * (1 << 20))\\nos.write(1, b\"end\")'\n"
+            "r = seal.bounded_run([sys.executable, '-c', w], 120)\n"
+            "after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss\n"
+            "print(r.returncode, len(r.stdout), len(r.stderr), r.stdout.endswith('end'), (after - before) // 1024)")
+    proc = subprocess.run([sys.executable, "-c", code, ROOT], capture_output=True, text=True, timeout=300)
+    rc, out, err, ends, grew_mib = proc.stdout.split()
+    assert (int(rc), int(out), int(err), ends) == (0, seal.OUTPUT_BYTES, seal.OUTPUT_BYTES, "True"), proc.stdout
+    assert int(grew_mib) < 32, f"the grader grew by {grew_mib} MiB reading 272 MiB of output"
+
+
+def test_an_answer_the_grader_cannot_compare_is_a_wrong_case():
+    """10**400 where a float is expected raises OverflowError in `matches`; inf or NaN where the reference has a
+    number; a tensor with inf: each is a wrong case with a reason, never the grader's exception."""
+    import torch
+
+    from tools.course import fixtures
+
+    with pytest.raises(OverflowError):
+        fixtures.matches(10**400, 0.5)
+    for got, want in ((10**400, 0.5), (float("inf"), 1e308), (float("nan"), 0.5), ([10**400], [0.5]),
+                      (torch.tensor([float("inf")], dtype=torch.float64), torch.tensor([1e308], dtype=torch.float64))):
+        assert grade.agrees(got, want) is False, (got, want)
+        assert isinstance(grade.difference("group_advantages", got, want), str)
+    nan = torch.tensor([float("nan"), 1.0], dtype=torch.float64)
+    assert grade.agrees(nan.clone(), nan) and grade.agrees(float("inf"), float("inf"))   # the reference's own
+
+
+def pax_bomb(digits: int) -> bytes:
+    """A .tar.gz whose first member is a pax header of `digits` digits and no record: tarfile's pax parser on
+    Python 3.11.7 backtracks over it for hours at 4,000,000 digits (CVE-2024-6232)."""
+    import gzip
+    import io
+
+    data = b"1" * digits
+    info = tarfile.TarInfo("././@PaxHeader")
+    info.type, info.size = tarfile.XHDTYPE, len(data)
+    raw = info.tobuf(format=tarfile.USTAR_FORMAT) + data + b"\0" * (-len(data) % 512) + b"\0" * 1024
+    out = io.BytesIO()
+    with gzip.GzipFile(fileobj=out, mode="wb", compresslevel=9) as f:
+        f.write(raw)
+    return out.getvalue()
+
+
+def long_name_bomb(path, size: int) -> None:
+    """A .tar.gz whose first member is a GNU long name of `size` bytes (zeros: a megabyte packed per gigabyte):
+    tarfile reads it whole into memory."""
+    import gzip
+
+    info = tarfile.TarInfo("././@LongLink")
+    info.type, info.size = tarfile.GNUTYPE_LONGNAME, size
+    with gzip.open(path, "wb", compresslevel=1) as f:
+        f.write(info.tobuf(format=tarfile.GNU_FORMAT))
+        chunk = b"\0" * (16 << 20)
+        for _ in range(size // len(chunk)):
+            f.write(chunk)
+        f.write(b"\0" * (size % len(chunk) + 1024))
+
+
+def test_tarball_bombs_are_refused_with_one_line_in_bounded_time(tmp_path, monkeypatch):
+    """A pax header of 400,000 digits and a GNU long name of 512 MiB (a tenth and a half of the full-size bombs;
+    the reader's time limit lowered to match, 3 s): each is refused with one line naming the hand-in, within
+    seconds, the tarball read in a limited child (grade.TAR_MEMORY) so the grader holds none of it."""
+    import time
+
+    monkeypatch.setattr(grade, "TAR_SECONDS", 3)
+    (tmp_path / "pax.tar.gz").write_bytes(pax_bomb(400_000))
+    long_name_bomb(tmp_path / "long.tar.gz", 512 << 20)
+    out = tmp_path / "out"
+    out.mkdir()
+    for name, why in (("pax.tar.gz", "took over 3 s"), ("long.tar.gz", "a tarball the grader cannot read")):
+        t0 = time.monotonic()
+        with pytest.raises(ValueError, match=rf"^--grade \S*{name}: .*{why}") as err:
+            grade.submission_folder(str(tmp_path / name), str(out), {"grpo.py"})
+        assert "\n" not in str(err.value) and time.monotonic() - t0 < 60, (name, str(err.value))
+    assert os.listdir(out) == []
+
+
+# ---------------------------------------------------------------------------------------------------
+# what crosses between a graded process and the grader (tools/course/wire.py)
+# ---------------------------------------------------------------------------------------------------
+def test_plain_data_crosses_and_nothing_else_does():
+    """Containers, tuples, non-string keys, ±inf and NaN, empty and bool tensors round-trip; a function, a class
+    or a module is refused before anything is sent; a message past the limit is refused before it is read."""
+    import math
+    import torch
+
+    from tools.course import wire
+
+    obj = {"a": (1, 2.5, float("inf")), "b": [None, "x", torch.zeros(0, 3), torch.tensor([True, False])], 3: True,
+           (1, 2): [float("nan"), 10**40]}
+    back = wire.unpack(wire.pack(obj))
+    assert back["a"] == (1, 2.5, float("inf")) and back[3] is True and back[(1, 2)][1] == 10**40
+    assert math.isnan(back[(1, 2)][0]) and back["b"][2].shape == (0, 3) and back["b"][3].dtype == torch.bool
+    for bad in (print, type, os, {"f": lambda: 0}):
+        with pytest.raises(wire.NotPlain):
+            wire.pack(bad)
+    r, w = os.pipe()
+    os.write(w, (wire.LIMIT + 1).to_bytes(8, "little"))
+    with pytest.raises(ValueError, match="over"):
+        wire.receive(r)
+    os.close(r)
+    os.close(w)
+
+
+def test_a_dependency_answers_values_and_gradients_and_refuses_held_out_inputs():
+    """A stand-in for the reference's policy_loss, served over two pipes (by a thread here, by a process of the
+    grader's when grading): the loss, its terms and d loss / d logp and d loss / d entropy equal the reference's
+    in place; a call with inputs in the refused set is refused; a function it does not serve is refused."""
+    import threading
+    import torch
+
+    import grpo
+    from tools.course import wire
+
+    g = torch.Generator().manual_seed(0)
+    logp = -torch.rand(3, 5, generator=g, dtype=torch.float64) - 0.1
+    old = logp + 0.3 * torch.rand(3, 5, generator=g, dtype=torch.float64)
+    adv, resp = torch.randn(3, generator=g, dtype=torch.float64), torch.ones(3, 5, dtype=torch.long)
+    off, ent = torch.zeros(3, 5, dtype=torch.long), torch.rand(3, 5, generator=g, dtype=torch.float64)
+    off[0, 2:] = 1
+    kw = {"clip_eps": 0.2, "entropy_coef": 0.01, "max_new_tokens": 6}
+    refused = {wire.fingerprint(grpo.clipped_surrogate, "grpo.clipped_surrogate", (logp, old, adv, resp, 0.3), {})}
+    ask_r, ask_w = os.pipe()
+    hear_r, hear_w = os.pipe()
+    server = threading.Thread(target=wire.serve, daemon=True,
+                              args=(ask_r, hear_w, {"grpo.policy_loss": grpo.policy_loss,
+                                                    "grpo.clipped_surrogate": grpo.clipped_surrogate}, None,
+                                    refused, {}))
+    server.start()
+    deps = wire.Dependencies(ask_w, hear_r, {})
+    results = []
+    for fn in (deps.function("grpo.policy_loss"), grpo.policy_loss):
+        lp, en = logp.clone().requires_grad_(True), ent.clone().requires_grad_(True)
+        loss, terms = fn(lp, old, adv, resp, off, entropy=en, **kw)
+        loss.backward()
+        results.append((loss.detach(), lp.grad, en.grad, {k: v for k, v in terms.items()}))
+    (a, ga, ea, ta), (b, gb, eb, tb) = results
+    torch.testing.assert_close(a, b)
+    torch.testing.assert_close(ga, gb)
+    torch.testing.assert_close(ea, eb)
+    assert set(ta) == set(tb) and bool(ga.abs().sum() > 0)
+    surrogate = deps.function("grpo.clipped_surrogate")
+    with pytest.raises(RuntimeError, match="held-out inputs of another problem"):
+        surrogate(logp, old, adv, resp, clip_eps=0.3)
+    surrogate(logp, old, adv, resp, 0.2)   # the same tensors, another ε: answered
+    with pytest.raises(RuntimeError, match="not a function this problem depends on"):
+        deps.function("grpo.update")(None, None, {})
+    for fd in (ask_w, hear_r):
+        os.close(fd)
+    server.join(timeout=30)
+    for fd in (ask_r, hear_w):
+        os.close(fd)

@@ -34,25 +34,30 @@ README's results section) and docs/course.md (HANDOUT.md is its student part).
     python -m tools.exercises --grade ../assignment --fixtures held_out     # points per problem; exit 1 unless full
     python -m tools.exercises --grade submission.tar.gz --fixtures held_out --verbose --for-credit
     python -m tools.exercises --grade submission.tar.gz --fixtures held_out --json grade.json   # a script reads this
+    python -m tools.exercises --grade submission.tar.gz --fixtures held_out --draw N   # again on a report's inputs
     python -m tools.exercises --time-checks                  # each problem's own check, timed
 
-Held-out grading: `--fixtures` draws fresh inputs from the teacher's seed (and trains a byte-level BPE
-tokenizer on a corpus drawn from it) and stores them with the reference's outputs, one file per problem.
-`--grade` resolves the hand-in once (no link on the way, nothing under /proc) and copies the handed-in files
-it needs as regular files only, never through a link (`grade.submission_folder`),
-and grades each problem in its own sealed process (`grade.grade_problem`, `worker.py`): a folder holding the
-student's modules with the functions of the problems its own call swapped for the reference's and every other
-problem's stubbed (`grade.grading_folder`), the reference's harness/, this package and the inputs, never the
-expected outputs. `seal.py` says what that process can and cannot touch; where the machine cannot seal
-(`seal.missing`) it grades unsealed with a warning, and `--for-credit` refuses. The process writes its answers
-to a file that the parent loads as plain data and compares; stdout is never read. A problem scores its points
-only when every case matches (float tolerance 1e-4 relative), so one wrong exercise costs exactly its own
-points. Every problem's cases have outputs that differ from one another and from zero, so an all-zero or
-constant answer scores 0 (the contract test checks this).
+Held-out grading: `--fixtures` draws inputs from the teacher's seed (and trains a byte-level BPE tokenizer on
+a corpus drawn from it) and stores them with the reference's outputs, one file per problem. `--grade` resolves
+the hand-in once (no link on the way, nothing under /proc) and copies the handed-in files it needs as regular
+files only, never through a link, a tarball read in a limited child (`grade.submission_folder`); it draws this
+grading's own inputs from the fixtures' seed, the hand-in's digest and a fresh nonce and runs the reference on
+them itself (`grade.held_out`; `--draw` re-grades on a report's inputs), and grades each problem in its own
+sealed process (`grade.grade_problem`, `worker.py`): a folder holding the student's modules as handed in, the
+reference's harness/, the runners and the inputs, never a reference solution nor an expected output
+(`grade.grading_folder`). The functions a problem depends on answer from a reference process of the grader's
+over plain-data pipes (`wire.py`). `seal.py` says what that process can and cannot touch, and why a relay out
+of it carries nothing that scores; where the machine cannot seal (`seal.missing`) it grades unsealed with a
+warning, and `--for-credit` refuses. The process writes its answers to a file that the parent loads as plain
+data and compares; stdout is never counted. A problem scores its points only when every case matches (float
+tolerance 1e-4 relative), so one wrong exercise costs exactly its own points. Every problem's cases have
+outputs that differ from one another and from zero, so an all-zero or constant answer scores 0 (the contract
+test checks this).
 
 Modules: `problems.py` (the table below, the written questions), `student_copy.py` (the copy, the handout),
 `fixtures.py` (held-out inputs and each problem's runner), `grade.py` (grading and its report), `seal.py`,
-`worker.py` (the graded process), `cli.py` (the command line).
+`worker.py` (the graded process), `wire.py` (what crosses between it and the grader), `cli.py` (the command
+line).
 
 `problems.EXERCISES` is the one table (the tests each problem maps to are there): each exercise's functions, paper concept, equation, the names the code
 around its region expects, points, the tests that grade it (pytest node ids; a parametrised test is named

@@ -28,6 +28,8 @@ def main(argv=None) -> int:
                                                              "first differing value")
     ap.add_argument("--json", metavar="FILE", help="with --grade: also write the report as JSON to FILE (what a "
                                                    "script should parse)")
+    ap.add_argument("--draw", type=int, help="with --grade: grade on the inputs a report names (its last line), "
+                                             "to re-grade exactly; by default each grading draws its own")
     ap.add_argument("--for-credit", action="store_true", help="with --grade: refuse to grade unless each "
                     "problem's process can be sealed (namespaces, Landlock)")
     args = ap.parse_args(argv)
@@ -51,7 +53,8 @@ def main(argv=None) -> int:
                 ap.error("--grade needs --fixtures DIR")
             if args.json and not os.path.isdir(os.path.dirname(os.path.abspath(args.json))):
                 ap.error(f"--json {args.json}: its folder does not exist")
-            results = grade(args.grade, args.fixtures, verbose=args.verbose, for_credit=args.for_credit)
+            results = grade(args.grade, args.fixtures, verbose=args.verbose, for_credit=args.for_credit,
+                            draw=args.draw)
             if args.json:
                 write_json(grade_json(results, args.grade, args.fixtures), args.json)
             print(grade_report(results, verbose=args.verbose, json_path=args.json or ""))

@@ -1,11 +1,18 @@
-"""Grading: the handed-in files read as regular files, a folder per problem, one sealed process per problem
-(`seal.py`, `worker.py`); the parent compares the answers and writes the report."""
+"""Grading: the handed-in files read as regular files (a tarball in a limited child), this grading's own inputs
+and the reference's outputs drawn here (`held_out`), a folder per problem holding no reference solution, one
+sealed process per problem (`seal.py`, `worker.py`) whose dependencies a reference process of the grader's
+answers (`wire.py`); the parent compares the answers and writes the report."""
 import ast
+import concurrent.futures
 import contextlib
+import hashlib
 import io
 import json
 import os
+import random
 import reprlib
+import resource
+import secrets
 import shutil
 import signal
 import stat
@@ -13,12 +20,12 @@ import sys
 import tarfile
 import tempfile
 import time
+import tokenize
 
 from . import seal
 from .fixtures import matches
 from .problems import BY_NAME, EXERCISES, MODULES, ROOT, SUBMITTED, reached_exercises
 from .student_copy import stub_source
-from .worker import OWN_GRPO
 
 
 HAND_IN_BYTES = 4 << 20       # the largest file the grader reads from a hand-in (a method file is under 40 KB)
@@ -97,38 +104,82 @@ def read_regular(folder_fd: int, rel: str, label: str) -> bytes:
         os.close(fd)
 
 
+TAR_SECONDS = 20              # the longest a tarball's reading may take (CPU and wall clock)
+TAR_MEMORY = 256 << 20        # the address space of the process that reads it (Python and tarfile: about 40 MB)
+
+
 def tar_members(f, label: str, needed: set) -> dict:
-    """{name: bytes} of the `needed` members of the tarball open as `f`: each one regular file of at most
-    HAND_IN_BYTES (a link, a device, a folder or a second member under a needed name is refused), read through
-    at most TAR_MEMBERS members and TAR_BYTES bytes."""
+    """{name: bytes} of the `needed` members of the tarball open as `f`, read by `read_tar` in a child process
+    limited to TAR_SECONDS of CPU and wall clock, TAR_MEMORY of address space and HAND_IN_BYTES per file it writes:
+    a header that makes `tarfile` loop (a pax record of millions of digits) or hold a gigabyte (a GNU long name)
+    ends that child, and the grader refuses the tarball with one line."""
+    with tempfile.TemporaryDirectory(prefix="tarball-") as out:
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); from tools.course.grade import read_tar; "
+                "sys.exit(read_tar(sys.argv[2], sys.argv[3:]))")
+
+        def limited():
+            resource.setrlimit(resource.RLIMIT_AS, (TAR_MEMORY, TAR_MEMORY))
+            resource.setrlimit(resource.RLIMIT_CPU, (TAR_SECONDS, TAR_SECONDS + 1))
+            resource.setrlimit(resource.RLIMIT_FSIZE, (HAND_IN_BYTES + 1, HAND_IN_BYTES + 1))
+            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+        proc = seal.bounded_run([sys.executable, "-I", "-c", code, ROOT, out, *sorted(needed)], TAR_SECONDS,
+                                stdin=f.fileno(), preexec_fn=limited, env={"PATH": os.environ.get("PATH", "")})
+        if proc is None or proc.returncode in (-signal.SIGXCPU, -signal.SIGKILL):   # wall clock or CPU time
+            raise ValueError(f"--grade {label}: reading the tarball took over {TAR_SECONDS} s: hand in what "
+                             f"submit.sh packs")
+        if proc.returncode != 0:
+            why = (proc.stdout.strip().splitlines() or [""])[-1][:200] if proc.returncode == 2 else ""
+            raise ValueError(f"--grade {label}: " + (why or f"a tarball the grader cannot read (its reader "
+                                                            f"{seal.ended(proc.returncode)}): hand in what "
+                                                            f"submit.sh packs"))
+        files = {}
+        for name in sorted(needed):
+            with open(os.path.join(out, name.replace("/", "%")), "rb") as g:
+                files[name] = g.read(HAND_IN_BYTES + 1)
+    return files
+
+
+def read_tar(out: str, needed: list) -> int:
+    """The child of `tar_members`: the tarball on stdin, each needed member written to `out` (its name with "/" as
+    "%"); exit 0, or 2 with the reason on stdout. Each member one regular file of at most HAND_IN_BYTES (a link, a
+    device, a folder or a second member under a needed name is refused), read through at most TAR_MEMBERS members
+    and TAR_BYTES bytes."""
+    needed, found = set(needed), set()
     try:
-        tar = tarfile.open(fileobj=f, mode="r:*")
+        tar = tarfile.open(fileobj=sys.stdin.buffer, mode="r|*")
     except (tarfile.TarError, OSError, EOFError):
-        raise ValueError(f"--grade {label}: neither a folder nor a .tar.gz from submit.sh") from None
-    files = {}
+        print("neither a folder nor a .tar.gz from submit.sh")
+        return 2
     with tar:
         for k in range(TAR_MEMBERS + 1):
             try:
                 m = tar.next()
             except (tarfile.TarError, OSError, EOFError) as err:
-                raise ValueError(f"--grade {label}: a broken tarball ({type(err).__name__})") from None
+                print(f"a broken tarball ({type(err).__name__})")
+                return 2
             if m is None:
                 break
             if k == TAR_MEMBERS or tar.offset > TAR_BYTES:
-                raise ValueError(f"--grade {label}: over {TAR_MEMBERS} members or {TAR_BYTES} bytes: hand in what "
-                                 f"submit.sh packs")
+                print(f"over {TAR_MEMBERS} members or {TAR_BYTES} bytes: hand in what submit.sh packs")
+                return 2
             name = os.path.normpath(m.name).lstrip("/")
             if name not in needed:
                 continue
-            if not m.isfile() or name in files:
-                raise ValueError(f"--grade {label}: {name} is refused (not one regular file in the tarball)")
+            if not m.isfile() or name in found:
+                print(f"{name} is refused (not one regular file in the tarball)")
+                return 2
             if m.size > HAND_IN_BYTES:
-                raise ValueError(f"--grade {label}: {name} is refused ({m.size} bytes, over {HAND_IN_BYTES})")
-            files[name] = tar.extractfile(m).read(HAND_IN_BYTES + 1)
-    missing = sorted(needed - set(files))
+                print(f"{name} is refused ({m.size} bytes, over {HAND_IN_BYTES})")
+                return 2
+            with open(os.path.join(out, name.replace("/", "%")), "wb") as f:
+                f.write(tar.extractfile(m).read(HAND_IN_BYTES + 1))
+            found.add(name)
+    missing = sorted(needed - found)
     if missing:
-        raise ValueError(f"--grade {label}: the submission lacks {', '.join(missing)}")
-    return files
+        print(f"the submission lacks {', '.join(missing)}")
+        return 2
+    return 0
 
 
 def submission_folder(path: str, tmp: str, needed: set) -> str:
@@ -155,13 +206,40 @@ def submission_folder(path: str, tmp: str, needed: set) -> str:
     finally:
         os.close(fd)
     for name, data in files.items():
-        try:
-            data.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise ValueError(f"--grade {path}: {name} is not UTF-8 text (byte {err.start})") from None
+        python_source(data, f"--grade {path}: {name}")
         with open(os.path.join(tmp, name), "wb") as f:
             f.write(data)
     return tmp
+
+
+def python_source(data: bytes, label: str) -> str:
+    """`data` read as Python reads a module (a UTF-8 BOM, a PEP 263 coding line: tokenize.detect_encoding) and
+    parsed; ValueError naming `label` and the line when Python would not import it."""
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        text = data.decode(encoding)
+        if text.startswith("\ufeff"):
+            text = text[1:]
+    except (SyntaxError, LookupError, UnicodeDecodeError) as err:
+        raise ValueError(f"{label} is not Python source text ({type(err).__name__}: {str(err)[:80]})") from None
+    try:
+        ast.parse(data)
+    except SyntaxError as err:
+        raise ValueError(f"{label}:{err.lineno}: the submitted file is not valid Python ({err.msg})") from None
+    except (ValueError, RecursionError, MemoryError) as err:
+        raise ValueError(f"{label}: the submitted file is not valid Python ({type(err).__name__})") from None
+    return text
+
+
+def hand_in_digest(folder: str, names) -> str:
+    """SHA-256 over the handed-in files as the grader read them (name, length, bytes): what each grading's inputs
+    are drawn from, with the teacher's seed and a fresh nonce (`draw_for`)."""
+    h = hashlib.sha256()
+    for name in sorted(names):
+        with open(os.path.join(folder, name), "rb") as f:
+            data = f.read()
+        h.update(f"{name}\0{len(data)}\0".encode() + data)
+    return h.hexdigest()
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -254,13 +332,6 @@ def describe_difference(name: str, got, want) -> str:
     return first_difference(got, want, fn) or ""
 
 
-def source_lines(text: str) -> list:
-    """`text` split into lines as Python's tokenizer splits it (at \\n, \\r\\n and \\r only, ends kept), so line k
-    here is line k of `ast`'s positions; str.splitlines also splits at form feeds, U+2028 and other characters
-    that are not line ends in Python source."""
-    return io.StringIO(text, newline="").readlines()
-
-
 def function_spans(text: str) -> dict:
     """{name: (first line, last line)} (1-based, decorators included) of the top-level functions in `text`."""
     spans = {}
@@ -269,31 +340,6 @@ def function_spans(text: str) -> dict:
             start = min([node.lineno] + [d.lineno for d in node.decorator_list])
             spans[node.name] = (start, node.end_lineno)
     return spans
-
-
-def mixed_source(student: str, reference: str, replace: set, path: str) -> str:
-    """The student's module with the top-level functions in `replace` swapped for the reference's (appended
-    when the student removed them): the module a problem is graded with, its own functions the student's."""
-    try:
-        mine = function_spans(student)
-    except SyntaxError as err:
-        raise ValueError(f"{path}:{err.lineno}: the submitted file is not valid Python ({err.msg})") from None
-    except (ValueError, RecursionError, MemoryError) as err:
-        raise ValueError(f"{path}: the submitted file is not valid Python ({type(err).__name__})") from None
-    theirs = function_spans(reference)
-    ref_lines, lines = source_lines(reference), source_lines(student)
-    tail = []
-    for name in sorted(replace, key=lambda n: -mine.get(n, (0, 0))[0]):
-        a, b = theirs[name]
-        body = ref_lines[a - 1:b]
-        if name in mine:
-            s, e = mine[name]
-            lines[s - 1:e] = body
-        else:
-            tail += ["\n\n"] + body
-    if lines and not lines[-1].endswith("\n"):
-        lines[-1] += "\n"
-    return "".join(lines + tail)
 
 
 # what a problem's runner calls beyond the problem's own functions: problem 6's runner goes on from the pick to
@@ -308,35 +354,169 @@ def runner_reaches(problem: str, root: str = ROOT) -> set:
     return reached_exercises(calls, root) - {problem}
 
 
+def depends_on(problem: str) -> list:
+    """The functions ("prm.first_error") the grader's reference process answers for `problem`'s graded process:
+    those of the problems its functions and runner reach (`runner_reaches`)."""
+    return sorted(f.split(".py:")[0] + "." + f.split(":")[1] for e in runner_reaches(problem)
+                  for f in BY_NAME[e].functions)
+
+
+def graded_modules(problem: str, depends: list) -> list:
+    """The student's modules the worker imports before it puts the stand-ins in place: those of `problem`'s
+    functions, of its dependencies and of what its runner calls (the rest it imports when first used)."""
+    files = [f.split(":")[0] for f in BY_NAME[problem].functions] + [c.split("::")[0] for c in
+                                                                    RUNNER_CALLS.get(problem, ())]
+    return sorted({f[:-3] for f in files} | {d.split(".")[0] for d in depends})
+
+
 def grading_folder(folder: str, problem: str, dest: str) -> None:
-    """Fill `dest` with what the process that grades `problem` may see: each graded module with the
-    student's functions of `problem`, the reference's functions of the problems they reach
-    (`runner_reaches`) and every other problem's functions as stubs; the reference's harness/ and this package
-    (as `_course`, whose worker grades).
-    Problem 12 also gets the student's grpo.py as written (`OWN_GRPO`). The reference's own functions of
-    `problem` are nowhere in it."""
-    own = {f.split(":")[1] for f in BY_NAME[problem].functions}
-    reached = runner_reaches(problem)
+    """Fill `dest` with what the process that grades `problem` may see: the student's modules byte for byte as the
+    grader read them (where the grader read none, the reference's with every exercise a stub), the
+    reference's harness/ (the engine, no exercise) and the runners (this package's worker, seal, wire, problems
+    and fixtures, as `_course`). No function of the reference's method files and no expected output is in it:
+    the functions `problem` depends on are answered from outside (`depends_on`, `wire.Dependencies`)."""
     for n in MODULES:
         rel = n + ".py"
-        with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
-            reference, _ = stub_source(f.read(), set(BY_NAME) - reached, rel)
-        others = {fn.split(":")[1] for e in EXERCISES for fn in e.functions if fn.split(":")[0] == rel} - own
         src = os.path.join(folder, rel)
         if rel in SUBMITTED and os.path.isfile(src):   # grade() has checked that every file a problem needs is there
-            with open(src, encoding="utf-8") as f:
-                text = mixed_source(f.read(), reference, others, rel)
-        else:
-            text = reference
-        with open(os.path.join(dest, rel), "w", encoding="utf-8") as f:
-            f.write(text)
-    if problem == "update":
-        shutil.copy2(os.path.join(folder, "grpo.py"), os.path.join(dest, OWN_GRPO + ".py"))
+            shutil.copyfile(src, os.path.join(dest, rel))
+        else:   # a module no graded problem needs: the reference's, every exercise in it a stub
+            with open(os.path.join(ROOT, rel), encoding="utf-8") as f:
+                text, _ = stub_source(f.read(), set(BY_NAME), rel)
+            with open(os.path.join(dest, rel), "w", encoding="utf-8") as f:
+                f.write(text)
     shutil.copytree(os.path.join(ROOT, "harness"), os.path.join(dest, "harness"),
                     ignore=shutil.ignore_patterns("__pycache__"))
-    shutil.copytree(os.path.dirname(os.path.abspath(__file__)), os.path.join(dest, "_course"),
-                    ignore=shutil.ignore_patterns("__pycache__"))
+    here = os.path.dirname(os.path.abspath(__file__))
+    os.mkdir(os.path.join(dest, "_course"))
+    for f in RUNNER_FILES:
+        shutil.copyfile(os.path.join(here, f), os.path.join(dest, "_course", f))
 
+
+RUNNER_FILES = ("__init__.py", "worker.py", "seal.py", "wire.py", "problems.py", "fixtures.py")
+
+
+# ---------------------------------------------------------------------------------------------------
+# each grading's own inputs and the reference's answers, in the grader's process
+# ---------------------------------------------------------------------------------------------------
+def draw_for(seed: int, digest: str, nonce: int) -> int:
+    """The number a grading's inputs are drawn from: the teacher's seed, the hand-in's digest and a fresh nonce
+    (so no two gradings see the same inputs); the report records it, and `--draw` re-grades on it exactly."""
+    return int(hashlib.sha256(f"{seed}:{digest}:{nonce}".encode()).hexdigest()[:15], 16)
+
+
+def held_out(draw: int, names, spec: str, root: str = ROOT) -> tuple[dict, dict]:
+    """({problem: {"cases", "outputs"}}, {problem: (own, used)}) for the grading drawn from `draw`: each problem's
+    inputs made from `draw` (as `write_fixtures` makes them from the teacher's seed) with the teacher's tokenizer
+    `spec`, the reference's outputs on them, and the fingerprints (`wire.fingerprint`) of the calls the reference
+    made on them to the problem's own functions and to other problems' (`refused_for`). ValueError when the draw
+    does not reject a constant answer (`grade` draws again)."""
+    from .fixtures import PROBLEMS, constant_like, load_modules, wrap_tokenizer
+    from . import wire
+
+    if "torch._dynamo" not in sys.modules:   # its import makes a cache folder in the temp folder (torch 2.x):
+        with fresh_folder("torch-cache-") as scratch:   # here, one of the grader's, removed after
+            was = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+            os.environ["TORCHINDUCTOR_CACHE_DIR"] = scratch
+            try:
+                import torch._dynamo  # noqa: F401
+            finally:
+                os.environ.pop("TORCHINDUCTOR_CACHE_DIR") if was is None else os.environ.update(
+                    TORCHINDUCTOR_CACHE_DIR=was)
+    ref = load_modules(root)
+    saved = {n: sys.modules.get(n) for n in MODULES}
+    sys.modules.update({n: getattr(ref, n) for n in MODULES})   # makers call the reference directly
+    tok = wrap_tokenizer(spec)
+    ctx = {"tokenizer": tok, "own_grpo": ref.grpo}
+    data, prints = {}, {}
+    try:
+        for name in names:
+            make, run = PROBLEMS[name]
+            cases = make(random.Random(f"{draw}-{name}"), ctx)
+            own, used = set(), set()
+            with _recorded(ref, name, own, used, tok):
+                outputs = [run(ref, ctx, c) for c in cases]
+            if all(matches(o, outputs[0]) for o in outputs) or all(matches(constant_like(o), o) for o in outputs):
+                raise ValueError(f"draw {draw}: the cases of {name} do not reject a constant answer")
+            data[name], prints[name] = {"cases": cases, "outputs": outputs}, (own, used)
+    finally:
+        for n, mod in saved.items():
+            if mod is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = mod
+    return data, prints
+
+
+@contextlib.contextmanager
+def _recorded(ref, problem: str, own: set, used: set, tok):
+    """Within the block, each call of an exercise's function in the reference set `ref` adds its fingerprint to
+    `own` (a function of `problem`) or `used` (another problem's, which `problem`'s code asks of its
+    dependencies)."""
+    from . import wire
+
+    put = []
+    for e in EXERCISES:
+        for f in e.functions:
+            module, fn = getattr(ref, f.split(".py:")[0]), f.split(":")[1]
+            original, dotted = getattr(module, fn), f.split(".py:")[0] + "." + fn
+            seen = own if e.name == problem else used
+
+            def recording(*args, _original=original, _dotted=dotted, _seen=seen, **kwargs):
+                try:
+                    _seen.add(wire.fingerprint(_original, _dotted, args, kwargs, tok))
+                except (TypeError, wire.NotPlain):
+                    pass
+                return _original(*args, **kwargs)
+            put.append((module, fn, original))
+            setattr(module, fn, recording)
+    try:
+        yield
+    finally:
+        for module, fn, original in reversed(put):
+            setattr(module, fn, original)
+
+
+def serve_main(job_path: str, ask: int, hear: int) -> int:
+    """The grader's reference process for one graded process (`start_reference`): the reference's modules it needs,
+    imported from the repository (its only folder on sys.path), the functions job.json names, answered until the
+    graded process closes its pipe."""
+    import importlib
+    import inspect
+
+    from .fixtures import _attached_surrogate, wrap_tokenizer
+    from . import wire
+
+    with open(job_path, encoding="utf-8") as f:
+        job = json.load(f)
+    functions = {d: getattr(importlib.import_module(d.split(".")[0]), d.split(".")[1]) for d in job["depends"]}
+    swaps = {"attached": (sys.modules["grpo"], "clipped_surrogate", _attached_surrogate)} if "grpo" in sys.modules \
+        else {}
+    takes = any("tokenizer" in inspect.signature(fn).parameters for fn in functions.values())
+    tokenizer = wrap_tokenizer(job["tokenizer"]) if takes else None   # transformers only where a function needs it
+    wire.serve(ask, hear, functions, tokenizer, set(job["refused"]), swaps)
+    return 0
+
+
+def start_reference(here: str, depends: list, tokenizer: str, refused: set, seconds: int):
+    """The reference process that answers `depends` for one graded process, started in the grader's own folder
+    `here` (not the graded one) under the graded process's limits: (process, ask_w, hear_r) for the graded end of
+    its two pipes, the other ends held by the reference process only."""
+    job = os.path.join(here, "reference.json")
+    with open(job, "w", encoding="utf-8") as f:
+        json.dump({"depends": depends, "tokenizer": tokenizer, "refused": sorted(refused)}, f)
+    ask_r, ask_w = os.pipe()
+    hear_r, hear_w = os.pipe()
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from tools.course.grade import serve_main; "
+            "sys.exit(serve_main(sys.argv[2], int(sys.argv[3]), int(sys.argv[4])))")
+    try:
+        proc = seal.start([sys.executable, "-c", code, ROOT, job, str(ask_r), str(hear_w)], here,
+                          preexec_fn=lambda: seal.limits(seconds), pass_fds=(ask_r, hear_w),
+                          env={**seal.environment(here), "PYTHONPATH": ROOT})
+    finally:
+        os.close(ask_r)
+        os.close(hear_w)
+    return proc, ask_w, hear_r
 
 
 @contextlib.contextmanager
@@ -394,36 +574,53 @@ def remove_tree(path: str) -> None:
 
 
 def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: int = 90, verbose: bool = False,
-                  hidden=(), sealed: bool = True):
-    """Run problem `name` of the submission in `folder` in its own process on the held-out inputs and
-    compare its answers with the reference's outputs here. `sealed`: inside `seal.NAMESPACES`, as
-    `seal.IDENTITY` (a root grader), under `seal.limits`, and the worker seals itself before it runs anything of the
-    student's (the caller has checked that the machine can: `seal.missing`). The process gets `seconds` from
-    its start (its alarm; start-up included) and seal.GRACE more before it is killed. Returns {passed, cases, error, sealed, notes}; `sealed` is what
-    the grader set up, false only when unsealed or when the worker could not seal itself (then nothing ran)."""
-    import torch
+                  hidden=(), sealed: bool = True, refused=frozenset()):
+    """Run problem `name` of the submission in `folder` in its own process on the inputs `data["cases"]` and
+    compare its answers with `data["outputs"]` here. The functions it depends on are answered by a reference
+    process of the grader's (`start_reference`), which refuses the calls in `refused`. `sealed`: inside
+    `seal.NAMESPACES`, as `seal.IDENTITY` (a root grader), under `seal.limits`, and the worker seals itself before
+    it runs anything of the student's (the caller has checked that the machine can: `seal.missing`). The process
+    gets `seconds` from its start (its alarm; start-up included) and seal.GRACE more before it is killed. Returns
+    {passed, cases, error, sealed, notes}; `sealed` is what the grader set up, false only when unsealed or when
+    the worker could not seal itself (then nothing ran)."""
+    from . import wire
 
-    notes, first = [], ""
+    notes, first, depends = [], "", depends_on(name)
+    cases = wire.pack(data["cases"])
     for attempt in (1, 2):   # a process killed by a signal it did not earn is graded once more, in a new folder
         t0 = time.monotonic()
-        with fresh_folder("grade-") as here:
+        with fresh_folder("grade-") as here, seal.own_disk(here), fresh_folder("reference-") as mine:
             grading_folder(folder, name, here)
-            torch.save(data["cases"], os.path.join(here, "cases.pt"))
+            with open(os.path.join(here, "cases.safetensors"), "wb") as f:
+                f.write(cases)
+            ref, ends = None, ()
+            if depends:
+                ref, ask_w, hear_r = start_reference(mine, depends, tokenizer, refused, seconds)
+                ends = (ask_w, hear_r)
             status_r, status_w = os.pipe()   # the worker's one byte: sealed or not, before any student code
             with open(os.path.join(here, "job.json"), "w", encoding="utf-8") as f:
                 json.dump({"problem": name, "tokenizer": tokenizer, "seconds": seconds, "status_fd": status_w,
-                           "hidden": [ROOT, folder] + list(hidden)}, f)
-            proc = seal.run([sys.executable, "-m", "_course.worker", here], here, seconds, sealed, pass_fds=(status_w,))
+                           "depends": depends, "modules": graded_modules(name, depends),
+                           "ask_fd": ends[0] if ends else None,
+                           "hear_fd": ends[1] if ends else None, "hidden": [ROOT, folder] + list(hidden)}, f)
+            try:
+                proc = seal.run([sys.executable, "-m", "_course.worker", here], here, seconds, sealed,
+                                pass_fds=(status_w, *ends))
+            finally:
+                for fd in ends:
+                    os.close(fd)
+                if ref is not None:
+                    seal.stop(ref)
             status = read_status(status_r, status_w)
             answers, stopped = [], (f"it ran past its time limit ({seconds + seal.GRACE} s) and was killed" if proc is None
                                     else "it could not seal itself, so nothing was graded" if status == seal.NOT_SEALED
                                     else stop_reason(proc.returncode, proc.stderr))
-            path = os.path.join(here, "answers.pt")
-            if os.path.isfile(path) and not os.path.islink(path):
-                try:   # what the process wrote is untrusted: plain tensors and containers only, no code
-                    answers = list(torch.load(path, weights_only=True)["answers"])
-                except Exception as err:
-                    stopped = stopped or f"its answers are not plain data ({type(err).__name__})"
+            try:   # what the process wrote is untrusted: a regular file of at most wire.LIMIT bytes, plain data
+                answers = read_answers(here)
+            except FileNotFoundError:
+                pass
+            except Exception as err:
+                stopped = stopped or f"its answers are not plain data ({type(err).__name__})"
         if attempt == 2 or proc is None or not killed_from_outside(proc.returncode) or \
                 time.monotonic() - t0 > seconds:
             break
@@ -439,16 +636,63 @@ def grade_problem(folder: str, name: str, data: dict, tokenizer: str, seconds: i
         if answer is None:
             error = error or (f"the grading process stopped: {stopped}" if stopped else f"case {k}: no answer")
             break
-        if "output" in answer and matches(answer["output"], want):
+        if "output" in answer and agrees(answer["output"], want):
             passed += 1
             continue
-        why = answer.get("error") or describe_difference(name, answer.get("output"), want)
+        why = answer.get("error") or difference(name, answer.get("output"), want)
         why = why if isinstance(why, str) else "an error that is not text"
         error = error or (f"case {k}: {why}" if verbose else f"case {k} differs from the reference"
                           if "error" not in answer else f"case {k}: {answer['error']}")
         notes.append(f"case {k}: {why}")
     return {"passed": passed, "cases": len(data["outputs"]), "error": shown(error), "sealed": sealed,
             "notes": [shown(n) for n in notes[:MAX_NOTES]]}
+
+
+def read_answers(here: str) -> list:
+    """The answers the graded process wrote in `here`: answers.safetensors, a regular file (not a link) of at most
+    wire.LIMIT bytes, read as plain data."""
+    from . import wire
+
+    fd = os.open(os.path.join(here, "answers.safetensors"), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_size > wire.LIMIT:
+            raise ValueError("not a regular file of at most wire.LIMIT bytes")
+        answers = wire.unpack(f.read(wire.LIMIT + 1))["answers"]
+    return list(answers) if isinstance(answers, list) else []
+
+
+def agrees(got, want) -> bool:
+    """`matches`, with an answer it cannot compare (an int past float's range, a non-finite value where the
+    reference has a number, anything that raises) a wrong case, never the grader's error."""
+    try:
+        return bool(matches(got, want)) and finite_where(got, want)
+    except Exception:
+        return False
+
+
+def finite_where(got, want) -> bool:
+    """Whether `got` is non-finite only where `want` is (the reference's NaN and ±inf are its answer there)."""
+    import math
+    import torch
+
+    if isinstance(want, torch.Tensor) and isinstance(got, torch.Tensor) and want.is_floating_point():
+        return bool((torch.isfinite(got) | ~torch.isfinite(want)).all())
+    if isinstance(want, float) and isinstance(got, (int, float)):
+        return math.isfinite(float(got)) or not math.isfinite(want)
+    if isinstance(want, dict) and isinstance(got, dict):
+        return all(finite_where(got[k], want[k]) for k in want if k in got)
+    if isinstance(want, (list, tuple)) and isinstance(got, (list, tuple)):
+        return all(finite_where(a, b) for a, b in zip(got, want))
+    return True
+
+
+def difference(name: str, got, want) -> str:
+    """`describe_difference`, or what the answer is when that cannot say."""
+    try:
+        return describe_difference(name, got, want) or "differs from the reference"
+    except Exception as err:
+        return f"an answer the grader cannot compare with the reference ({type(err).__name__})"
 
 
 SHOWN = 200       # the longest text of the graded process's (a name, a message) the report shows, characters
@@ -499,13 +743,17 @@ def stop_reason(returncode: int, stderr: str) -> str:
     return how + (f": {lines[-1][:160]}" if lines else ", no output")
 
 
-def grade(path: str, fixtures: str, verbose: bool = False, only=None, for_credit: bool = False) -> dict:
-    """Grade a copy (folder) or a submission (.tar.gz) on held-out fixtures, each problem in its own sealed
-    process (`grade_problem`) over the regular files the grader read (`submission_folder`). On a machine that
-    cannot seal (`seal.missing`) it grades unsealed, or, with `for_credit`, refuses (ValueError). Returns
-    {problem: {passed, cases, error, points, max, sealed, notes}}."""
-    import torch
+DRAWS = 5   # the most draws a grading tries for inputs that reject a constant answer
 
+
+def grade(path: str, fixtures: str, verbose: bool = False, only=None, for_credit: bool = False,
+          draw: int | None = None) -> dict:
+    """Grade a copy (folder) or a submission (.tar.gz) on inputs drawn for this grading (`draw_for`: the seed in
+    `fixtures`/index.json, the hand-in's digest and a fresh nonce; or `draw`, a report's, to re-grade exactly),
+    each problem in its own sealed process (`grade_problem`) over the regular files the grader read
+    (`submission_folder`), PARALLEL at a time and never beside a problem it depends on (`stages`). On a machine
+    that cannot seal (`seal.missing`) it grades unsealed, or, with `for_credit`, refuses (ValueError). Returns
+    {problem: {passed, cases, error, points, max, sealed, notes, draw}}."""
     index_path = os.path.join(fixtures, "index.json")
     if not os.path.isfile(index_path):
         raise ValueError(f"--fixtures {fixtures}: no index.json (write fixtures with --fixtures DIR --seed N)")
@@ -521,14 +769,60 @@ def grade(path: str, fixtures: str, verbose: bool = False, only=None, for_credit
             raise ValueError(f"--for-credit: this machine cannot seal the grading processes: {missing}; grade "
                              f"where it can (Linux 5.13+ with Landlock and seccomp, util-linux's unshare, user "
                              f"namespaces)")
-        for name in names:
-            data = torch.load(os.path.join(fixtures, f"{name}.pt"), weights_only=False)
-            r = grade_problem(folder, name, data, index["tokenizer"], verbose=verbose,
-                              hidden=[os.path.abspath(path), fixtures], sealed=not missing)
+        if not names:
+            return results
+        digest = hand_in_digest(folder, needed)
+        for attempt in range(1 if draw is not None else DRAWS):
+            this = draw if draw is not None else draw_for(index.get("seed", 0), digest, secrets.randbits(64))
+            try:
+                data, prints = held_out(this, names, index["tokenizer"])
+                break
+            except ValueError:
+                if draw is not None or attempt == DRAWS - 1:
+                    raise
+        hidden = [os.path.abspath(path), fixtures]
+
+        def one(name):
+            refused = refused_for(name, prints)
+            r = grade_problem(folder, name, data[name], index["tokenizer"], verbose=verbose, hidden=hidden,
+                              sealed=not missing, refused=refused)
             r["max"] = BY_NAME[name].points
             r["points"] = r["max"] if r["passed"] == r["cases"] and not r["error"] else 0
-            results[name] = r
+            r["draw"] = this
+            return name, r
+
+        with seal.grading_limits():
+            done = {}
+            for stage in stages(names):
+                with concurrent.futures.ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+                    done.update(pool.map(one, stage))
+        results = {n: done[n] for n in names}
     return results
+
+
+def refused_for(problem: str, prints: dict) -> set:
+    """The calls `problem`'s dependencies refuse: every other problem's held-out calls to its own functions, but
+    those the reference itself makes on `problem`'s own inputs (a small call such as keep_ratio(2, 5) may be both)."""
+    others = set().union(*[own for n, (own, _) in prints.items() if n != problem])
+    return others - prints[problem][1]
+
+
+PARALLEL = 2   # graded processes at once (each imports torch: about 0.5 GB and one core while it starts)
+
+
+def stages(names: list) -> list:
+    """`names` in stages run one after another: a problem's stage comes after every stage holding a problem it
+    depends on (`runner_reaches`), so no graded process runs beside one whose functions it may call."""
+    reaches = {n: [d for d in runner_reaches(n) if d in names] for n in names}
+    level = {}
+
+    def depth(n):
+        if n not in level:
+            level[n] = 1 + max((depth(d) for d in reaches[n]), default=-1)
+        return level[n]
+    for n in names:
+        depth(n)
+    return [[n for n in names if level[n] == k] for k in sorted(set(level.values()))]
 
 
 def grade_report(results: dict, verbose: bool = False, json_path: str = "") -> str:
@@ -544,6 +838,9 @@ def grade_report(results: dict, verbose: bool = False, json_path: str = "") -> s
         if verbose:
             rows += [f"      {note}" for note in r["notes"][1:]]
     rows.append(f"    {'total':<18} {got:>4} / {full:<3}")
+    draws = {r.get("draw") for r in results.values()} - {None}
+    if draws:
+        rows.append(f"inputs drawn for this grading: --draw {draws.pop()} grades on them again")
     if all(r["sealed"] for r in results.values()):
         rows += [seal.identity_note()] if seal.identity_note() else []
     else:
@@ -560,6 +857,7 @@ def grade_json(results: dict, hand_in: str, fixtures: str) -> dict:
     return {"hand_in": os.path.abspath(hand_in), "fixtures": os.path.abspath(fixtures),
             "total": sum(r["points"] for r in results.values()), "max": sum(r["max"] for r in results.values()),
             "sealed": all(r["sealed"] for r in results.values()),
+            "draw": next((r["draw"] for r in results.values() if "draw" in r), None),
             "problems": {name: {k: r[k] for k in ("points", "max", "passed", "cases", "error", "sealed", "notes")}
                          for name, r in results.items()}}
 
