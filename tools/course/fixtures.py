@@ -1,6 +1,7 @@
 """Held-out fixtures: per problem, inputs drawn from the teacher's seed (`make_<problem>`), the runner that
 calls the student's functions on one input (`run_<problem>`, also run by the graded process) and the
 comparison of outputs (`matches`)."""
+import contextlib
 import functools
 import importlib
 import json
@@ -761,6 +762,34 @@ def load_modules(root: str):
         sys.modules.update(saved)
 
 
+def drawn(seed, names, spec: str, root: str = ROOT, label: str = "seed", watch=None):
+    """Yield (problem, cases, outputs) for each of `names`: its inputs drawn from `seed` with the tokenizer `spec`
+    and the reference's outputs on them, the reference's modules standing in sys.modules while the makers and the
+    runners call them. `watch(ref, problem, tokenizer)`, a context manager around each problem's reference run (the
+    grader records the calls it makes there). ValueError, naming `label` and `seed`, when a problem's cases do not
+    reject a constant answer."""
+    ref = load_modules(root)
+    saved = {n: sys.modules.get(n) for n in MODULES}
+    sys.modules.update({n: getattr(ref, n) for n in MODULES})   # makers call the reference directly
+    tok = wrap_tokenizer(spec)
+    ctx = {"tokenizer": tok, "own_grpo": ref.grpo}
+    try:
+        for name in names:
+            make, run = PROBLEMS[name]
+            cases = make(random.Random(f"{seed}-{name}"), ctx)
+            with watch(ref, name, tok) if watch else contextlib.nullcontext():
+                outputs = [run(ref, ctx, c) for c in cases]
+            if all(matches(o, outputs[0]) for o in outputs) or all(matches(constant_like(o), o) for o in outputs):
+                raise ValueError(f"{label} {seed}: the cases of {name} do not reject a constant answer")
+            yield name, cases, outputs
+    finally:
+        for n, mod in saved.items():
+            if mod is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = mod
+
+
 def write_fixtures(out_dir: str, seed: int, only=None, root: str = ROOT) -> dict:
     """Draw the held-out inputs from `seed`, run the reference on them, write `<problem>.pt` files and
     index.json into `out_dir` (new or empty). Returns {problem: number of cases}."""
@@ -773,29 +802,15 @@ def write_fixtures(out_dir: str, seed: int, only=None, root: str = ROOT) -> dict
     if os.path.exists(out_dir) and os.listdir(out_dir):
         raise ValueError(f"--fixtures {out_dir} exists and is not empty; choose a new folder")
     os.makedirs(out_dir, exist_ok=True)
-    rng = random.Random(seed)
-    spec = held_out_tokenizer(rng)
-    ref = load_modules(root)
-    saved = {n: sys.modules.get(n) for n in MODULES}
-    sys.modules.update({n: getattr(ref, n) for n in MODULES})   # makers call the reference directly
-    ctx = {"tokenizer": wrap_tokenizer(spec), "own_grpo": ref.grpo}
+    spec = held_out_tokenizer(random.Random(seed))
     counts = {}
     try:
-        for name in names:
-            make, run = PROBLEMS[name]
-            cases = make(random.Random(f"{seed}-{name}"), ctx)
-            outputs = [run(ref, ctx, c) for c in cases]
-            if all(matches(o, outputs[0]) for o in outputs) or all(matches(constant_like(o), o) for o in outputs):
-                raise ValueError(f"seed {seed}: the cases of {name} do not reject a constant answer; try another seed")
+        for name, cases, outputs in drawn(seed, names, spec, root):
             torch.save({"problem": name, "seed": seed, "cases": cases, "outputs": outputs},
                        os.path.join(out_dir, f"{name}.pt"))
             counts[name] = len(cases)
-    finally:
-        for n, mod in saved.items():
-            if mod is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = mod
+    except ValueError as err:
+        raise ValueError(f"{err}; try another seed") from None
     with open(os.path.join(out_dir, "index.json"), "w", encoding="utf-8") as f:
         json.dump({"seed": seed, "tokenizer": spec, "problems": counts}, f)
     return counts

@@ -9,7 +9,6 @@ import hashlib
 import io
 import json
 import os
-import random
 import reprlib
 import resource
 import secrets
@@ -411,8 +410,7 @@ def held_out(draw: int, names, spec: str, root: str = ROOT) -> tuple[dict, dict]
     `spec`, the reference's outputs on them, and the fingerprints (`wire.fingerprint`) of the calls the reference
     made on them to the problem's own functions and to other problems' (`refused_for`). ValueError when the draw
     does not reject a constant answer (`grade` draws again)."""
-    from .fixtures import PROBLEMS, constant_like, load_modules, wrap_tokenizer
-    from . import wire
+    from .fixtures import drawn
 
     if "torch._dynamo" not in sys.modules:   # its import makes a cache folder in the temp folder (torch 2.x):
         with fresh_folder("torch-cache-") as scratch:   # here, one of the grader's, removed after
@@ -423,28 +421,17 @@ def held_out(draw: int, names, spec: str, root: str = ROOT) -> tuple[dict, dict]
             finally:
                 os.environ.pop("TORCHINDUCTOR_CACHE_DIR") if was is None else os.environ.update(
                     TORCHINDUCTOR_CACHE_DIR=was)
-    ref = load_modules(root)
-    saved = {n: sys.modules.get(n) for n in MODULES}
-    sys.modules.update({n: getattr(ref, n) for n in MODULES})   # makers call the reference directly
-    tok = wrap_tokenizer(spec)
-    ctx = {"tokenizer": tok, "own_grpo": ref.grpo}
     data, prints = {}, {}
-    try:
-        for name in names:
-            make, run = PROBLEMS[name]
-            cases = make(random.Random(f"{draw}-{name}"), ctx)
-            own, used = set(), set()
-            with _recorded(ref, name, own, used, tok):
-                outputs = [run(ref, ctx, c) for c in cases]
-            if all(matches(o, outputs[0]) for o in outputs) or all(matches(constant_like(o), o) for o in outputs):
-                raise ValueError(f"draw {draw}: the cases of {name} do not reject a constant answer")
-            data[name], prints[name] = {"cases": cases, "outputs": outputs}, (own, used)
-    finally:
-        for n, mod in saved.items():
-            if mod is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = mod
+    watched = {}
+
+    @contextlib.contextmanager
+    def watch(ref, name, tok):   # the fingerprints of the calls the reference makes on this problem's cases
+        own, used = watched[name] = set(), set()
+        with _recorded(ref, name, own, used, tok):
+            yield
+
+    for name, cases, outputs in drawn(draw, names, spec, root, label="draw", watch=watch):
+        data[name], prints[name] = {"cases": cases, "outputs": outputs}, watched[name]
     return data, prints
 
 
