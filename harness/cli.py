@@ -22,6 +22,7 @@
 import difflib
 import os
 import re
+import shlex
 
 from harness.problems import DEFAULT_SYSTEM
 
@@ -335,3 +336,11 @@ def expand_config(argv: list[str], defaults: dict) -> list[str]:
         if word.startswith("--config="):
             return config_argv(word.split("=", 1)[1], defaults) + argv
     return argv
+
+
+def flag_words(name: str, value) -> str:
+    """One flag as typed: --adv-std / --no-adv-std for a boolean, --lr 1e-06, --refiner-url ''."""
+    flag = "--" + name.replace("_", "-")
+    if isinstance(value, bool):
+        return flag if value else "--no-" + flag[2:]
+    return f"{flag} {shlex.quote(str(value))}"

@@ -136,14 +136,6 @@ USE_PEFT_LINE = (f"--use_peft here is --lora-rank {cli.USE_PEFT_RANK} on all sev
                  f"v_proj gives those targets; dropout stays 0: docs/choices.md, the LoRA row).")
 
 
-def flag_words(name: str, value) -> str:
-    """One flag as typed: --adv-std / --no-adv-std for a boolean, --steps 30 otherwise."""
-    flag = "--" + name.replace("_", "-")
-    if isinstance(value, bool):
-        return flag if value else "--no-" + flag[2:]
-    return f"{flag} {value}"
-
-
 def lora_lr(lr: float) -> float:
     return float(f"{lr * LORA_LR_SCALE:.6g}")   # 1e-05, not 9.999999999999999e-06
 
@@ -182,7 +174,7 @@ def parse_args(args_class, argv=None, description: str = ""):
     --mode grpo run off the toy world gets --prm none unless --prm is typed, and a new --lora-rank run gets
     LORA_LR_SCALE × the default --lr unless --lr is typed. On a resume, a typed flag that changes training is refused by
     the pre-flight unless --change-config confirms it. A mistyped flag is one line naming the closest flag."""
-    toy_line = " ".join(flag_words(k, v) for k, v in TOY_DEFAULTS.items())
+    toy_line = " ".join(cli.flag_words(k, v) for k, v in TOY_DEFAULTS.items())
     parser = OneLineErrors(description=description, allow_abbrev=False, formatter_class=NoHyphenBreaks,
                            epilog=f"--toy also sets, unless typed: {toy_line}. --lora-rank R (--use_peft) sets --lr "
                                   f"to {LORA_LR_SCALE:g} × its default unless typed ({lora_lr(args_class().lr):g}; with "

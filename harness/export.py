@@ -38,6 +38,7 @@ import sys
 import torch
 
 from harness import lora
+from harness.cli import flag_words
 from harness.generate import DEFAULT_SYSTEM, format_prompt, load_tokenizer
 from harness.preflight import COMMAND_ONLY, MODEL_ALIASES
 from harness.problems import BENCHMARKS
@@ -285,16 +286,6 @@ def accuracy_line(records: list[dict], config: dict) -> str:
                + ("Math-Verify" if config.get("grader") == "math-verify" else "the SCOPE grader"))
     return (f"Accuracy (avg@{config.get('eval_n', 1)}): {first['eval_acc']:.3f} at step {first['step']} → "
             f"{last['eval_acc']:.3f} at step {last['step']} ({setting}).")
-
-
-def flag_words(name: str, value) -> str:
-    """One flag as typed: --adv-std / --no-adv-std for a boolean, --lr 1e-06, --refiner-url ''."""
-    import shlex
-
-    flag = "--" + name.replace("_", "-")
-    if isinstance(value, bool):
-        return flag if value else "--no-" + flag[2:]
-    return f"{flag} {shlex.quote(str(value))}"
 
 
 def adapter_line(config: dict, folder_name: str) -> str:

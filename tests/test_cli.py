@@ -121,9 +121,8 @@ def test_trl_names_are_handled_evenly(capsys):
         assert "--model?" not in line
     assert scope.parse_args(["--use_peft", "true"]).lora_rank == 16 and scope.parse_args(
         ["--use_peft", "false"]).lora_rank == 0
-    from harness import config
     assert not set(cli.TRL_SAME) & set(cli.TRL_NAMES)   # each TRL name once: taken or hinted
-    assert all(f"--{v.replace('_', '-')}" in config.flag_words(v, 1) for v in cli.TRL_SAME.values())
+    assert all(f"--{v.replace('_', '-')}" in cli.flag_words(v, 1) for v in cli.TRL_SAME.values())
 
 
 def test_a_boolean_flag_takes_trls_true_and_false_and_the_help_epilogue_parses(capsys):
@@ -377,9 +376,10 @@ def test_run_name_with_resume_and_system_paths_are_one_line(tmp_path, monkeypatc
         "error: --run-name x with --resume runs/r: a resumed run continues in its own folder under its own name (r)")
     assert scope.parse_args(["--resume", "runs/r", "--run-name", "r"]).run_name == "r"
     with pytest.raises(SystemExit) as exit_:
-        scope.main(scope.parse_args(["--toy", "--run-name", "/sys/x"]))   # a name under runs/, not a path
-    assert exit_.value.code == 2 and capsys.readouterr().err.startswith(
-        "error: --run-name /sys/x: a run name is one folder name under runs/")
+        scope.main(scope.parse_args(["--toy", "--run-name", "/sys/x"]))   # an absolute path: the run folder itself
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and err.startswith("error: /sys/x: cannot write there (/sys is ") and \
+        err.count("\n") == 1
     monkeypatch.chdir("/sys")   # runs/ in a folder that root may "access" but not write
     with pytest.raises(SystemExit) as exit_:
         scope.main(scope.parse_args(["--toy", "--run-name", "x"]))
