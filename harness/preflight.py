@@ -886,7 +886,7 @@ def memory_plan(args, gpu_gib: float | None = None, use_vllm: bool = True, prm_o
                      "other" if sleep else "all"))
         seqs, batched = rollout_engine_limits(args, world)
         graphs, awake = vllm_runtime_bytes(cfg, seqs, batched)
-        rows.append(("vLLM runtime (not traced): the CUDA graph pool (kept asleep)", graphs / GIB, "all"))
+        rows.append(("vLLM runtime (not traced): the CUDA graph pool (held through sleep)", graphs / GIB, "all"))
         rows.append((f"vLLM runtime (not traced): output_bin_counts, logits and the sampler's float32 copy of {seqs} "
                      f"sequences, one prefill step of {batched} tokens{' (asleep in the update)' if sleep else ''}",
                      awake / GIB, "other" if sleep else "all"))

@@ -557,7 +557,7 @@ def test_the_engine_limits_and_the_runtime_rows_are_vllm033s(recorded, qwen_toke
     on an 80 GB H100; 0.33's scheduler takes them; and the facts those rows are sized from are 0.33's own code: the
     penalties' int32 output_bin_counts of max_num_seqs x vocabulary and the sampler built inside load_model (the
     "weights" pool, which sleep(level=2) frees), the sampler's float32 copy of the logits, decode graphs captured up to
-    min(2 x max_num_seqs, 512) tokens after the pools (kept asleep)."""
+    min(2 x max_num_seqs, 512) tokens after the pools (held through sleep)."""
     import types
 
     import vllm
