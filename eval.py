@@ -3,8 +3,8 @@
 SCOPE (Ren et al., arXiv 2602.24110), as pure functions: unbiased pass@k (Chen et al. 2021); the Table-4 diversity
 metrics distinct-1/4, self-BLEU, self-ROUGE-L and div-score, median with p10/p90 across prompts; Near-miss@k
 (r = 0) (Fig. 7); the share of discarded valid trajectories (Fig. 3); then `evaluate` (avg@n and pass@k of any
-generator backend) and the command line. The verifier: harness/grader.py (docs/grader.md); the benchmarks of
-Table 1 and out of domain: harness/problems.py; training curves and the rectification viewer (Figs. 3-7, 12):
+generator backend) and the command line. The verifier: harness/data/grader.py (docs/grader.md); the benchmarks of
+Table 1 and out of domain: harness/data/problems.py; training curves and the rectification viewer (Figs. 3-7, 12):
 tools/report.py. Run: `python eval.py --model CKPT --benchmarks math500,aime24 --n 8 --temperature 0.6`
 (`--diversity`: Table 4; every command: docs/running.md); what the input alone decides (values, paths, aliases,
 the network) is checked with scope.py's pre-flight functions before any model loads. Definitions: docs/metrics.md; the choices the paper
@@ -23,8 +23,8 @@ from collections import Counter
 
 import numpy as np
 
-from harness.grader import grade, grader_benchmark
-from harness.problems import load_problems, maybe_cached
+from harness.data.grader import grade, grader_benchmark
+from harness.data.problems import load_problems, maybe_cached
 
 
 # ==== 1. metrics: pass@k, diversity, near misses ====
@@ -226,7 +226,7 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     Prompts come from `generate.format_prompt` (chat template + "put your answer in \\boxed{}" when the
     tokenizer has one), n samples per problem in one generate call per `batch_size` problems, each
     sample graded by `grade` (multiple-choice answers are letters, which `grade` compares as such) or by
-    `grade_fn` (`--grader math-verify`: harness/mathverify.py). `system`: the system turn (None = the default
+    `grade_fn` (`--grader math-verify`: harness/data/mathverify.py). `system`: the system turn (None = the default
     one of generate.format_prompt, "" = none).
     Returns {"acc": mean over problems of c/n (avg@n), "pass@k": {k: mean pass_at_k(n, c, k)} for
     k in pass_ks(n), "n", "num_problems", "truncated": share of samples cut at max_new_tokens,
@@ -234,7 +234,8 @@ def evaluate(generator, tokenizer, problems: list[dict], *, n: int = 1, temperat
     keep_samples each per_problem row also holds "samples" (texts) and "sample_correct" (bools). `progress`
     names the problems in a progress line per generate call off a terminal (`eval_progress`).
     """
-    from harness.generate import DEFAULT_SYSTEM, VLLMGenerator, format_prompt
+    from harness.data.prompt import DEFAULT_SYSTEM, format_prompt
+    from harness.engines.generate import VLLMGenerator
 
     if not problems:
         raise ValueError("evaluate: `problems` is empty")
@@ -282,7 +283,7 @@ def eval_progress(total: int, batch_size: int, label: str = ""):
     no carriage returns); without a label, nothing (the training loop's periodic evaluation)."""
     from tqdm.auto import tqdm
 
-    from harness.progress import bar_disabled, duration
+    from harness.run.progress import bar_disabled, duration
 
     if not bar_disabled() or not label:
         return tqdm(total=total, desc="eval", unit="problem", disable=total <= batch_size or bar_disabled())
@@ -351,8 +352,8 @@ def make_generator(name_or_path: str, backend: str, *, seed: int = 0, vllm_mem: 
     --gen-batch-size: then its periodic evaluation and this one draw the same samples)."""
     import torch
 
-    from harness import lora
-    from harness.generate import HFGenerator, VLLMGenerator, load_causal_lm, load_tokenizer, vllm_importable
+    from harness.engines import lora
+    from harness.engines.generate import HFGenerator, VLLMGenerator, load_causal_lm, load_tokenizer, vllm_importable
 
     adapter = lora.is_adapter(name_or_path) and not os.path.isfile(os.path.join(name_or_path, "config.json"))
     if backend == "auto":
@@ -379,8 +380,8 @@ def load_adapter(path: str, device: str):
     tokenizer. A base that cannot load: RuntimeError naming it."""
     import torch
 
-    from harness import lora
-    from harness.generate import load_tokenizer
+    from harness.engines import lora
+    from harness.engines.generate import load_tokenizer
 
     print(f"{path}: a LoRA adapter, evaluated merged into its base with HF generate")
     try:
@@ -460,7 +461,7 @@ class OneLineErrors(argparse.ArgumentParser):
 
 def make_parser() -> OneLineErrors:
     """eval.py's flags (--help)."""
-    from harness import cli
+    from harness.run import cli
 
     p = OneLineErrors(
         prog="eval.py", allow_abbrev=False, formatter_class=DefaultsShown, description="Evaluate a checkpoint on math / OOD benchmarks (avg@n, "
@@ -532,14 +533,14 @@ def trl_argv(argv: list[str]) -> list[str]:
 
 def parse_args(argv=None) -> argparse.Namespace:
     """The flags, each value checked: a refusal is one line (exit 2) before anything loads. TRL's names: TRL_NAMES."""
-    from harness import cli
+    from harness.run import cli
 
     p = make_parser()
     flags = [o for a in p._actions for o in a.option_strings]
     argv = cli.normalise(trl_argv(list(sys.argv[1:] if argv is None else argv)), flags)
     args, unknown = p.parse_known_args(argv)
     if unknown:
-        from harness.config import unknown_argument
+        from harness.run.config import unknown_argument
         p.error(cli.trl_hint(unknown[0], TRL_NAMES) or unknown_argument(unknown[0], flags))
     if not (args.grader_bench or args.model):
         p.error("--model is required (or --grader-bench; curves and traces: python -m tools.report --plot/--trace RUN)")
@@ -566,9 +567,10 @@ def checked_inputs(args: argparse.Namespace) -> str:
     network (no connection within 3 s) the hub libraries go offline at once, and a model or benchmark that must
     come from the hub and is not in the local cache stops here. --question-field / --answer-field need a data set
     of one's own. runs.Refused (a ValueError): one line."""
-    from harness import cli, lora, preflight
-    from harness.problems import BENCHMARKS
-    from harness.runs import stop
+    from harness.engines import lora
+    from harness.run import cli, preflight
+    from harness.data.problems import BENCHMARKS
+    from harness.run.runs import stop
 
     model = preflight.check_model_name("--model", args.model, adapter=True)   # a LoRA checkpoint: on its base
     if lora.is_adapter(model) and args.backend == "vllm":
@@ -599,11 +601,11 @@ def adapter_base(adapter: str) -> str:
 
 
 def lora_merged_hint(adapter: str) -> str:
-    """" (runs/R/model: python -m harness.export runs/R writes it)" for a run's LoRA checkpoint; else ""."""
-    from harness.runs import run_of
+    """" (runs/R/model: python -m harness.run.export runs/R writes it)" for a run's LoRA checkpoint; else ""."""
+    from harness.run.runs import run_of
 
     run = run_of(adapter)
-    return f" ({os.path.join(run, 'model')}: python -m harness.export {run} writes it)" if run else ""
+    return f" ({os.path.join(run, 'model')}: python -m harness.run.export {run} writes it)" if run else ""
 
 
 LOCAL_FILE_HINT = 'pass a local .jsonl file ({"question": ..., "answer": ...} per line)'
@@ -612,7 +614,7 @@ LOCAL_FILE_HINT = 'pass a local .jsonl file ({"question": ..., "answer": ...} pe
 def load_benchmarks(args: argparse.Namespace) -> dict[str, dict[str, list[dict]]]:
     """{"benchmarks": {name: problems}, "ood": {...}}, every one loaded before the model; a source that cannot
     load is one line naming it (offline: with the hint to pass a local file)."""
-    from harness.runs import stop
+    from harness.run.runs import stop
 
     problems = {}
     for group, names in (("benchmarks", args.benchmarks), ("ood", args.ood)):
@@ -642,7 +644,7 @@ def report_path(model: str) -> str:
 def checked_out(args: argparse.Namespace) -> str:
     """The report's path, checked before anything loads: an earlier report there is kept unless --overwrite,
     and a folder that cannot be written stops here rather than after the evaluation. ValueError: one line."""
-    from harness.runs import unwritable
+    from harness.run.runs import unwritable
 
     out = args.out or report_path(args.model)
     if os.path.isdir(out) or out.endswith(("/", os.sep)):   # the report is a file; a folder fails only at the write
@@ -672,7 +674,7 @@ def run_changes(model: str) -> list[str]:
     run_dir = os.path.dirname(os.path.normpath(model))
     if not (os.path.isdir(model) and os.path.isfile(os.path.join(run_dir, "changes.jsonl"))):
         return []
-    from harness.runs import format_changes, read_changes
+    from harness.run.runs import format_changes, read_changes
 
     return format_changes(read_changes(run_dir))
 
@@ -681,20 +683,20 @@ def run_evaluation(args: argparse.Namespace) -> dict:
     """Check every input and load every benchmark first (so a bad name fails before the model loads), then the
     model, then evaluate, print the tables and write the JSON report. Ctrl-C (or SIGTERM) stops calmly: the
     benchmarks already finished are written to the report, marked "interrupted", with the ones left named."""
-    from harness.runs import refusals_raised
+    from harness.run.runs import refusals_raised
 
     with refusals_raised():   # a refusal raises runs.Refused (a ValueError): main prints it as one line
         model = checked_inputs(args)   # the model name, the hub (offline at once), the data flags
         out = checked_out(args)   # an earlier report or an unwritable folder stops before the work
         problems = load_benchmarks(args)
-    from harness.mathverify import for_name
-    from harness.progress import bars_only_on_a_terminal
-    from harness.runs import environment
+    from harness.data.mathverify import for_name
+    from harness.run.progress import bars_only_on_a_terminal
+    from harness.run.runs import environment
     grade_fn = for_name(args.grader)   # a missing math-verify stops here, before the model loads
     bars_only_on_a_terminal()   # no "Loading weights" bar with carriage returns in a log file
     generator, tokenizer = make_generator(model, args.backend, seed=args.seed, vllm_mem=args.vllm_mem,
                                           gen_batch_size=args.gen_batch_size)
-    from harness.cli import unused_system_prompt
+    from harness.run.cli import unused_system_prompt
     note = unused_system_prompt(tokenizer, args.system_prompt)
     if note:
         print(note)

@@ -21,7 +21,7 @@ With one optimizer step per rollout batch ρ = 1 and nothing is clipped; with k 
 mini-batch of whole groups) the mini-batches after the first train at ρ ≠ 1.
 
 LUFFY (arXiv 2504.14945, its mix_core_alg.py `p_div_p_0.1`), Dr. GRPO (arXiv 2503.20783), PPO (arXiv 1707.06347),
-k3: joschu.net/blog/kl-approx.html. The engine under `update`: harness/trainer.py; tests: tests/test_grpo.py;
+k3: joschu.net/blog/kl-approx.html. The engine under `update`: harness/engines/trainer.py; tests: tests/test_grpo.py;
 choices: docs/choices.md ("6 advantages", "7 update"). `# BEGIN/END SOLUTION` mark the course's exercises.
 """
 import contextlib
@@ -30,7 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from harness import trainer
+from harness.engines import trainer
 
 
 LOSS_AGGS = ("constant", "token-mean")
@@ -228,7 +228,7 @@ def update(model, optimizer, batch: dict, groups: list[int] | None = None, *, up
     loss ÷ its mini-batch's Z; `ref_model`: the KL reference (kl_coef > 0 without batch["ref_logp"]); `lr`: the k
     steps' learning rate (None: the optimizer's). π_old's pass, the forwards and the KL reference all take their
     log-probs from `logprobs_and_entropy`. `engine`, `amp` and the metrics (means over the k steps):
-    harness/trainer.py."""
+    harness/engines/trainer.py."""
     trainer.set_learning_rate(optimizer, lr)   # scope.py: `warmup_lr` of the step; None: as it is
     stats = []
     minis = trainer.mini_batches(model, batch, groups, updates_per_batch, logprobs_and_entropy, amp=amp,

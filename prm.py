@@ -4,15 +4,15 @@ SCOPE (Ren et al., arXiv 2602.24110) keeps a failed rollout's tokens before its 
 refiner rewrite the rest (paper Fig. 1, 2, 12). In the order of the step: `split_steps` and `step_token_spans`
 (a lossless split and each step's token range), `first_error`, `cut_point` and `keep_ratio` (pure), then
 `locate_first_errors` (step 3 on a batch), `mean_score`, `select_candidate` and `select_failures` (step 4), then
-`ProcessRewardModel` (the scoring call in Qwen2.5-Math-PRM's input format; its engine: harness/prm_engine.py).
+`ProcessRewardModel` (the scoring call in Qwen2.5-Math-PRM's input format; its engine: harness/engines/prm_engine.py).
 k* is the paper's first wrong step, counted from 1; the cut is k* − 1: the 0-based index of that step, which is
 also the number of steps kept. Tests: tests/test_steps.py, tests/test_prm.py. The step unit, the PRM input,
 unscored steps, the cut and the pick are choices the paper leaves open: docs/choices.md, rows "3 PRM", "4 select".
 """
 import codecs
 
-from harness.preflight import MODES_WITH_REFINER   # ("scope", "replace"): the modes that repair
-from harness.prm_engine import PRMEngine
+from harness.engines.refiner import MODES_WITH_REFINER   # ("scope", "replace"): the modes that repair
+from harness.engines.prm_engine import PRMEngine
 
 SEPARATOR = "<extra_0>"  # the Qwen2.5-Math-PRM step tag
 PRM_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
@@ -303,9 +303,9 @@ class ProcessRewardModel(PRMEngine):
     exactly. A tokenizer without a chat template gets the plain layout
     `f"{PRM_SYSTEM}\\n\\nQuestion: {question}\\n\\nAnswer:\\n"` followed by the steps and separators.
     A token classifier trained with TRL's PRMTrainer (HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2) was trained
-    on another layout, and its steps are read where it learnt them (`self.format`, harness/prm_engine.py `trl_input`).
+    on another layout, and its steps are read where it learnt them (`self.format`, harness/engines/prm_engine.py `trl_input`).
     The engine (loading without remote code, `max_length`, micro-batches, the PRM served on vLLM's pooling
-    runner, `name_or_path` and the keyword arguments): harness/prm_engine.py.
+    runner, `name_or_path` and the keyword arguments): harness/engines/prm_engine.py.
     """
 
     separator = SEPARATOR   # the step tag whose positions are scored

@@ -7,14 +7,14 @@ with an `offpolicy_mask` on the refiner's tokens (LUFFY's prefix_mask, mirrored:
     merged, traces = rectify(trajs, [(index, prefix_len)], refiner, policy_tok, attempts=2, merge="replace",
                              max_new_tokens=1024, grade_fn=grader.grade)
 
-The refiner continues the kept prefix (`refiner_prompt`); the engine sends that prompt (harness/refiner.py). Tests:
+The refiner continues the kept prefix (`refiner_prompt`); the engine sends that prompt (harness/engines/refiner.py). Tests:
 tests/test_refine.py. The prompt, the prefix as text, the splice and its EOS, the budgets, the attempts and the
 merge are open choices (docs/choices.md, rows "5 rectify").
 """
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from harness.generate import turn_end_id
+from harness.engines.generate import turn_end_id
 
 REFINE_PROMPTS = ("continue", "hint")
 HINT = ("\n\nA partial solution follows. It is correct up to where it stops, and the next step would contain "

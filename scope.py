@@ -8,7 +8,7 @@ refiner rewrites the rest, and the repair rejoins its group. `main` is the step,
 
 Run: `python scope.py --toy` (CPU toy world), `--model Qwen2.5-1.5B` (one GPU), `--resume runs/NAME`, `--dry-run`,
 `--help` (every flag); several GPUs: docs/scaling.md. The paper's knobs are `Args` below, the engine's flags
-harness/config.py, each open choice one row of docs/choices.md; the engine is behind `run.*` (harness/wiring.py).
+harness/run/config.py, each open choice one row of docs/choices.md; the engine is behind `run.*` (harness/run/wiring.py).
 """
 from dataclasses import dataclass
 from functools import partial
@@ -17,9 +17,9 @@ import eval as evaluation   # `eval` would shadow the builtin
 import prm
 import refine
 from grpo import build_batch, group_advantages, logprobs_and_entropy, update, warmup_lr, zero_repair_advantages
-from harness import config, wiring
-from harness.config import arg
-from harness.grader import grade
+from harness.run import config, wiring
+from harness.run.config import arg
+from harness.data.grader import grade
 from prm import locate_first_errors, select_failures
 from refine import rectify, repair_credit_only
 
@@ -27,7 +27,7 @@ MODES = ("scope", "grpo", "replace", "prm-reward")
 
 
 # From Python: main({"toy": True, "steps": 5, "run_name": "nb"}) or main(Args(toy=True, ...)), resolved as typed
-# flags; a refusal raises harness.runs.Refused (a ValueError naming the keys: run_name=...), a dry run returns its plan
+# flags; a refusal raises harness.run.runs.Refused (a ValueError naming the keys: run_name=...), a dry run returns its plan
 @config.library_call(lambda: Args)
 def main(args: "Args | dict") -> dict:
     """One training run; returns its closing summary, a dict (from Python: the decorator's comment above)."""
@@ -84,7 +84,7 @@ def paper() -> wiring.Paper:
 
 @dataclass
 class Args(config.EngineArgs):
-    """The paper's knobs (the engine's flags: harness/config.py). Each help text is its `--help` line."""
+    """The paper's knobs (the engine's flags: harness/run/config.py). Each help text is its `--help` line."""
     # --- the three models and the data
     model: str = arg("Qwen2.5-1.5B", "policy: HF id, local path or alias (Qwen2.5-1.5B, Qwen2.5-Math-1.5B, "
                      "Qwen2.5-Math-7B, ...-Instruct); with --toy: 'toy' (cached warm start) or a saved toy model")
@@ -93,7 +93,7 @@ class Args(config.EngineArgs):
     refiner: str = arg("Qwen/Qwen2.5-Math-7B-Instruct", "refiner: HF id or path, or 'policy' (self-refinement); "
                        "with --toy: 'toy-oracle' (rule-based, never fails) or 'toy-model' (a stronger toy model "
                        "through Refiner + HF generate; can fail)")
-    dataset: str = arg("math-train", "training problems: anything harness.problems.load_problems takes (name or .jsonl)")
+    dataset: str = arg("math-train", "training problems: anything harness.data.problems.load_problems takes (name or .jsonl)")
     # --- the step
     mode: str = arg("scope", "scope | grpo (no rectification) | replace (whole solution) | prm-reward", MODES)
     steps: int = arg(500, "training steps (one rollout batch each, --updates-per-batch optimizer steps on it)")

@@ -260,7 +260,7 @@ def make_tiny_qwen_models(root, seed=0):
 @pytest.fixture(scope="session")
 def toy_model_dir(tmp_path_factory):
     """A tiny toy policy (char tokenizer, 1-layer Qwen2, 20 SFT steps) saved to disk: `--toy --model DIR`."""
-    from harness import toy
+    from harness.data import toy
 
     cache = str(tmp_path_factory.mktemp("toy_cache"))
     kw = dict(sft_steps=20, batch_size=16, hidden_size=32, intermediate_size=64, num_hidden_layers=1,

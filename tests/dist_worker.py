@@ -3,7 +3,7 @@
 
 Every rank builds the same global batch of B groups and the one-process gradient of all of it (grpo.update on a
 plain copy of the model); then it trains its slice of whole groups through DDP and through FSDP2
-(harness/dist.py wrap) with grpo.update(dist=...) and compares the gradient the optimizer sees with the
+(harness/engines/dist.py wrap) with grpo.update(dist=...) and compares the gradient the optimizer sees with the
 one-process one. Cases: equal groups and ragged ones (one extra row in some groups, as `--merge append` makes),
 each with both loss aggregations; the ragged cases give the ranks different micro-batch counts. The FSDP2 cases
 first run a no-grad HF generation through the sharded model and call dist.reshard, as scope.py does. After
@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from grpo import build_batch, update  # noqa: E402
-from harness import dist  # noqa: E402
+from harness.engines import dist  # noqa: E402
 
 B, G, MB, MAX_NEW = 4, 2, 2, 8
 

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from harness import toy
+from harness.data import toy
 from tools import because2 as b2
 from tools import experiment as ex
 from tools import studies
@@ -52,7 +52,7 @@ def _repair(tok, prefix_text, suffix_text, question):
 
 
 def test_same_dose_credits_the_whole_repair_to_the_refiner():
-    from harness.generate import load_causal_lm
+    from harness.engines.generate import load_causal_lm
 
     _, tok = load_causal_lm(toy.cache_path("cache"), "cpu")
     problem = toy.make_problems(1, seed=3, min_ops=3, max_ops=3)[0]
@@ -73,7 +73,7 @@ def test_same_dose_credits_the_whole_repair_to_the_refiner():
 
 
 def test_same_dose_wrapper_leaves_policy_rows_and_replacements_alone():
-    from harness.generate import load_causal_lm
+    from harness.engines.generate import load_causal_lm
     from refine import Trajectory
 
     _, tok = load_causal_lm(toy.cache_path("cache"), "cpu")
@@ -125,7 +125,7 @@ def test_the_hooks_change_nothing_but_what_they_name(tmp_path):
     """A 2-step toy run through scope_run --keep-checkpoints trains exactly as scope.py (same metrics), and keeps
     each checkpoint; --same-dose re-credits its repairs and counts them; the hooks are gone afterwards."""
     import scope
-    from harness import wiring
+    from harness.run import wiring
 
     rectify, checkpoint = scope.rectify, wiring.Run.checkpoint
     common = ["--toy", "--steps", "2", "--eval-every", "0", "--save-every", "1"]
@@ -147,7 +147,7 @@ def test_repair_token_probs_teacher_forces_prefix_and_suffix_one_token_at_a_time
     """The π that tracking (T) and the mechanism record read: for each kept-prefix and suffix token, the softmax of
     the logits one position earlier, here recomputed token by token; the corrected token is the first suffix
     character that differs from the failed text after the prefix (here 'x' at index 2)."""
-    from harness.generate import format_prompt
+    from harness.data.prompt import format_prompt
 
     model = tiny_causal_lm(char_tokenizer)
     trace = {"question": "1+2?", "prefix_text": "a=1", "steps": ["a=1", "b=23"], "suffixes": ["zz", "b=x3"],

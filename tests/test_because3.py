@@ -107,7 +107,7 @@ def test_tracking_follows_one_fixed_set_of_repairs_from_its_origin_on(tmp_path, 
     """Guards against re-selecting the repairs at each checkpoint (which compares different tokens). Repairs
     accepted at steps 1, 3, 26, 30 and 52 (53 rejected): origin 0's set is steps 1 and 3 under every checkpoint
     (0, 25, 50, 75, 100), origin 25's steps 26 and 30 from checkpoint 25 on, origin 50's step 52 from 50 on."""
-    from harness import generate
+    from harness.engines import generate
 
     run = tmp_path / "run"
     for c in (25, 50, 75, 100):
@@ -170,11 +170,11 @@ def test_holm_adjusts_hand_numbers():
 def test_environment_names_cpu_kernels_threads_and_a_dirty_trees_files(tmp_path, monkeypatch):
     """In a scratch repository: clean, then one tracked file changed to "hello\\n" (git blob
     ce013625…) and one deleted; the study refuses the dirty tree in one line."""
-    from harness import runs
+    from harness.run import runs
 
     repo = tmp_path / "repo"
     os.makedirs(repo / "harness")
-    for name, text in (("a.txt", "a\n"), ("b.txt", "b\n"), ("harness/runs.py", "")):
+    for name, text in (("a.txt", "a\n"), ("b.txt", "b\n"), ("harness/run/runs.py", "")):
         (repo / name).write_text(text)
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
@@ -190,6 +190,6 @@ def test_environment_names_cpu_kernels_threads_and_a_dirty_trees_files(tmp_path,
     env = runs.environment()
     assert env["dirty"] is True
     assert env["changed"] == {"a.txt": "ce013625030ba8dba906f756967f9e9ca394464a", "b.txt": None}
-    monkeypatch.setattr("harness.runs.environment", lambda: env)
+    monkeypatch.setattr("harness.run.runs.environment", lambda: env)
     with pytest.raises(RuntimeError, match="differs from commit .*a.txt, b.txt"):
         b3.clean_environment()

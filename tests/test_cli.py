@@ -1,4 +1,4 @@
-"""harness/cli.py through scope.parse_args: --config FILE (YAML) and the hints for TRL's flag names."""
+"""harness/run/cli.py through scope.parse_args: --config FILE (YAML) and the hints for TRL's flag names."""
 import json
 import os
 import sys
@@ -7,7 +7,7 @@ from dataclasses import asdict
 import pytest
 
 import scope
-from harness import cli
+from harness.run import cli
 
 
 def refusal(capsys, argv) -> str:
@@ -130,7 +130,7 @@ def test_a_boolean_flag_takes_trls_true_and_false_and_the_help_epilogue_parses(c
     takes TRL's (HfArgumentParser's) spelling with a value, and every flag the epilogue names parses as written."""
     import re
 
-    from harness import config
+    from harness.run import config
 
     assert scope.parse_args(["--toy", "--gradient_checkpointing", "true", "--adv-std=False"]) == scope.parse_args(
         ["--toy", "--gradient-checkpointing", "--no-adv-std"])
@@ -148,7 +148,7 @@ def test_use_peft_is_told_apart_from_trls_and_its_learning_rate_is_said(capsys):
     """--use_peft trained all seven projections without dropout (TRL's: q_proj, v_proj, dropout 0.05) and at 10 ×
     the default --lr, said only in --help's epilogue and config.json. --help says both; the run's first lines and
     the dry run's notes say the learning rate."""
-    from harness import config, preflight
+    from harness.run import config, preflight
 
     with pytest.raises(SystemExit):
         scope.parse_args(["--help"])
@@ -192,7 +192,7 @@ def test_the_docs_table_lists_every_trl_name():
 def test_a_dict_runs_like_the_same_flags_typed():
     """Training could only start from the command line; a notebook now calls scope.main with a dict, which is
     resolved as the typed flags are (the --toy defaults, the checks, one-line refusals)."""
-    from harness import config
+    from harness.run import config
 
     assert config.as_args(scope.Args, {"toy": True, "group-size": 4, "lr": -1e-4}) == scope.parse_args(
         ["--toy", "--group-size", "4", "--lr=-1e-4"])
@@ -206,7 +206,7 @@ def test_a_dict_runs_like_the_same_flags_typed():
 def test_an_args_built_in_code_gets_the_toys_defaults_as_a_dict_does():
     """`scope.Args(toy=True)` was refused (its model, PRM and refiner were the real run's), although the README
     says an Args works: the toy's defaults reached dicts only. Its fields away from the defaults count as typed."""
-    from harness import config
+    from harness.run import config
 
     assert config.as_args(scope.Args, scope.Args(toy=True)) == config.as_args(scope.Args, {"toy": True}) \
         == scope.parse_args(["--toy"])
@@ -219,7 +219,7 @@ def test_scope_main_from_python_raises_in_key_spelling_and_returns_its_plan(tmp_
     spelling, and a dry run SystemExit(0); now a refusal raises runs.Refused (a ValueError) naming the dict's keys,
     a dry run returns its plan, and it never refuses an existing folder. The command line keeps its one-line
     refusals and exit status 2."""
-    from harness.runs import Refused
+    from harness.run.runs import Refused
 
     monkeypatch.chdir(tmp_path)
     (tmp_path / "runs" / "scope-toy-s0").mkdir(parents=True)
@@ -313,10 +313,11 @@ def test_the_system_prompt_flag_reaches_every_rollout_and_evaluation_prompt(tmp_
                                                                             capsys):
     """--system-prompt (once a constant) is the system turn of every prompt the run builds: the rollouts' and the
     evaluation's."""
-    from harness import generate, wiring
+    from harness.data import prompt
+    from harness.run import wiring
 
     seen = []
-    build = generate.format_prompt
+    build = prompt.format_prompt
 
     def recording(tokenizer, question, system=None, *a, **k):
         caller = os.path.basename(sys._getframe(1).f_code.co_filename)
@@ -325,7 +326,7 @@ def test_the_system_prompt_flag_reaches_every_rollout_and_evaluation_prompt(tmp_
         return build(tokenizer, question, system, *a, **k)
 
     monkeypatch.setattr(wiring, "format_prompt", recording)     # the rollouts'
-    monkeypatch.setattr(generate, "format_prompt", recording)   # eval.py's, imported when it evaluates
+    monkeypatch.setattr(prompt, "format_prompt", recording)   # eval.py's, imported when it evaluates
     monkeypatch.chdir(tmp_path)
     scope.main({"toy": True, "model": toy_model_dir, "steps": 1, "prompts-per-step": 2, "group_size": 2,
                 "max_new_tokens": 32, "eval_size": 2, "eval_every": 1, "save_every": 100, "run_name": "sys",
@@ -339,7 +340,7 @@ def test_the_system_prompt_flag_reaches_every_rollout_and_evaluation_prompt(tmp_
 
 def test_a_negative_learning_rate_reaches_the_check_of_its_range(capsys):
     """`--lr -1e-4` answered "expected one argument"; now the value is read and its range refused in one line."""
-    from harness import preflight
+    from harness.run import preflight
 
     with pytest.raises(SystemExit) as exit_:
         preflight.check_args(scope.parse_args(["--toy", "--lr", "-1e-4"]))
@@ -353,7 +354,7 @@ def test_a_negative_learning_rate_reaches_the_check_of_its_range(capsys):
 def test_a_negative_step_count_is_one_line_before_any_note(capsys):
     """`--steps -3` was a ZeroDivisionError traceback (the warm-up note was computed before the range check), and
     with --warmup-steps 1 it first printed "rises only to -300% of --lr"."""
-    from harness import preflight
+    from harness.run import preflight
 
     for argv in (["--steps", "-3"], ["--steps", "-3", "--warmup-steps", "1"], ["--steps", "0"]):
         with pytest.raises(SystemExit) as exit_:
@@ -390,12 +391,12 @@ def test_run_name_with_resume_and_system_paths_are_one_line(tmp_path, monkeypatc
 
 def test_the_help_the_install_block_and_the_toy_example_are_true(capsys):
     """--help stopped at "nine numbered phases:"; docs/running.md's install block had no venv, no constraints and
-    vLLM beside the CPU torch; harness/toy.py's example said "times 3" in a world that multiplies only by 2; the
+    vLLM beside the CPU torch; harness/data/toy.py's example said "times 3" in a world that multiplies only by 2; the
     README's test times were older than CI's own."""
     import os
     import re
 
-    from harness import toy
+    from harness.data import toy
 
     with pytest.raises(SystemExit):
         scope.parse_args(["--help"])

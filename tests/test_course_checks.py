@@ -18,9 +18,9 @@ import scope
 from conftest import make_bpe_tokenizer, make_char_tokenizer
 import grpo
 from grpo import clipped_surrogate, group_advantages, logprobs_and_entropy, policy_loss
-from harness import wiring
-from harness.generate import GeneratorUnavailable
-from harness.grader import grade
+from harness.run import wiring
+from harness.engines.generate import GeneratorUnavailable
+from harness.data.grader import grade
 from prm import locate_first_errors, select_failures
 from refine import Suffix, Trajectory, rectify, splice
 

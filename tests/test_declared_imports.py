@@ -27,7 +27,7 @@ LEFT_OUT = {".git", "runs", "cache", "__pycache__", "node_modules"}   # and ever
 # Imported behind a guard (inside a function or an ImportError handler), never on the default path; each is
 # installed by a `pip install` line of README.md or a page of docs/ that names its distribution (checked).
 OPTIONAL = {
-    "vllm": "vllm",                 # README's GPU install line; harness/generate.py checks vllm_importable()
+    "vllm": "vllm",                 # README's GPU install line; harness/engines/generate.py checks vllm_importable()
     "trl": "trl",                   # tools/bench_step.py: a toy GRPO step against TRL's GRPOTrainer
     "math_verify": "math-verify",   # the optional grader of the paper's evaluation harness
 }

@@ -120,7 +120,7 @@ def test_fsdp2_weight_push_gathers_one_full_tensor_at_a_time(tmp_path, monkeypat
 
     sys.path.insert(0, os.path.join(ROOT, "tests"))
     import dist_worker
-    from harness import dist, generate
+    from harness.engines import dist, generate
 
     tdist.init_process_group("gloo", init_method=f"file://{tmp_path / 'store'}", rank=0, world_size=1)
     try:
@@ -165,7 +165,7 @@ def test_each_rank_resumes_its_own_cuda_rng_state(tmp_path, monkeypatch):
 
     import torch
 
-    from harness import wiring
+    from harness.run import wiring
 
     own = {0: torch.tensor([10, 11], dtype=torch.uint8), 1: torch.tensor([20, 21], dtype=torch.uint8)}
     current, restored = {"rank": 0}, {}

@@ -142,7 +142,7 @@ def cited_repo_path(token: str, top: set[str]) -> str | None:
 
 def test_the_path_reader_reads_what_it_should():
     top = {"scope.py", "harness", "tests", "docs", "results", ".ci"}
-    assert cited_repo_path("harness/grader.py", top) == "harness/grader.py"
+    assert cited_repo_path("harness/data/grader.py", top) == "harness/data/grader.py"
     assert cited_repo_path("tests/test_prm.py::test_cut_point", top) == "tests/test_prm.py"
     assert cited_repo_path("prm.py:first_error", top) == "prm.py"
     assert cited_repo_path("results/toy/", top) == "results/toy"
@@ -231,7 +231,7 @@ def test_reading_guide_tests_exist():
 
 
 def test_every_file_and_name_cited_in_readme_and_docs_exists():
-    """`harness/generate.py:sync_weights` anywhere in README.md or docs/ names a def or class of that file."""
+    """`harness/engines/generate.py:sync_weights` anywhere in README.md or docs/ names a def or class of that file."""
     missing = []
     for doc in doc_files():
         for path, name in re.findall(r"`([\w/]+\.py):(\w+)`", read(doc)):
@@ -244,7 +244,7 @@ def test_every_file_and_name_cited_in_readme_and_docs_exists():
 
 def test_every_flag_of_the_choices_table_is_a_field_of_args():
     """docs/choices.md's flag column names `scope.py` flags only (Args is the one source of truth)."""
-    src = read(os.path.join(ROOT, "scope.py")) + read(os.path.join(ROOT, "harness", "config.py"))   # Args, EngineArgs
+    src = read(os.path.join(ROOT, "scope.py")) + read(os.path.join(ROOT, "harness", "run", "config.py"))   # Args, EngineArgs
     fields = set(re.findall(r"^    (\w+): [\w |]+ = arg\(", src, re.MULTILINE))
     assert len(fields) > 20, "could not read the fields of scope.Args"
     rows = [line.split("|") for line in read(os.path.join(DOCS, "choices.md")).splitlines()

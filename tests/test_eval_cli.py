@@ -12,7 +12,7 @@ import torch
 
 import eval as ev
 from conftest import make_bpe_tokenizer, make_tiny_causal_lm
-from harness.generate import Completion
+from harness.engines.generate import Completion
 from tools import report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -259,8 +259,8 @@ def test_plot_and_html_go_next_to_the_run(tmp_path, monkeypatch):
 
 def test_cli_evaluates_a_toy_checkpoint(tmp_path):
     """`--benchmarks toy`: held-out toy problems from toy.make_problems, a char-tokenizer model on disk."""
-    from harness import toy
-    from harness.runs import append_change
+    from harness.data import toy
+    from harness.run.runs import append_change
     tok = toy.make_tokenizer()
     ckpt = tmp_path / "runs" / "r" / "checkpoint"   # a run's checkpoint, whose run changed --lr on a resume
     make_tiny_causal_lm(tok).save_pretrained(ckpt)
@@ -307,8 +307,8 @@ def test_cli_samples_as_the_training_loops_evaluation(tmp_path, capsys):
     samples are those of the in-training evaluation (Run.evaluate: HFGenerator(..., 64), batches of 64 problems,
     T = 0.6, seed 0) on one thread; off a terminal it prints one progress line per generate call, and it writes the
     pass@k picture beside its report."""
-    from harness import toy
-    from harness.generate import HFGenerator, load_causal_lm
+    from harness.data import toy
+    from harness.engines.generate import HFGenerator, load_causal_lm
     tok = toy.make_tokenizer()
     ckpt = tmp_path / "model"
     make_tiny_causal_lm(tok, seed=3).save_pretrained(ckpt)
@@ -419,7 +419,7 @@ def test_no_network_is_one_line_at_once_for_a_model_or_a_benchmark(tmp_path, mon
     and both stop at once, naming what to do."""
     import time
 
-    from harness import preflight
+    from harness.run import preflight
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(preflight, "offline_now", lambda: True)   # no hub within 3 s (preflight.hub_reachable)
     monkeypatch.setattr(preflight, "in_hub_cache", lambda name: False)
@@ -441,11 +441,11 @@ def test_no_network_is_one_line_at_once_for_a_model_or_a_benchmark(tmp_path, mon
 
 def test_the_data_and_prompt_flags_are_scopes_own(tmp_path, monkeypatch):
     """eval.py had no --question-field, --answer-field or --system-prompt, so it refused the JSONL a run trained
-    on; they are one definition (harness/cli.py DATA_FLAGS) that scope.py's Args and eval.py both read."""
+    on; they are one definition (harness/run/cli.py DATA_FLAGS) that scope.py's Args and eval.py both read."""
     from dataclasses import fields
 
     import scope
-    from harness import cli
+    from harness.run import cli
     parser_flags = {a.dest: (a.default, a.help) for a in ev.make_parser()._actions}
     args_fields = {f.name: (f.default, f.metadata["help"]) for f in fields(scope.Args)}
     for name, (default, text) in cli.DATA_FLAGS.items():
@@ -504,7 +504,7 @@ def test_a_log_file_gets_no_loading_bar(tmp_path, capsys):
     off, as in scope.py (progress.bars_only_on_a_terminal)."""
     from transformers.utils import logging as hf_logging
 
-    from harness import toy
+    from harness.data import toy
     tok = toy.make_tokenizer()
     make_tiny_causal_lm(tok).save_pretrained(tmp_path / "m")
     tok.save_pretrained(tmp_path / "m")
@@ -568,8 +568,10 @@ def test_a_lora_checkpoint_is_evaluated_on_its_base(tmp_path, monkeypatch, capsy
     it, so both draw the same samples; --backend vllm (which loads a model folder) is one line naming model/."""
     from types import SimpleNamespace
 
-    from harness import lora, toy, wiring
-    from harness.runs import save_checkpoint
+    from harness.data import toy
+    from harness.engines import lora
+    from harness.run import wiring
+    from harness.run.runs import save_checkpoint
 
     base = toy.cache_path(os.path.join(REPO, "cache"), seed=0)   # the shipped toy warm start
     args = SimpleNamespace(lora_rank=4, lora_alpha=0.0, lora_targets=lora.TARGETS, kl_coef=0.0, lr=1e-2,
@@ -602,7 +604,7 @@ def test_a_lora_checkpoint_is_evaluated_on_its_base(tmp_path, monkeypatch, capsy
     assert [r["samples"] for r in ours] == [r["samples"] for r in theirs] and len(ours) == 3
     assert refusal(["--model", "runs/r/checkpoint", "--backend", "vllm", "--benchmarks", "toy"], capsys) == (
         "eval.py: --model runs/r/checkpoint: a LoRA adapter, which eval.py evaluates on its base with HF generate; "
-        "pass --backend hf, or the run's merged model (runs/r/model: python -m harness.export runs/r writes it) for "
+        "pass --backend hf, or the run's merged model (runs/r/model: python -m harness.run.export runs/r writes it) for "
         "vLLM")
 
 

@@ -960,8 +960,8 @@ def test_a_correct_copy_keeps_its_marks_without_unused_imports_with_a_bom_and_in
 
 def test_loading_a_copy_leaves_no_module_bound_to_it(tmp_path):
     """fixtures.load_modules (the held-out fixtures' reference set) in a process that has not imported harness/
-    yet: afterwards `import refine` and harness.wiring are the main tree's and bound to each other, so a test
-    that runs later in the same process (and patches harness.refiner.Refiner) trains the main tree's code."""
+    yet: afterwards `import refine` and harness.run.wiring are the main tree's and bound to each other, so a test
+    that runs later in the same process (and patches harness.engines.refiner.Refiner) trains the main tree's code."""
     import shutil
     import subprocess
     for name in problems.SUBMITTED + ("eval.py",):

@@ -1,4 +1,4 @@
-"""The exported model folder (harness/export.py): transformers' Auto classes and pipeline read it as trained."""
+"""The exported model folder (harness/run/export.py): transformers' Auto classes and pipeline read it as trained."""
 import json
 import os
 import re
@@ -9,8 +9,9 @@ import sys
 import pytest
 import torch
 
-from harness import export
-from harness.generate import format_prompt, load_causal_lm, load_tokenizer
+from harness.run import export
+from harness.data.prompt import format_prompt
+from harness.engines.generate import load_causal_lm, load_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOY_CONFIG = {"toy": True, "mode": "scope", "model": "toy", "dataset": "toy", "eval_dataset": "toy", "eval_size": 200,
@@ -19,7 +20,7 @@ TOY_CONFIG = {"toy": True, "mode": "scope", "model": "toy", "dataset": "toy", "e
 
 def toy_run(tmp_path) -> str:
     """A run folder as scope.py leaves it: config.json, metrics.jsonl, checkpoint/ (the shipped toy warm start)."""
-    from harness import toy
+    from harness.data import toy
 
     run = tmp_path / "scope-toy-s0"
     shutil.copytree(toy.cache_path(os.path.join(ROOT, "cache"), seed=0), run / "checkpoint")
@@ -40,7 +41,7 @@ def test_the_toy_checkpoints_tokenizer_is_what_autotokenizer_misreads():
     """Regression: AutoTokenizer on a qwen2 folder rebuilds the tokenizer as Qwen2Tokenizer (byte-level), which
     drops the toy vocabulary's " " and "\\n". This is why the export rewrites it; if transformers stops doing
     this, the rewrite may go."""
-    from harness import toy
+    from harness.data import toy
     from transformers import AutoTokenizer
 
     path = toy.cache_path(os.path.join(ROOT, "cache"), seed=0)
@@ -145,7 +146,7 @@ def test_a_tokenizer_that_qwen2tokenizer_would_rebuild_differently_is_refused(tm
 
 def test_an_export_that_autotokenizer_would_misread_stops(tmp_path, monkeypatch):
     """Without the byte-level rewrite the round-trip check catches the dropped spaces."""
-    from harness import toy
+    from harness.data import toy
 
     model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(ROOT, "cache"), seed=0), "cpu")
     monkeypatch.setattr(export, "is_char_level", lambda tok: False)
@@ -177,7 +178,7 @@ def run_card_snippet(folder: str, cwd: str) -> str:
 def test_the_cards_example_is_a_toy_problem_with_its_answer(exported):
     """The card asked "Start at 7, add 5, times 3."; the toy world only multiplies by 2, so the trained model
     answered \\boxed{24} every time and a newcomer took the export for broken."""
-    from harness import toy
+    from harness.data import toy
 
     code, expected = card_snippet(exported[1])
     question = re.search(r'"content": "(Start at [^"]+)"', code).group(1)
@@ -200,7 +201,7 @@ def test_the_cards_snippet_answers_right_on_the_toy_model_a_run_trains(tmp_path)
 
 def test_the_toy_tokenizer_keeps_a_character_it_does_not_know_visible():
     """A character outside the toy alphabet is the <unk> id, which decodes as "<unk>", not nothing."""
-    from harness import toy
+    from harness.data import toy
 
     tokenizer = toy.make_tokenizer()
     ids = tokenizer.encode("Hello, World! é", add_special_tokens=False)
@@ -230,7 +231,7 @@ def test_the_exported_tokenizer_keeps_a_character_the_toy_alphabet_lacks(exporte
 
 def test_a_run_started_from_an_exported_folder_exports_its_own(exported, tmp_path):
     """A run whose policy came from a model/ folder could not export its own model/ (nor could
-    `python -m harness.export`): the check wanted back characters that the byte-level tokenizer had never held."""
+    `python -m harness.run.export`): the check wanted back characters that the byte-level tokenizer had never held."""
     run = tmp_path / "again"
     shutil.copytree(exported[1], run / "checkpoint")   # what such a run's checkpoint holds: the exported tokenizer
     (run / "config.json").write_text(json.dumps({**TOY_CONFIG, "model": exported[1], "run_name": ""}))
@@ -260,7 +261,7 @@ def test_the_checkpoint_says_it_is_for_resume_and_that_autotokenizer_misreads_it
     run = small_run(tmp_path, monkeypatch, "full", model=toy_model_dir)
     readme = open(os.path.join(run, "checkpoint", "README.md"), encoding="utf-8").read()
     assert readme.startswith("# runs/full/checkpoint: for `--resume`, not for loading")
-    assert "load **`runs/full/model/`**" in readme and "python -m harness.export runs/full" in readme
+    assert "load **`runs/full/model/`**" in readme and "python -m harness.run.export runs/full" in readme
     text = "Question: Start at 7, add 5."
     misread = AutoTokenizer.from_pretrained(os.path.join(run, "checkpoint"))
     said = re.search(r'\("Question: Start at 7, add 5\." becomes "([^"]+)"\)', readme).group(1)
@@ -279,7 +280,7 @@ def test_a_lora_checkpoint_names_its_base_as_given_and_the_card_says_what_base_i
     from peft import PeftModel
     from transformers import AutoModelForCausalLM
 
-    from harness import toy
+    from harness.data import toy
 
     run = small_run(tmp_path, monkeypatch, "lora", use_peft=True, lora_r=4)
     warm = os.path.relpath(toy.cache_path(os.path.join(ROOT, "cache"), seed=0), ROOT)   # cache/toy_warm_...

@@ -8,8 +8,8 @@ import pytest
 import torch
 from conftest import make_bpe_tokenizer, make_char_tokenizer, make_tiny_causal_lm
 
-from harness.generate import (DEFAULT_SYSTEM, Completion, HFGenerator, OpenAIGenerator, format_prompt, to_completion,
-                      token_budget)
+from harness.data.prompt import DEFAULT_SYSTEM, format_prompt
+from harness.engines.generate import Completion, HFGenerator, OpenAIGenerator, to_completion, token_budget
 
 QUESTIONS = ["Let x = 3. What is 2x + 1?", "Compute 12 * 4 - 5.", "What is \\frac{1}{2} + \\frac{1}{3}?"]
 
@@ -190,7 +190,7 @@ def test_lean_decode_samples_generates_ids(bpe_tokenizer):
     temperature where sampling is real (generate's own log-probs of them are not all near 0)."""
     from transformers import GenerationConfig
 
-    from harness.generate import lean_decode
+    from harness.engines.generate import lean_decode
 
     model = stopping_qwen2(bpe_tokenizer, seed=2)
     prompts = [format_prompt(bpe_tokenizer, q) for q in QUESTIONS]
@@ -372,7 +372,7 @@ def test_autocast_only_around_hf_generate(monkeypatch):
     import contextlib
     from types import SimpleNamespace
 
-    from harness import wiring
+    from harness.run import wiring
 
     entered = []
     fake_run = SimpleNamespace(device="cuda:0", amp=lambda: entered.append("amp") or contextlib.nullcontext())
@@ -468,7 +468,7 @@ def test_vllm_request_bans_the_surplus_rows_within_v2s_cap(qwen_tokenizer, fake_
     """Guards V2's cap: allowed_token_ids listing all 151,665 tokenizer ids would be refused by vLLM 0.33's
     Model Runner V2 (at most 1,024 per request), on every rollout. The 271 surplus rows of Qwen2.5's
     151,936-row embedding are banned through logit_bias (V2's cap for it is also 1,024)."""
-    from harness.generate import BANNED, VLLMGenerator
+    from harness.engines.generate import BANNED, VLLMGenerator
 
     gen = VLLMGenerator(str(tmp_path), tokenizer=qwen_tokenizer, sleep_mode=True)
     gen.generate([[1, 2, 3], [4, 5]], n=2, temperature=1.0, max_tokens=8, seed=0)
@@ -481,7 +481,7 @@ def test_vllm_request_bans_the_surplus_rows_within_v2s_cap(qwen_tokenizer, fake_
 
 
 def test_surplus_ban_refuses_a_ban_list_past_v2s_cap():
-    from harness.generate import surplus_ban
+    from harness.engines.generate import surplus_ban
 
     assert surplus_ban(100, 100) is None
     assert surplus_ban(100, 102) == {100: -100.0, 101: -100.0}
@@ -494,7 +494,7 @@ def test_vllm_sleep_follows_trls_order(bpe_tokenizer, tiny_causal_lm, fake_vllm,
     The order is sleep(level=2) -> wake the weights -> push -> reset the prefix cache -> wake the KV cache
     at the next generate (TRL's GRPOTrainer, colocate mode)."""
     monkeypatch.setattr(RecordingLLM, "vocab_rows", len(bpe_tokenizer) + 8)  # more rows than ids
-    from harness.generate import VLLMGenerator
+    from harness.engines.generate import VLLMGenerator
 
     gen = VLLMGenerator(str(tmp_path), tokenizer=bpe_tokenizer, sleep_mode=True)
     llm = fake_vllm[0]
@@ -516,7 +516,7 @@ def test_vllm_sleep_follows_trls_order(bpe_tokenizer, tiny_causal_lm, fake_vllm,
 def test_vllm_generate_after_sleep_without_a_push_is_an_error(bpe_tokenizer, fake_vllm, monkeypatch, tmp_path):
     """Level 2 leaves the engine's weights undefined: generating before sync_weights must fail loudly."""
     monkeypatch.setattr(RecordingLLM, "vocab_rows", len(bpe_tokenizer) + 8)  # more rows than ids
-    from harness.generate import VLLMGenerator
+    from harness.engines.generate import VLLMGenerator
 
     gen = VLLMGenerator(str(tmp_path), tokenizer=bpe_tokenizer, sleep_mode=True)
     gen.sleep()
@@ -532,7 +532,7 @@ def test_rollout_engines_under_torchrun_are_independent(fake_vllm, bpe_tokenizer
     (external_launcher, no data_parallel_size: TRL's and verl's layout)."""
     monkeypatch.setattr(RecordingLLM, "vocab_rows", len(bpe_tokenizer) + 8)  # more rows than ids
     import scope
-    from harness import wiring
+    from harness.run import wiring
 
     monkeypatch.setenv("RANK", "3")
     monkeypatch.setenv("WORLD_SIZE", "8")

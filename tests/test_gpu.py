@@ -8,7 +8,7 @@ nothing downloaded (docs/gpu-check.md). The correctness run:
   Qwen2.5's tokenizer, else the in-code tokenizer's ids + 64, so that the surplus ban holds), random weights; two
   `scope.py` steps on CUDA (float32 master weights, bf16 autocast, HF generate or vLLM, --overlap-old-logp on) and
   two in --mode grpo; the PRM is a checkpoint in Qwen2.5-Math-PRM-7B's file layout (tests/real_layout_prm.py)
-  loaded through harness/prm_checkpoint.py; the refiner is a stub server (tests/fake_openai_server.py) answering
+  loaded through harness/engines/prm_checkpoint.py; the refiner is a stub server (tests/fake_openai_server.py) answering
   the gold answer, so repairs are accepted and trained on; the weights moved; the whole device's memory is sampled.
   The checkpoint holds the weights only: the child saves no optimizer state (the GRPO child saves nothing);
 - update-peak: grpo.update at the 1.5B shape as scope.main runs it: the allocator's peak beside the plan's rows;
@@ -115,7 +115,7 @@ if cuda:
             seen["peak_used"] = max(seen["peak_used"], total - free)
             time.sleep(0.02)
     threading.Thread(target=watch, daemon=True).start()
-from harness import progress, wiring
+from harness.run import progress, wiring
 real_save = wiring.save_checkpoint
 # the check writes the weights only: an optimizer whose state is empty (AdamW's is 8 B a parameter), or nothing;
 # and no closing export (model/, a bf16 copy of the checkpoint)
@@ -193,9 +193,9 @@ def phase_seconds(rows: list[dict]) -> dict[str, float]:
 def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: list[str], timeout: int) -> dict:
     """Part "run": two SCOPE steps (--overlap-old-logp on, the weights-only checkpoint) and two GRPO steps (no PRM,
     no refiner, no checkpoint), each in its own child; returns the figures (asserting what must hold)."""
-    from harness.generate import ServedModel, free_port
+    from harness.engines.generate import ServedModel, free_port
 
-    from harness.prm_checkpoint import Qwen2ProcessRewardModel
+    from harness.engines.prm_checkpoint import Qwen2ProcessRewardModel
     from prm import ProcessRewardModel
 
     paths, which = save_models(str(tmp_path), device, shape, prm_shape)
@@ -242,7 +242,7 @@ def run_check(tmp_path, device: str, shape: dict, prm_shape: dict, steps_flags: 
     figures = dict(part="run", device=memory.get("device_name", "cpu"), tokenizer=which, vocab_rows=vocab,
                    prm="Qwen2ForProcessRewardModel layout, " + ("on its own vllm serve --runner pooling"
                                                                   if os.path.isfile(run / "prm_server.log") else
-                                                                  "in the trainer (harness.prm_checkpoint)"),
+                                                                  "in the trainer (harness.engines.prm_checkpoint)"),
                    rectify_accepted=accepted, rectify_tried=tried, offpolicy_share=offpolicy,
                    tensors_changed=changed, tensors_compared=compared, max_abs_change=largest,
                    step_seconds=[round(r["time_step"], 1) for r in rows],
@@ -280,7 +280,7 @@ def phase_memory_of(rows: list[dict]) -> dict[str, dict]:
 
 def preflight_params(shape: dict) -> int:
     """Parameters of a Qwen2 config (the plan's count)."""
-    from harness import preflight
+    from harness.run import preflight
 
     return preflight.n_params({k: shape[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers",
                                                      "num_attention_heads", "num_key_value_heads",
@@ -291,7 +291,7 @@ def preflight_params(shape: dict) -> int:
 @part_device
 def test_part_run(tmp_path):
     """Part "run": SCOPE and GRPO steps through scope.py, at Qwen2.5-1.5B's shape on CUDA (tiny on the CPU)."""
-    from harness import steptime
+    from harness.plan import steptime
 
     if DEVICE == "cuda":
         figures = run_check(tmp_path, "cuda", QWEN25_15B, dict(hidden=512, layers=2, heads=8, kv_heads=2),
@@ -363,7 +363,7 @@ def push_check(engine, before, after, tok, sleep: bool = True) -> dict:
     engine == greedy HF on the pushed weights (!= the old), and the TIS weight of 16 samples at T = 1 (the
     trainer's probability over the sampler's, per token, as grpo.truncated_is_weight forms it) is 1 to 2 %.
     Returns the figures; an AssertionError names what differs."""
-    from harness.generate import HFGenerator
+    from harness.engines.generate import HFGenerator
 
     prompt = [tok.encode(PROMPT, add_special_tokens=False)]
 
@@ -401,7 +401,7 @@ def vllm_follows_the_push(root: str, device: str) -> dict:
     enforce_eager), an embedding with more rows than the tokenizer (the surplus banned), then push_check."""
     import time
 
-    from harness.generate import VLLMGenerator
+    from harness.engines.generate import VLLMGenerator
 
     tok, _, which = tokenizers()
     before, after = taught_pair(tok, device)
@@ -511,7 +511,7 @@ def test_part_6_fails_on_a_push_that_skips_a_tensor(tmp_path, engine_double, bpe
     vLLM on the CPU: a complete push passes (TIS weight 1), and a push that skips one tensor (one MLP matrix, or the
     final norm's 256 numbers) fails it: after sleep(level 2) that tensor is noise, and greedy output or the TIS
     weight shows it."""
-    from harness.generate import VLLMGenerator
+    from harness.engines.generate import VLLMGenerator
 
     before, after = taught_pair(bpe_tokenizer, "cpu")
     path = str(tmp_path / "pushed")
@@ -601,7 +601,7 @@ def update_peak(shape: dict, device: str, rows: int, tokens: int, micro: int) ->
     """grpo.update as scope.main runs it (autocast around each forward, fused AdamW, checkpointing): the second
     step's allocator peak (AdamW's state exists) beside the plan's update rows for that micro-batch."""
     import grpo
-    from harness import preflight
+    from harness.run import preflight
 
     model, opt = policy_for_update(shape, device)
     batch = random_batch(rows, tokens, 256 if tokens > 512 else tokens // 4, shape["vocab_size"] - 1000, device)
@@ -648,7 +648,7 @@ def update_time(shape: dict, device: str, rows: int, prompt: int, max_new: int, 
 
 
 def prm_time(shape: dict, device: str, failures: int, tokens: int, steps: int = 8) -> dict:
-    """A random-weight PRM of `shape` (harness/prm_checkpoint.py's Qwen2ProcessRewardModel: bf16 decoder, float32
+    """A random-weight PRM of `shape` (harness/engines/prm_checkpoint.py's Qwen2ProcessRewardModel: bf16 decoder, float32
     head, as load_qwen2_prm builds it) scoring `failures` solutions of `tokens` tokens with `steps` separators each,
     through prm.ProcessRewardModel.score_batch (micro-batches of 4): seconds and the allocator's peak."""
     import time
@@ -657,7 +657,7 @@ def prm_time(shape: dict, device: str, failures: int, tokens: int, steps: int = 
     from transformers import Qwen2Config
 
     import prm
-    from harness.prm_checkpoint import Qwen2ProcessRewardModel
+    from harness.engines.prm_checkpoint import Qwen2ProcessRewardModel
 
     config = Qwen2Config(**shape)
     torch.manual_seed(0)
@@ -780,9 +780,9 @@ def test_the_update_and_prm_parts_at_a_tiny_shape_on_the_cpu():
 
 # ---------------------------------------------------------------------------------------------------------- step time
 def test_the_step_time_table_of_docs_is_the_models():
-    """docs/scaling.md's table is harness/steptime.py's output (a changed assumption changes both), and the model
+    """docs/scaling.md's table is harness/plan/steptime.py's output (a changed assumption changes both), and the model
     moves the way its bytes say: a longer refiner tail or a slower card costs SCOPE time, GRPO has no PRM or refiner."""
-    from harness import steptime
+    from harness.plan import steptime
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     doc = open(os.path.join(root, "docs", "scaling.md"), encoding="utf-8").read()
@@ -813,7 +813,7 @@ def test_the_step_time_model_charges_co_running_grading_and_the_push():
     30 % MFU; the push's fixed cost is 1 s (sleep, wake, reload and the push's gc and empty_cache calls)."""
     from dataclasses import replace
 
-    from harness import steptime
+    from harness.plan import steptime
 
     w, hw = steptime.Workload(), steptime.H100
     tokens = 128 * (150 + 600)
@@ -835,7 +835,8 @@ def test_each_phase_peak_goes_to_the_metrics_next_to_the_plan():
     reads it after (here a stand-in for torch.cuda), the step's metrics get the measured and planned GiB per phase,
     and the closing summary names each phase more than 10 % off the plan, either way (and no other)."""
     import scope
-    from harness import phase_memory, preflight
+    from harness.plan import phase_memory
+    from harness.run import preflight
 
     class Allocator:   # torch.cuda's four calls, over a peak the test sets
         def __init__(self):
@@ -859,7 +860,7 @@ def test_each_phase_peak_goes_to_the_metrics_next_to_the_plan():
     import contextlib
     import types
 
-    from harness import wiring
+    from harness.run import wiring
     run = types.SimpleNamespace(times=times, args=scope.Args(model="Qwen2.5-1.5B"), prm=None, use_vllm=False,
                                 policy=torch.nn.Linear(1, 1), prm_on_device=contextlib.nullcontext, old_logp=None)
     phase_memory.start(rows, cuda)
@@ -884,7 +885,7 @@ def test_the_readme_and_vllm_page_agree_with_scaling_md():
     rank), and docs/vllm.md quotes GRPO's step and rollout seconds from the step-time model, not a stale figure."""
     import re
 
-    from harness import steptime
+    from harness.plan import steptime
 
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     read = lambda *p: open(os.path.join(root, *p), encoding="utf-8").read()   # noqa: E731
@@ -917,7 +918,7 @@ if torch.cuda.is_available():
 if os.environ.get("GPU_CHECK_STALL") == "update":   # the check's own test: a step that never ends, in its update
     import contextlib, sys, time
     sys.path.insert(0, {root!r})
-    from harness import phase_memory
+    from harness.plan import phase_memory
     real_phase = phase_memory.phase
     @contextlib.contextmanager
     def stalling(name):
@@ -935,7 +936,7 @@ HF_VARIANT = ("HF-generate variant (`--backend hf`; docs/memory.md's row is the 
 def small_card_verdict(figures: dict) -> str | None:
     """None when the step's measured allocator peak (the largest phase's) is within the plan's stated error
     (phase_memory.TOLERANCE) of the plan's in-process peak; else the one line that fails the part."""
-    from harness import phase_memory
+    from harness.plan import phase_memory
 
     peak, plan = figures["peak_gib"], figures["planned_allocator_gib"]
     if peak is None:
@@ -959,7 +960,8 @@ def small_card(tmp_path, device: str, shape: dict, flags: list[str], timeout: fl
 
     from transformers import Qwen2Config, Qwen2ForTokenClassification
 
-    from harness import phase_memory, preflight
+    from harness.plan import phase_memory
+    from harness.run import preflight
 
     if importlib.util.find_spec("peft") is None:
         pytest.skip("needs peft (carry the peft, accelerate and psutil wheels: docs/gpu-check.md)")

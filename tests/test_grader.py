@@ -12,9 +12,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import eval as E
-from harness import grader as G
-from harness import latex as L
-from harness import problems as P
+from harness.data import grader as G
+from harness.data import latex as L
+from harness.data import problems as P
 from conftest import pace
 
 GRADER_FILES = [pathlib.Path(m.__file__) for m in (G, L, E, P)]   # files that hold grader code or read gold answers

@@ -1,4 +1,4 @@
-"""harness/mathverify.py: Math-Verify next to our grader on the project's own grader cases, its safety setting,
+"""harness/data/mathverify.py: Math-Verify next to our grader on the project's own grader cases, its safety setting,
 and `--grader math-verify` in eval.py. math-verify is a test dependency (README, Tests)."""
 import re
 from pathlib import Path
@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from harness import mathverify
+from harness.data import mathverify
 
 ROOT = Path(__file__).resolve().parent.parent
 # every test but the missing-package one runs Math-Verify itself: without it they skip, naming the package
@@ -77,7 +77,7 @@ def test_a_call_past_the_hard_limit_grades_false_and_the_grader_goes_on():
 
 
 def test_missing_package_and_unknown_name_are_one_line(monkeypatch):
-    from harness.grader import grade
+    from harness.data.grader import grade
 
     assert mathverify.for_name("ours") is grade
     with pytest.raises(SystemExit, match="--grader nope: choose one of ours, math-verify"):

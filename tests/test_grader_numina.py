@@ -14,7 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from harness import grader as G
+from harness.data import grader as G
 
 
 def boxed(answer: str) -> str:
@@ -245,17 +245,17 @@ def test_benchmark_numina_mix_agrees_and_is_bounded():
 
 
 def test_grader_cli_smoke():
-    """`python -m harness.grader --bench` and the one-pair form, run as a user would."""
+    """`python -m harness.data.grader --bench` and the one-pair form, run as a user would."""
     root = os.path.dirname(os.path.dirname(os.path.abspath(G.__file__)))
-    out = subprocess.run([sys.executable, "-m", "harness.grader", "--bench", "--pairs", "60", "--mix", "numina"], cwd=root,
+    out = subprocess.run([sys.executable, "-m", "harness.data.grader", "--bench", "--pairs", "60", "--mix", "numina"], cwd=root,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     report = json.loads(out.stdout)
     assert report["pairs"] == 60 and report["agree"] == 1.0
-    one = subprocess.run([sys.executable, "-m", "harness.grader", "\\boxed{x = 5+5+1 = 11}", "11"], cwd=root,
+    one = subprocess.run([sys.executable, "-m", "harness.data.grader", "\\boxed{x = 5+5+1 = 11}", "11"], cwd=root,
                          capture_output=True, text=True, timeout=60)
     assert one.stdout.strip() == "True"
-    bad = subprocess.run([sys.executable, "-m", "harness.grader", "--bench", "--pairs", "0"], cwd=root,
+    bad = subprocess.run([sys.executable, "-m", "harness.data.grader", "--bench", "--pairs", "0"], cwd=root,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--pairs" in bad.stderr
 

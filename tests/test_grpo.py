@@ -14,8 +14,8 @@ from conftest import make_char_tokenizer, make_tiny_causal_lm
 from grpo import (build_batch, clipped_surrogate, entropy_from_logprobs, group_advantages, logprobs_and_entropy,
                   loss_normaliser, policy_loss, shaped_offpolicy_loss, token_logprobs, truncated_is_weight, update,
                   warmup_lr)
-from harness.trainer import (chunked_logprobs_and_entropy, length_sorted_micro_batches, loss_metrics, padding_share,
-                             sampler_rows)
+from harness.engines.trainer import (chunked_logprobs_and_entropy, length_sorted_micro_batches, loss_metrics, padding_share,
+                                     sampler_rows)
 
 LN = math.log
 
@@ -851,7 +851,7 @@ def test_update_refuses_several_steps_without_groups_before_any_forward():
 
 def test_group_mini_batches_keep_groups_whole():
     """5 groups (ragged: group 3 has 3 rows) in 2 mini-batches: groups {0, 1, 2} then {3, 4}; every row once."""
-    from harness.trainer import group_mini_batches
+    from harness.engines.trainer import group_mini_batches
 
     groups = [0, 0, 1, 1, 2, 2, 3, 3, 3, 4, 4]
     batch = build_batch([[0]] * 11, [[1]] * 11, [None] * 11, torch.arange(11.0), pad_id=0)

@@ -36,7 +36,8 @@ def test_pyproject_installs_the_five_files_harness_and_tools_with_requirements_t
 
 def test_from_another_folder_the_warm_starts_come_from_the_clone_and_runs_go_here(tmp_path, monkeypatch):
     import scope
-    from harness import export, preflight, toy, wiring
+    from harness.data import toy
+    from harness.run import export, preflight, wiring
 
     monkeypatch.chdir(tmp_path)
     assert wiring.CACHE_DIR == os.path.join(ROOT, "cache") and export.ROOT == ROOT

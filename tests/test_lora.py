@@ -1,4 +1,4 @@
-"""--lora-rank (harness/lora.py): the policy trained as a PEFT LoRA adapter on a tiny Qwen2 built in code.
+"""--lora-rank (harness/engines/lora.py): the policy trained as a PEFT LoRA adapter on a tiny Qwen2 built in code.
 
 - at init the adapted policy is the base: the same log-probs, bit for bit, and the same sampled tokens;
 - the update trains the adapter alone: no gradient and no AdamW state for the base, whose weights stay as loaded;
@@ -20,9 +20,10 @@ from transformers import AutoModelForCausalLM
 
 from conftest import make_tiny_causal_lm
 from grpo import build_batch, token_logprobs, update
-from harness import cli, lora, wiring
-from harness.generate import HFGenerator, load_tokenizer
-from harness.runs import save_checkpoint
+from harness.engines import lora
+from harness.run import cli, wiring
+from harness.engines.generate import HFGenerator, load_tokenizer
+from harness.run.runs import save_checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -36,7 +37,7 @@ def lora_args(**kw):
 @pytest.fixture(scope="module")
 def base_dir():
     """The shipped toy warm start (0.3 M parameters): a base whose tokenizer the export can write."""
-    from harness import toy
+    from harness.data import toy
     return toy.cache_path(os.path.join(ROOT, "cache"), seed=0)
 
 
@@ -122,7 +123,7 @@ def trained_run(tmp_path, base_dir, tok, steps=1):
 def test_the_push_and_the_export_hold_the_merged_weights(tmp_path, base_dir, toy_tokenizer):
     from peft import PeftModel
 
-    from harness import export
+    from harness.run import export
 
     run, policy, _ = trained_run(tmp_path, base_dir, toy_tokenizer)
     batch = a_batch(toy_tokenizer)
@@ -162,7 +163,7 @@ def test_a_resume_takes_the_next_step_bit_for_bit(tmp_path, base_dir, toy_tokeni
 
 def test_a_resume_cannot_change_the_adapter(tmp_path, capsys):
     import scope
-    from harness import preflight
+    from harness.run import preflight
 
     run = tmp_path / "run"
     run.mkdir()
@@ -174,7 +175,7 @@ def test_a_resume_cannot_change_the_adapter(tmp_path, capsys):
 
 def test_trl_spellings_and_one_line_refusals(capsys):
     import scope
-    from harness import preflight
+    from harness.run import preflight
 
     args = scope.parse_args(["--toy", "--use_peft"])
     assert (args.lora_rank, args.lr) == (16, 1e-3)   # TRL's default r; 10 × the toy's --lr unless typed
@@ -203,7 +204,7 @@ def test_targets_other_than_the_decoders_projections_are_refused_in_one_line(tar
     vLLM samples from while the trained head was not adapted, an lm_head adapter was dropped by the push, a name the
     model lacks stopped with PEFT's text, and q_proj,nonexistent_proj was taken as q_proj."""
     import scope
-    from harness import preflight
+    from harness.run import preflight
 
     with pytest.raises(SystemExit) as stopped:
         preflight.check_args(scope.parse_args(["--toy", "--lora-rank", "4", "--lora-targets", targets]))
@@ -230,7 +231,7 @@ def test_the_export_of_a_lora_run_casts_its_merge_in_place(tmp_path, base_dir, t
     float32 copies in memory (~12 GB at 1.5B). The merge it loads is its own, so it is cast in place."""
     import copy
 
-    from harness import export
+    from harness.run import export
 
     run, _, _ = trained_run(tmp_path, base_dir, toy_tokenizer)
     real = copy.deepcopy

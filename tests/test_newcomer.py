@@ -31,7 +31,7 @@ from conftest import ROOT, pytest_collection_modifyitems, run_scope
 
 sys.path.insert(0, ROOT)
 
-from harness import progress, runs, wiring  # noqa: E402
+from harness.run import progress, runs, wiring  # noqa: E402
 import scope  # noqa: E402
 
 MARK = "<!-- .ci/run runs the lines of each block marked like this one, in README order -->"
@@ -106,7 +106,7 @@ def test_the_constraints_file_pins_every_package_the_readme_installs():
     assert install and all("-c constraints.txt" in ln for ln in install)
     for package, version in re.findall(r"([a-z][\w-]*)==([\w.]+)", install[1]):   # the tests' extras agree
         assert pins[package] == version, package
-    from harness import trackers
+    from harness.run import trackers
     for package, hint in trackers.INSTALL.items():   # the --report-to hint installs what the README pins
         assert f"{package}=={pins[package]}" in hint and f"{package}=={pins[package]}" in text
 
@@ -344,7 +344,7 @@ def write_metrics(run_dir, rows):
 def toy_args(**kw):
     from dataclasses import asdict
 
-    from harness.config import TOY_DEFAULTS
+    from harness.run.config import TOY_DEFAULTS
 
     return scope.Args(**{**asdict(scope.Args()), **TOY_DEFAULTS, "toy": True, **kw})
 

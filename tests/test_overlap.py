@@ -1,4 +1,4 @@
-"""--overlap-old-logp (harness/overlap.py): π_old computed over the rollouts beside the PRM and the refiner.
+"""--overlap-old-logp (harness/engines/overlap.py): π_old computed over the rollouts beside the PRM and the refiner.
 
 - the loss reads π_old on the policy's tokens only: a refiner token's (or a padding position's) π_old changes no
   loss, gradient, metric or truncated importance weight, so the reused π_old may hold 0 there;
@@ -25,7 +25,7 @@ from conftest import ROOT, make_char_tokenizer, make_tiny_causal_lm, run_scope
 sys.path.insert(0, ROOT)
 
 import grpo  # noqa: E402
-from harness import overlap, trainer  # noqa: E402
+from harness.engines import overlap, trainer  # noqa: E402
 
 LOGPROBS = grpo.logprobs_and_entropy   # the engine's log-prob function, as scope.py passes it
 
@@ -219,7 +219,7 @@ def test_auto_leaves_the_overlap_off_where_the_plan_would_not_fit_with_it():
     """On a GPU `auto` also needs room for the pass's working set beside the rollout engine, PRM and refiner (the
     memory plan's "other" phase): a card just too small for it gets the run without the overlap; `on` keeps it."""
     import scope
-    from harness import preflight
+    from harness.run import preflight
 
     has_pass = lambda rows: any(name.startswith(preflight.OLD_LOGP_ROW) for name, _, _ in rows)  # noqa: E731
     args = scope.Args(model="Qwen2.5-1.5B", refiner_url="http://127.0.0.1:9")   # 80 GB: the PRM in the trainer,

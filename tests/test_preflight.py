@@ -17,7 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from conftest import pace  # noqa: E402
-from harness import preflight  # noqa: E402
+from harness.run import preflight  # noqa: E402
 import scope  # noqa: E402
 
 OFFLINE_ENV = {"HF_ENDPOINT": "http://127.0.0.1:9"}   # a closed port: the hub probe fails at once
@@ -86,7 +86,7 @@ def test_toy_only_flags_need_toy(tmp_path, monkeypatch, capsys):
 def test_args_built_in_code_are_checked_too(tmp_path, monkeypatch, capsys):
     """argparse checks choices on the command line; an Args built in code is checked as the same flags typed, and
     the refusal is raised to the caller (runs.Refused, a ValueError) in the Args' own names."""
-    from harness.runs import Refused
+    from harness.run.runs import Refused
 
     monkeypatch.chdir(tmp_path)
     with pytest.raises(Refused, match="mode: invalid choice: 'nonsense'"):
@@ -281,7 +281,7 @@ def test_lora_plan_within_ten_percent_of_a_peft_trace():
 
 def test_prm_plan_within_ten_percent_of_the_full_size_trace():
     """The plan's PRM rows (bf16 weights + scoring activations, PRM_FIT from small shapes) against a
-    FakeTensorMode + MemTracker trace of our own Qwen2ProcessRewardModel (harness/prm_checkpoint.py) at the real run's size:
+    FakeTensorMode + MemTracker trace of our own Qwen2ProcessRewardModel (harness/engines/prm_checkpoint.py) at the real run's size:
     Qwen2.5-Math-PRM-7B scoring one micro-batch of 4 x 1,280 tokens (about 10 s of CPU: a forward without
     gradients), and the activations alone within 25 % (they are 5 % of the total)."""
     from tools.bench_memory import trace_prm
@@ -440,7 +440,8 @@ def test_a_refiner_server_that_fails_for_memory_stops_instead_of_loading_7b(monk
     any load; on the CPU the HF fallback stays, with --gen-batch-size sequences per generate call."""
     import torch
 
-    from harness import generate, wiring
+    from harness.engines import generate
+    from harness.run import wiring
 
     def fail(*a, **kw):
         raise RuntimeError("the server exited during start-up (exit code 1); last lines:\nCUDA out of memory")
@@ -468,7 +469,7 @@ def test_grpo_mode_loads_no_prm_unless_one_is_named(monkeypatch):
     """Guards the unfair baseline: `--mode grpo` loaded the 7B PRM (13 GiB, ~3 s a step) for its near-miss metrics
     alone unless --prm none was typed. Now a GRPO run off the toy world resolves to --prm none and wiring.load_prm
     loads nothing; a PRM typed by name is kept, and the other modes keep the default PRM."""
-    from harness import wiring
+    from harness.run import wiring
 
     grpo_args = scope.parse_args(["--model", "Qwen2.5-1.5B", "--mode", "grpo"])
     assert grpo_args.prm == "none"
@@ -492,7 +493,7 @@ def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from grpo import build_batch, update
-    from harness import wiring
+    from harness.run import wiring
     from refine import Trajectory
 
     torch.manual_seed(0)

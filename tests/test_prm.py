@@ -1,5 +1,5 @@
 """Tests for the PRM wrapper (prm.ProcessRewardModel), the Qwen2.5-Math-PRM loader without remote code
-(harness/prm_checkpoint.py's load_qwen2_prm, on a tiny checkpoint in the real file layout: tests/real_layout_prm.py) and the pure
+(harness/engines/prm_checkpoint.py's load_qwen2_prm, on a tiny checkpoint in the real file layout: tests/real_layout_prm.py) and the pure
 first-error / selection functions."""
 import json
 import math
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import conftest
-from harness import prm_checkpoint
+from harness.engines import prm_checkpoint
 import prm
 import real_layout_prm
 from prm import (ProcessRewardModel, cut_point, first_error, keep_ratio, mean_score, select_candidate)

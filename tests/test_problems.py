@@ -8,8 +8,8 @@ import types
 
 import pytest
 
-from harness import problems as P
-from harness.grader import grade
+from harness.data import problems as P
+from harness.data.grader import grade
 
 
 def write_jsonl(path, rows):
@@ -227,7 +227,7 @@ def test_toy_source_calls_toy_make_problems(monkeypatch):
     fake.make_problems = lambda n, seed, **kw: calls.append((n, seed)) or [
         {"id": f"t{i}", "question": "q", "answer": "1", "solution_steps": []} for i in range(n)]
     import harness
-    monkeypatch.setitem(sys.modules, "harness.toy", fake)
+    monkeypatch.setitem(sys.modules, "harness.data.toy", fake)
     monkeypatch.setattr(harness, "toy", fake, raising=False)   # `from harness import toy` reads the attribute first
     assert len(P.load_problems("toy", limit=3)) == 3
     P.load_problems("toy")

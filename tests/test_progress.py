@@ -1,4 +1,4 @@
-"""harness/progress.py: step k/N and ETA off a terminal, a study's k/N, rollouts.jsonl, the closing files."""
+"""harness/run/progress.py: step k/N and ETA off a terminal, a study's k/N, rollouts.jsonl, the closing files."""
 import io
 import json
 import os
@@ -6,7 +6,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from harness import progress
+from harness.run import progress
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -30,9 +30,9 @@ import conftest
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from harness.generate import DEFAULT_SYSTEM, format_prompt  # noqa: E402
+from harness.data.prompt import DEFAULT_SYSTEM, format_prompt  # noqa: E402
 from prm import PRM_SYSTEM, ProcessRewardModel, split_steps, step_token_spans  # noqa: E402
-from harness.refiner import Refiner  # noqa: E402
+from harness.engines.refiner import Refiner  # noqa: E402
 from refine import refiner_prompt, splice  # noqa: E402
 
 SOLUTION = ("We need $\\frac{3}{4} + \\frac{1}{6}$.\n\n"
@@ -301,8 +301,8 @@ def test_a_base_model_stops_at_the_chatml_turn_end(base_tokenizer):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from harness.generate import HFGenerator, OpenAIGenerator, stop_ids, turn_end_id
-    from harness.grader import grade
+    from harness.engines.generate import HFGenerator, OpenAIGenerator, stop_ids, turn_end_id
+    from harness.data.grader import grade
 
     tok = base_tokenizer
     assert turn_end_id(tok) == 151645 and stop_ids(tok) == {151643, 151645}

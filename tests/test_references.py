@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 from grpo import policy_loss  # noqa: E402
-from harness.trainer import loss_metrics  # noqa: E402
+from harness.engines.trainer import loss_metrics  # noqa: E402
 from prm import step_token_spans  # noqa: E402
 from test_grpo import STORED, random_loss_inputs  # noqa: E402
 

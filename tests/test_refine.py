@@ -4,8 +4,9 @@ import copy
 import pytest
 from conftest import make_char_tokenizer
 
-from harness.generate import DEFAULT_SYSTEM, Completion, HFGenerator, format_prompt
-from harness.refiner import Refiner
+from harness.data.prompt import DEFAULT_SYSTEM, format_prompt
+from harness.engines.generate import Completion, HFGenerator
+from harness.engines.refiner import Refiner
 from refine import HINT, Suffix, Trajectory, rectify, refiner_prompt, splice
 
 TRACE_KEYS = {"group", "question", "answer", "mode", "steps", "scores", "cut", "keep_ratio", "keep_ratio_tokens",
@@ -13,7 +14,7 @@ TRACE_KEYS = {"group", "question", "answer", "mode", "steps", "scores", "cut", "
 
 
 def boxed_grade(text, gold):
-    """A stand-in for harness.grader.grade: correct iff the text contains \\boxed{gold}."""
+    """A stand-in for harness.data.grader.grade: correct iff the text contains \\boxed{gold}."""
     return f"\\boxed{{{gold}}}" in text
 
 

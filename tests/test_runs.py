@@ -1,4 +1,4 @@
-"""Runs that never lose work (runs.py, harness/wiring.py:open_run) and regression tests of the training path.
+"""Runs that never lose work (runs.py, harness/run/wiring.py:open_run) and regression tests of the training path.
 
 - unit tests of the checkpoint swap, its recovery, the lock and the JSONL reader, on fake models (no torch
   model is saved: save_pretrained writes one file), each kill window simulated by the state it leaves;
@@ -24,7 +24,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from harness import config, preflight, runs, wiring  # noqa: E402
+from harness.run import config, preflight, runs, wiring  # noqa: E402
 import scope  # noqa: E402
 
 TINY = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "96",
@@ -626,7 +626,7 @@ def test_a_lora_checkpoint_as_a_model_to_train_names_the_merged_model(tmp_path, 
     (ckpt.parent / "config.json").write_text('{"lora_rank": 16, "environment": {}}')
     (ckpt / "adapter_config.json").write_text('{"peft_type": "LORA"}')
     adapter_line = ("error: --model runs/r/checkpoint: a LoRA adapter (no config.json), not a model; pass runs/r/model "
-                    "(the merged model; python -m harness.export runs/r writes it), or --resume runs/r to train on")
+                    "(the merged model; python -m harness.run.export runs/r writes it), or --resume runs/r to train on")
     assert refused(capsys, {"model": "runs/r/checkpoint", "dry_run": True}) == adapter_line
     assert refused(capsys, {"toy": True, "model": "runs/r/checkpoint"}) == adapter_line   # --toy: before any load
     (ckpt.parent / "model").mkdir()

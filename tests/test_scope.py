@@ -124,7 +124,7 @@ def test_real_path_on_cpu_with_self_refinement(tmp_path, tiny_prm_dir):
 
 def test_argument_precedence(tmp_path):
     import scope
-    from harness.config import TOY_DEFAULTS
+    from harness.run.config import TOY_DEFAULTS
 
     assert scope.parse_args([]).mode == "scope" and scope.parse_args([]).lr == 1e-6
     toy_args = scope.parse_args(["--toy"])
@@ -145,8 +145,8 @@ def test_saved_toy_tokenizer_keeps_its_spaces(toy_model_dir):
     the toy char tokenizer into a Qwen2Tokenizer that dropped every space: the policy then saw
     "Question:Startat5,..." and the toy run never learnt. generate.load_tokenizer keeps the saved pipeline;
     scope.py, eval.py (the CLI on a toy checkpoint), experiment.py and prm.py all load through it."""
-    from harness import generate
-    from harness import toy
+    from harness.engines import generate
+    from harness.data import toy
 
     text = "Question: Start at 5, add 3.\nSolution:\nSo 5 + 3 = 8.\n\n\\boxed{8}"
     want = toy.make_tokenizer().encode(text, add_special_tokens=False)

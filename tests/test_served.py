@@ -23,7 +23,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 FAKE = os.path.join(ROOT, "tests", "fake_openai_server.py")
 
-from harness.generate import GeneratorUnavailable, OpenAIGenerator, ServedModel, free_port  # noqa: E402
+from harness.engines.generate import GeneratorUnavailable, OpenAIGenerator, ServedModel, free_port  # noqa: E402
 
 
 def fake_server(tmp_path, *extra, name="server.log"):
@@ -78,7 +78,8 @@ def test_a_served_prm_that_dies_at_start_up_says_why_and_keeps_its_log(tmp_path,
     """Regression: a served PRM whose `vllm serve` exited at start-up was one line ending "…, last lines:" (the
     tail it announced dropped) with a hub-download hint unrelated to the cause, and the new run folder holding its
     log was deleted."""
-    from harness import generate, runs, served_prm, wiring
+    from harness.engines import generate, served_prm
+    from harness.run import runs, wiring
 
     crash = ("import sys; print('INFO 12-03 starting the API server', flush=True)\n"
              "def build(): raise ValueError('Model architectures [Qwen9ForProcessRewardModel] are not supported')\n"
@@ -105,7 +106,7 @@ def test_a_served_prm_that_dies_at_start_up_says_why_and_keeps_its_log(tmp_path,
 def test_a_start_up_hint_only_where_the_log_names_its_cause(tmp_path):
     """The hint follows the log's text (memory, port, vLLM version, a missing model); none for any other cause. The
     in-process engine's failure is its exception's last line, with the hint its cause chain fits."""
-    from harness.wiring import engine_starting, start_hint
+    from harness.run.wiring import engine_starting, start_hint
 
     assert "nvidia-smi" in start_hint("m", "ValueError: Free memory on device (3.1/79.2 GiB) on startup is less than "
                                            "desired GPU memory utilization (0.9, 71.3 GiB)")
@@ -128,7 +129,7 @@ def test_a_start_up_hint_only_where_the_log_names_its_cause(tmp_path):
 @pytest.mark.slow
 def test_a_killed_trainer_takes_its_server_with_it(tmp_path):
     """SIGKILL runs no Python cleanup: the kernel's parent-death signal must stop the server."""
-    script = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from harness.generate import ServedModel, free_port\n"
+    script = (f"import sys, time; sys.path.insert(0, {ROOT!r}); from harness.engines.generate import ServedModel, free_port\n"
               f"port = free_port()\n"
               f"s = ServedModel([sys.executable, {FAKE!r}, '--port', str(port)], url=f'http://127.0.0.1:{{port}}',"
               f" log_path={str(tmp_path / 'k.log')!r}).start()\n"
@@ -199,7 +200,7 @@ class BudgetRecorder:
     """A generator stand-in that records each call's max_tokens and answers a finished "ok" per sample."""
 
     def __init__(self, tokenizer, per_prompt_budgets: bool):
-        from harness.generate import Completion
+        from harness.engines.generate import Completion
 
         self.tokenizer, self.calls, self.Completion = tokenizer, [], Completion
         if per_prompt_budgets:
@@ -215,7 +216,7 @@ def test_rectify_sends_each_pick_its_own_budget_to_a_served_refiner(char_tokeniz
     """A served (or in-process vLLM) refiner gets one budget per pick: max_new_tokens - its prefix, capped by
     the refiner's max_tokens (--refiner-max-tokens), so no pick decodes past its own. HF generate gets the largest (one random stream: the
     toy world's records stay as they were) and clips each pick to its own."""
-    from harness.refiner import Refiner
+    from harness.engines.refiner import Refiner
     from refine import Trajectory, rectify, refiner_prompt
 
     trajs = [Trajectory(question="1+1?", answer="2", group=g, prompt_ids=[5], response_ids=list(range(7, 7 + 30)),
@@ -231,7 +232,7 @@ def test_openai_sends_a_request_per_budget_all_at_once(tmp_path, char_tokenizer)
     batches them), each prompt's completions back in input order. With a seed, one request per prompt, seeded
     seed + i·n: vLLM's server gives every prompt of a request the same seed, so two picks in one request would
     decode with the same noise."""
-    from harness.generate import OpenAIGenerator
+    from harness.engines.generate import OpenAIGenerator
 
     with fake_server(tmp_path, "--startup-delay", "0").start() as server:
         gen = OpenAIGenerator(server.url, "fake", char_tokenizer, timeout=10, max_model_len=4096)
@@ -258,7 +259,7 @@ def test_vllm_seeds_never_collide_across_prompts(bpe_tokenizer, fake_vllm, monke
     """vLLM seeds child j of a request seeded s with s + j: prompt i must take seed + i·n, or prompt 1's first sample
     repeats prompt 0's second (seed + 1) whenever the prompts agree. Greedy copies (n = 1 each) take + c."""
     monkeypatch.setattr(RecordingLLM, "vocab_rows", len(bpe_tokenizer))
-    from harness.generate import VLLMGenerator
+    from harness.engines.generate import VLLMGenerator
 
     gen = VLLMGenerator(str(tmp_path), tokenizer=bpe_tokenizer)
     gen.generate([[1, 2], [1, 2], [3]], n=4, temperature=1.0, max_tokens=5, seed=10)
@@ -278,7 +279,7 @@ def test_evaluation_under_vllm_is_one_call_without_logprobs(bpe_tokenizer, fake_
     every prompt in one call, and asks for no log-probs (it uses none). HF generate keeps its batches."""
     monkeypatch.setattr(RecordingLLM, "vocab_rows", len(bpe_tokenizer))
     from eval import evaluate
-    from harness.generate import VLLMGenerator
+    from harness.engines.generate import VLLMGenerator
 
     gen = VLLMGenerator(str(tmp_path), tokenizer=bpe_tokenizer)
     problems = [{"id": str(k), "question": f"{k} + 1?", "answer": str(k + 1)} for k in range(5)]
@@ -289,7 +290,7 @@ def test_evaluation_under_vllm_is_one_call_without_logprobs(bpe_tokenizer, fake_
     assert [p.seed for p in calls[0][1][1]] == [0, 2, 4, 6, 8]
 
 
-# ---- the PRM on vLLM's pooling runner (harness/served_prm.py), against a stand-in /pooling endpoint
+# ---- the PRM on vLLM's pooling runner (harness/engines/served_prm.py), against a stand-in /pooling endpoint
 
 
 def pooling_stand_in(score_fn):
@@ -333,8 +334,8 @@ def test_a_served_prm_scores_like_the_in_process_one(tmp_path):
     reordered reply changes the scores. A reply with a separator missing is one error naming the server."""
     import conftest
     import real_layout_prm
-    from harness.generate import OpenAIGenerator
-    from harness.served_prm import PooledStepScores
+    from harness.engines.generate import OpenAIGenerator
+    from harness.engines.served_prm import PooledStepScores
     from prm import ProcessRewardModel
 
     if conftest.qwen_tokenizer_file() is None:
@@ -376,7 +377,7 @@ def test_the_served_prm_is_chosen_only_where_vllm_serves_it_and_it_fits():
     """The PRM goes to its own vllm serve only with vLLM, for Qwen2ForProcessRewardModel, when the plan with it fits;
     a 48 GB card keeps it in the trainer (offloaded in the update). A served PRM is never offloaded."""
     import scope
-    from harness import preflight
+    from harness.run import preflight
 
     args = scope.Args(model="Qwen2.5-1.5B")
     assert preflight.prm_served(args, True, 79.2) and not preflight.prm_offloaded(args, "cpu", True, 79.2)
@@ -394,7 +395,8 @@ def test_fp8_flags_reach_the_served_command_lines(monkeypatch, tmp_path, char_to
     `vllm serve` command lines (the exact lines vLLM 0.33's parser reads in tests/test_vllm33_contract.py); the
     default none adds nothing (bf16, the paper's numerics)."""
     import scope
-    from harness import generate, served_prm, wiring
+    from harness.engines import generate, served_prm
+    from harness.run import wiring
 
     started = []
 
@@ -433,7 +435,7 @@ def test_fp8_where_no_server_runs_is_refused(tmp_path, flags, says):
 def test_fp8_without_a_server_stops_instead_of_running_bf16(monkeypatch, tmp_path, char_tokenizer, capsys):
     """A refiner or PRM that would run in this process in bf16 (no vLLM; the PRM not served) stops in one line."""
     import scope
-    from harness import wiring
+    from harness.run import wiring
 
     monkeypatch.setattr(wiring, "vllm_importable", lambda: False)
     with pytest.raises(SystemExit):
@@ -454,7 +456,7 @@ def test_a_torchrun_ranks_refiner_seeds_follow_the_lower_ranks_attempts():
     import types
 
     import scope
-    from harness import wiring
+    from harness.run import wiring
 
     class Ranks:
         def __init__(self, held):

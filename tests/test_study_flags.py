@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import grpo
-from harness import toy
+from harness.data import toy
 
 
 # ---------------------------------------------------------------- unit credit on refiner tokens, by hand
@@ -104,7 +104,7 @@ def test_any_rectifies_mixed_groups_and_records_group_rewards(tmp_path):
 def test_model_refiner_goes_through_refiner_and_splice(tmp_path, monkeypatch):
     import refine
     import scope
-    from harness.refiner import Refiner
+    from harness.engines.refiner import Refiner
 
     calls = {"continue_from": 0, "splice": 0, "credit": []}
     real_continue, real_splice, real_update = Refiner.continue_from, refine.splice, scope.update

@@ -6,7 +6,7 @@ import time
 import pytest
 
 from conftest import pace
-from harness import toy
+from harness.data import toy
 
 
 def oracle_texts(refiner, *args, **kwargs) -> list[list[str]]:
@@ -140,7 +140,7 @@ def test_oracle_follows_a_wrong_prefix_and_truncates():
 
 
 def test_tokenizer_round_trip(problems):
-    from harness.generate import format_prompt
+    from harness.data.prompt import format_prompt
 
     tok = toy.make_tokenizer()
     assert tok.eos_token == tok.pad_token == "<|endoftext|>"

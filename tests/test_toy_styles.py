@@ -1,4 +1,4 @@
-"""Tests for the toy world's solution styles (harness/toy.py choice 10, scope.py --toy-styles): every style is
+"""Tests for the toy world's solution styles (harness/data/toy.py choice 10, scope.py --toy-styles): every style is
 parsed and graded exactly, the oracle refiner continues in the prefix's style, style_of / style_stats by hand,
 the default settings keep every shipped cache path, and the flag is checked and logs its metrics."""
 import json
@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from conftest import run_scope
-from harness import toy
+from harness.data import toy
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
@@ -219,7 +219,7 @@ def test_a_foreign_style_oracle_repair_grades_correct_and_parses_as_that_style()
     """--toy-refiner-style 1 after a style-0 prefix of two steps: the suffix is BY_HAND's style-1 steps 2-3 and the
     answer; the spliced text grades correct, scores 1.0 on every step, and is mixed (no one style); the
     suffix alone, and a whole replacement (empty prefix), parse as style 1."""
-    from harness.grader import grade
+    from harness.data.grader import grade
 
     prefix = "\n\n".join(BY_HAND[0][:2]) + "\n\n"
     suffix = oracle_texts(toy.OracleRefiner(style=1), [Q], [prefix], n=2, max_tokens=200)[0]

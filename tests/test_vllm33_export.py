@@ -1,4 +1,4 @@
-"""The exported model folder (harness/export.py) as vLLM 0.33 reads it: its config, tokenizer and generation
+"""The exported model folder (harness/run/export.py) as vLLM 0.33 reads it: its config, tokenizer and generation
 config through 0.33's own loading code (what `vllm serve FOLDER` runs before it builds an engine); no engine.
 
 Run with the vLLM 0.33 contract environment (bash .ci/vllm33_contract.sh builds it):
@@ -10,8 +10,10 @@ import os
 import pytest
 from test_vllm33_contract import _need_vllm33
 
-from harness import export, toy
-from harness.generate import format_prompt, load_causal_lm
+from harness.data import toy
+from harness.run import export
+from harness.data.prompt import format_prompt
+from harness.engines.generate import load_causal_lm
 
 pytestmark = pytest.mark.vllm33
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -26,7 +26,7 @@ held-out problems x 16 samples at T = 1.0, in-training eval every 25 steps on 20
                            group's mean (the all-fail group's 7 failures get A = -1/8), its own A is 0
     read from the regime map's records (same commands): grpo, SCOPE (paper) = keep-in-style, whole
     replacement = whole-in-style.
-  three-style start (harness/toy.py choice 10; the diversity stage's start and settings):
+  three-style start (harness/data/toy.py choice 10; the diversity stage's start and settings):
     scope index tie-break  SCOPE (paper) any/replace, --select-tiebreak index (the earlier rollout among
                            equally promising failures; an empty prefix's oracle style drawn uniformly from the
                            three with the refine seed)
@@ -423,7 +423,7 @@ def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tupl
 def main(args) -> None:
     """--stage because: the 25 pre-registered runs and the 5 added ones (resumed from their records), then the
     report."""
-    from harness import toy
+    from harness.data import toy
 
     t0 = time.time()
     args.eval_n_cool = 0                          # the regime stage's settings (its choice 1)
@@ -455,7 +455,7 @@ def pi_of_tokens(model, tokenizer, question: str, prefix: str, text: str) -> lis
     import torch
 
     from grpo import logprobs_and_entropy
-    from harness.generate import format_prompt
+    from harness.data.prompt import format_prompt
 
     head = format_prompt(tokenizer, question) + tokenizer.encode(prefix, add_special_tokens=False)
     body = tokenizer.encode(text, add_special_tokens=False)
@@ -470,8 +470,8 @@ def precheck_pi(start: dict, n_problems: int = 200) -> dict:
     the oracle's style-k suffix after the correct style-0 prefix of the first half of the steps (the
     prefix-keeping text), teacher-forced under the starting policy `start` (toy.warm_start settings), on
     ladder problems of their own seed (5)."""
-    from harness import toy
-    from harness.generate import load_causal_lm
+    from harness.data import toy
+    from harness.engines.generate import load_causal_lm
 
     model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(studies.ROOT, "cache"), seed=0, **start), "cpu")
     model.eval()
@@ -502,9 +502,10 @@ def precheck_picks(n_problems: int = 300, group_size: int = 8, seed: int = 0) ->
     pick was decided by a tie on (κ, prefix mean), and the style the repair is written in."""
     import torch
 
-    from harness import toy
-    from harness.generate import HFGenerator, format_prompt, load_causal_lm
-    from harness.grader import grade
+    from harness.data import toy
+    from harness.data.prompt import format_prompt
+    from harness.engines.generate import HFGenerator, load_causal_lm
+    from harness.data.grader import grade
     from prm import cut_point, keep_ratio, mean_score, select_candidate, split_steps
 
     torch.manual_seed(seed)

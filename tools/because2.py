@@ -15,7 +15,7 @@ those). From the weak-ladder start with the regime map's settings:
     python -m tools.because2 --records-only     # the report from what is recorded (results/toy/because2.md)
 
 Every record (results/toy/because2/records/<run>.json, mechanism.json) holds its command, its eval settings,
-the result and harness.runs.environment(). Ctrl-C or SIGTERM stops the workers and their scope.py runs.
+the result and harness.run.runs.environment(). Ctrl-C or SIGTERM stops the workers and their scope.py runs.
 
 The same-dose cells and the checkpoints of T need two things scope.py has no flag for; `scope_run` runs
 scope.py's own main with them added from outside (`python -m tools.because2 --scope-run ...`):
@@ -77,7 +77,7 @@ def same_dose_credit(t, tokenizer):
     Returns (new trajectory, whether the kept text already equalled the oracle's)."""
     from dataclasses import replace
 
-    from harness import toy
+    from harness.data import toy
 
     prefix = t.response_ids[:t.prefix_len]
     prefix_text = tokenizer.decode(prefix, skip_special_tokens=True)
@@ -117,7 +117,7 @@ def scope_run(argv: list[str]) -> None:
     """scope.py's main with --same-dose and/or --keep-checkpoints (module docstring) taken off argv; the hooks
     are removed again when it returns."""
     import scope
-    from harness import config, wiring
+    from harness.run import config, wiring
 
     same_dose, keep = "--same-dose" in argv, "--keep-checkpoints" in argv
     argv = [a for a in argv if a not in ("--same-dose", "--keep-checkpoints")]
@@ -223,7 +223,7 @@ def run_one(j: dict, args) -> dict:
     """A job's result: from its record, else trained, evaluated and recorded (with the environment)."""
     import torch
 
-    from harness.runs import environment
+    from harness.run.runs import environment
 
     os.chdir(studies.ROOT)
     torch.set_num_threads(1)
@@ -289,8 +289,8 @@ def step1_batch(seed: int, style: str, start_path: str):
     """The step-1 batch of `scope.py --toy` SCOPE (paper) from `start_path` with seed `seed` (the refiner in
     the prefix's style or in style `style`): (run, merged trajectories, advantages, all-fail groups)."""
     import scope
-    from harness import wiring
-    from harness.grader import grade
+    from harness.run import wiring
+    from harness.data.grader import grade
 
     argv = ["--toy", "--model", os.path.relpath(start_path, studies.ROOT), "--run-name",
             f"because2-mechanism-{style}-s{seed}", "--steps", "1", "--eval-every", "0", "--save-every", "1",
@@ -324,8 +324,8 @@ def correct_logprob(model, tokenizer, problems: list[dict]):
     import torch
 
     from grpo import logprobs_and_entropy
-    from harness import toy
-    from harness.generate import format_prompt
+    from harness.data import toy
+    from harness.data.prompt import format_prompt
 
     total = 0.0
     for p in problems:
@@ -345,7 +345,7 @@ def split_one(seed: int, style: str, start_path: str, problems: list[dict], lr: 
     import torch
 
     from grpo import build_batch, logprobs_and_entropy, loss_normaliser, policy_loss
-    from harness import wiring
+    from harness.run import wiring
 
     run, merged, traces, advantages, all_fail = step1_batch(seed, style, start_path)
     a, model, tok = run.args, run.policy, run.tokenizer
@@ -416,7 +416,7 @@ def split_one(seed: int, style: str, start_path: str, problems: list[dict], lr: 
 
 def mechanism() -> dict:
     """M over the pre-registered seeds and refiner styles (docs/because2-preregistration.md)."""
-    from harness import toy
+    from harness.data import toy
 
     s = mechanism_settings()
     start = toy.cache_path(os.path.join(studies.ROOT, "cache"), seed=0, **regime.STARTS[WEAK][0])
@@ -432,7 +432,7 @@ def tracking(run_dir: str, start_path: str) -> dict:
     traces.jsonl teacher-forced under the policy of step t: mean π of kept, regenerated and corrected tokens.
     Each checkpoint gets its own repairs, so the rows compare different tokens (tools/because3.py `tracking`
     follows one fixed set from a checkpoint on)."""
-    from harness.generate import load_causal_lm
+    from harness.engines.generate import load_causal_lm
 
     traces = [json.loads(line) for line in open(os.path.join(run_dir, "traces.jsonl"))]
     traces = [t for t in traces if t["accepted"]]
@@ -630,7 +630,7 @@ def main(argv=None) -> None:
     if a.records_only:
         done = [{**j, "result": r} for j in jobs if (r := recorded(j, args)) is not None]
     else:
-        from harness import toy
+        from harness.data import toy
         toy.warm_start(os.path.join(studies.ROOT, "cache"), seed=0, **regime.STARTS[WEAK][0])
         done = run_jobs(jobs, args, t0)
     mech = next((d["result"] for d in done if d["kind"] == "mechanism"), None)

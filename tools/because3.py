@@ -16,7 +16,7 @@ seeds 5-12 retrained with their recorded commands, for T on the method itself an
 
 A record is written once (never replaced); a record that holds another command stops the study. Training
 refuses a dirty tree: the records' commit is the code that made them. Every record holds its command, eval
-settings, result and harness.runs.environment().
+settings, result and harness.run.runs.environment().
 """
 import argparse
 import json
@@ -108,8 +108,8 @@ def run_one(j: dict, args) -> dict:
 
 
 def clean_environment() -> dict:
-    """harness.runs.environment(), or a one-line error when the tree is not exactly its commit."""
-    from harness.runs import environment
+    """harness.run.runs.environment(), or a one-line error when the tree is not exactly its commit."""
+    from harness.run.runs import environment
 
     env = environment()
     if env["dirty"] is not False:
@@ -124,7 +124,7 @@ def tracking(run_dir: str, start_path: str) -> dict:
     """For each origin o in ORIGINS, the accepted repairs of steps o+1 .. o+5 (a fixed set) teacher-forced
     under every kept checkpoint from o on: mean π of their kept, regenerated and corrected tokens.
     {origin: {checkpoint: {...}}}; a checkpoint not kept is left out."""
-    from harness.generate import load_causal_lm
+    from harness.engines.generate import load_causal_lm
 
     traces = [json.loads(line) for line in open(os.path.join(run_dir, "traces.jsonl"))]
     sets = {o: [t for t in traces if t["accepted"] and o < t["step"] <= o + because2.TRACK_WINDOW] for o in ORIGINS}
@@ -292,7 +292,7 @@ def main(argv=None) -> None:
     t0 = time.time()
     jobs = plan(args)
     if not a.records_only:
-        from harness import toy
+        from harness.data import toy
         toy.warm_start(os.path.join(studies.ROOT, "cache"), seed=0, **regime.STARTS[because2.WEAK][0])
         todo = [j for j in jobs if recorded(j, args) is None]
         try:

@@ -1,6 +1,6 @@
 """bench_memory.py — the GPU memory of our own update, PRM scoring and refiner, traced on fake tensors.
 
-Not part of the paper. `harness/preflight.py`'s memory plan takes its per-parameter and per-token constants
+Not part of the paper. `harness/run/preflight.py`'s memory plan takes its per-parameter and per-token constants
 from the traces this tool runs; run it to see traced beside planned, per component, for any config:
 
     python -m tools.bench_memory                                  # Qwen2.5-1.5B policy, 7B PRM and refiner, 16x8
@@ -41,7 +41,7 @@ GIB = 2 ** 30
 
 
 def fake_model(cfg: dict, dtype=torch.float32, prm: bool = False):
-    """A Qwen2 causal LM, or with `prm` harness/prm_checkpoint.py's Qwen2ProcessRewardModel (the decoder without LM
+    """A Qwen2 causal LM, or with `prm` harness/engines/prm_checkpoint.py's Qwen2ProcessRewardModel (the decoder without LM
     head and a float32 hidden→hidden→2 head), or for a token-classification PRM (cfg["head"]) transformers'
     Qwen2ForTokenClassification in `dtype`, built from `cfg` (on fake tensors inside FakeTensorMode)."""
     from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen2ForTokenClassification
@@ -57,7 +57,7 @@ def fake_model(cfg: dict, dtype=torch.float32, prm: bool = False):
             return Qwen2ForTokenClassification(config) if prm else Qwen2ForCausalLM(config)
         finally:
             torch.set_default_dtype(torch.float32)
-    from harness import prm_checkpoint
+    from harness.engines import prm_checkpoint
 
     torch.set_default_dtype(dtype)   # our own PRM module: the decoder in the run's dtype ...
     try:
@@ -148,7 +148,7 @@ def trace_update(cfg: dict, rows: int, tokens: int, *, checkpointing: bool, chun
     from torch.distributed._tools.mem_tracker import MemTracker
 
     import grpo
-    from harness import trainer
+    from harness.engines import trainer
 
     meta = lora_model(cfg, lora_rank, tuple(lora_targets)) if lora_rank else None
     with FakeTensorMode():
@@ -194,8 +194,8 @@ def trace_fsdp_update(cfg: dict, world: int, rows: int, tokens: int, *, checkpoi
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     import grpo
-    from harness import trainer
-    from harness import dist
+    from harness.engines import trainer
+    from harness.engines import dist
 
     if not tdist.is_initialized():
         tdist.init_process_group("fake", rank=0, world_size=world, store=FakeStore())
@@ -238,7 +238,7 @@ def trace_prm(cfg: dict, rows: int, tokens: int) -> dict:
         attn = torch.ones(rows, tokens, dtype=torch.long)
         tracker = MemTracker()
         tracker.track_external(model)
-        with tracker, torch.no_grad():   # as harness/prm_engine.py PRMEngine.probs_at runs one micro-batch
+        with tracker, torch.no_grad():   # as harness/engines/prm_engine.py PRMEngine.probs_at runs one micro-batch
             out = model(input_ids=ids, attention_mask=attn)
             probs = torch.softmax((out if torch.is_tensor(out) else out.logits).float(), dim=-1)[..., 1]
             del probs
@@ -258,7 +258,7 @@ FULL_SHAPES = [("Qwen2.5-1.5B", 4, 1280)]   # the real run's micro-batch (minute
 
 def features(cfg: dict, tokens: int, chunk_tokens: int = 512) -> list[float]:
     """The plan's terms (preflight.UPDATE_FIT): n · h · L, n · I · L, n · V, C · V, P."""
-    from harness.preflight import n_params
+    from harness.run.preflight import n_params
 
     h, L, inter, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
     return [tokens * h * L, tokens * inter * L, tokens * v, chunk_tokens * v, n_params(cfg)]
@@ -272,7 +272,7 @@ def fit_constants(points: list[tuple[dict, int, int]], full_weight: float = 10.0
     Returns (constants, largest relative error of the fitted plan against a point's peak)."""
     import numpy as np
 
-    from harness.preflight import n_params
+    from harness.run.preflight import n_params
 
     X = np.array([features(c, n) for c, n, _ in points], float)
     peak = np.array([t for _, _, t in points], float)
@@ -287,7 +287,7 @@ def fit(full: bool, verbose: bool = True, only: str = "") -> dict:
     UPDATE_FIT and PRM_FIT (`only`: "update" or "prm" fits one of them)."""
     import numpy as np
 
-    from harness.preflight import model_config, n_params
+    from harness.run.preflight import model_config, n_params
 
     out = {}
     small = [({**SMALL, **change}, rows, tokens) for change, rows, tokens in FIT_SHAPES]
@@ -304,7 +304,7 @@ def fit(full: bool, verbose: bool = True, only: str = "") -> dict:
                       f"{peak['total']} B ({time.time() - t0:.0f} s)", flush=True)
         out[str(ckpt)] = fit_constants(points)
     for ckpt in (False, True) if only in ("", "lora") else ():   # LoRA rank 16 on every linear layer
-        from harness.preflight import LORA_TARGETS, lora_params
+        from harness.run.preflight import LORA_TARGETS, lora_params
 
         points, held = [], []
         for cfg, rows, tokens in small:
@@ -336,7 +336,7 @@ def fit(full: bool, verbose: bool = True, only: str = "") -> dict:
 def compare(args, only: str = "", world: int = 1) -> None:
     """Trace the run's update micro-batches and PRM batch at the real shapes (`only`: "update" or "prm"
     alone); print them beside the plan. With --fsdp: one rank of `world` (trace_fsdp_update), the update only."""
-    from harness import preflight
+    from harness.run import preflight
 
     cfg = preflight.model_config(args.model)
     if cfg is None:
@@ -403,7 +403,7 @@ def time_update(args, rows: int, tokens: int, repeats: int) -> None:
     import statistics
 
     import grpo
-    from harness import preflight
+    from harness.run import preflight
 
     import os
 
@@ -466,7 +466,7 @@ def memory_table() -> str:
     """docs/memory.md's per-card table: for each of TABLE_RUNS the peak that `--dry-run` prints per card
     (preflight.format_plan's per-card lines: the plan, whether it fits FIT_SHARE of the card, the fixes)."""
     import scope
-    from harness import preflight
+    from harness.run import preflight
 
     lines = ["| command | " + " | ".join(f"{size} GB ({gib:.1f} GiB)" for size, gib in preflight.CARD_GIB.items()) + " |",
              "| --- |" + " --- |" * len(preflight.CARD_GIB)]

@@ -1,8 +1,8 @@
 """bench_step.py — one toy GRPO training step: ours (scope.py's code path) against TRL's GRPOTrainer.
 
-Same model (the toy warm start in cache/, trained once by `python -m harness.toy` or `python scope.py --toy`),
+Same model (the toy warm start in cache/, trained once by `python -m harness.data.toy` or `python scope.py --toy`),
 same batch shape (8 prompts × 8 rollouts, up to 128 new tokens, temperature 1.0, one optimizer step per
-batch, no KL, Dr. GRPO loss, AdamW), same reward (`harness.grader.grade` of the last \\boxed{}), one CPU thread.
+batch, no KL, Dr. GRPO loss, AdamW), same reward (`harness.data.grader.grade` of the last \\boxed{}), one CPU thread.
 A step is: sample the rollouts, grade them, advantages, one optimizer step. Runs alternate: TRL step k
 then our step k (our step runs inside a TRL callback, between two TRL steps), so slow phases of a
 shared machine hit both; the medians of `--steps` timed steps are printed after `--warmup` untimed ones, for the
@@ -52,15 +52,16 @@ def main(argv=None):
     except ImportError as e:
         raise SystemExit(f"error: bench_step.py needs TRL: pip install trl accelerate ({e})")
 
-    from harness import toy
-    from harness.grader import grade
-    from harness.generate import HFGenerator, format_prompt, load_causal_lm
+    from harness.data import toy
+    from harness.data.grader import grade
+    from harness.data.prompt import format_prompt
+    from harness.engines.generate import HFGenerator, load_causal_lm
     from grpo import build_batch, group_advantages, token_logprobs, update
 
     cache = os.path.join(ROOT, "cache")
     path = toy.cache_path(cache, seed=0)
     if not os.path.isdir(path):
-        raise SystemExit(f"error: no toy warm start at {path}; run `python -m harness.toy` once first")
+        raise SystemExit(f"error: no toy warm start at {path}; run `python -m harness.data.toy` once first")
     n_total = args.prompts * 2 * (args.steps + args.warmup + 2)
     problems = toy.make_problems(n_total, seed=12345)
     answers = {p["question"]: p["answer"] for p in problems}

@@ -1,6 +1,6 @@
 """tools/experiment.py — the toy-world study: where does step-wise rectification help?
 
-What it runs, all from the same SFT-warm-started toy policy (harness/toy.py:warm_start, shipped under cache/) with the
+What it runs, all from the same SFT-warm-started toy policy (harness/data/toy.py:warm_start, shipped under cache/) with the
 same budget (steps, 8 prompts x 8 rollouts, lr) and one `python scope.py --toy` process per (row, seed):
   stage 1, the grid (--seeds, >= 5):  grpo; SCOPE with each of --rectify-groups {any, all-fail} x
       --merge {replace, append}; whole-trajectory replacement (--mode replace); PRM as reward.
@@ -136,7 +136,7 @@ def parse_args(argv=None):
     from tools.regime import STARTS
     bad = [x for x in args.regime_starts.split(",") if x.strip() not in STARTS]
     if not 2 <= args.styles <= 3 or args.diversity_steps < 1:
-        p.error(f"--styles {args.styles} (2 or 3: harness/toy.py STYLES) or --diversity-steps {args.diversity_steps} "
+        p.error(f"--styles {args.styles} (2 or 3: harness/data/toy.py STYLES) or --diversity-steps {args.diversity_steps} "
                 "is not valid")
     if bad or args.regime_best not in SCOPE_CELLS or args.regime_steps < 1:
         p.error(f"--regime-starts {bad} (known: {list(STARTS)}) or --regime-best {args.regime_best!r} "
@@ -285,9 +285,9 @@ def describe_warm_start(args, group: str = "main", n_problems: int = 300, n: int
     by step index k over the n_ops + 1 steps (k = n_ops: the answer copy), also relative (k / n_ops)."""
     import torch
 
-    from harness import toy
+    from harness.data import toy
     from eval import evaluate
-    from harness.generate import HFGenerator, load_causal_lm
+    from harness.engines.generate import HFGenerator, load_causal_lm
     from prm import cut_point, split_steps
 
     torch.set_num_threads(1)
@@ -351,7 +351,7 @@ def main(argv=None) -> None:
     if args.stage == "because":
         from tools import because
         return because.main(args)
-    from harness import toy
+    from harness.data import toy
     toy.warm_start(os.path.join(ROOT, "cache"), seed=0)            # trained here once if not shipped
     toy.warm_start(os.path.join(ROOT, "cache"), seed=0, **json.loads(args.weak_start))
     if args.describe:

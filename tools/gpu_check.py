@@ -365,8 +365,8 @@ DISK_RATE = 1.0e9    # bytes/s a part's files are written and read back at (a cl
 def h200_seconds(part: dict) -> float:
     """One part's projected H200 seconds: its measured CPU seconds at the tiny shapes stand for the orchestration
     (imports, processes, bookkeeping), plus the CUDA start, the bytes it writes at the real shape over DISK_RATE,
-    and its GPU work at the real shape from harness/steptime.py's H200 (rates, MFU, bandwidth)."""
-    from harness import steptime
+    and its GPU work at the real shape from harness/plan/steptime.py's H200 (rates, MFU, bandwidth)."""
+    from harness.plan import steptime
 
     hw, p15, p7 = steptime.H200, steptime.POLICY.params, steptime.REFINER.params
     train = lambda tokens, steps: steps * 8 * p15 * tokens / (hw.flops * hw.train_mfu)  # noqa: E731  checkpointing

@@ -13,7 +13,7 @@ Not part of the paper's code; its questions are the paper's. Two named stages of
       noise 0.2), weakest start first: `--regime-ablations auto` (the default; a comma list of starts adds them,
       `none` skips).
   --stage diversity  DIVERSE CORRECT SOLUTIONS: the warm start trained on --styles (3) phrasings of each step
-      (harness/toy.py, `styles`), grpo vs SCOPE (paper) on the ladder, --seeds seeds, --diversity-steps
+      (harness/data/toy.py, `styles`), grpo vs SCOPE (paper) on the ladder, --seeds seeds, --diversity-steps
       (100) steps: the share and entropy of styles among the policy's correct rollouts over training
       (scope.py's style_* metrics) and among the final policy's correct samples, and the Table-4 metrics.
 
@@ -415,7 +415,7 @@ def write(results: list[dict], summary: dict, args, wall_minutes: float) -> str:
 
 def main(args) -> None:
     """--stage regime: the map, then the ablations of the starts where a SCOPE row separates."""
-    from harness import toy
+    from harness.data import toy
 
     t0 = time.time()
     args.eval_n_cool = 0   # choice 1: the final eval at T = 1.0 only
@@ -469,7 +469,7 @@ def diversity_report(results: list[dict], args, wall_minutes: float, command: st
     blocks = block_means(results, "diversity", "style_entropy_correct")
     md = ["# Toy world: diverse correct solutions\n", f"Command: `{command}`  \nWall time: {wall_minutes:.1f} min "
           f"({args.jobs} jobs at once; finished runs are read from their records).  \nThe warm start writes each "
-          f"solution in one of {args.styles} styles (harness/toy.py STYLES); {args.diversity_steps} steps per run; "
+          f"solution in one of {args.styles} styles (harness/data/toy.py STYLES); {args.diversity_steps} steps per run; "
           f"final eval on {args.eval_size} held-out problems x {args.eval_n} samples at T = 1.0. style entropy: of "
           f"the styles among the correct samples (nats; ln {args.styles} = {math.log(args.styles):.3f} when even).\n",
           "| row | seeds | " + " | ".join(STYLE_KEYS) + " | style shares |", "|---" * (len(STYLE_KEYS) + 3) + "|"]
@@ -528,7 +528,7 @@ def diversity_main(args) -> None:
     """--stage diversity: GRPO vs SCOPE from the warm start with --styles solution styles."""
     import shlex
 
-    from harness import toy
+    from harness.data import toy
 
     t0 = time.time()
     args.eval_n_cool = 0

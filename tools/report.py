@@ -5,7 +5,7 @@ nothing (the paper's evaluation is eval.py). Two views:
 
  1. `--plot RUN [RUN ...]`: one PNG with the training curves of the runs side by side (paper Figs. 3-7:
     reward, held-out accuracy, keep ratio, acceptance, entropy, length, near-miss and discarded-valid
-    shares; drawn by harness/curves.py, as a finished run draws its own). Written next to the run
+    shares; drawn by harness/run/curves.py, as a finished run draws its own). Written next to the run
     (runs/<name>/curves.png; several runs: runs/curves_<a>_<b>.png) unless --out names the file.
  2. `--trace RUN [--step N] [--html [FILE]]`: the rectifications of one step (the last one with any by
     default) as the paper's Fig. 12: the policy's steps with their PRM scores, the cut, each refiner
@@ -21,7 +21,7 @@ import html
 import os
 import sys
 
-from harness.curves import plot_runs, read_jsonl, run_file
+from harness.run.curves import plot_runs, read_jsonl, run_file
 
 ANSI = {"green": "\033[32m", "red": "\033[31m", "blue": "\033[34m", "dim": "\033[2m", "bold": "\033[1m"}
 

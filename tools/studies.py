@@ -22,7 +22,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")   # before torch is imported, here
 os.environ.setdefault("MKL_NUM_THREADS", "1")
 import numpy as np  # noqa: E402
 
-from harness.progress import StudyClock  # noqa: E402
+from harness.run.progress import StudyClock  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
 DIVERSITY = ["distinct_1", "distinct_4", "one_minus_self_bleu", "one_minus_self_rouge", "div_score"]
@@ -59,7 +59,7 @@ def start_settings(j: dict, args) -> dict:
 
 def start_path(j: dict, args) -> str:
     """Where a job's starting policy is cached (see `start_settings`)."""
-    from harness import toy
+    from harness.data import toy
 
     return toy.cache_path(os.path.join(ROOT, "cache"), seed=0, **start_settings(j, args))
 
@@ -69,7 +69,7 @@ def problem_files(task: str, args, write: bool = False) -> dict:
     load_problems("toy") uses; {} for the default task ("")."""
     if not task:
         return {}
-    from harness import toy
+    from harness.data import toy
 
     folder = os.path.join("runs", f"{args.tag}-data-{slug(task)}")
     files = {"train": os.path.join(folder, "train.jsonl"), "eval": os.path.join(folder, "eval.jsonl")}
@@ -94,8 +94,8 @@ def scope_command(j: dict, args) -> list[str]:
 
 
 def environment() -> dict:
-    """The versions, CPU, threads and commit a record was made with (harness/runs.py environment)."""
-    from harness.runs import environment as now
+    """The versions, CPU, threads and commit a record was made with (harness/run/runs.py environment)."""
+    from harness.run.runs import environment as now
 
     return now()
 
@@ -134,10 +134,10 @@ def evaluate_policy(path: str, task: str, args, styles: int = 1) -> dict:
     the correct samples of a problem (problems with at least two)."""
     import torch
 
-    from harness import toy
+    from harness.data import toy
     from eval import diversity_summary, discarded_valid_share, evaluate, near_miss_at_k
-    from harness.problems import load_problems
-    from harness.generate import HFGenerator, load_causal_lm
+    from harness.data.problems import load_problems
+    from harness.engines.generate import HFGenerator, load_causal_lm
     from prm import cut_point, keep_ratio, split_steps
 
     torch.set_num_threads(1)
@@ -201,7 +201,7 @@ def training_stats(run_dir: str) -> dict:
 def eval_styles(j: dict, args) -> int:
     """How many styles the final eval reads (evaluate_policy's `styles`): the starting policy's, or all of
     toy.STYLES when the run's refiner writes a style of its own (the policy may pick up a foreign one)."""
-    from harness import toy
+    from harness.data import toy
 
     own = start_settings(j, args).get("styles", 1)
     return len(toy.STYLES) if "--toy-refiner-style" in j["flags"] else own
@@ -265,7 +265,7 @@ def run_all(jobs: list[dict], args, t0: float, worker=None) -> list[dict]:
     pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"), initializer=_worker_group)
     try:
         futures = [pool.submit(worker or run_job, j, args) for j in jobs]
-        clock = StudyClock(len(jobs))   # "run k/N, ETA ..." (harness/progress.py)
+        clock = StudyClock(len(jobs))   # "run k/N, ETA ..." (harness/run/progress.py)
         for future in futures:
             r = future.result()
             results.append(r)
@@ -416,7 +416,7 @@ def repair_token_probs(model, tokenizer, trace: dict) -> tuple[list[float], int,
     import torch
 
     from grpo import logprobs_and_entropy
-    from harness.generate import format_prompt
+    from harness.data.prompt import format_prompt
 
     suffix = trace["suffixes"][trace["attempt_correct"].index(True)]
     head = format_prompt(tokenizer, trace["question"])
@@ -437,8 +437,8 @@ def mechanism(results: list[dict], args) -> dict:
     rollout's text after the kept prefix (char-level toy tokenizer: one character = one token)."""
     import torch
 
-    from harness.generate import load_causal_lm
-    from harness.preflight import MODES_WITH_REFINER
+    from harness.engines.generate import load_causal_lm
+    from harness.engines.refiner import MODES_WITH_REFINER
 
     torch.set_num_threads(1)
     models, out = {}, {}

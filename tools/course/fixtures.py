@@ -398,7 +398,7 @@ def _tie_in_group_0(rng, tok, case, scores_a, scores_b, longer_first=False) -> N
 
 def run_scope_step(m, ctx, c):
     """Steps 3-6 on stored rollouts, with a fake PRM and refiner: what each function returns and sets."""
-    from harness.grader import grade
+    from harness.data.grader import grade
     tok = ctx["tokenizer"]
     args = m.scope.Args(toy=True, mode=c["mode"], rectify_groups=c["rectify_groups"], merge=c["merge"], tau=c["tau"],
                         refine_attempts=c["attempts"], max_new_tokens=400, group_size=len(c["trajs"]) // c["n_groups"],
@@ -414,7 +414,7 @@ def run_scope_step(m, ctx, c):
                                                      args.select_tiebreak)]
     merged, traces = m.refine.rectify(trajs, picks, FakeRefiner(c["suffixes"]), tok, attempts=args.refine_attempts,
                                       merge=args.merge, max_new_tokens=args.max_new_tokens, grade_fn=grade, seed=0)
-    unavailable = False   # the engine's (harness/wiring.py Run.refine_phase), not the student's
+    unavailable = False   # the engine's (harness/run/wiring.py Run.refine_phase), not the student's
     adv = m.grpo.group_advantages([t.reward for t in merged], groups=[t.group for t in merged], scale_std=c["adv_std"])
     merged = [(t.group, t.response_ids, t.offpolicy_mask, t.reward, t.source) for t in merged]
     return {"located": located, "picks": picks, "merged": merged,
@@ -564,7 +564,7 @@ def make_policy_loss(rng, ctx):
 
 
 def run_policy_loss(m, ctx, c):
-    from harness.trainer import loss_metrics   # the engine's, not an exercise
+    from harness.engines.trainer import loss_metrics   # the engine's, not an exercise
     logp = c["logp"].clone().requires_grad_(True)
     ent = None if c["ent"] is None else c["ent"].clone().requires_grad_(True)
     loss, terms = m.grpo.policy_loss(logp, c["old"], c["adv"], c["resp"], c["off"], ref_logp=c["ref"], entropy=ent,

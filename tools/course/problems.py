@@ -315,9 +315,9 @@ EXERCISES = [
                      "`loss, terms = policy_loss(…)` with the reference log-probs from `step` and the importance "
                      "weight from `truncated_is_weight`; the given code after it reads loss and terms and does the "
                      "backward pass",
-             given="the loop over micro-batches and everything `harness/trainer.py`'s `Step` does around it "
+             given="the loop over micro-batches and everything `harness/engines/trainer.py`'s `Step` does around it "
                    "(torchrun's zero-weight padding micro-batch, the single gradient exchange, the backward pass, "
-                   "the clip, the non-finite skip, the metrics). Optional extension: read harness/dist.py and "
+                   "the clip, the non-finite skip, the metrics). Optional extension: read harness/engines/dist.py and "
                    "explain why every rank must run the same number of micro-batches under FSDP",
              hints=("`step.forward(part, entropy_grad)` gives (logp, entropy) at the rollouts' temperature.",
                     "Without part['old_logp'] use this forward's own log-probs, detached.",

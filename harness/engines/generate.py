@@ -21,7 +21,6 @@ import torch
 import torch.nn.functional as F
 from transformers import GenerationConfig
 
-from harness.problems import DEFAULT_SYSTEM   # the system turn a problem is asked with (--system-prompt)
 
 # ==== 1. prompts and the Completion record ====
 
@@ -34,22 +33,6 @@ class Completion:
     text: str  # tokenizer.decode(ids, skip_special_tokens=True)
     finished: bool  # True when it stopped at a stop id, False when it hit max_tokens
     logprobs: list[float] | None = None  # the sampler's log-prob of each id (in-process vLLM only; choice 7)
-
-
-def format_prompt(tokenizer, question: str, system: str | None = DEFAULT_SYSTEM) -> list[int]:
-    """Token ids of the prompt for `question`.
-
-    With a chat template: [system?, user=question] and the assistant header (add_generation_prompt).
-    Without one: the plain text "Question: {question}\\nSolution:\\n" (the system line is not used).
-    """
-    if getattr(tokenizer, "chat_template", None):
-        messages = [{"role": "system", "content": system}] if system else []
-        messages.append({"role": "user", "content": question})
-        # transformers 5: tokenize=True returns a dict, so render the text and encode it ourselves
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    else:
-        text = f"Question: {question}\nSolution:\n"
-    return tokenizer.encode(text, add_special_tokens=False)
 
 
 CHATML_TURN_END = "<|im_end|>"
@@ -700,7 +683,7 @@ class OpenAIGenerator:
 # folder, is started after the policy's engine so that each memory share is checked in turn, and is stopped at
 # exit, on error, and by the kernel if the trainer is killed (PR_SET_PDEATHSIG). Without vLLM HF generate is used;
 # when the server cannot start, HF generate is used only where that is safe (the CPU, or a GPU whose free memory
-# holds the refiner by the memory plan: harness/preflight.check_refiner_fallback), otherwise the run stops naming
+# holds the refiner by the memory plan: harness/run/preflight.check_refiner_fallback), otherwise the run stops naming
 # the flags that fit. `vllm serve` is reached through
 # `vllm.entrypoints.cli.main:main`, the `vllm` console script of vLLM's pyproject (0.32 and 0.33); GET /health
 # answers 200 once the engine is up (vllm/entrypoints/serve/instrumentator/health.py in 0.32).

@@ -8,7 +8,7 @@ folder (lock, resume, config.json) and loads the policy, its rollout engine, the
 metrics, eval, log, checkpoint), `finish`; each docstring says what it adds to the step's data, or that it changes
 none (timers, PRM offload, autocast, vLLM sleep). `paper` holds
 the pieces of the five top-level files the engine builds and calls (this package imports none of them). Under
-torchrun (harness/dist.py) every rank runs the loop; rank 0 alone writes and prints. Ctrl-C's one line and the
+torchrun (harness/engines/dist.py) every rank runs the loop; rank 0 alone writes and prints. Ctrl-C's one line and the
 lock's release: `config.calm_interrupt`.
 """
 import atexit
@@ -26,17 +26,19 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from harness import cli, config, dist, export, lora, overlap, phase_memory, preflight, trainer
-from harness.generate import (GeneratorUnavailable, HFGenerator, ServerStartError, format_prompt, load_causal_lm,
-                              load_tokenizer, vllm_importable)
-from harness.refiner import Refiner
-from harness import trackers
-from harness import mathverify, progress   # --grader; step k/N + ETA, rollouts.jsonl, curves.png, summary.txt, model/
-from harness.runs import (Done, acquire_lock, append_change, clear_run, environment, format_changes, only_logs,
-                          read_changes, read_log, recover_checkpoint, release_lock, removed_on_failure, restore_rng,
-                          save_checkpoint, stop, truncate_jsonl)
+from harness.data import mathverify   # --grader
+from harness.data.prompt import format_prompt
+from harness.engines import dist, lora, overlap, trainer
+from harness.engines.generate import (GeneratorUnavailable, HFGenerator, ServerStartError, load_causal_lm,
+                                      load_tokenizer, vllm_importable)
+from harness.engines.refiner import MODES_WITH_REFINER, Refiner
+from harness.plan import phase_memory
+from harness.run import cli, config, export, preflight, progress, trackers   # progress: step k/N + ETA, rollouts.jsonl,
+from harness.run.runs import (Done, acquire_lock, append_change, clear_run, environment, format_changes, only_logs,
+                              read_changes, read_log, recover_checkpoint, release_lock, removed_on_failure,
+                              restore_rng, save_checkpoint, stop, truncate_jsonl)   # curves.png, summary.txt, model/
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
 CACHE_DIR = os.path.join(ROOT, "cache")        # toy warm starts (gitignored but for the shipped ones)
 
 
@@ -128,7 +130,7 @@ def seed_everything(seed: int) -> None:
 def base_model_path(args) -> str:
     """Where the policy's starting weights live: the cached toy warm start, an alias's hub id, or the path given."""
     if args.toy and args.model == "toy":
-        from harness import toy
+        from harness.data import toy
         toy.warm_start(CACHE_DIR, seed=0, **toy_styles(args))   # SFT warm start, trained once and cached: the
         return toy.cache_path(CACHE_DIR, seed=0, **toy_styles(args))   # toy "pretrained model"
     return preflight.model_id(args.model)
@@ -143,7 +145,7 @@ def load_policy(args, path: str, base_path: str, device: str):
     """(policy in float32, tokenizer, frozen KL reference or None). float32 master weights: AdamW steps of
     lr 1e-6 would round away in bfloat16. The KL reference is the model we started from, also after a resume.
     With --gradient-checkpointing each decoder layer's activations are recomputed in the backward pass.
-    With --lora-rank the base stays in the load dtype (bf16 on CUDA) under a float32 adapter (harness/lora.py),
+    With --lora-rank the base stays in the load dtype (bf16 on CUDA) under a float32 adapter (harness/engines/lora.py),
     new or the checkpoint's, and the KL reference is the policy with its adapter switched off."""
     if args.lora_rank:
         with loading(base_path):
@@ -171,7 +173,7 @@ def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, worl
     vLLM's KV cache holds the rank's prompts_per_step / world × group_size sequences of an assumed prompt plus --max-new-tokens
     (preflight.rollout_kv_need); with --rollout-sleep it can sleep through the update."""
     if use_vllm:
-        from harness.generate import VLLMGenerator
+        from harness.engines.generate import VLLMGenerator
         launch = dict(distributed_executor_backend="external_launcher") if world > 1 else {}
         kv_bytes, max_len = preflight.rollout_kv_need(args, world)   # sized by need, not a share of the card
         context = getattr(policy.config, "max_position_embeddings", None)
@@ -187,18 +189,19 @@ def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, worl
 def load_prm(args, device: str, prm_class, use_vllm: bool = False, run_dir: str = ""):
     """The process reward model (`prm_class`: prm.ProcessRewardModel), or the toy world's rule-based stand-in; None
     with --prm none. With vLLM on a GPU a Qwen2.5-Math-PRM runs on its own `vllm serve --runner pooling`
-    (harness/served_prm.py), else in this process."""
+    (harness/engines/served_prm.py), else in this process."""
     if args.prm == "none":
         return None
     if args.toy:   # the toy PRM's noise has its own RNG: the loop reseeds it from (seed, step) so resume is exact
-        from harness import toy
+        from harness.data import toy
         return toy.ToyPRM(args.toy_prm_noise, seed=args.seed)
     if device.startswith("cuda") and preflight.prm_served(args, use_vllm, torch.cuda.get_device_properties(
             torch.device(device)).total_memory / preflight.GIB):
-        from harness.served_prm import start_for_run
+        from harness.engines.served_prm import start_for_run
         with loading(args.prm):   # all failures of a step in one request: the server schedules them
             return prm_class(args.prm, micro_batch_size=1024,
-                             served=start_for_run(args, run_dir, prm_class.separator))
+                             served=start_for_run(args, run_dir, prm_class.separator, *preflight.prm_server_need(args),
+                                                  preflight.prm_batched_tokens(args)))
     if args.prm_quantization != "none":   # the in-process PRM runs in bf16: not what was asked for
         stop(f"--prm-quantization {args.prm_quantization}: needs the PRM on its own vllm serve (vLLM installed, a "
              f"GPU, and room in the memory plan: preflight.prm_served); here it would run in this process in bf16")
@@ -208,25 +211,25 @@ def load_prm(args, device: str, prm_class, use_vllm: bool = False, run_dir: str 
 
 
 def load_refiner(args, generator, tokenizer, device: str, run_dir: str, refiner_prompt):
-    """The refiner of --mode scope/replace (None otherwise): a `Refiner` (harness/refiner.py) over the policy
+    """The refiner of --mode scope/replace (None otherwise): a `Refiner` (harness/engines/refiner.py) over the policy
     itself, a served model (--refiner-url), a separate model on its own `vllm serve` (when vLLM is installed:
     refiner work never goes through HF generate then; generate.serve_with_vllm), or, without vLLM, a separate
     model through HF generate; or the toy oracle.
     A server that does not start falls back to HF generate only where preflight.check_refiner_fallback finds
     room (the CPU, or enough free GPU memory); otherwise the run stops in one line naming the flags that fit."""
-    if args.mode not in preflight.MODES_WITH_REFINER:
+    if args.mode not in MODES_WITH_REFINER:
         return None
     prompt = functools.partial(refiner_prompt, style=args.refine_prompt)   # refine.refiner_prompt, --refine-prompt
     if args.refiner == "policy":   # self-refinement: the current policy, through the same engine
         return Refiner(generator, tokenizer, prompt=prompt, max_tokens=args.refiner_max_tokens)
     if args.refiner_url:           # a refiner served elsewhere (`vllm serve MODEL`); also in the toy world
-        from harness.generate import OpenAIGenerator
+        from harness.engines.generate import OpenAIGenerator
         with loading(args.refiner):
             refiner_tokenizer = load_tokenizer(args.refiner)
         return Refiner(OpenAIGenerator(args.refiner_url, args.refiner, refiner_tokenizer, args.refiner_timeout),
                        refiner_tokenizer, prompt=prompt, max_tokens=args.refiner_max_tokens)
     if args.toy and args.refiner == "toy-model":   # a stronger toy model through the real Refiner + HF generate
-        from harness import toy
+        from harness.data import toy
         if args.toy_refiner_style != "prefix":
             raise SystemExit(f"--toy-refiner-style {args.toy_refiner_style} needs --refiner toy-oracle: the toy "
                              "model refiner writes the styles it was trained on, continuing the prefix's")
@@ -234,11 +237,11 @@ def load_refiner(args, generator, tokenizer, device: str, run_dir: str, refiner_
         return Refiner(HFGenerator(refiner_model.eval(), refiner_tokenizer, args.gen_batch_size),
                        refiner_tokenizer, prompt=prompt, max_tokens=args.refiner_max_tokens)
     if args.toy:                   # toy-oracle (or its old name, toy): rule-based, never fails
-        from harness import toy
+        from harness.data import toy
         return toy.OracleRefiner(None if args.toy_refiner_style == "prefix" else int(args.toy_refiner_style),
                                  args.toy_styles if args.select_tiebreak == "index" else 1)
     if vllm_importable() and args.backend != "hf":   # the refiner on vLLM: its own `vllm serve` (generate.py)
-        from harness.generate import quantization_flags, serve_with_vllm
+        from harness.engines.generate import quantization_flags, serve_with_vllm
         with loading(args.refiner):
             refiner_tokenizer = load_tokenizer(args.refiner)
         rank = f".rank{os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""   # torchrun: one each
@@ -411,7 +414,7 @@ class Paper:
     evaluate: object               # eval.evaluate: the periodic held-out accuracy (`Run.evaluate`)
     near_miss_at_k: object         # eval.near_miss_at_k and ...
     discarded_valid_share: object  # ... eval.discarded_valid_share: two of the step's metrics (`step_metrics`)
-    logprobs: object = None        # grpo.logprobs_and_entropy: the π_old pass `rollout` starts (harness/overlap.py)
+    logprobs: object = None        # grpo.logprobs_and_entropy: the π_old pass `rollout` starts (harness/engines/overlap.py)
     refiner_prompt: object = None  # refine.refiner_prompt: what `Refiner` sends the refiner (`load_refiner`)
 
 
@@ -435,9 +438,9 @@ class Run:
     metrics_file: object
     traces_file: object
     t_start: float
-    tracker: object = None                           # --report-to: TensorBoard or W&B (harness/trackers.py)
+    tracker: object = None                           # --report-to: TensorBoard or W&B (harness/run/trackers.py)
     summary: dict = field(default_factory=dict)
-    dist: object = field(default_factory=dist.Dist)     # this process's rank under torchrun (harness/dist.py)
+    dist: object = field(default_factory=dist.Dist)     # this process's rank under torchrun (harness/engines/dist.py)
     model: object = None                             # the module the update trains: policy, DDP or FSDP2
     prm_offload: bool = False                         # the PRM waits in CPU memory between its uses
     paper: Paper = None                               # what the engine calls from the five top-level files
@@ -447,8 +450,8 @@ class Run:
     unavailable: bool = False
     said_no_signal: bool = False                      # the note on a step without any reward signal was printed
     said_all_cut: bool = False                        # ... and the one on a step whose rollouts all hit the cap
-    grade: object = None                              # --grader of the periodic evaluation (harness/mathverify.py)
-    clock: object = None                              # step k/N and ETA of the step lines (harness/progress.py)
+    grade: object = None                              # --grader of the periodic evaluation (harness/data/mathverify.py)
+    clock: object = None                              # step k/N and ETA of the step lines (harness/run/progress.py)
     overlap_old_logp: bool = False                    # --overlap-old-logp, resolved (preflight.old_logp_overlapped)
     old_logp: object = None                           # ... this step's π_old pass (overlap.OldLogprobs) and
     old_logp_stream: object = None                    # the CUDA stream every step's pass runs on
@@ -504,7 +507,7 @@ class Run:
 
     @contextlib.contextmanager
     def timed(self, name: str):
-        """Time the block as time_<name>; on a GPU also its peak memory, against the plan (harness/phase_memory.py)."""
+        """Time the block as time_<name>; on a GPU also its peak memory, against the plan (harness/plan/phase_memory.py)."""
         t0 = time.time()
         with phase_memory.phase(name):
             yield
@@ -553,7 +556,7 @@ class Run:
         """Step 1: G samples per prompt of `groups` at the rollout temperature, one batched call, kept as token
         ids (paper.trajectory each). vLLM seeds prompt i with seed + i·G, so a rank samples its slice alone; HF
         generate draws one stream for the whole call, so each rank samples all B prompts and keeps its groups.
-        With --overlap-old-logp, π_old of the rows starts here on a worker thread (harness/overlap.py)."""
+        With --overlap-old-logp, π_old of the rows starts here on a worker thread (harness/engines/overlap.py)."""
         with self.timed("rollout"):
             a = self.args
             todo = groups if self.use_vllm else range(len(problems))
@@ -638,7 +641,7 @@ class Run:
         m["time_step"] = time.time() - self.t0
         m.update(phase_memory.step_record())   # GPU runs: each phase's peak memory next to the plan's figure
         self.log(m, traces, line=False)   # metrics.jsonl, traces.jsonl: before the checkpoint, which a resume cuts
-        if self.dist.main:    # a few of the step's own rollouts, whole (harness/progress.py: rollouts.jsonl)
+        if self.dist.main:    # a few of the step's own rollouts, whole (harness/run/progress.py: rollouts.jsonl)
             progress.log_rollouts(self.run_dir, step, trajs, seed=seed_for(a.seed, step, "logged"))
         saved = None
         if step % a.save_every == 0 or step == a.steps:
@@ -727,7 +730,7 @@ class Run:
                 log.close()
         if self.tracker is not None:
             self.tracker.close()
-        # the closing summary also as summary.txt; then curves.png and model/ (harness/progress.py, export.py)
+        # the closing summary also as summary.txt; then curves.png and model/ (harness/run/progress.py, export.py)
         with progress.summary_to_file(os.path.join(self.run_dir, "summary.txt"), self.dist.main):
             summary = finish(self.summary, self.run_dir, self.t_start, self.start_step, self.refiner, self.args,
                              len(self.eval_problems), self.dist.main)
@@ -819,7 +822,7 @@ def step_metrics(step: int, args, rollouts: list, trained: list, traces: list[di
     """Everything logged about one step, computed once after it: the policy's own rollouts (comparable across
     modes), the PRM's view of the failures, the repairs, the update, the time per phase (docs/metrics.md). Traces
     get the group's rewards before repair."""
-    from harness import toy
+    from harness.data import toy
     B, G = args.prompts_per_step, args.group_size
     passed = np.array([t.correct for t in rollouts]).reshape(B, G)
     failed_scored = [t for t in rollouts if not t.correct and t.step_scores is not None]

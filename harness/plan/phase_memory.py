@@ -1,6 +1,6 @@
 """phase_memory.py — each phase's peak GPU memory, measured, next to the memory plan's figure for that phase.
 
-The pre-flight plans the memory of a run before it starts (harness/preflight.memory_plan, docs/memory.md); this
+The pre-flight plans the memory of a run before it starts (harness/run/preflight.memory_plan, docs/memory.md); this
 checks that plan on every GPU run. Around each phase of a step (rollout, prm, refine, update, sync) the CUDA
 allocator's peak is reset and read back (`torch.cuda.max_memory_allocated` and `max_memory_reserved`); the step's
 metrics get, per phase, `mem_<phase>_allocated_gib`, `mem_<phase>_reserved_gib` and `mem_<phase>_planned_gib`

@@ -19,9 +19,10 @@ from dataclasses import asdict, dataclass, field, fields
 
 from tqdm import tqdm
 
-from harness import cli, lora, preflight
-from harness.runs import (Done, read_changes, refusals_raised, release_lock, resume_hint, run_settings,
-                          stop)
+from harness.engines import lora
+from harness.run import cli, preflight
+from harness.run.runs import (Done, read_changes, refusals_raised, release_lock, resume_hint, run_settings,
+                              stop)
 
 
 def arg(default, help, choices=None):
@@ -45,13 +46,13 @@ class EngineArgs:
     prm_format: str = arg("auto", "the PRM's input layout: qwen-math-prm = Qwen2.5-Math-PRM's chat with an <extra_0> "
                           "after each step; trl-token-classification = TRL PRMTrainer's (question ids, then each step's "
                           "ids + \"\\n\\n\", read at its last token: HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2); "
-                          "auto = from the checkpoint (harness/prm_checkpoint.py prm_format)",
+                          "auto = from the checkpoint (harness/engines/prm_checkpoint.py prm_format)",
                           ("auto", "qwen-math-prm", "trl-token-classification"))
     refiner_timeout: float = arg(600.0, "seconds one served-refiner request may take (2 retries; then the step "
                                  "goes on without rectification)")
     backend: str = arg("auto", "rollout engine; auto = vLLM when importable and CUDA present", ("auto", "vllm", "hf"))
     device: str = arg("auto", "auto = cuda when present; 'cpu' runs a real model on the CPU (slow)")
-    system_prompt: str = arg(*cli.DATA_FLAGS["system_prompt"])   # shared with eval.py (harness/cli.py)
+    system_prompt: str = arg(*cli.DATA_FLAGS["system_prompt"])   # shared with eval.py (harness/run/cli.py)
     question_field: str = arg(*cli.DATA_FLAGS["question_field"])
     answer_field: str = arg(*cli.DATA_FLAGS["answer_field"])
     # --- evaluation
@@ -110,11 +111,11 @@ class EngineArgs:
                            "repairs and their keep ratio, and the checkpoint's seconds (metrics.jsonl holds every "
                            "field either way; docs/metrics.md)")
     dry_run: bool = arg(False, "run the pre-flight (flags, folder, data, memory plan), print the resolved Args, exit")
-    # --- the toy world (harness/toy.py)
+    # --- the toy world (harness/data/toy.py)
     toy: bool = arg(False, "the CPU toy world: tiny char-level Qwen2, rule-based PRM, oracle refiner")
     toy_prm_noise: float = arg(0.0, "toy world: probability that the toy PRM flips a step score")
     toy_styles: int = arg(1, "toy world: the warm start writes its solutions in this many styles (1-3, "
-                          "harness/toy.py choice 10); > 1 also logs the styles of the correct rollouts")
+                          "harness/data/toy.py choice 10); > 1 also logs the styles of the correct rollouts")
     toy_refiner_style: str = arg("prefix", "toy world: the oracle refiner continues in the style of the kept "
                                  "prefix, or always writes style k (a foreign voice for a one-style policy)",
                                  ("prefix", "0", "1", "2"))
@@ -184,7 +185,7 @@ def parse_args(args_class, argv=None, description: str = ""):
                                   f"ours (docs/running.md)")
     engine = {f.name for f in fields(EngineArgs)}
     groups = {False: parser.add_argument_group("the method (scope.py Args)"),
-              True: parser.add_argument_group("the engine (harness/config.py EngineArgs)")}
+              True: parser.add_argument_group("the engine (harness/run/config.py EngineArgs)")}
     flags = ["--help"]
     for f in sorted(fields(args_class), key=lambda f: f.name in engine):   # the method's flags first
         kind = dict(action=argparse.BooleanOptionalAction) if isinstance(f.default, bool) else dict(type=type(f.default))
@@ -196,7 +197,7 @@ def parse_args(args_class, argv=None, description: str = ""):
     booleans = {"--" + f.name.replace("_", "-") for f in fields(args_class) if isinstance(f.default, bool)}
     argv = cli.normalise(argv, flags, booleans)   # --group_size → --group-size, --lr -1e-4 → --lr=-1e-4, --toy true
     known, unknown = parser.parse_known_args(argv)
-    if unknown:   # TRL's name for one of our flags gets ours (harness/cli.py)
+    if unknown:   # TRL's name for one of our flags gets ours (harness/run/cli.py)
         parser.error(cli.trl_hint(unknown[0]) or unknown_argument(unknown[0], flags))
     typed = vars(known)   # only the flags on the command line (the rest are SUPPRESSed)
     values = asdict(args_class())

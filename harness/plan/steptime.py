@@ -7,8 +7,8 @@ a cost per item measured on a CPU (`measure_cpu`, figures in CPU_COSTS). Every a
 or `Hardware` with its reason; nothing here is measured on a GPU. .ci/gpu_check.sh prints its measured phases next
 to `estimate(...)`.
 
-    python -m harness.steptime            # the table of docs/scaling.md (H100 and H200)
-    python -m harness.steptime --measure  # the CPU-side costs on this machine (grading, splicing, PRM input, JSON)
+    python -m harness.plan.steptime            # the table of docs/scaling.md (H100 and H200)
+    python -m harness.plan.steptime --measure  # the CPU-side costs on this machine (grading, splicing, PRM input, JSON)
 """
 import argparse
 import time
@@ -78,10 +78,10 @@ class Workload:
         return self.prompts * self.group
 
 
-# CPU-side costs per item, seconds: the medians printed by `python -m harness.steptime --measure` on the project's
+# CPU-side costs per item, seconds: the medians printed by `python -m harness.plan.steptime --measure` on the project's
 # CPU (2 cores shared with other jobs; Qwen2.5's tokenizer, a 909-token response), grade raised to 1 ms (a first,
 # uncached grade of a new response took up to 8 ms; the median repeats a parse of the same text). grade:
-# harness.grader.grade; splice: re-tokenising a suffix (refine.splice); prm_input: tokenising one response's steps
+# harness.data.grader.grade; splice: re-tokenising a suffix (refine.splice); prm_input: tokenising one response's steps
 # (prm.ProcessRewardModel.build_input); json: one pooling request and its reply encoded and decoded.
 CPU_COSTS = {"grade": 1.0e-3, "splice": 0.8e-3, "prm_input": 1.3e-3, "json": 0.1e-3}
 
@@ -191,7 +191,7 @@ def measure_cpu(repeats: int = 20) -> dict[str, float]:
     import json
     import statistics
 
-    from harness.grader import grade
+    from harness.data.grader import grade
 
     step = "We have $x^2 + 3x = 10$, so $(x + 5)(x - 2) = 0$ and $x = 2$ or $x = -5$. "
     response = step * 20 + "So the answer is \\boxed{2}."
@@ -227,7 +227,7 @@ def _tokenizer():
         path = os.path.join(os.path.dirname(spec.origin), "tokenizer_files", "tokenizer.json")
         if os.path.isfile(path):
             return PreTrainedTokenizerFast(tokenizer_file=path)
-    from harness.toy import make_tokenizer
+    from harness.data.toy import make_tokenizer
 
     return make_tokenizer()
 

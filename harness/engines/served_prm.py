@@ -127,7 +127,7 @@ def serve_prm(model: str, tokenizer, *, sep_id: int, log_path: str, gpu_memory_u
     """Start `vllm serve model --runner pooling` on a free local port (generate.serve_with_vllm: its log, its
     process-group handling, closed at exit) and return the stand-in module that queries it. RuntimeError when it
     cannot start."""
-    from harness.generate import serve_with_vllm
+    from harness.engines.generate import serve_with_vllm
 
     served = serve_with_vllm(model, tokenizer, log_path=log_path, gpu_memory_utilization=gpu_memory_utilization,
                              cpu=cpu, timeout=timeout, retries=retries, startup_timeout=startup_timeout,
@@ -138,25 +138,25 @@ def serve_prm(model: str, tokenizer, *, sep_id: int, log_path: str, gpu_memory_u
     return scores
 
 
-def start_for_run(args, run_dir: str, separator: str) -> PooledStepScores:
-    """scope.py's served PRM (harness/wiring.load_prm, when preflight.prm_served): `vllm serve args.prm` on this
-    process's GPU with the memory share and KV cache of the plan (preflight.prm_server_need), logging to
+def start_for_run(args, run_dir: str, separator: str, kv_bytes: int, gib: float,
+                  batched_tokens: int) -> PooledStepScores:
+    """scope.py's served PRM (harness/run/wiring.load_prm, when preflight.prm_served): `vllm serve args.prm` on this
+    process's GPU with the memory share and KV cache the caller's plan gives (`kv_bytes` of KV cache, `gib` in all,
+    `batched_tokens` per prefill step: the memory plan's prm_server_need and prm_batched_tokens), logging to
     run_dir/prm_server.log (one per rank under torchrun); `separator` is the step tag whose id STEP pooling reads."""
     import os
 
-    from harness import preflight
-    from harness.generate import load_tokenizer
+    from harness.engines.generate import load_tokenizer
 
     tokenizer = load_tokenizer(args.prm)
     sep_id = tokenizer.convert_tokens_to_ids(separator)
     if sep_id is None or sep_id == tokenizer.unk_token_id:
         raise ValueError(f"the tokenizer of PRM {args.prm!r} has no {separator!r} token")
-    kv_bytes, gib = preflight.prm_server_need(args)
-    total_gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / preflight.GIB
+    total_gib = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory / 2 ** 30
     rank = f".rank{os.environ['RANK']}" if int(os.environ.get("WORLD_SIZE", "1")) > 1 else ""
     log_path = os.path.join(run_dir, f"prm_server{rank}.log")
     print(f"starting the PRM server (vllm serve {args.prm} --runner pooling); log: {log_path}")
     return serve_prm(args.prm, tokenizer, sep_id=sep_id, log_path=log_path, kv_cache_bytes=kv_bytes,
                      gpu_memory_utilization=round(min(gib / total_gib, 0.95), 3), max_model_len=None,
                      quantization=args.prm_quantization, timeout=getattr(args, "refiner_timeout", 600),
-                     batched_tokens=preflight.prm_batched_tokens(args))
+                     batched_tokens=batched_tokens)

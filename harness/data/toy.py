@@ -21,7 +21,7 @@ Paper: Ren et al., "Recycling Failures: Salvaging Exploration in RLVR via Fine-G
 (arXiv 2602.24110). The toy world is ours, not the paper's: it runs the whole loop on a CPU, for the tests
 and for students without a GPU.
 
-Run: `python scope.py --toy` uses it; `python -m harness.toy` prints a sample problem, its solution and a warm
+Run: `python scope.py --toy` uses it; `python -m harness.data.toy` prints a sample problem, its solution and a warm
 start cache path (training one if needed).
 
 Choices and departures (numbered):
@@ -57,7 +57,7 @@ Choices and departures (numbered):
    overlap with a few hundred held-out problems is negligible.
 7. The tokenizer has one token per character the task uses, plus "<|endoftext|>" (EOS and pad), "<extra_0>"
    (the Qwen PRM step separator, so PRM-style code runs) and "<unk>" (a character outside the task maps to it
-   instead of raising). No chat template, so `generate.format_prompt` uses the plain layout
+   instead of raising). No chat template, so `prompt.format_prompt` uses the plain layout
    "Question: {q}\\nSolution:\\n".
 8. Defaults: 1-6 operations, values 0..30, operands 1..9, multiplier 2; a 2-layer, 128-wide Qwen2
    (0.30 M parameters); 2000 SFT steps of 32 at lr 3e-3, step_error_rate 0.4, lateness 2. Sampling at temperature 1.0 reproduces the slips. The SFT problems
@@ -297,7 +297,7 @@ def cache_path(cache_dir: str, seed: int = 0, **kw) -> str:
 
 def sft_example(tokenizer, problem: dict, solution: str) -> tuple[list[int], list[int]]:
     """(input ids, labels): prompt + solution + EOS; labels -100 on the prompt (loss on the solution only)."""
-    from harness.generate import format_prompt
+    from harness.data.prompt import format_prompt
 
     prompt = format_prompt(tokenizer, problem["question"])
     answer = tokenizer.encode(solution, add_special_tokens=False) + [tokenizer.eos_token_id]

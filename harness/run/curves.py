@@ -1,6 +1,6 @@
 """curves.py — the training curves of one or more runs as one PNG, from their metrics.jsonl (paper Figs. 3-7).
 
-A finished run draws its own (harness/progress.py, `closing_outputs`: runs/<name>/curves.png); `python -m
+A finished run draws its own (harness/run/progress.py, `closing_outputs`: runs/<name>/curves.png); `python -m
 tools.report --plot RUN [RUN ...]` draws several side by side.
 """
 import json

@@ -6,7 +6,7 @@ rectified trajectories. `grade(response, gold) -> bool`, `extract_answer(text)`,
 `final_boxes(text)` and `grader_benchmark`.
 The maths it relies on (our LaTeX-subset parser, exact numbers, the numeric identity test) is in latex.py.
 
-How to run: `python -m harness.grader --bench` (or `python eval.py --grader-bench`) times the grader on generated
+How to run: `python -m harness.data.grader --bench` (or `python eval.py --grader-bench`) times the grader on generated
 pairs and prints pairs/s, agreement with the intended labels and the slowest cases.
 
 Pipeline of grade(response, gold):
@@ -47,8 +47,8 @@ from fractions import Fraction
 
 import sympy
 
-from harness.latex import (Refuse, add, as_number, decimal_matches, exact, linear_in, mul, neg,
-                   proportional, sympy_equal, to_sympy)
+from harness.data.latex import (Refuse, add, as_number, decimal_matches, exact, linear_in, mul, neg,
+                                proportional, sympy_equal, to_sympy)
 
 _MAX_CHARS = 1000            # longer answers: plain string comparison only
 _MAX_ITEMS = 32              # elements of a list / set / tuple / matrix / run of boxes

@@ -16,7 +16,7 @@ What it owns (SCOPE, Ren et al. 2026, arXiv 2602.24110):
      a gated data set such as GPQA (RuntimeError: accept the terms and log in) each get their own message.
 
 How to use:
-  from harness.problems import load_problems
+  from harness.data.problems import load_problems
   load_problems("math500"); load_problems("my_problems.jsonl", limit=50, skip_bad=True); load_problems("toy")
 
 Choices the paper leaves open:
@@ -36,9 +36,8 @@ import os
 import random                   # deterministic choice shuffles
 import warnings                 # skipped-row reports
 
-from harness.grader import _BOX_RE, extract_answer
+from harness.data.grader import _BOX_RE, extract_answer
 
-DEFAULT_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."   # the system turn
 _MC_INSTRUCTION = "Answer with the letter of the correct option in \\boxed{}."
 _LETTERS = "ABCDEFGHIJKLMNOP"
 
@@ -267,7 +266,7 @@ def load_problems(source: str, split: str | None = None, limit: int | None = Non
     if limit is not None and limit < 0:
         raise ValueError(f"load_problems: limit must be >= 0, got {limit}")
     if source == "toy":
-        from harness import toy  # lazy: the toy world is only needed for the toy benchmark
+        from harness.data import toy  # lazy: the toy world is only needed for the toy benchmark
 
         return toy.make_problems(500 if limit is None else limit, seed=1 if split == "train" else 0)
     spec, name = {}, os.path.splitext(os.path.basename(source))[0]

@@ -13,7 +13,7 @@ format; how to load it with transformers and `vllm serve`). `transformers.AutoTo
 `AutoModelForCausalLM` and `pipeline` read the folder as it was trained, the toy model included.
 
 Why the toy tokenizer is rewritten here: it is a char-level `tokenizers` pipeline (WordLevel, one token per
-character, harness/toy.py). transformers 5 lists `qwen2` among the model types whose saved tokenizer class it
+character, harness/data/toy.py). transformers 5 lists `qwen2` among the model types whose saved tokenizer class it
 does not trust, so `AutoTokenizer` on a folder whose config.json says qwen2 builds `Qwen2Tokenizer` from the
 saved vocabulary: byte-level BPE with Qwen's pre-tokenizer. There the space is the byte-level symbol "Ġ" and
 the newline "Ċ"; the toy vocabulary holds " " and "\\n", so every space and newline vanished
@@ -25,9 +25,9 @@ folder's tokenizer through `AutoTokenizer` and checking that sample texts come b
 fails stops the export with the text that did not.
 
 Run:
-    python -m harness.export runs/NAME            # writes runs/NAME/model/ from runs/NAME/checkpoint/
-    python -m harness.export runs/NAME --out DIR  # somewhere else
-A run calls `export_run` after its last checkpoint (harness/progress.closing_outputs, from Run.finish).
+    python -m harness.run.export runs/NAME            # writes runs/NAME/model/ from runs/NAME/checkpoint/
+    python -m harness.run.export runs/NAME --out DIR  # somewhere else
+A run calls `export_run` after its last checkpoint (harness/run/progress.closing_outputs, from Run.finish).
 """
 import argparse
 import json
@@ -37,21 +37,22 @@ import sys
 
 import torch
 
-from harness import lora
-from harness.cli import flag_words
-from harness.generate import DEFAULT_SYSTEM, format_prompt, load_tokenizer
-from harness.preflight import COMMAND_ONLY, MODEL_ALIASES
-from harness.problems import BENCHMARKS
-from harness.runs import read_log
+from harness.engines import lora
+from harness.run.cli import flag_words
+from harness.data.prompt import DEFAULT_SYSTEM, format_prompt
+from harness.engines.generate import load_tokenizer
+from harness.run.preflight import COMMAND_ONLY, MODEL_ALIASES
+from harness.data.problems import BENCHMARKS
+from harness.run.runs import read_log
 
-EVAL_TEMPERATURE = 0.6   # the periodic evaluation's sampling temperature (harness/wiring.py), written as the default
+EVAL_TEMPERATURE = 0.6   # the periodic evaluation's sampling temperature (harness/run/wiring.py), written as the default
 PLAIN_TEMPLATE = ("{% for message in messages %}{% if message['role'] == 'user' %}Question: {{ message['content'] }}\n"
                   "{% endif %}{% endfor %}{% if add_generation_prompt %}Solution:\n{% endif %}")
 SAMPLE_TEXTS = ("Question: Start at 7, add 5, times 2.\nSolution:\nSo 7 + 5 = 12.\n\nSo 12 * 2 = 24.\n\n\\boxed{24}",
                 "Let $x = 2$. Then $x^2 + 1 = 5$, so the answer is \\boxed{5}.", "Hello, World! 3.14 é")
 
 
-# the card's example, with its answer: a problem of the toy world (harness/toy.py: add, minus, times 2 only), and one
+# the card's example, with its answer: a problem of the toy world (harness/data/toy.py: add, minus, times 2 only), and one
 # for a chat model
 EXAMPLE_TOY = ("Start at 7, add 5, times 2.", "24")
 EXAMPLE_CHAT = ("What is 7 * 6?", "42")
@@ -60,7 +61,7 @@ TOY_ALPHABET = (" Its tokenizer knows only the toy task's characters (digits, `+
                 "token it never trained on, so write problems as the example does.")
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository: its cache/ holds the toy warm starts
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository (cache/: toy warm starts)
 
 
 def base_name(name: str) -> str:
@@ -126,7 +127,7 @@ def checkpoint_readme(run_dir: str, char_level: bool, base: str | None) -> str:
 
 To use the trained model, load **`{model}/`**: bf16 weights{", the adapter merged in" if base else ""}, a tokenizer
 that `AutoTokenizer` reads as trained, its chat template, `generation_config.json` and a model card. The run writes
-it after its last step; `python -m harness.export {run_dir}` writes it from this folder at any time.
+it after its last step; `python -m harness.run.export {run_dir}` writes it from this folder at any time.
 `AutoModelForCausalLM`, `pipeline` and `vllm serve` read it; so does `python eval.py --model {model}`.
 """
     if char_level:
@@ -134,7 +135,7 @@ it after its last step; `python -m harness.export {run_dir}` writes it from this
 **`AutoTokenizer.from_pretrained("{ckpt}")` misreads the tokenizer saved here.** It is the toy world's char-level
 tokenizer; transformers rebuilds it as Qwen2's byte-level BPE, which silently drops every space and newline
 ("Question: Start at 7, add 5." becomes "Question:Startat7,add5.") and has no chat template. Only this project's
-loader reads it as trained (`harness.generate.load_tokenizer`, which scope.py, eval.py and a resume use); `{model}/`
+loader reads it as trained (`harness.engines.generate.load_tokenizer`, which scope.py, eval.py and a resume use); `{model}/`
 holds the same tokenizer written so that `AutoTokenizer` reads it exactly.
 """
     if base:

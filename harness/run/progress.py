@@ -13,7 +13,7 @@
 - `log_rollouts`: a few of each step's sampled rollouts, whole, in rollouts.jsonl beside traces.jsonl (which
   holds the repairs), so what the policy writes can be read in every mode, `--mode grpo` included.
 - `closing_outputs` and `summary_to_file`: at the end of a run, its curves picture (curves.png), its model
-  folder (model/, harness/export.py) and its closing summary as summary.txt, in the run folder, unasked.
+  folder (model/, harness/run/export.py) and its closing summary as summary.txt, in the run folder, unasked.
 """
 import contextlib
 import json
@@ -172,24 +172,24 @@ def summary_to_file(path: str, enabled: bool = True):
 
 
 def closing_outputs(run_dir: str) -> dict:
-    """What a finished run leaves beside its logs, each path printed on one line: curves.png (harness/curves.py's
-    plot of metrics.jsonl) and model/ (harness/export.py). A failure of either is one warning line naming the
+    """What a finished run leaves beside its logs, each path printed on one line: curves.png (harness/run/curves.py's
+    plot of metrics.jsonl) and model/ (harness/run/export.py). A failure of either is one warning line naming the
     command that retries it, never the run's end (its checkpoint is saved)."""
     written = {}
     try:
         import matplotlib
 
         matplotlib.use("Agg")
-        from harness.curves import plot_runs
+        from harness.run.curves import plot_runs
         written["curves"] = plot_runs([run_dir], os.path.join(run_dir, "curves.png"))
     except Exception as err:   # the run is done; a missing picture must not turn it into a failure
         print(f"warning: no curves.png ({type(err).__name__}: {err}); python -m tools.report --plot {run_dir}",
               file=sys.stderr)
     try:
-        from harness.export import export_run
+        from harness.run.export import export_run
         written["model"] = export_run(run_dir, quiet=True)
     except (ValueError, OSError, RuntimeError) as err:
-        print(f"warning: no model/ written ({err}); python -m harness.export {run_dir}", file=sys.stderr)
+        print(f"warning: no model/ written ({err}); python -m harness.run.export {run_dir}", file=sys.stderr)
     print("written: " + ", ".join([*written.values(), os.path.join(run_dir, "summary.txt")])
           + (" (model: bf16 weights, tokenizer, model card; transformers and vllm serve load it)" if "model" in written
              else ""))

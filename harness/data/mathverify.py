@@ -1,5 +1,5 @@
 """mathverify.py — the optional second grader, `--grader math-verify`: Hugging Face's Math-Verify, the convention
-of the paper's and LUFFY's accuracy tables, so numbers can be put next to theirs. Ours (harness/grader.py)
+of the paper's and LUFFY's accuracy tables, so numbers can be put next to theirs. Ours (harness/data/grader.py)
 stays the default: faster, and it never hands model text to a sympy parser (docs/grader.md, "Math-Verify").
 
 Install: `pip install math-verify==0.9.0`. `for_name("math-verify")` stops in one line with that command when
@@ -14,7 +14,7 @@ How it is called, and why so:
    and a call that outlives `hard_timeout` seconds, or kills the child, grades False (a new child starts).
 3. Bad input (None, bytes, a gold with no parseable answer) grades False, as ours does.
 
-Run: `python -m harness.mathverify --compare` grades the project's own grader cases (tests/test_grader.py,
+Run: `python -m harness.data.mathverify --compare` grades the project's own grader cases (tests/test_grader.py,
 tests/test_grader_numina.py) with both graders and prints the agreement and the speed of each.
 """
 import argparse
@@ -92,10 +92,10 @@ def installed() -> bool:
 
 
 def for_name(name: str):
-    """The grade function of `--grader NAME`: ours (harness.grader.grade) or a MathVerifyGrader; a missing
+    """The grade function of `--grader NAME`: ours (harness.data.grader.grade) or a MathVerifyGrader; a missing
     package or an unknown name stops in one line."""
     if name == "ours":
-        from harness.grader import grade
+        from harness.data.grader import grade
         return grade
     if name != "math-verify":
         raise SystemExit(f"error: --grader {name}: choose one of {', '.join(GRADERS)}")
@@ -109,7 +109,7 @@ def for_name(name: str):
 def project_cases() -> list[tuple[str, str, bool]]:
     """(response, gold, expected) of tests/test_grader.py's GRADE_CASES and tests/test_grader_numina.py's
     convention lists, each answer in the sentence those tests box it in."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     sys.path.insert(0, os.path.join(root, "tests"))
     try:
         import test_grader
@@ -125,7 +125,7 @@ def project_cases() -> list[tuple[str, str, bool]]:
 def compare(cases: list[tuple[str, str, bool]], repeats: int = 3) -> dict:
     """Both graders on `cases`: agreement with each other and with the cases' labels, pairs per second (the
     best of `repeats` passes; Math-Verify's in its child process, one batch, so its IPC is one round trip)."""
-    from harness.grader import grade
+    from harness.data.grader import grade
 
     pairs = [(r, g) for r, g, _ in cases]
     ours_s, mv_s = float("inf"), float("inf")

@@ -24,7 +24,7 @@ import os
 import re
 import shlex
 
-from harness.problems import DEFAULT_SYSTEM
+from harness.data.prompt import DEFAULT_SYSTEM
 
 # TRL's names (GRPOConfig / TrainingArguments / ModelConfig / ScriptArguments) that mean what one of our flags means:
 # taken as ours, on the command line, in a --config file and in scope.main's dict (config.json records our name)
@@ -38,7 +38,7 @@ USE_PEFT_RANK = 16   # --use_peft alone: TRL's (ModelConfig) default rank
 # each is refused in one line that says so
 _ROLLOUT_STEPS = "ours counts rollout steps (each --updates-per-batch optimizer steps), not epochs or optimizer steps"
 _HUB_SPLIT = ("a hub id loads its default config and the first of its test, validation, train splits "
-              "(harness/problems.py); for another, save it as .jsonl and pass that to --dataset")
+              "(harness/data/problems.py); for another, save it as .jsonl and pass that to --dataset")
 _VLLM = ("--backend vllm (auto: vLLM when installed and CUDA is present); the policy's engine runs in this process "
          "(TRL's colocate)")
 _TIS = "the cap C of min(π_train/π_vLLM, C); 0 = off; on by default with vLLM rollouts"
@@ -84,13 +84,13 @@ TRL_NAMES = {
     "warmup_ratio": ("--warmup-steps", "ours counts steps, not a share of them"),
     **dict.fromkeys(("weight_decay", "optim"),
                     (None, "AdamW with torch's default weight decay (0.01), fused on CUDA (--fused-adamw)")),
-    "reward_funcs": (None, "the reward is the grader's 1/0 on the final \\boxed{} answer (harness/grader.py); "
+    "reward_funcs": (None, "the reward is the grader's 1/0 on the final \\boxed{} answer (harness/data/grader.py); "
                      "--mode prm-reward adds --prm-reward-coef × the mean PRM step score"),
     **dict.fromkeys(("bf16", "fp16", "torch_dtype", "dtype"),
                     (None, "the policy trains in float32 master weights under bfloat16 autocast on CUDA (float32 on "
                      "the CPU); the PRM and a refiner load in bfloat16 on CUDA")),
     "attn_implementation": (None, "the model's default attention (sdpa) in training, vLLM's own in its engine"),
-    "trust_remote_code": (None, "models load without remote code (a PRM's checkpoint too: harness/prm_checkpoint.py)"),
+    "trust_remote_code": (None, "models load without remote code (a PRM's checkpoint too: harness/engines/prm_checkpoint.py)"),
     "sync_ref_model": (None, "the KL reference (--kl-coef) is the initial policy throughout"),
     "lora_dropout": (None, "no LoRA dropout here (0 is taken): π_old, π_θ and the sampler must be the same network "
                      "for the PPO ratio (docs/choices.md, the LoRA row)"),
@@ -139,7 +139,7 @@ def trl_names(argv: list[str]) -> list[str]:
     return [f"--lora-rank={USE_PEFT_RANK}"] * peft + out
 
 
-# The data and prompt flags scope.py (harness/config.py EngineArgs) and eval.py share, one definition:
+# The data and prompt flags scope.py (harness/run/config.py EngineArgs) and eval.py share, one definition:
 # name → (default, help text).
 DATA_FLAGS = {
     "system_prompt": (DEFAULT_SYSTEM, "the system turn of every prompt (rollouts and evaluation) when the tokenizer "
@@ -162,7 +162,7 @@ def add_data_flags(parser) -> None:
 def own_data_refusal(sources: list[str], question_field: str, answer_field: str) -> str | None:
     """The refusal of --question-field / --answer-field when no source is a data set of one's own (every one is a
     named benchmark or 'toy', whose fields are set already); None otherwise."""
-    from harness.problems import BENCHMARKS
+    from harness.data.problems import BENCHMARKS
 
     if not (question_field or answer_field) or any(s not in BENCHMARKS and s != "toy" for s in sources):
         return None
@@ -211,7 +211,7 @@ def trl_hint(word: str, names: dict | None = None) -> str | None:
 
 
 def _fail(message: str):
-    from harness.runs import stop
+    from harness.run.runs import stop
 
     stop(message)   # a usage error, as argparse's: one line, exit 2 (from Python: runs.Refused)
 

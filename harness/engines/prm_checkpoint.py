@@ -8,25 +8,26 @@ config.json:
   are checked from the file headers first (`check_qwen2_prm_checkpoint`, also run by the pre-flight).
 - `*ForTokenClassification` with 2 labels (a tiny `Qwen2ForTokenClassification` in the tests, an HF PRM trained
   with TRL): `AutoModelForTokenClassification`, refused when a weight is missing from the files.
-`prm_format` says which input layout a loaded checkpoint reads (harness/prm_engine.py).
-Why the PRM runs in the trainer's process and not through the hub's remote code: harness/prm_engine.py.
+`prm_format` says which input layout a loaded checkpoint reads (harness/engines/prm_engine.py).
+Why the PRM runs in the trainer's process and not through the hub's remote code: harness/engines/prm_engine.py.
 """
 import json
 import os
 
 import torch
 
+QWEN_MATH_PRM, TRL_TOKEN_CLASSIFICATION = "qwen-math-prm", "trl-token-classification"   # --prm-format's values
 PRM_ARCHITECTURE = "Qwen2ForProcessRewardModel"  # config.json `architectures` of Qwen2.5-Math-PRM-7B / -72B
 
 
 def load_prm(name_or_path: str, device="cpu", dtype=None, served=None) -> tuple[torch.nn.Module, object, object]:
     """(model in eval mode on `device`, tokenizer, config) of a PRM checkpoint: a folder or a hub id. A missing
     folder, file or network becomes one RuntimeError naming the PRM; an unsupported or damaged checkpoint a
-    ValueError. With `served` (harness/served_prm.PooledStepScores: the PRM on vLLM's pooling runner) no weight
+    ValueError. With `served` (harness/engines/served_prm.PooledStepScores: the PRM on vLLM's pooling runner) no weight
     is loaded here: the model is `served`, the tokenizer and config are the checkpoint's."""
     from transformers import AutoConfig, AutoModelForTokenClassification
 
-    from harness.generate import load_tokenizer
+    from harness.engines.generate import load_tokenizer
 
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)
@@ -74,8 +75,6 @@ def prm_format(name: str, architectures: list[str], tokenizer, separator: str, a
     `separator` (`<extra_0>`) as one token; TRL's PRMTrainer layout for any other token classifier (TRL's PRMs
     keep their base model's tokenizer, which has no step tag). `asked` (--prm-format) overrides it where the
     checkpoint allows: TRL's layout needs a token classifier."""
-    from harness.prm_engine import QWEN_MATH_PRM, TRL_TOKEN_CLASSIFICATION
-
     if asked not in ("auto", QWEN_MATH_PRM, TRL_TOKEN_CLASSIFICATION):
         raise ValueError(f"--prm-format {asked}: use auto, {QWEN_MATH_PRM} or {TRL_TOKEN_CLASSIFICATION}")
     if asked == TRL_TOKEN_CLASSIFICATION and PRM_ARCHITECTURE in architectures:

@@ -14,43 +14,6 @@ TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"   # every li
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")   # what PeftModel.save_pretrained writes
 
 
-def check(args) -> None:
-    """The LoRA flags' range and coherence (preflight.check_args): one line and exit 2 on the first problem."""
-    from harness.runs import stop
-
-    if args.lora_rank < 0:
-        stop(f"--lora-rank {args.lora_rank}: must be 0 (the full fine-tune) or a rank >= 1")
-    if args.resume:   # the checkpoint holds the whole policy or an adapter of one rank and set of layers
-        from harness.preflight import resume_changes
-        for flag, (was, now) in resume_changes(args, args.resume.rstrip("/")).items():
-            if flag.startswith("lora_"):
-                stop(f"--{flag.replace('_', '-')} {now}: {args.resume} trained with {was}; a resume continues "
-                     f"the model its checkpoint holds (start a new run for another)")
-    if not args.lora_rank:
-        for flag, value, default in (("alpha", args.lora_alpha, 0.0), ("targets", args.lora_targets, TARGETS)):
-            if value != default:
-                stop(f"--lora-{flag} {value}: only with --lora-rank R (or --use_peft); without it the whole "
-                     f"policy is trained")
-        return
-    if args.lora_alpha < 0:
-        stop(f"--lora-alpha {args.lora_alpha}: must be > 0 (or 0: 2 × --lora-rank)")
-    if not args.lora_targets.replace(",", "").strip():
-        stop("--lora-targets '': name at least one linear layer (e.g. q_proj,v_proj), or all-linear")
-    # the vLLM push sends each decoder projection merged (Merged) under the base's names and nothing else: an adapter
-    # on the embedding (the head of a tied model) or on lm_head would train one network and sample from another
-    names = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
-    other = [t for t in names if t not in TARGETS.split(",")]
-    if other and names != ["all-linear"]:
-        stop(f"--lora-targets {args.lora_targets}: {', '.join(other)} is not one of the decoder's projections; "
-             f"name some of {TARGETS} (comma-separated) or all-linear")
-    if args.fsdp:
-        stop(f"--lora-rank {args.lora_rank}: not with --fsdp (it shards a full fine-tune; an adapter's gradients "
-             f"and AdamW state are small: run torchrun without --fsdp, one full base per GPU)")
-    import importlib.util
-    if importlib.util.find_spec("peft") is None:
-        stop(f"--lora-rank {args.lora_rank}: needs the peft package (pip install -r requirements.txt)")
-
-
 def alpha_of(rank: int, alpha: float) -> float:
     """--lora-alpha, where 0 means 2 × rank (TRL's pair: r 16, α 32)."""
     return alpha or 2.0 * rank
@@ -138,7 +101,7 @@ class Saved:
 
 def export_merged(ckpt: str, base_path: str | None = None):
     """The checkpoint's adapter merged into its base (`base_path`, else read from adapter_config.json), as a plain
-    causal LM in float32: what model/ saves; the adapter files themselves are copied beside it (harness/export.py)."""
+    causal LM in float32: what model/ saves; the adapter files themselves are copied beside it (harness/run/export.py)."""
     import json
 
     from peft import PeftModel

@@ -1,8 +1,8 @@
 """prm_engine.py — the PRM's engine under prm.ProcessRewardModel: loading, micro-batched forwards, the served PRM.
 
 Not the paper. prm.py assembles the PRM's input (the steps, the `<extra_0>` separators) and reads P(step
-correct) at each separator; `PRMEngine` holds the loaded checkpoint (harness/prm_checkpoint.py: no remote code;
-or `served`, the PRM on vLLM's pooling runner, harness/served_prm.py) and runs the forwards:
+correct) at each separator; `PRMEngine` holds the loaded checkpoint (harness/engines/prm_checkpoint.py: no remote code;
+or `served`, the PRM on vLLM's pooling runner, harness/engines/served_prm.py) and runs the forwards:
 
     engine.probs_at([(input_ids, separator_positions), ...])  ->  [[P(class 1) at each position], ...]
 
@@ -19,7 +19,8 @@ Two input formats, chosen by `prm_checkpoint.prm_format` from the checkpoint (or
 """
 import torch
 
-QWEN_MATH_PRM, TRL_TOKEN_CLASSIFICATION = "qwen-math-prm", "trl-token-classification"   # --prm-format's values
+from harness.engines.prm_checkpoint import QWEN_MATH_PRM, load_prm, prm_format as choose_format
+
 TRL_STEP_SEPARATOR = "\n\n"   # the --step_separator of HuggingFaceH4's Qwen2.5-Math-*-Instruct-PRM-0.2 training
 
 
@@ -31,8 +32,6 @@ class PRMEngine:
 
     def __init__(self, name_or_path, separator: str, device="cpu", dtype=None, max_length=4096, micro_batch_size=4,
                  served=None, prm_format="auto"):
-        from harness.prm_checkpoint import load_prm, prm_format as choose_format
-
         self.name = str(name_or_path)
         self.model, self.tokenizer, config = load_prm(self.name, device, dtype, served=served)
         self.format = choose_format(self.name, getattr(config, "architectures", None) or [], self.tokenizer,

@@ -5,7 +5,9 @@ passed in as `prompt`) through the refiner's chat template and tokenizer and ret
 `refine.rectify` reads as `refine.Suffix`es and splices onto the policy's own prefix ids. The budgets are open
 choices (docs/choices.md, rows "5 rectify").
 """
-from harness.generate import DEFAULT_SYSTEM, format_prompt
+from harness.data.prompt import DEFAULT_SYSTEM, format_prompt
+
+MODES_WITH_REFINER = ("scope", "replace")   # the modes that repair failures (prm.select_failures, the refiner)
 
 
 class Refiner:

@@ -20,7 +20,7 @@ import time
 import torch
 from torch import Tensor
 
-from harness import trainer
+from harness.engines import trainer
 
 
 def enabled(args, device: str) -> bool:

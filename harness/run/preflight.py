@@ -12,7 +12,7 @@ Not part of the paper. A real run costs hours of GPU time; a typo should cost se
     hub is unreachable the hub libraries are put in offline mode (no screens of retries) and a model that
     is in neither a local folder nor the local cache stops the run with one line saying what to do.
     Then `check_prm_weights`: a Qwen2.5-Math-PRM checkpoint on disk has the weight names and shapes that
-    harness/prm_checkpoint.py loads (read from the file headers).
+    harness/engines/prm_checkpoint.py loads (read from the file headers).
  5. `load_data`: training and evaluation problems loaded and checked non-empty (toy questions with --toy).
  6. `check_run_dir`: a new run's folder holds no other run (else `--overwrite`); a resumed folder has a
     complete checkpoint (else `--overwrite` restarts it) at a step not above `--steps`; no live process
@@ -33,16 +33,17 @@ import sys
 import urllib.parse
 from dataclasses import asdict
 
-from harness import lora, trackers
-from harness.runs import (CONFIG_RECORDS, Done, find_checkpoint, holds_run, lock_holder, read_changes, run_folder,
-                          run_of, run_settings, stop, unwritable)
+from harness.engines import lora
+from harness.engines.refiner import MODES_WITH_REFINER   # ("scope", "replace"): the modes that repair
+from harness.run import trackers
+from harness.run.runs import (CONFIG_RECORDS, Done, find_checkpoint, holds_run, lock_holder, read_changes, run_folder,
+                              run_of, run_settings, stop, unwritable)
 
 GIB = 2 ** 30
 MODEL_ALIASES = {name: f"Qwen/{name}" for name in (
     "Qwen2.5-0.5B", "Qwen2.5-1.5B", "Qwen2.5-3B", "Qwen2.5-7B", "Qwen2.5-0.5B-Instruct", "Qwen2.5-1.5B-Instruct",
     "Qwen2.5-3B-Instruct", "Qwen2.5-7B-Instruct", "Qwen2.5-32B-Instruct", "Qwen2.5-Math-1.5B", "Qwen2.5-Math-7B",
     "Qwen2.5-Math-1.5B-Instruct", "Qwen2.5-Math-7B-Instruct", "Qwen2.5-Math-PRM-7B")}
-MODES_WITH_REFINER = ("scope", "replace")   # the modes that repair failures (prm.select_failures, the refiner)
 MODES_WITH_PRM = MODES_WITH_REFINER + ("prm-reward",)
 PROMPT_TOKENS = 256       # assumed prompt length (system prompt + a MATH question) for the plan
 COMMAND_ONLY = ("resume", "overwrite", "dry_run", "change_config", "run_name", "config")   # how this process was started
@@ -114,9 +115,9 @@ def check_args(args, notes=()) -> list[str]:
     need(args.max_grad_norm > 0, "max-grad-norm", "> 0 (inf: no clip)")
     need(0 < args.tau <= 1, "tau", "in (0, 1] (a PRM score is a probability; tau > 1 flags every step)")
     need(0 <= args.toy_prm_noise <= 1, "toy-prm-noise", "a probability in [0, 1]")
-    from harness.toy import STYLES   # the toy world's step styles (scope.py has imported it already)
+    from harness.data.toy import STYLES   # the toy world's step styles (scope.py has imported it already)
     need(1 <= args.toy_styles <= len(STYLES), "toy-styles", f"an integer in 1..{len(STYLES)} "
-         f"(the toy world's step styles, harness/toy.py choice 10)")
+         f"(the toy world's step styles, harness/data/toy.py choice 10)")
     need(args.temperature > 0, "temperature", "> 0")
     need(args.clip_eps > 0, "clip-eps", "> 0 (inf: no clip)")
     groups = args.prompts_per_step // world_size()   # this process's groups (torchrun: each rank's share)
@@ -166,7 +167,7 @@ def check_args(args, notes=()) -> list[str]:
              "must not run beside the step's own)")
     if args.refiner_url and args.refiner in ("policy", "toy", "toy-oracle", "toy-model"):
         stop(f"--refiner-url {args.refiner_url!r}: needs --refiner NAME of the served model, not {args.refiner!r}")
-    lora.check(args)   # --lora-rank, --lora-alpha, --lora-targets
+    check_lora(args)   # --lora-rank, --lora-alpha, --lora-targets
     notes = list(notes)
     ignored = ignored_flags(args)
     if ignored:
@@ -178,6 +179,40 @@ def check_args(args, notes=()) -> list[str]:
     for note in notes:
         print(f"note: {note}", file=sys.stderr)
     return notes
+
+
+def check_lora(args) -> None:
+    """The LoRA flags' range and coherence (check_args): one line and exit 2 on the first problem."""
+    if args.lora_rank < 0:
+        stop(f"--lora-rank {args.lora_rank}: must be 0 (the full fine-tune) or a rank >= 1")
+    if args.resume:   # the checkpoint holds the whole policy or an adapter of one rank and set of layers
+        for flag, (was, now) in resume_changes(args, args.resume.rstrip("/")).items():
+            if flag.startswith("lora_"):
+                stop(f"--{flag.replace('_', '-')} {now}: {args.resume} trained with {was}; a resume continues "
+                     f"the model its checkpoint holds (start a new run for another)")
+    if not args.lora_rank:
+        for flag, value, default in (("alpha", args.lora_alpha, 0.0), ("targets", args.lora_targets, lora.TARGETS)):
+            if value != default:
+                stop(f"--lora-{flag} {value}: only with --lora-rank R (or --use_peft); without it the whole "
+                     f"policy is trained")
+        return
+    if args.lora_alpha < 0:
+        stop(f"--lora-alpha {args.lora_alpha}: must be > 0 (or 0: 2 × --lora-rank)")
+    if not args.lora_targets.replace(",", "").strip():
+        stop("--lora-targets '': name at least one linear layer (e.g. q_proj,v_proj), or all-linear")
+    # the vLLM push sends each decoder projection merged (Merged) under the base's names and nothing else: an adapter
+    # on the embedding (the head of a tied model) or on lm_head would train one network and sample from another
+    names = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+    other = [t for t in names if t not in lora.TARGETS.split(",")]
+    if other and names != ["all-linear"]:
+        stop(f"--lora-targets {args.lora_targets}: {', '.join(other)} is not one of the decoder's projections; "
+             f"name some of {lora.TARGETS} (comma-separated) or all-linear")
+    if args.fsdp:
+        stop(f"--lora-rank {args.lora_rank}: not with --fsdp (it shards a full fine-tune; an adapter's gradients "
+             f"and AdamW state are small: run torchrun without --fsdp, one full base per GPU)")
+    import importlib.util
+    if importlib.util.find_spec("peft") is None:
+        stop(f"--lora-rank {args.lora_rank}: needs the peft package (pip install -r requirements.txt)")
 
 
 # ---------------------------------------------------------------------------------------------------------- 2. folder
@@ -293,7 +328,7 @@ def choose_device(args) -> tuple[str, bool, list[str]]:
     """(device, use_vllm, notes). No GPU with --device auto stops the run (a note with --dry-run)."""
     import torch
 
-    from harness.generate import vllm_importable
+    from harness.engines.generate import vllm_importable
 
     notes = []
     cuda_present = torch.cuda.is_available()
@@ -376,7 +411,7 @@ def check_model_name(flag: str, name: str, adapter: bool = False) -> str:
             if adapter:
                 return path
             run = run_of(path)
-            merged = (f"{os.path.join(run, 'model')} (the merged model; python -m harness.export {run} writes it), "
+            merged = (f"{os.path.join(run, 'model')} (the merged model; python -m harness.run.export {run} writes it), "
                       f"or --resume {run} to train on" if run else "the model it was merged into")
             stop(f"{flag} {name}: a LoRA adapter (no config.json), not a model; pass {merged}")
         stop(f"{flag} {name}: no config.json in that folder, so no model (a model folder holds config.json, the "
@@ -394,7 +429,7 @@ def check_model_name(flag: str, name: str, adapter: bool = False) -> str:
 
 
 def hub_datasets(args) -> list[str]:
-    from harness.problems import BENCHMARKS
+    from harness.data.problems import BENCHMARKS
 
     sources = [args.dataset] + ([args.eval_dataset] if args.eval_every else [])
     return [s for s in sources if s in BENCHMARKS or ("/" in s and not os.path.exists(s))]
@@ -462,7 +497,7 @@ def uncached(name: str) -> str:
 
 def check_prm_weights(args) -> None:
     """A Qwen2.5-Math-PRM checkpoint that is a local folder, or whose weights are in the hub cache: its weight
-    names and shapes against the module harness/prm_checkpoint.py builds, from the safetensors headers (no tensor is read), so a
+    names and shapes against the module harness/engines/prm_checkpoint.py builds, from the safetensors headers (no tensor is read), so a
     damaged checkpoint stops the run in one line before any model loads. Other PRMs are checked as they load."""
     if args.toy or args.prm == "none":
         return
@@ -484,7 +519,7 @@ def check_prm_weights(args) -> None:
             archs = json.load(f).get("architectures") or []
     except (OSError, ValueError):
         return   # the loader names an unreadable config
-    from harness import prm_checkpoint
+    from harness.engines import prm_checkpoint
 
     if prm_checkpoint.PRM_ARCHITECTURE in archs:
         try:
@@ -497,7 +532,7 @@ def check_prm_weights(args) -> None:
 def load_data(args, offline: bool, notes: list[str] | None = None) -> tuple[list[dict], list[dict]]:
     """(train, eval) problems, loaded before any model and checked non-empty (toy questions with --toy).
     A --dry-run without network skips hub data sets and says so in `notes`."""
-    from harness.problems import BENCHMARKS, load_problems
+    from harness.data.problems import BENCHMARKS, load_problems
 
     def load(flag: str, source: str, **kw) -> list[dict]:
         if args.dry_run and offline and source in hub_datasets(args):
@@ -513,7 +548,7 @@ def load_data(args, offline: bool, notes: list[str] | None = None) -> tuple[list
         if not problems:
             stop(f"--{flag} {source}: no problems in it")
         if args.toy:
-            from harness import toy
+            from harness.data import toy
             for k, p in enumerate(problems):
                 try:
                     toy.parse_question(p["question"])
@@ -713,7 +748,7 @@ def rollout_kv_need(args, world: int | None = None) -> tuple[int | None, int]:
     return max(tokens, max_len) * kv_bytes_per_token(cfg), max_len   # vLLM needs room for one full-length request
 
 
-# The in-process engine's batch limits, passed to vllm.LLM (harness/wiring.make_rollout_engine). Left unset, vLLM 0.33
+# The in-process engine's batch limits, passed to vllm.LLM (harness/run/wiring.make_rollout_engine). Left unset, vLLM 0.33
 # takes 256 sequences and 8,192 batched tokens on a card under 70 GiB, 1,024 and 16,384 on an H100 or H200
 # (vllm/engine/arg_utils.py:2973-3006, EngineArgs.get_batch_defaults), and sizes its sampler and graph buffers by them.
 ROLLOUT_BATCHED_TOKENS = 8192   # a prefill step's tokens: vLLM's own figure below 70 GiB, for every card
@@ -750,7 +785,7 @@ PRM_PREFILL_TOKENS = 4096      # the served PRM's max_num_batched_tokens: one pr
 
 
 def prm_served(args, use_vllm: bool, gpu_gib: float | None = None, world: int | None = None) -> bool:
-    """The PRM runs on its own `vllm serve --runner pooling` (harness/served_prm.py): with vLLM on a GPU, for a
+    """The PRM runs on its own `vllm serve --runner pooling` (harness/engines/served_prm.py): with vLLM on a GPU, for a
     PRM whose config.json names Qwen2ForProcessRewardModel (a pooling model vLLM has natively), when the plan
     with it fits the card (`gpu_gib`, None: not known yet). Otherwise the PRM runs in this process, where it
     can wait in CPU memory during the update (--prm-offload)."""
@@ -936,7 +971,7 @@ OLD_LOGP_ROW = "π_old pass beside the PRM and refiner"
 def old_logp_beside(args, rows_with_it, gpu_gib: float | None) -> bool:
     """--overlap-old-logp on a GPU: on, off, or auto = where the pass exists (overlap.enabled) and the plan with
     its working set held beside the rollout, PRM and refiner phases fits the card (its lowest priority)."""
-    from harness import overlap   # torch: imported here, not when --help parses the flags
+    from harness.engines import overlap   # torch: imported here, not when --help parses the flags
 
     if args.overlap_old_logp != "auto":
         return args.overlap_old_logp == "on"
@@ -946,7 +981,7 @@ def old_logp_beside(args, rows_with_it, gpu_gib: float | None) -> bool:
 def old_logp_overlapped(args, device: str, use_vllm: bool) -> bool:
     """Whether this run computes π_old beside the PRM and refiner: on the CPU overlap.enabled (auto: off), on a GPU
     as its memory plan has it (old_logp_beside)."""
-    from harness import overlap
+    from harness.engines import overlap
 
     if not device.startswith("cuda") or args.overlap_old_logp != "auto":
         return overlap.enabled(args, device)
