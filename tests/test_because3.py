@@ -173,14 +173,14 @@ def test_environment_names_cpu_kernels_threads_and_a_dirty_trees_files(tmp_path,
     from harness.run import runs
 
     repo = tmp_path / "repo"
-    os.makedirs(repo / "harness")
+    os.makedirs(repo / "harness" / "run")
     for name, text in (("a.txt", "a\n"), ("b.txt", "b\n"), ("harness/run/runs.py", "")):
         (repo / name).write_text(text)
     git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
     subprocess.run([*git, "init", "-q"], check=True)
     subprocess.run([*git, "add", "."], check=True)
     subprocess.run([*git, "commit", "-qm", "x"], check=True)
-    monkeypatch.setattr(runs, "__file__", str(repo / "harness" / "runs.py"))
+    monkeypatch.setattr(runs, "__file__", str(repo / "harness" / "run" / "runs.py"))
     env = runs.environment()
     assert env["dirty"] is False and env["changed"] == {}
     assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability() and env["torch_threads"] >= 1
