@@ -280,9 +280,9 @@ def phase_memory_of(rows: list[dict]) -> dict[str, dict]:
 
 def preflight_params(shape: dict) -> int:
     """Parameters of a Qwen2 config (the plan's count)."""
-    from harness.run import preflight
+    from harness.plan import memory
 
-    return preflight.n_params({k: shape[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers",
+    return memory.n_params({k: shape[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers",
                                                      "num_attention_heads", "num_key_value_heads",
                                                      "intermediate_size", "tie_word_embeddings")})
 
@@ -601,7 +601,7 @@ def update_peak(shape: dict, device: str, rows: int, tokens: int, micro: int) ->
     """grpo.update as scope.main runs it (autocast around each forward, fused AdamW, checkpointing): the second
     step's allocator peak (AdamW's state exists) beside the plan's update rows for that micro-batch."""
     import grpo
-    from harness.run import preflight
+    from harness.plan import memory
 
     model, opt = policy_for_update(shape, device)
     batch = random_batch(rows, tokens, 256 if tokens > 512 else tokens // 4, shape["vocab_size"] - 1000, device)
@@ -612,7 +612,7 @@ def update_peak(shape: dict, device: str, rows: int, tokens: int, micro: int) ->
                     amp=amp_of(device))
     cfg = {k: shape[k] for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
                                  "num_key_value_heads", "intermediate_size", "tie_word_embeddings")}
-    planned = 16 * preflight.n_params(cfg) + preflight.update_extra_bytes(cfg, micro * tokens, True)
+    planned = 16 * memory.n_params(cfg) + memory.update_extra_bytes(cfg, micro * tokens, True)
     peak = torch.cuda.max_memory_allocated() if device == "cuda" else None
     return dict(part="update_peak", peak_gib=peak / 2**30 if peak else None, planned_gib=planned / 2**30,
                 shape=f"{rows} x {tokens} tokens, micro-batch {micro}")
@@ -836,7 +836,7 @@ def test_each_phase_peak_goes_to_the_metrics_next_to_the_plan():
     and the closing summary names each phase more than 10 % off the plan, either way (and no other)."""
     import scope
     from harness.plan import phase_memory
-    from harness.run import preflight
+    from harness.plan import memory
 
     class Allocator:   # torch.cuda's four calls, over a peak the test sets
         def __init__(self):
@@ -851,7 +851,7 @@ def test_each_phase_peak_goes_to_the_metrics_next_to_the_plan():
         def max_memory_reserved(self):
             return self.peak + 2 ** 30
 
-    rows = preflight.memory_plan(scope.Args(model="Qwen2.5-1.5B"), 79.2, True)[0]
+    rows = memory.memory_plan(scope.Args(model="Qwen2.5-1.5B"), 79.2, True)[0]
     plan = phase_memory.plan_by_phase(rows)
     mine = sum(gib for name, gib, phase in rows if phase in ("all", "update") and not name.startswith(
         ("refiner:", "PRM: its own", "CUDA context")))
@@ -900,7 +900,7 @@ def test_the_readme_and_vllm_page_agree_with_scaling_md():
 
 
 # ------------------------------------------------------------------- small-card: the 24 GB LoRA configuration
-CARD_24GB_GIB = 23.6   # what a 24 GB card reports (preflight.CARD_GIB[24])
+CARD_24GB_GIB = 23.6   # what a 24 GB card reports (memory.CARD_GIB[24])
 # the child under a 24 GB card: the allocator capped at what one reports less what the device already holds (this
 # process's CUDA context, which the allocator does not see, and anything else on it), the pre-flight told that size
 SMALL_CARD = """
@@ -961,7 +961,7 @@ def small_card(tmp_path, device: str, shape: dict, flags: list[str], timeout: fl
     from transformers import Qwen2Config, Qwen2ForTokenClassification
 
     from harness.plan import phase_memory
-    from harness.run import preflight
+    from harness.plan import memory
 
     if importlib.util.find_spec("peft") is None:
         pytest.skip("needs peft (carry the peft, accelerate and psutil wheels: docs/gpu-check.md)")
@@ -991,7 +991,7 @@ def small_card(tmp_path, device: str, shape: dict, flags: list[str], timeout: fl
     metrics = [json.loads(line) for line in open(tmp_path / "runs" / "small" / "metrics.jsonl")]
     import scope
 
-    plan_rows, _ = preflight.memory_plan(scope.parse_args(argv), CARD_24GB_GIB, use_vllm=False)
+    plan_rows, _ = memory.memory_plan(scope.parse_args(argv), CARD_24GB_GIB, use_vllm=False)
     mine = phase_memory.plan_by_phase(plan_rows)   # what this process's allocator holds, by phase
     memory = json.loads(stdout.split("MEMORY", 1)[1].splitlines()[0])
     phases = phase_memory_of(metrics)
@@ -1000,7 +1000,7 @@ def small_card(tmp_path, device: str, shape: dict, flags: list[str], timeout: fl
     return dict(part="small-card", variant=HF_VARIANT, device=memory.get("device_name", "cpu"), tokenizer=which,
                 card_gib=CARD_24GB_GIB, peak_gib=max(peaks) if device == "cuda" else None,
                 device_peak_gib=(memory["peak_used"] - memory["before"]) / 2**30 if "before" in memory else None,
-                planned_gib=round(preflight.plan_total(plan_rows), 2),
+                planned_gib=round(memory.plan_total(plan_rows), 2),
                 planned_allocator_gib=round(max(mine.values()), 2),
                 phases={k: (m["allocated"], m["planned"]) for k, m in phases.items()},
                 reward=metrics[0].get("reward"), rectify_tried=metrics[0].get("rectify_tried"),

@@ -219,20 +219,20 @@ def test_auto_leaves_the_overlap_off_where_the_plan_would_not_fit_with_it():
     """On a GPU `auto` also needs room for the pass's working set beside the rollout engine, PRM and refiner (the
     memory plan's "other" phase): a card just too small for it gets the run without the overlap; `on` keeps it."""
     import scope
-    from harness.run import preflight
+    from harness.plan import memory
 
-    has_pass = lambda rows: any(name.startswith(preflight.OLD_LOGP_ROW) for name, _, _ in rows)  # noqa: E731
+    has_pass = lambda rows: any(name.startswith(memory.OLD_LOGP_ROW) for name, _, _ in rows)  # noqa: E731
     args = scope.Args(model="Qwen2.5-1.5B", refiner_url="http://127.0.0.1:9")   # 80 GB: the PRM in the trainer,
-    plan = lambda a, gib: preflight.memory_plan(a, gib, True, prm_offload=True, prm_serve=False)[0]  # noqa: E731
+    plan = lambda a, gib: memory.memory_plan(a, gib, True, prm_offload=True, prm_serve=False)[0]  # noqa: E731
     assert has_pass(plan(args, 79.2))   # offloaded; a served refiner (--refiner policy: off, overlap.enabled)
     assert not has_pass(plan(scope.Args(**{**vars(args), "refiner": "policy"}), 79.2))
-    without = preflight.plan_total(plan(scope.Args(**{**vars(args), "overlap_old_logp": "off"}), 79.2))
-    with_it = preflight.plan_total(plan(scope.Args(**{**vars(args), "overlap_old_logp": "on"}), 79.2))
+    without = memory.plan_total(plan(scope.Args(**{**vars(args), "overlap_old_logp": "off"}), 79.2))
+    with_it = memory.plan_total(plan(scope.Args(**{**vars(args), "overlap_old_logp": "on"}), 79.2))
     assert with_it - without > 1.5   # the pass's ≈ 5 GiB counts in the peak here ("other" is the larger phase)
-    row = next(gib for name, gib, _ in plan(args, 79.2) if name.startswith(preflight.OLD_LOGP_ROW))
-    cached = 2 * preflight.n_params(preflight.model_config("Qwen2.5-1.5B")) / 2**30   # autocast's bf16 weight copies
+    row = next(gib for name, gib, _ in plan(args, 79.2) if name.startswith(memory.OLD_LOGP_ROW))
+    cached = 2 * memory.n_params(memory.model_config("Qwen2.5-1.5B")) / 2**30   # autocast's bf16 weight copies
     assert cached > 2.8 and row > cached + 1.5   # ≈ 2.9 GiB of copies + ≈ 2 GiB of logits and a log-softmax chunk
-    tight = (without + with_it) / 2 / preflight.FIT_SHARE   # fits without the pass, not with it
+    tight = (without + with_it) / 2 / memory.FIT_SHARE   # fits without the pass, not with it
     assert not has_pass(plan(args, tight))
     assert has_pass(plan(scope.Args(**{**vars(args), "overlap_old_logp": "on"}), tight))
     assert not has_pass(plan(scope.Args(**{**vars(args), "updates_per_batch": 1}), 79.2))

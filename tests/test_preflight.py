@@ -17,6 +17,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from conftest import pace  # noqa: E402
+from harness.plan import memory  # noqa: E402
 from harness.run import preflight  # noqa: E402
 import scope  # noqa: E402
 
@@ -149,14 +150,14 @@ def test_memory_plan_hand_numbers():
     """Parameter counts from the published configs match the published sizes; KV bytes per token as
     2 · layers · kv_heads · head_dim · 2 bytes; the policy rows are 12 (all step) + 4 (update) bytes per
     parameter; the rollout engine is sized by need; the refiner's server counts its --refiner-mem share."""
-    q15, q7 = preflight.KNOWN_CONFIGS["Qwen2.5-1.5B"], preflight.KNOWN_CONFIGS["Qwen2.5-7B"]
-    assert preflight.n_params(q15) == 1_543_714_304              # Qwen2.5-1.5B model card: 1.54 B
-    assert preflight.n_params(q7) == 7_615_616_512               # Qwen2.5-7B: 7.61 B
-    assert preflight.n_params(preflight.KNOWN_CONFIGS["Qwen2.5-0.5B"]) == 494_032_768
-    assert preflight.kv_bytes_per_token(q15) == 2 * 28 * 2 * 128 * 2 == 28_672
-    assert preflight.kv_bytes_per_token(q7) == 2 * 28 * 4 * 128 * 2 == 57_344
+    q15, q7 = memory.KNOWN_CONFIGS["Qwen2.5-1.5B"], memory.KNOWN_CONFIGS["Qwen2.5-7B"]
+    assert memory.n_params(q15) == 1_543_714_304              # Qwen2.5-1.5B model card: 1.54 B
+    assert memory.n_params(q7) == 7_615_616_512               # Qwen2.5-7B: 7.61 B
+    assert memory.n_params(memory.KNOWN_CONFIGS["Qwen2.5-0.5B"]) == 494_032_768
+    assert memory.kv_bytes_per_token(q15) == 2 * 28 * 2 * 128 * 2 == 28_672
+    assert memory.kv_bytes_per_token(q7) == 2 * 28 * 4 * 128 * 2 == 57_344
     args = scope.Args(model="Qwen2.5-1.5B", mode="grpo", prm="none", micro_batch_size=1, max_new_tokens=768)
-    rows, _ = preflight.memory_plan(args, gpu_gib=79.2, use_vllm=True)
+    rows, _ = memory.memory_plan(args, gpu_gib=79.2, use_vllm=True)
     plan = {k: (v, ph) for k, v, ph in rows}
     policy = next(v for k, v in plan.items() if k.startswith("policy 1.54"))
     assert policy == (pytest.approx(12 * 1_543_714_304 / 2**30), "all")   # ≈ 17.3 GiB
@@ -165,12 +166,12 @@ def test_memory_plan_hand_numbers():
     # 16 x 8 sequences of 256 + 768 tokens at 28 KiB, plus bf16 weights; asleep during the update
     assert engine == (pytest.approx((2 * 1_543_714_304 + 128 * 1024 * 28_672) / 2**30), "other")
     # the context holds a prompt of up to 1024 tokens and the larger budget: --eval-max-new-tokens 3000
-    assert preflight.rollout_kv_need(args) == (128 * 1024 * 28_672, 1024 + 3000)
+    assert memory.rollout_kv_need(args) == (128 * 1024 * 28_672, 1024 + 3000)
     full = scope.Args(model="Qwen2.5-1.5B")
-    refiner = next(v for k, v, _ in preflight.memory_plan(full, 79.2, True)[0] if k.startswith("refiner"))
+    refiner = next(v for k, v, _ in memory.memory_plan(full, 79.2, True)[0] if k.startswith("refiner"))
     assert refiner == pytest.approx(0.25 * 79.2)
     # the peak is all-step rows + the larger phase
-    assert preflight.plan_total([("a", 1.0, "all"), ("b", 2.0, "update"), ("c", 3.0, "other")]) == 4.0
+    assert memory.plan_total([("a", 1.0, "all"), ("b", 2.0, "update"), ("c", 3.0, "other")]) == 4.0
 
 
 def test_memory_plan_targets_at_the_default_flags():
@@ -178,28 +179,28 @@ def test_memory_plan_targets_at_the_default_flags():
     the GRPO baseline without PRM fits 40 GiB; the PRM goes to CPU memory on its own when needed."""
     full = scope.Args(model="Qwen2.5-1.5B")
     self_refine = scope.Args(model="Qwen2.5-1.5B", refiner="policy")
-    assert not preflight.prm_offloaded(self_refine, "cpu", True, gpu_gib=79.2)   # fits with the PRM resident
-    assert preflight.prm_offloaded(self_refine, "cpu", True, gpu_gib=47.5)       # only fits without it
-    assert preflight.plan_total(preflight.memory_plan(self_refine, 47.5, True)[0]) <= 0.9 * 47.5
-    total = preflight.plan_total(preflight.memory_plan(full, 79.2, True)[0])
+    assert not memory.prm_offloaded(self_refine, "cpu", True, gpu_gib=79.2)   # fits with the PRM resident
+    assert memory.prm_offloaded(self_refine, "cpu", True, gpu_gib=47.5)       # only fits without it
+    assert memory.plan_total(memory.memory_plan(self_refine, 47.5, True)[0]) <= 0.9 * 47.5
+    total = memory.plan_total(memory.memory_plan(full, 79.2, True)[0])
     assert total <= 0.9 * 79.2, total
     grpo = scope.Args(model="Qwen2.5-1.5B", mode="grpo", prm="none")
-    assert preflight.plan_total(preflight.memory_plan(grpo, 47.5, True)[0]) <= 40.0
-    assert not preflight.prm_offloaded(scope.Args(model="Qwen2.5-1.5B", refiner="policy", prm_offload="off"),
+    assert memory.plan_total(memory.memory_plan(grpo, 47.5, True)[0]) <= 40.0
+    assert not memory.prm_offloaded(scope.Args(model="Qwen2.5-1.5B", refiner="policy", prm_offload="off"),
                                        "cpu", True, 47.5)
 
 
 def test_memory_plan_per_process_under_torchrun(monkeypatch):
     """Under torchrun the plan is one process's: with --fsdp the policy's weights, AdamW state and gradients
     are divided by the world size, and the update adds FSDP2's traced terms (the root unit gathered in bf16 and
-    reduce-scattered from fp32, bf16 activations: preflight.FSDP_FIT); DDP adds its gradient buckets; the
+    reduce-scattered from fp32, bf16 activations: memory.FSDP_FIT); DDP adds its gradient buckets; the
     rollout engine's KV cache holds the rank's own groups. Guards the pre-flight refusing docs/scaling.md's
     `torchrun --nproc_per_node 8 scope.py --model Qwen2.5-Math-7B --fsdp` on 80 GB cards (the one-process plan,
     169.5 GiB, was applied to every rank), and the arithmetic FSDP2 rows the trace replaced (39.1 GiB for
     the update where FSDPMemTracker traces 23.11)."""
     p7 = 7_615_616_512
     fsdp = scope.Args(model="Qwen2.5-Math-7B", fsdp=True, prompts_per_step=64)
-    rows, _ = preflight.memory_plan(fsdp, 79.2, True, world=8)
+    rows, _ = memory.memory_plan(fsdp, 79.2, True, world=8)
     plan = {k: (v, ph) for k, v, ph in rows}
     assert next(v for k, v in plan.items() if k.startswith("policy 7.62")) == (pytest.approx(12 * p7 / 8 / 2**30), "all")
     assert next(v for k, v in plan.items() if k.startswith("policy gradients")) == (pytest.approx(4 * p7 / 8 / 2**30), "update")
@@ -212,16 +213,16 @@ def test_memory_plan_per_process_under_torchrun(monkeypatch):
     assert update == pytest.approx(24_818_029_396 / 2**30, rel=0.01)   # FSDPMemTracker's peak of this rank: 23.11 GiB
     engine = next(v for k, v in plan.items() if k.startswith("rollout engine: vLLM bf16 weights + KV of 8x8"))
     assert engine[0] == pytest.approx((2 * p7 + 8 * 8 * 1280 * 57_344) / 2**30)   # 64 prompts / 8 ranks
-    assert preflight.plan_total(rows) <= 0.9 * 79.2
-    assert preflight.plan_total(preflight.memory_plan(fsdp, 79.2, True, world=1)[0]) > 0.9 * 79.2
+    assert memory.plan_total(rows) <= 0.9 * 79.2
+    assert memory.plan_total(memory.memory_plan(fsdp, 79.2, True, world=1)[0]) > 0.9 * 79.2
     monkeypatch.setenv("WORLD_SIZE", "8")   # as torchrun sets it: the pre-flight's own call sees the world
-    assert preflight.memory_plan(fsdp, 79.2, True) == (rows, [])
+    assert memory.memory_plan(fsdp, 79.2, True) == (rows, [])
     ddp = scope.Args(model="Qwen2.5-1.5B", prompts_per_step=64)
-    rows, _ = preflight.memory_plan(ddp, 79.2, True)
+    rows, _ = memory.memory_plan(ddp, 79.2, True)
     p15 = 1_543_714_304
     assert ("DDP gradient buckets (fp32, not traced)", pytest.approx(4 * p15 / 2**30), "all") in rows
     assert next(v for k, v, _ in rows if k.startswith("policy 1.54")) == pytest.approx(12 * p15 / 2**30)
-    assert preflight.rollout_kv_need(ddp) == (8 * 8 * 1280 * 28_672, 1024 + 3000)
+    assert memory.rollout_kv_need(ddp) == (8 * 8 * 1280 * 28_672, 1024 + 3000)
 
 
 def test_memory_plan_within_ten_percent_of_a_trace():
@@ -233,7 +234,7 @@ def test_memory_plan_within_ten_percent_of_a_trace():
     cfg = {**SMALL, "num_hidden_layers": 6, "vocab_size": 12288}
     for ckpt in (False, True):
         traced = trace_update(cfg, 2, 768, checkpointing=ckpt)["total"]
-        planned = 16 * preflight.n_params(cfg) + preflight.update_extra_bytes(cfg, 2 * 768, ckpt)
+        planned = 16 * memory.n_params(cfg) + memory.update_extra_bytes(cfg, 2 * 768, ckpt)
         assert abs(planned / traced - 1) <= 0.10, (ckpt, planned / 2**20, traced / 2**20)
 
 
@@ -243,27 +244,27 @@ def test_a_24gb_card_plans_lora_and_the_trl_prm():
     step) and gradients (4 B, update), no KL reference (the base with its adapters off). The TRL-trained 1.5B PRM's
     shape is known offline (a tied 1.5B backbone + a hidden→2 head) and is never served. docs/memory.md's 24 GB rows
     fit 90 % of the card, and a 24 GB card's "fits with" proposes them for the default command."""
-    q15 = preflight.KNOWN_CONFIGS["Qwen2.5-1.5B"]
-    assert preflight.lora_params(q15, 16) == 28 * 16 * (3072 + 1792 + 1792 + 3072 + 3 * (1536 + 8960)) == 18_464_768
-    assert preflight.lora_params(q15, 8, ("q_proj", "v_proj")) == 28 * 8 * (3072 + 1792)
-    assert preflight.n_params(preflight.model_config(preflight.TRL_PRM)) == 1_543_714_304 + 2 * 1536 + 2
-    lora = scope.Args(model="Qwen2.5-1.5B", lora_rank=16, prm=preflight.TRL_PRM, refiner="policy", kl_coef=0.1)
-    rows, notes = preflight.memory_plan(lora, 23.6, True)
+    q15 = memory.KNOWN_CONFIGS["Qwen2.5-1.5B"]
+    assert memory.lora_params(q15, 16) == 28 * 16 * (3072 + 1792 + 1792 + 3072 + 3 * (1536 + 8960)) == 18_464_768
+    assert memory.lora_params(q15, 8, ("q_proj", "v_proj")) == 28 * 8 * (3072 + 1792)
+    assert memory.n_params(memory.model_config(memory.TRL_PRM)) == 1_543_714_304 + 2 * 1536 + 2
+    lora = scope.Args(model="Qwen2.5-1.5B", lora_rank=16, prm=memory.TRL_PRM, refiner="policy", kl_coef=0.1)
+    rows, notes = memory.memory_plan(lora, 23.6, True)
     plan = {k: (v, ph) for k, v, ph in rows}
     assert plan["policy 1.54 B params: bf16 base weights, frozen (LoRA)"] == (pytest.approx(2 * 1_543_714_304 / 2**30), "all")
     assert plan["LoRA adapters 18.5 M params (rank 16): fp32 weights + AdamW m, v"] == (pytest.approx(12 * 18_464_768 / 2**30), "all")
     assert plan["LoRA adapter gradients (fp32)"] == (pytest.approx(4 * 18_464_768 / 2**30), "update")
     assert "KL reference (fp32)" not in plan and not notes   # no reference weights: the base with its adapters off
     assert plan[next(k for k in plan if k.startswith("KL reference's pass"))][1] == "update"   # but its logits
-    assert not preflight.prm_served(lora, True, 23.6) and any(k.startswith("PRM 1.54 B params (bf16)") for k in plan)
-    full_05 = scope.Args(model="Qwen2.5-0.5B", prm=preflight.TRL_PRM, refiner="policy")
+    assert not memory.prm_served(lora, True, 23.6) and any(k.startswith("PRM 1.54 B params (bf16)") for k in plan)
+    full_05 = scope.Args(model="Qwen2.5-0.5B", prm=memory.TRL_PRM, refiner="policy")
     for args in (lora, full_05):
-        assert preflight.plan_total(preflight.memory_plan(args, 23.6, True)[0]) <= 0.9 * 23.6
-    lines = preflight.format_plan(lora, *preflight.memory_plan(lora, None, True), None).splitlines()
+        assert memory.plan_total(memory.memory_plan(args, 23.6, True)[0]) <= 0.9 * 23.6
+    lines = memory.format_plan(lora, *memory.memory_plan(lora, None, True), None).splitlines()
     assert any(line.strip().startswith("on a 24 GB GPU (23.6 GiB reported):") and line.endswith("fits") for line in lines)
-    ways = preflight.fixes(scope.Args(model="Qwen2.5-1.5B"), 23.6, True)
-    assert f"--lora-rank 16 --prm {preflight.TRL_PRM} --refiner policy" in ways, ways
-    assert f"--prm {preflight.TRL_PRM}" in preflight.fixes(scope.Args(model="Qwen2.5-0.5B", refiner="policy"), 23.6, True)
+    ways = memory.fixes(scope.Args(model="Qwen2.5-1.5B"), 23.6, True)
+    assert f"--lora-rank 16 --prm {memory.TRL_PRM} --refiner policy" in ways, ways
+    assert f"--prm {memory.TRL_PRM}" in memory.fixes(scope.Args(model="Qwen2.5-0.5B", refiner="policy"), 23.6, True)
 
 
 def test_lora_plan_within_ten_percent_of_a_peft_trace():
@@ -274,8 +275,8 @@ def test_lora_plan_within_ten_percent_of_a_peft_trace():
 
     cfg = {**SMALL, "num_hidden_layers": 6, "vocab_size": 12288}
     traced = trace_update(cfg, 2, 384, checkpointing=True, lora_rank=8, lora_targets=("q_proj", "v_proj"))["total"]
-    planned = (2 * preflight.n_params(cfg) + 16 * preflight.lora_params(cfg, 8, ("q_proj", "v_proj"))
-               + preflight.lora_update_extra_bytes(cfg, 2 * 384, True))
+    planned = (2 * memory.n_params(cfg) + 16 * memory.lora_params(cfg, 8, ("q_proj", "v_proj"))
+               + memory.lora_update_extra_bytes(cfg, 2 * 384, True))
     assert abs(planned / traced - 1) <= 0.10, (planned / 2**20, traced / 2**20)
 
 
@@ -286,11 +287,11 @@ def test_prm_plan_within_ten_percent_of_the_full_size_trace():
     gradients), and the activations alone within 25 % (they are 5 % of the total)."""
     from tools.bench_memory import trace_prm
 
-    cfg = preflight.model_config("Qwen2.5-Math-PRM-7B")
-    tokens = 4 * (preflight.PROMPT_TOKENS + scope.Args().max_new_tokens)
+    cfg = memory.model_config("Qwen2.5-Math-PRM-7B")
+    tokens = 4 * (memory.PROMPT_TOKENS + scope.Args().max_new_tokens)
     traced = trace_prm(cfg, 4, tokens // 4)
-    planned_extra = preflight.prm_scoring_bytes(cfg, tokens)
-    planned = 2 * preflight.n_params(cfg) + planned_extra
+    planned_extra = memory.prm_scoring_bytes(cfg, tokens)
+    planned = 2 * memory.n_params(cfg) + planned_extra
     assert abs(planned / traced["total"] - 1) <= 0.10, (planned / 2**30, traced["total"] / 2**30)
     assert abs(planned_extra / traced["activation"] - 1) <= 0.25, (planned_extra / 2**30, traced["activation"] / 2**30)
 
@@ -298,17 +299,17 @@ def test_prm_plan_within_ten_percent_of_the_full_size_trace():
 def test_the_memory_table_is_the_plan():
     """docs/memory.md's per-card table is what `python -m tools.bench_memory --table` prints from the plan (a
     change to the plan's constants or rows that leaves the page stale fails here), and its cells are the
-    per-card lines of `--dry-run` (preflight.format_plan) for the same flags."""
+    per-card lines of `--dry-run` (memory.format_plan) for the same flags."""
     from tools.bench_memory import TABLE_RUNS, memory_table
 
     table = memory_table()
     with open(os.path.join(ROOT, "docs", "memory.md"), encoding="utf-8") as f:
         assert table in f.read(), "docs/memory.md: regenerate the table with python -m tools.bench_memory --table"
     shown, flags = TABLE_RUNS[0]
-    lines = preflight.format_plan(scope.parse_args(flags.split()), *preflight.memory_plan(
+    lines = memory.format_plan(scope.parse_args(flags.split()), *memory.memory_plan(
         scope.parse_args(flags.split()), None, True), None).splitlines()
     row = next(line for line in table.splitlines() if line.startswith(f"| {shown} |"))
-    for (size, gib), cell in zip(preflight.CARD_GIB.items(), row.split(" | ")[1:]):
+    for (size, gib), cell in zip(memory.CARD_GIB.items(), row.split(" | ")[1:]):
         line = next(x for x in lines if x.strip().startswith(f"on a {size} GB GPU"))
         assert f": {cell.split(':')[0]} GiB, " in line and (("does not fit" in line) == ("no" in cell.split(";")[0]))
 
@@ -335,7 +336,7 @@ def test_a_gpu_too_small_stops_with_the_flags_that_fit(monkeypatch, capsys):
         change = {flags[i][2:].replace("-", "_"): flags[i + 1] for i in range(0, len(flags), 2)}
         change = {k: type(getattr(args, k))(v) for k, v in change.items()}   # each flag's own type
         trial = scope.Args(**{**vars(args), **change})
-        assert preflight.plan_total(preflight.memory_plan(trial, gib, True)[0]) <= 0.9 * gib
+        assert memory.plan_total(memory.memory_plan(trial, gib, True)[0]) <= 0.9 * gib
     small = scope.Args(model="Qwen2.5-0.5B", mode="grpo", prm="none", micro_batch_size=1)
     preflight.check_memory(small, "cuda", use_vllm=True)    # fits: printed, no stop
 
@@ -407,13 +408,13 @@ def test_the_headline_total_is_for_the_card_it_names():
     """The dry-run's headline total (vLLM's weights + KV of every sequence) matched none of its per-card totals
     (30 % of each card): without a known card there is no headline total, only the per-card ones."""
     args = scope.Args(model="Qwen2.5-1.5B")
-    rows, notes = preflight.memory_plan(args, None, True)
-    text = preflight.format_plan(args, rows, notes, None)
+    rows, notes = memory.memory_plan(args, None, True)
+    text = memory.format_plan(args, rows, notes, None)
     assert not any(line.strip().endswith("total") for line in text.splitlines())
-    assert text.count("on a ") == len(preflight.CARD_GIB) and "on a 80 GB GPU" in text
-    rows, notes = preflight.memory_plan(args, 80.0, True)
-    totals = [line for line in preflight.format_plan(args, rows, notes, 80.0).splitlines() if line.endswith("total")]
-    assert totals == [f"  {preflight.plan_total(rows):7.1f}  total"]
+    assert text.count("on a ") == len(memory.CARD_GIB) and "on a 80 GB GPU" in text
+    rows, notes = memory.memory_plan(args, 80.0, True)
+    totals = [line for line in memory.format_plan(args, rows, notes, 80.0).splitlines() if line.endswith("total")]
+    assert totals == [f"  {memory.plan_total(rows):7.1f}  total"]
 GIB = 2 ** 30
 REFINER_7B = 2 * 7_615_616_512 / GIB + 64 * (256 + 1024) * 57_344 / GIB   # bf16 weights + KV of 64 x 1280 tokens
 
@@ -422,15 +423,15 @@ def test_refiner_fallback_refusal_by_the_memory_plan():
     """The refiner server failed: HF generate of the 7B refiner (weights 14.2 GiB + KV of one --gen-batch-size
     batch, 4.4 GiB, + 1 GiB) is allowed only when that much GPU memory is free; else one line with flags that fit."""
     args = scope.Args(model="Qwen2.5-1.5B")
-    assert preflight.refiner_gib(args, preflight.model_config(args.refiner), 64) == pytest.approx(REFINER_7B)
+    assert memory.refiner_gib(args, memory.model_config(args.refiner), 64) == pytest.approx(REFINER_7B)
     assert REFINER_7B == pytest.approx(18.56, abs=0.01)
-    assert preflight.refiner_fallback_refusal(args, 30.0, 80.0, "CUDA out of memory", "log") is None
-    line = preflight.refiner_fallback_refusal(args, 18.0, 80.0, "torch.OutOfMemoryError: CUDA out of memory", "x.log")
+    assert memory.refiner_fallback_refusal(args, 30.0, 80.0, "CUDA out of memory", "log") is None
+    line = memory.refiner_fallback_refusal(args, 18.0, 80.0, "torch.OutOfMemoryError: CUDA out of memory", "x.log")
     assert "\n" not in line and "lack of GPU memory" in line and "x.log" in line and "about 20 GiB" in line
     # (18 - 0.5) / 80 = 0.21875 -> 0.21, above (14.2 + 2) / 80 = 0.20: a share that the free memory holds
     assert line.endswith("fits with: --refiner-mem 0.21 | --refiner-url http://HOST:8000/v1 (vllm serve the "
                          "refiner elsewhere) | --refiner policy"), line
-    line = preflight.refiner_fallback_refusal(args, 10.0, 80.0, "exit code 1", "x.log")
+    line = memory.refiner_fallback_refusal(args, 10.0, 80.0, "exit code 1", "x.log")
     assert "fits with: --refiner-url" in line and "(see its log)" in line   # 10 GiB cannot hold the weights
 
 
@@ -532,17 +533,17 @@ def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
 
 @pytest.mark.slow
 def test_fsdp_plan_within_ten_percent_of_an_fsdp_mem_tracker_trace():
-    """The plan's FSDP2 update terms (preflight.FSDP_FIT) against a fresh FSDPMemTracker trace of one rank of 8
+    """The plan's FSDP2 update terms (memory.FSDP_FIT) against a fresh FSDPMemTracker trace of one rank of 8
     on a fake process group (tools/bench_memory.py trace_fsdp_update, in its own process: the fake group cannot
     be left), at a shape outside the fit: Qwen2.5-Math-7B's width with 4 layers, 2 x 640 tokens (traced 9.86
     GiB, planned 10.36 when written)."""
     code = (f"import sys; sys.path.insert(0, {ROOT!r})\n"
             "from tools.bench_memory import trace_fsdp_update\n"
             "from harness import preflight\n"
-            "cfg = dict(preflight.model_config('Qwen2.5-Math-7B'), num_hidden_layers=4)\n"
+            "cfg = dict(memory.model_config('Qwen2.5-Math-7B'), num_hidden_layers=4)\n"
             "peak = trace_fsdp_update(cfg, 8, 2, 640, checkpointing=True)['total']\n"
-            "root, activations = preflight.fsdp_update_bytes(cfg, 2 * 640)\n"
-            "print('FIGURES', peak, 16 * preflight.n_params(cfg) / 8 + root + activations)\n")
+            "root, activations = memory.fsdp_update_bytes(cfg, 2 * 640)\n"
+            "print('FIGURES', peak, 16 * memory.n_params(cfg) / 8 + root + activations)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -600,32 +601,32 @@ def test_vllms_own_buffers_the_kl_reference_and_hf_evaluation_are_planned():
     reference's logits (--kl-coef > 0; a LoRA plan said the reference costs nothing) and HF evaluation's KV cache
     (64 rows of up to --eval-max-new-tokens, sized by --max-new-tokens). The engine gets the limits its rows assume,
     and the 80 GB default and the 24 GB LoRA row still fit."""
-    q15 = preflight.KNOWN_CONFIGS["Qwen2.5-1.5B"]
+    q15 = memory.KNOWN_CONFIGS["Qwen2.5-1.5B"]
     default = scope.Args(model="Qwen2.5-1.5B")
-    assert preflight.rollout_engine_limits(default, 1) == (128, 8192)
-    assert preflight.rollout_engine_limits(scope.Args(model="Qwen2.5-1.5B", prompts_per_step=64), 8) == (64, 8192)
-    held, generating = preflight.vllm_runtime_bytes(q15, 128, 8192)
-    assert held == preflight.prm_scoring_bytes(q15, 256)   # the graph pool: decode graphs of up to 2 x 128 tokens
-    assert generating == (4 + 6) * 128 * 151936 + preflight.prm_scoring_bytes(q15, 8192)   # bin counts, logits
-    assert sum(preflight.vllm_runtime_bytes(q15, 1024, 16384)) > 3 * (held + generating)   # vLLM's H100 defaults
-    rows = preflight.memory_plan(default, 79.2, True)[0]
+    assert memory.rollout_engine_limits(default, 1) == (128, 8192)
+    assert memory.rollout_engine_limits(scope.Args(model="Qwen2.5-1.5B", prompts_per_step=64), 8) == (64, 8192)
+    held, generating = memory.vllm_runtime_bytes(q15, 128, 8192)
+    assert held == memory.prm_scoring_bytes(q15, 256)   # the graph pool: decode graphs of up to 2 x 128 tokens
+    assert generating == (4 + 6) * 128 * 151936 + memory.prm_scoring_bytes(q15, 8192)   # bin counts, logits
+    assert sum(memory.vllm_runtime_bytes(q15, 1024, 16384)) > 3 * (held + generating)   # vLLM's H100 defaults
+    rows = memory.memory_plan(default, 79.2, True)[0]
     runtime = {ph: gib for name, gib, ph in rows if name.startswith("vLLM runtime (not traced)")}
     assert runtime == {"all": pytest.approx(held / 2**30), "other": pytest.approx(generating / 2**30)}   # sleeps
-    assert not any(name.startswith("vLLM runtime") for name, _, _ in preflight.memory_plan(
+    assert not any(name.startswith("vLLM runtime") for name, _, _ in memory.memory_plan(
         scope.Args(model="Qwen2.5-1.5B", backend="hf"), 79.2, False)[0])
-    assert preflight.plan_total(rows) <= preflight.FIT_SHARE * 79.2
-    lora = scope.Args(model="Qwen2.5-1.5B", lora_rank=16, prm=preflight.TRL_PRM, refiner="policy")
-    assert preflight.plan_total(preflight.memory_plan(lora, 23.6, True)[0]) <= preflight.FIT_SHARE * 23.6
+    assert memory.plan_total(rows) <= memory.FIT_SHARE * 79.2
+    lora = scope.Args(model="Qwen2.5-1.5B", lora_rank=16, prm=memory.TRL_PRM, refiner="policy")
+    assert memory.plan_total(memory.memory_plan(lora, 23.6, True)[0]) <= memory.FIT_SHARE * 23.6
 
     def plan(**kw):   # {row: (GiB, phase)}
-        return {n: (g, ph) for n, g, ph in preflight.memory_plan(scope.Args(model="Qwen2.5-1.5B", **kw), 79.2,
+        return {n: (g, ph) for n, g, ph in memory.memory_plan(scope.Args(model="Qwen2.5-1.5B", **kw), 79.2,
                                                                   kw.get("backend") != "hf")[0]}
 
     def total(**kw):
-        return preflight.plan_total([(n, g, ph) for n, (g, ph) in plan(**kw).items()])
+        return memory.plan_total([(n, g, ph) for n, (g, ph) in plan(**kw).items()])
     reference_pass = (2 * 4 * 1280 + 8 * 512) * 151936 / 2**30   # bf16 logits of 4 x 1,280 tokens, a float32 chunk
-    for kw, weights in ((dict(mode="grpo", prm="none"), 4 * preflight.n_params(q15) / 2**30),
-                        (dict(lora_rank=16, prm=preflight.TRL_PRM, refiner="policy"), None)):   # LoRA: the base
+    for kw, weights in ((dict(mode="grpo", prm="none"), 4 * memory.n_params(q15) / 2**30),
+                        (dict(lora_rank=16, prm=memory.TRL_PRM, refiner="policy"), None)):   # LoRA: the base
         added = {n: v for n, v in plan(kl_coef=0.05, **kw).items() if n not in plan(**kw)}
         assert added.pop("KL reference (fp32)", (None,))[0] == (weights and pytest.approx(weights))
         (name, (gib, phase)), = added.items()

@@ -377,17 +377,17 @@ def test_the_served_prm_is_chosen_only_where_vllm_serves_it_and_it_fits():
     """The PRM goes to its own vllm serve only with vLLM, for Qwen2ForProcessRewardModel, when the plan with it fits;
     a 48 GB card keeps it in the trainer (offloaded in the update). A served PRM is never offloaded."""
     import scope
-    from harness.run import preflight
+    from harness.plan import memory
 
     args = scope.Args(model="Qwen2.5-1.5B")
-    assert preflight.prm_served(args, True, 79.2) and not preflight.prm_offloaded(args, "cpu", True, 79.2)
-    assert not preflight.prm_served(args, False, 79.2)   # no vLLM: HF in the trainer
-    assert not preflight.prm_served(scope.Args(model="Qwen2.5-1.5B", backend="hf"), True, 79.2)
+    assert memory.prm_served(args, True, 79.2) and not memory.prm_offloaded(args, "cpu", True, 79.2)
+    assert not memory.prm_served(args, False, 79.2)   # no vLLM: HF in the trainer
+    assert not memory.prm_served(scope.Args(model="Qwen2.5-1.5B", backend="hf"), True, 79.2)
     refine_self = scope.Args(model="Qwen2.5-1.5B", refiner="policy")
-    assert not preflight.prm_served(refine_self, True, 47.5) and preflight.prm_offloaded(refine_self, "cpu", True, 47.5)
-    rows = preflight.memory_plan(args, 79.2, True)[0]
+    assert not memory.prm_served(refine_self, True, 47.5) and memory.prm_offloaded(refine_self, "cpu", True, 47.5)
+    rows = memory.memory_plan(args, 79.2, True)[0]
     served = [gib for name, gib, phase in rows if name.startswith("PRM: its own vllm serve") and phase == "all"]
-    assert served == [pytest.approx(preflight.prm_server_need(args)[1])] and 16 < served[0] < 18
+    assert served == [pytest.approx(memory.prm_server_need(args)[1])] and 16 < served[0] < 18
 
 
 def test_fp8_flags_reach_the_served_command_lines(monkeypatch, tmp_path, char_tokenizer):

@@ -553,7 +553,7 @@ def test_per_pick_refiner_budgets_are_vllm033_requests(recorded, model_config, q
 
 def test_the_engine_limits_and_the_runtime_rows_are_vllm033s(recorded, qwen_tokenizer, tmp_path, monkeypatch):
     """scope.py's engine gets the max_num_seqs and max_num_batched_tokens that the plan's "vLLM runtime (not traced)"
-    rows assume (preflight.rollout_engine_limits: 128 rollouts, 8,192 tokens), where 0.33 would take 1,024 and 16,384
+    rows assume (memory.rollout_engine_limits: 128 rollouts, 8,192 tokens), where 0.33 would take 1,024 and 16,384
     on an 80 GB H100; 0.33's scheduler takes them; and the facts those rows are sized from are 0.33's own code: the
     penalties' int32 output_bin_counts of max_num_seqs x vocabulary and the sampler built inside load_model (the
     "weights" pool, which sleep(level=2) frees), the sampler's float32 copy of the logits, decode graphs captured up to
@@ -570,12 +570,12 @@ def test_the_engine_limits_and_the_runtime_rows_are_vllm033s(recorded, qwen_toke
     from vllm.v1.worker.gpu.sample.sampler import Sampler
 
     import scope
-    from harness.run import preflight
+    from harness.plan import memory
 
     kwargs = _launch_kwargs(recorded, qwen_tokenizer, tmp_path, monkeypatch, 1)
     args = scope.parse_args(["--model", "m", "--refiner", "policy", "--backend", "vllm"])
     limits = (kwargs["max_num_seqs"], kwargs["max_num_batched_tokens"])
-    assert limits == preflight.rollout_engine_limits(args, 1) == (128, 8192)
+    assert limits == memory.rollout_engine_limits(args, 1) == (128, 8192)
     SchedulerConfig(max_model_len=kwargs["max_model_len"], is_encoder_decoder=False, max_num_seqs=limits[0],
                     max_num_batched_tokens=limits[1], enable_chunked_prefill=kwargs.get("enable_chunked_prefill", True))
     # an 80 GB H100, as 0.33's get_batch_defaults asks the platform
@@ -593,7 +593,7 @@ def test_the_engine_limits_and_the_runtime_rows_are_vllm033s(recorded, qwen_toke
     assert "max_num_reqs, vocab_size, dtype=torch.int32" in inspect.getsource(PenaltiesState.__init__)
     assert "torch.empty_like(logits, dtype=torch.float32)" in inspect.getsource(Sampler.apply_sampling_params)
     sizes = inspect.getsource(VllmConfig._set_cudagraph_sizes)
-    assert f"else {preflight.VLLM_GRAPH_TOKENS_MAX}" in sizes and "max_num_seqs * decode_query_len * 2" in sizes
+    assert f"else {memory.VLLM_GRAPH_TOKENS_MAX}" in sizes and "max_num_seqs * decode_query_len * 2" in sizes
     root = os.path.dirname(vllm.__file__)
     read = lambda *p: open(os.path.join(root, *p), encoding="utf-8").read()   # noqa: E731
     runner, worker = read("v1", "worker", "gpu", "model_runner.py"), read("v1", "worker", "gpu_worker.py")
@@ -611,12 +611,12 @@ def test_the_served_prms_prefill_budget_reaches_vllm033(prm_model_config):
     least the PRM's context: STEP pooling has no chunked prefill in 0.33, so a whole sequence must fit one step)."""
     from vllm.engine.arg_utils import EngineArgs
 
-    from harness.run import preflight
+    from harness.plan import memory
     from harness.engines.generate import vllm_serve_command
     from harness.engines.served_prm import serve_command_extra
 
-    budget = preflight.prm_batched_tokens(type("A", (), {"prm": "Qwen/Qwen2.5-Math-PRM-7B"})())
-    assert budget == preflight.PRM_PREFILL_TOKENS == 4096
+    budget = memory.prm_batched_tokens(type("A", (), {"prm": "Qwen/Qwen2.5-Math-PRM-7B"})())
+    assert budget == memory.PRM_PREFILL_TOKENS == 4096
     engine = EngineArgs.from_cli_args(parse_serve(vllm_serve_command(
         "/models/prm", port=8123, served_name="prm", gpu_memory_utilization=0.215,
         extra=serve_command_extra(PRM_SEP, 1 << 30, batched_tokens=budget))))

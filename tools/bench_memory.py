@@ -257,8 +257,8 @@ FULL_SHAPES = [("Qwen2.5-1.5B", 4, 1280)]   # the real run's micro-batch (minute
 
 
 def features(cfg: dict, tokens: int, chunk_tokens: int = 512) -> list[float]:
-    """The plan's terms (preflight.UPDATE_FIT): n · h · L, n · I · L, n · V, C · V, P."""
-    from harness.run.preflight import n_params
+    """The plan's terms (memory.UPDATE_FIT): n · h · L, n · I · L, n · V, C · V, P."""
+    from harness.plan.memory import n_params
 
     h, L, inter, v = cfg["hidden_size"], cfg["num_hidden_layers"], cfg["intermediate_size"], cfg["vocab_size"]
     return [tokens * h * L, tokens * inter * L, tokens * v, chunk_tokens * v, n_params(cfg)]
@@ -272,7 +272,7 @@ def fit_constants(points: list[tuple[dict, int, int]], full_weight: float = 10.0
     Returns (constants, largest relative error of the fitted plan against a point's peak)."""
     import numpy as np
 
-    from harness.run.preflight import n_params
+    from harness.plan.memory import n_params
 
     X = np.array([features(c, n) for c, n, _ in points], float)
     peak = np.array([t for _, _, t in points], float)
@@ -287,7 +287,7 @@ def fit(full: bool, verbose: bool = True, only: str = "") -> dict:
     UPDATE_FIT and PRM_FIT (`only`: "update" or "prm" fits one of them)."""
     import numpy as np
 
-    from harness.run.preflight import model_config, n_params
+    from harness.plan.memory import model_config, n_params
 
     out = {}
     small = [({**SMALL, **change}, rows, tokens) for change, rows, tokens in FIT_SHAPES]
@@ -304,7 +304,8 @@ def fit(full: bool, verbose: bool = True, only: str = "") -> dict:
                       f"{peak['total']} B ({time.time() - t0:.0f} s)", flush=True)
         out[str(ckpt)] = fit_constants(points)
     for ckpt in (False, True) if only in ("", "lora") else ():   # LoRA rank 16 on every linear layer
-        from harness.run.preflight import LORA_TARGETS, lora_params
+        from harness.plan.memory import lora_params
+        from harness.run.preflight import LORA_TARGETS
 
         points, held = [], []
         for cfg, rows, tokens in small:
@@ -336,14 +337,14 @@ def fit(full: bool, verbose: bool = True, only: str = "") -> dict:
 def compare(args, only: str = "", world: int = 1) -> None:
     """Trace the run's update micro-batches and PRM batch at the real shapes (`only`: "update" or "prm"
     alone); print them beside the plan. With --fsdp: one rank of `world` (trace_fsdp_update), the update only."""
-    from harness.run import preflight
+    from harness.plan import memory
 
-    cfg = preflight.model_config(args.model)
+    cfg = memory.model_config(args.model)
     if cfg is None:
         raise SystemExit(f"--model {args.model}: no config (not local, not cached, not an alias)")
-    p, T = preflight.n_params(cfg), preflight.PROMPT_TOKENS + args.max_new_tokens
-    gib = preflight.CARD_GIB[80]
-    rows, _ = preflight.memory_plan(args, gib, use_vllm=True)
+    p, T = memory.n_params(cfg), memory.PROMPT_TOKENS + args.max_new_tokens
+    gib = memory.CARD_GIB[80]
+    rows, _ = memory.memory_plan(args, gib, use_vllm=True)
     print(f"policy {args.model} ({p / 1e9:.2f} B params), micro-batch {args.micro_batch_size} x {T} tokens, "
           f"checkpointing {'on' if args.gradient_checkpointing else 'off'}, log-prob chunk {args.logprob_chunk}")
     print(f"  {'component':58} {'traced':>8} {'planned':>8}")
@@ -355,7 +356,7 @@ def compare(args, only: str = "", world: int = 1) -> None:
         t0 = time.time()
         peak = trace_fsdp_update(cfg, world, args.micro_batch_size, T, checkpointing=True,
                                  chunk_tokens=args.logprob_chunk)
-        rows, _ = preflight.memory_plan(args, gib, use_vllm=True, world=world)
+        rows, _ = memory.memory_plan(args, gib, use_vllm=True, world=world)
         plan_update = sum(g for row, g, _ in rows if row.startswith(("policy", "FSDP2", "update"))) * GIB
         print(f"  {f'one rank of {world}, FSDP2 update peak (shards, root, activations)':58} "
               f"{peak['total'] / GIB:8.2f} {plan_update / GIB:8.2f}   ({(plan_update / peak['total'] - 1):+.1%}; "
@@ -364,28 +365,28 @@ def compare(args, only: str = "", world: int = 1) -> None:
         return
     if only in ("", "update"):
         t0 = time.time()
-        rank, targets = getattr(args, "lora_rank", 0), preflight.lora_targets(args)
+        rank, targets = getattr(args, "lora_rank", 0), memory.lora_targets(args)
         peak = trace_update(cfg, args.micro_batch_size, T, checkpointing=args.gradient_checkpointing,
                             chunk_tokens=args.logprob_chunk, entropy_coef=args.entropy_coef, lora_rank=rank,
                             lora_targets=targets)
         if rank:   # the bf16 base, the adapters' fp32 weights, gradients and AdamW state, LORA_UPDATE_FIT
-            plan_update = 2 * p + 16 * preflight.lora_params(cfg, rank, targets) + preflight.lora_update_extra_bytes(
+            plan_update = 2 * p + 16 * memory.lora_params(cfg, rank, targets) + memory.lora_update_extra_bytes(
                 cfg, args.micro_batch_size * T, args.gradient_checkpointing, args.logprob_chunk)
         else:
-            plan_update = 16 * p + preflight.update_extra_bytes(cfg, args.micro_batch_size * T,
+            plan_update = 16 * p + memory.update_extra_bytes(cfg, args.micro_batch_size * T,
                                                                 args.gradient_checkpointing, args.logprob_chunk)
         print(f"  {'update peak: weights + AdamW + grads + activations/temps':58} {peak['total'] / GIB:8.2f} "
               f"{plan_update / GIB:8.2f}   ({(plan_update / peak['total'] - 1):+.1%}; traced in "
               f"{time.time() - t0:.0f} s; by category: "
               + ", ".join(f"{k} {v / GIB:.2f}" for k, v in peak.items() if v and k != "total") + ")", flush=True)
     if args.prm != "none" and only in ("", "prm"):
-        prm_cfg = preflight.model_config(args.prm)
+        prm_cfg = memory.model_config(args.prm)
         if prm_cfg is None:
             raise SystemExit(f"--prm {args.prm}: no config (not local, not cached, not an alias)")
         rows_prm = 4   # prm.ProcessRewardModel's micro_batch_size
         t0 = time.time()
         ppeak = trace_prm(prm_cfg, rows_prm, T)
-        plan_prm = 2 * preflight.n_params(prm_cfg) + preflight.prm_scoring_bytes(prm_cfg, rows_prm * T)
+        plan_prm = 2 * memory.n_params(prm_cfg) + memory.prm_scoring_bytes(prm_cfg, rows_prm * T)
         print(f"  {f'PRM {args.prm} scoring {rows_prm} x {T} tokens (weights + activations)':58} "
               f"{ppeak['total'] / GIB:8.2f} {plan_prm / GIB:8.2f}   ({(plan_prm / ppeak['total'] - 1):+.1%}; "
               f"traced in {time.time() - t0:.0f} s; by category: "
@@ -393,7 +394,7 @@ def compare(args, only: str = "", world: int = 1) -> None:
     for row, g, phase in rows:
         if row.startswith(("rollout", "refiner", "CUDA")):
             print(f"  {row[:58]:58} {'-':>8} {g:8.2f}   (not traced: {'a vLLM reservation' if 'CUDA' not in row else 'not tensors'})")
-    print(preflight.format_plan(args, rows, [], gib))
+    print(memory.format_plan(args, rows, [], gib))
 
 
 # ------------------------------------------------------------------------------------------- update time, for real
@@ -403,12 +404,12 @@ def time_update(args, rows: int, tokens: int, repeats: int) -> None:
     import statistics
 
     import grpo
-    from harness.run import preflight
+    from harness.plan import memory
 
     import os
 
     torch.manual_seed(0)
-    cfg = preflight.model_config(args.model)
+    cfg = memory.model_config(args.model)
     t0 = time.perf_counter()
     model = fake_model(cfg).train()   # outside FakeTensorMode: a real, randomly initialised model
     print(f"  built and randomly initialised {args.model}'s shape in {time.perf_counter() - t0:.1f} s (not timed "
@@ -464,22 +465,22 @@ TABLE_RUNS = [   # (command shown, flags): the combinations of docs/memory.md's 
 
 def memory_table() -> str:
     """docs/memory.md's per-card table: for each of TABLE_RUNS the peak that `--dry-run` prints per card
-    (preflight.format_plan's per-card lines: the plan, whether it fits FIT_SHARE of the card, the fixes)."""
+    (memory.format_plan's per-card lines: the plan, whether it fits FIT_SHARE of the card, the fixes)."""
     import scope
-    from harness.run import preflight
+    from harness.plan import memory
 
-    lines = ["| command | " + " | ".join(f"{size} GB ({gib:.1f} GiB)" for size, gib in preflight.CARD_GIB.items()) + " |",
-             "| --- |" + " --- |" * len(preflight.CARD_GIB)]
+    lines = ["| command | " + " | ".join(f"{size} GB ({gib:.1f} GiB)" for size, gib in memory.CARD_GIB.items()) + " |",
+             "| --- |" + " --- |" * len(memory.CARD_GIB)]
     for shown, flags in TABLE_RUNS:
         args = scope.parse_args(flags.split())
         cells = []
-        for gib in preflight.CARD_GIB.values():
-            need = preflight.plan_total(preflight.memory_plan(args, gib, True)[0])
-            if need <= preflight.FIT_SHARE * gib:
-                offloaded = preflight.prm_offloaded(args, "cpu", True, gib) and args.prm_offload == "auto"
+        for gib in memory.CARD_GIB.values():
+            need = memory.plan_total(memory.memory_plan(args, gib, True)[0])
+            if need <= memory.FIT_SHARE * gib:
+                offloaded = memory.prm_offloaded(args, "cpu", True, gib) and args.prm_offload == "auto"
                 cells.append(f"{need:.1f}: fits" + (" (PRM offloaded)" if offloaded else ""))
             else:
-                ways = preflight.fixes(args, gib, True)
+                ways = memory.fixes(args, gib, True)
                 ways = [f"`{w.split(' (')[0]}`" + (f" ({w.split(' (', 1)[1]}" if " (" in w else "") for w in ways]
                 cells.append(f"{need:.1f}: no" + (f"; fits with {' / '.join(ways)}" if ways else ""))
         lines.append(f"| {shown} | " + " | ".join(cells) + " |")

@@ -14,6 +14,12 @@ TARGETS = "q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj"   # every li
 ADAPTER_FILES = ("adapter_config.json", "adapter_model.safetensors")   # what PeftModel.save_pretrained writes
 
 
+def targets_of(spec) -> tuple[str, ...]:
+    """The layers a --lora-targets value names: comma-separated, or all-linear (and '') = TARGETS."""
+    names = [n.strip() for n in (spec.split(",") if isinstance(spec, str) else spec) if n.strip()]
+    return tuple(TARGETS.split(",")) if names in ([], ["all-linear"]) else tuple(names)
+
+
 def alpha_of(rank: int, alpha: float) -> float:
     """--lora-alpha, where 0 means 2 × rank (TRL's pair: r 16, α 32)."""
     return alpha or 2.0 * rank

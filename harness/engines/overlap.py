@@ -27,7 +27,7 @@ def enabled(args, device: str) -> bool:
     """--overlap-old-logp: on, off, or auto = on with CUDA, more than one optimizer step per batch (the π_old
     pass exists), no --fsdp (a sharded policy's forward is a collective; the thread must not run one) and a
     refiner other than the policy (`--refiner policy` decodes in this process: the thread would take its GPU time
-    and the GIL, and hide nothing). On a GPU auto also needs room in the memory plan (preflight.old_logp_beside)."""
+    and the GIL, and hide nothing). On a GPU auto also needs room in the memory plan (memory.old_logp_beside)."""
     if args.overlap_old_logp != "auto":
         return args.overlap_old_logp == "on"
     return device.startswith("cuda") and args.updates_per_batch > 1 and not args.fsdp and args.refiner != "policy"

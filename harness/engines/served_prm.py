@@ -93,7 +93,7 @@ def serve_command_extra(sep_id: int, kv_cache_bytes: int, dtype: str = "bfloat16
                         batched_tokens: int | None = None) -> list[str]:
     """`vllm serve` flags of the PRM beyond the refiner's: the pooling runner, STEP pooling on the separator id,
     the dtype (bf16 on a GPU), a KV cache sized by need, the tokens of one prefill step that the plan's activations
-    assume (`batched_tokens`: preflight.prm_batched_tokens; None: vLLM's default), and --prm-quantization
+    assume (`batched_tokens`: memory.prm_batched_tokens; None: vLLM's default), and --prm-quantization
     (`prm_quantization_flags`)."""
     budget = ["--max-num-batched-tokens", str(int(batched_tokens))] if batched_tokens else []
     return ["--runner", "pooling", "--pooler-config", json.dumps({"step_tag_id": int(sep_id)}), "--dtype", dtype,
@@ -140,7 +140,7 @@ def serve_prm(model: str, tokenizer, *, sep_id: int, log_path: str, gpu_memory_u
 
 def start_for_run(args, run_dir: str, separator: str, kv_bytes: int, gib: float,
                   batched_tokens: int) -> PooledStepScores:
-    """scope.py's served PRM (harness/run/wiring.load_prm, when preflight.prm_served): `vllm serve args.prm` on this
+    """scope.py's served PRM (harness/run/wiring.load_prm, when memory.prm_served): `vllm serve args.prm` on this
     process's GPU with the memory share and KV cache the caller's plan gives (`kv_bytes` of KV cache, `gib` in all,
     `batched_tokens` per prefill step: the memory plan's prm_server_need and prm_batched_tokens), logging to
     run_dir/prm_server.log (one per rank under torchrun); `separator` is the step tag whose id STEP pooling reads."""

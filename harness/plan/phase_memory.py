@@ -1,6 +1,6 @@
 """phase_memory.py — each phase's peak GPU memory, measured, next to the memory plan's figure for that phase.
 
-The pre-flight plans the memory of a run before it starts (harness/run/preflight.memory_plan, docs/memory.md); this
+The pre-flight plans the memory of a run before it starts (harness/plan/memory.py memory_plan, docs/memory.md); this
 checks that plan on every GPU run. Around each phase of a step (rollout, prm, refine, update, sync) the CUDA
 allocator's peak is reset and read back (`torch.cuda.max_memory_allocated` and `max_memory_reserved`); the step's
 metrics get, per phase, `mem_<phase>_allocated_gib`, `mem_<phase>_reserved_gib` and `mem_<phase>_planned_gib`
@@ -32,7 +32,7 @@ def plan_by_phase(rows: list[tuple[str, float, str]]) -> dict[str, float]:
 
 def start(rows: list[tuple[str, float, str]], cuda=None) -> None:
     """Measure from now on with `cuda` (torch.cuda on a GPU run; a stand-in in the tests; None: measure nothing)
-    against the plan `rows` (preflight.memory_plan's)."""
+    against the plan `rows` (memory.memory_plan's)."""
     _state.update(cuda=cuda, plan=plan_by_phase(rows) if rows else {}, record={})
 
 

@@ -41,7 +41,8 @@ from harness.engines import lora
 from harness.run.cli import flag_words
 from harness.data.prompt import DEFAULT_SYSTEM, format_prompt
 from harness.engines.generate import load_tokenizer
-from harness.run.preflight import COMMAND_ONLY, MODEL_ALIASES
+from harness.plan.memory import MODEL_ALIASES
+from harness.run.preflight import COMMAND_ONLY
 from harness.data.problems import BENCHMARKS
 from harness.run.runs import read_log
 

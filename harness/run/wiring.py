@@ -32,7 +32,7 @@ from harness.engines import dist, lora, overlap, trainer
 from harness.engines.generate import (GeneratorUnavailable, HFGenerator, ServerStartError, load_causal_lm,
                                       load_tokenizer, vllm_importable)
 from harness.engines.refiner import MODES_WITH_REFINER, Refiner
-from harness.plan import phase_memory
+from harness.plan import memory, phase_memory
 from harness.run import cli, config, export, preflight, progress, trackers   # progress: step k/N + ETA, rollouts.jsonl,
 from harness.run.runs import (Done, acquire_lock, append_change, clear_run, environment, format_changes, only_logs,
                               read_changes, read_log, recover_checkpoint, release_lock, removed_on_failure,
@@ -171,14 +171,14 @@ def make_rollout_engine(args, policy, tokenizer, path: str, use_vllm: bool, worl
     Under torchrun each rank builds its own engine on its own GPU (`external_launcher`, tensor-parallel size 1, no
     data_parallel_size: TRL's and verl's layout, so no engine step waits on another rank; docs/vllm.md).
     vLLM's KV cache holds the rank's prompts_per_step / world × group_size sequences of an assumed prompt plus --max-new-tokens
-    (preflight.rollout_kv_need); with --rollout-sleep it can sleep through the update."""
+    (memory.rollout_kv_need); with --rollout-sleep it can sleep through the update."""
     if use_vllm:
         from harness.engines.generate import VLLMGenerator
         launch = dict(distributed_executor_backend="external_launcher") if world > 1 else {}
-        kv_bytes, max_len = preflight.rollout_kv_need(args, world)   # sized by need, not a share of the card
+        kv_bytes, max_len = memory.rollout_kv_need(args, world)   # sized by need, not a share of the card
         context = getattr(policy.config, "max_position_embeddings", None)
         max_len = min(max_len, context) if context else max_len   # never past the model's own context
-        seqs, batched = preflight.rollout_engine_limits(args, world)   # vLLM's buffers as the plan sizes them
+        seqs, batched = memory.rollout_engine_limits(args, world)   # vLLM's buffers as the plan sizes them
         with engine_starting(path):   # a failure: vLLM's traceback, then one line with the hint that fits
             return VLLMGenerator(path, tokenizer=tokenizer, seed=args.seed, max_model_len=max_len,
                                  sleep_mode=args.rollout_sleep, kv_cache_memory_bytes=kv_bytes, max_num_seqs=seqs,
@@ -195,16 +195,16 @@ def load_prm(args, device: str, prm_class, use_vllm: bool = False, run_dir: str 
     if args.toy:   # the toy PRM's noise has its own RNG: the loop reseeds it from (seed, step) so resume is exact
         from harness.data import toy
         return toy.ToyPRM(args.toy_prm_noise, seed=args.seed)
-    if device.startswith("cuda") and preflight.prm_served(args, use_vllm, torch.cuda.get_device_properties(
-            torch.device(device)).total_memory / preflight.GIB):
+    if device.startswith("cuda") and memory.prm_served(args, use_vllm, torch.cuda.get_device_properties(
+            torch.device(device)).total_memory / memory.GIB):
         from harness.engines.served_prm import start_for_run
         with loading(args.prm):   # all failures of a step in one request: the server schedules them
             return prm_class(args.prm, micro_batch_size=1024,
-                             served=start_for_run(args, run_dir, prm_class.separator, *preflight.prm_server_need(args),
-                                                  preflight.prm_batched_tokens(args)))
+                             served=start_for_run(args, run_dir, prm_class.separator, *memory.prm_server_need(args),
+                                                  memory.prm_batched_tokens(args)))
     if args.prm_quantization != "none":   # the in-process PRM runs in bf16: not what was asked for
         stop(f"--prm-quantization {args.prm_quantization}: needs the PRM on its own vllm serve (vLLM installed, a "
-             f"GPU, and room in the memory plan: preflight.prm_served); here it would run in this process in bf16")
+             f"GPU, and room in the memory plan: memory.prm_served); here it would run in this process in bf16")
     with loading(args.prm):
         return prm_class(args.prm, device=device, dtype=torch.bfloat16 if device.startswith("cuda") else None,
                          prm_format=args.prm_format)
@@ -452,7 +452,7 @@ class Run:
     said_all_cut: bool = False                        # ... and the one on a step whose rollouts all hit the cap
     grade: object = None                              # --grader of the periodic evaluation (harness/data/mathverify.py)
     clock: object = None                              # step k/N and ETA of the step lines (harness/run/progress.py)
-    overlap_old_logp: bool = False                    # --overlap-old-logp, resolved (preflight.old_logp_overlapped)
+    overlap_old_logp: bool = False                    # --overlap-old-logp, resolved (memory.old_logp_overlapped)
     old_logp: object = None                           # ... this step's π_old pass (overlap.OldLogprobs) and
     old_logp_stream: object = None                    # the CUDA stream every step's pass runs on
 
@@ -764,13 +764,13 @@ def start(args, paper: Paper) -> Run:
     resume_step = preflight.check_run_dir(args, run_dir)              # no clobbering, no resume below the checkpoint
     preflight.check_memory(args, device, use_vllm)                    # printed; stops on a GPU too small
     if device.startswith("cuda"):                                     # each phase's peak, against the plan
-        phase_memory.start(preflight.memory_plan(args, torch.cuda.get_device_properties(torch.device(device))
-                                                 .total_memory / preflight.GIB, use_vllm)[0], torch.cuda)
+        phase_memory.start(memory.memory_plan(args, torch.cuda.get_device_properties(torch.device(device))
+                                                 .total_memory / memory.GIB, use_vllm)[0], torch.cuda)
     if args.dry_run:   # the command line exits 0; scope.main called from Python returns the plan
         preflight.print_dry_run(args, run_dir, notes + hub_notes)
         raise Done({"dry_run": True, "run_dir": run_dir, "args": asdict(args), "notes": arg_notes + notes + hub_notes,
                     "memory_plan": [{"what": what, "gib": gib, "phase": phase} for what, gib, phase in
-                                    preflight.memory_plan(args, None, use_vllm or args.backend != "hf")[0]]})
+                                    memory.memory_plan(args, None, use_vllm or args.backend != "hf")[0]]})
 
     d.barrier()                                                       # every rank checked the folder before rank 0 writes
     new_folder = only_logs(run_dir)                                  # no folder, or a failed start's logs
@@ -792,7 +792,7 @@ def start(args, paper: Paper) -> Run:
         prm = load_prm(args, device, paper.prm, use_vllm, run_dir)
         refiner = load_refiner(args, generator, tokenizer, device, run_dir, paper.refiner_prompt)
     optimizer = make_optimizer(args, policy, device)   # after wrap: FSDP2's parameters are shards
-    prm_offload = prm is not None and not args.toy and preflight.prm_offloaded(args, device, use_vllm)
+    prm_offload = prm is not None and not args.toy and memory.prm_offloaded(args, device, use_vllm)
     if prm_offload:
         prm.model.to("cpu")   # between its uses; Run.prm_on_device brings it back for step 3
     if ckpt:
@@ -805,7 +805,7 @@ def start(args, paper: Paper) -> Run:
               train_problems, eval_problems, start_step, *logs, t_start,
               trackers.open_tracker(args.report_to, run_dir, asdict(args), start_step) if d.main else None,
               summary={"run_dir": run_dir}, dist=d, model=model, prm_offload=prm_offload, paper=paper,
-              grade=grade, overlap_old_logp=preflight.old_logp_overlapped(args, device, use_vllm))
+              grade=grade, overlap_old_logp=memory.old_logp_overlapped(args, device, use_vllm))
     unused = cli.unused_system_prompt(tokenizer, args.system_prompt)   # the toy tokenizer has no chat template
     if unused and d.main:
         print(unused)
