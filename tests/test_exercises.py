@@ -969,7 +969,7 @@ def test_loading_a_copy_leaves_no_module_bound_to_it(tmp_path):
     code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
             "from tools.course import fixtures\n"
             "copy = fixtures.load_modules(sys.argv[2])\n"
-            "import refine, scope\nfrom harness import refiner, wiring\n"
+            "import refine, scope\nfrom harness.engines import refiner\nfrom harness.run import wiring\n"
             "assert copy.refine is not refine and copy.refine.__file__.startswith(sys.argv[2]), copy.refine.__file__\n"
             "assert refine.__file__.startswith(sys.argv[1]) and not refine.__file__.startswith(sys.argv[2])\n"
             "assert scope.refine is refine and scope.wiring is wiring and wiring.Refiner is refiner.Refiner\n")

@@ -246,7 +246,7 @@ def test_benchmark_numina_mix_agrees_and_is_bounded():
 
 def test_grader_cli_smoke():
     """`python -m harness.data.grader --bench` and the one-pair form, run as a user would."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(G.__file__)))
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(G.__file__))))
     out = subprocess.run([sys.executable, "-m", "harness.data.grader", "--bench", "--pairs", "60", "--mix", "numina"], cwd=root,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr

@@ -161,7 +161,7 @@ def test_a_failure_in_the_thread_is_one_line():
 def test_an_interrupted_process_waits_for_the_thread(tmp_path):
     """The worker is not a daemon: a main thread that stops (Ctrl-C: SystemExit 130) leaves the pass to finish."""
     marker = tmp_path / "done"
-    code = (f"import sys, time\nsys.path.insert(0, {ROOT!r})\nimport torch\nfrom harness import overlap, trainer\n"
+    code = (f"import sys, time\nsys.path.insert(0, {ROOT!r})\nimport torch\nfrom harness.engines import overlap, trainer\n"
             f"def slow(model, rows, **kw):\n    time.sleep(1.0)\n    open({str(marker)!r}, 'w').write('x')\n"
             f"    return torch.zeros(1)\n"
             f"trainer.old_logprobs = slow\n"

@@ -226,9 +226,9 @@ def test_toy_source_calls_toy_make_problems(monkeypatch):
     fake = types.ModuleType("toy")
     fake.make_problems = lambda n, seed, **kw: calls.append((n, seed)) or [
         {"id": f"t{i}", "question": "q", "answer": "1", "solution_steps": []} for i in range(n)]
-    import harness
+    import harness.data
     monkeypatch.setitem(sys.modules, "harness.data.toy", fake)
-    monkeypatch.setattr(harness, "toy", fake, raising=False)   # `from harness import toy` reads the attribute first
+    monkeypatch.setattr(harness.data, "toy", fake, raising=False)   # `from harness.data import toy` reads it first
     assert len(P.load_problems("toy", limit=3)) == 3
     P.load_problems("toy")
     P.load_problems("toy", split="train", limit=2)
