@@ -539,10 +539,8 @@ def test_fsdp_plan_within_ten_percent_of_an_fsdp_mem_tracker_trace():
     GiB, planned 10.36 when written)."""
     code = (f"import sys; sys.path.insert(0, {ROOT!r})\n"
             "from tools.bench_memory import trace_fsdp_update\n"
-            "from harness.plan import memory
-"
-            "cfg = dict(memory.model_config('Qwen2.5-Math-7B'), num_hidden_layers=4)
-"
+            "from harness.plan import memory\n"
+            "cfg = dict(memory.model_config('Qwen2.5-Math-7B'), num_hidden_layers=4)\n"
             "peak = trace_fsdp_update(cfg, 8, 2, 640, checkpointing=True)['total']\n"
             "root, activations = memory.fsdp_update_bytes(cfg, 2 * 640)\n"
             "print('FIGURES', peak, 16 * memory.n_params(cfg) / 8 + root + activations)\n")
