@@ -15,7 +15,8 @@ On the CPU nothing is measured (no records).
 """
 import contextlib
 
-GIB = 2 ** 30
+from harness.plan.memory import GIB
+
 TOLERANCE = 0.10
 UPDATE_PHASES = ("update",)  # the plan's "update" rows are held then; every other phase holds its "other" rows
 NOT_IN_PROCESS = ("refiner: its own vllm serve", "PRM: its own vllm serve", "CUDA context")

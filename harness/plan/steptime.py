@@ -14,8 +14,6 @@ import argparse
 import time
 from dataclasses import dataclass, replace
 
-GIB = 2 ** 30
-
 
 @dataclass(frozen=True)
 class Hardware:
