@@ -32,8 +32,7 @@ from torch import Tensor
 
 from harness.engines import trainer
 
-
-LOSS_AGGS = ("constant", "token-mean")
+LOSS_AGGS, OFFPOLICY_CREDITS = ("constant", "token-mean"), ("shaped", "unit")   # --loss-agg's, --offpolicy-credit's
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -179,8 +178,9 @@ def policy_loss(logp, old_logp, advantages, response_mask, offpolicy_mask, *, cl
                 entropy=None, entropy_coef=0.0, offpolicy_credit="shaped", is_weight=None) -> tuple[Tensor, dict]:
     """The SCOPE loss L above → (L, its per-token terms, detached, for the metrics). z: None = this batch's
     `loss_normaliser`; is_weight: the truncated importance weight of the policy's tokens (None = 1)."""
-    trainer.check_loss_inputs(logp, advantages, offpolicy_credit, old_logp=old_logp, response_mask=response_mask,
-                              offpolicy_mask=offpolicy_mask, ref_logp=ref_logp, entropy=entropy, is_weight=is_weight)
+    trainer.check_loss_inputs(logp, advantages, offpolicy_credit, OFFPOLICY_CREDITS, old_logp=old_logp,
+                              response_mask=response_mask, offpolicy_mask=offpolicy_mask, ref_logp=ref_logp,
+                              entropy=entropy, is_weight=is_weight)
     z = loss_normaliser(response_mask, loss_agg, max_new_tokens) if z is None else z
     resp = response_mask.bool()  # (N, L)
     off = offpolicy_mask.bool() & resp  # (N, L) refiner tokens
@@ -323,7 +323,7 @@ def logprobs_and_entropy(logits: Tensor, targets: Tensor, entropy_grad: bool = F
 
 def token_logprobs(model, input_ids: Tensor, attention_mask: Tensor, response_mask: Tensor, micro_batch_size: int,
                    chunk_tokens: int = 512, temperature: float = 1.0) -> tuple[Tensor, Tensor]:
-    """(logp, entropy), both (N, L), 0 off the response, of `model` at `temperature` without gradients (the KL
-    reference, benchmarks, tests): `logprobs_and_entropy` through trainer.token_logprobs."""
+    """(logp, entropy), both (N, L), 0 off the response, of `model` at `temperature` without gradients (benchmarks,
+    tests): `logprobs_and_entropy` through trainer.token_logprobs, as trainer.Step's KL reference calls it."""
     return trainer.token_logprobs(model, input_ids, attention_mask, response_mask, micro_batch_size, chunk_tokens,
                                   temperature, logprobs_fn=logprobs_and_entropy)

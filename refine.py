@@ -7,16 +7,16 @@ with an `offpolicy_mask` on the refiner's tokens (LUFFY's prefix_mask, mirrored:
     merged, traces = rectify(trajs, [(index, prefix_len)], refiner, policy_tok, attempts=2, merge="replace",
                              max_new_tokens=1024, grade_fn=grader.grade)
 
-The refiner continues the kept prefix (`refiner_prompt`); the engine sends that prompt (harness/engines/refiner.py). Tests:
-tests/test_refine.py. The prompt, the prefix as text, the splice and its EOS, the budgets, the attempts and the
-merge are open choices (docs/choices.md, rows "5 rectify").
+The refiner continues the kept prefix (`refiner_prompt`); the engine sends that prompt (harness/engines/refiner.py).
+Tests: tests/test_refine.py. The prompt, the prefix as text, the splice and its EOS, the budgets, the attempts and
+the merge are open choices (docs/choices.md, rows "5 rectify").
 """
 from dataclasses import dataclass
 from typing import NamedTuple
 
 from harness.engines.generate import turn_end_id
 
-REFINE_PROMPTS = ("continue", "hint")
+REFINE_PROMPTS, MERGES = ("continue", "hint"), ("replace", "append")   # --refine-prompt's and --merge's choices
 HINT = ("\n\nA partial solution follows. It is correct up to where it stops, and the next step would contain "
         "a mistake. Continue it from exactly where it stops, avoid that mistake, and finish the solution.")
 
@@ -176,7 +176,7 @@ def repair_credit_only(batch: dict, trajs: list[Trajectory], part: str) -> dict:
 def check_picks(trajs: list[Trajectory], picks: list[tuple[int, int]], attempts: int, merge: str,
                 max_new_tokens: int) -> None:
     """One-line ValueErrors for `rectify`'s arguments: the merge, the attempts, each pick's index and prefix."""
-    if merge not in ("replace", "append"):
+    if merge not in MERGES:
         raise ValueError(f"merge must be 'replace' or 'append', got {merge!r}")
     if attempts < 1:
         raise ValueError(f"attempts must be >= 1, got {attempts}")
@@ -193,7 +193,7 @@ def check_picks(trajs: list[Trajectory], picks: list[tuple[int, int]], attempts:
 
 
 def trace(t: Trajectory, prefix_len: int, prefix_text: str, tries: list[Suffix], verdicts: list[bool],
-          repaired: Trajectory | None) -> dict:
+          accepted: Trajectory | None) -> dict:
     """One pick's trace (traces.jsonl; the viewer of tools/report.py): the PRM facts, the kept text, every
     attempt with its verdict, and the reward before and after."""
     return {"group": t.group, "question": t.question, "answer": t.answer,
@@ -201,8 +201,8 @@ def trace(t: Trajectory, prefix_len: int, prefix_text: str, tries: list[Suffix],
             "steps": t.steps, "scores": t.step_scores, "cut": t.cut,
             "keep_ratio": t.keep_ratio, "keep_ratio_tokens": t.keep_ratio_tokens, "prefix_text": prefix_text,
             "suffixes": [s.text for s in tries], "suffix_finished": [s.finished for s in tries],
-            "attempt_correct": verdicts, "accepted": repaired is not None,
-            "reward_before": t.reward, "reward_after": repaired.reward if repaired is not None else t.reward}
+            "attempt_correct": verdicts, "accepted": accepted is not None,
+            "reward_before": t.reward, "reward_after": accepted.reward if accepted is not None else t.reward}
 
 
 def _copy(values: list | None) -> list | None:

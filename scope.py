@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from functools import partial
 
 import eval as evaluation   # `eval` would shadow the builtin
+import grpo
 import prm
 import refine
 from grpo import build_batch, group_advantages, logprobs_and_entropy, update, warmup_lr, zero_repair_advantages
@@ -116,8 +117,7 @@ class Args(config.EngineArgs):
                                   "its text already holds the right answer")
     refine_prompt: str = arg("continue", "refiner prompt: continue the prefix, or hint that a mistake follows "
                              "(refine.refiner_prompt)", refine.REFINE_PROMPTS)
-    merge: str = arg("replace", "a repaired trajectory replaces the failure, or joins the group",
-                     ("replace", "append"))
+    merge: str = arg("replace", "a repaired trajectory replaces the failure, or joins the group", refine.MERGES)
     prm_reward_coef: float = arg(0.5, "λ of --mode prm-reward: reward = outcome + λ · mean PRM step score")
     repair_advantage: str = arg("keep", "zero = an accepted repair counts in its group's mean, then its own "
                                 "advantage is set to 0 (the 'phantom success' control: the mean shift without "
@@ -138,9 +138,8 @@ class Args(config.EngineArgs):
                           "with --updates-per-batch > 1; inf = no clip (LUFFY's script)")
     shaping_gamma: float = arg(0.1, "LUFFY policy shaping γ on refiner tokens: f(π) = π / (π + γ)")
     offpolicy_credit: str = arg("shaped", "objective on refiner tokens: shaped = −f(π)·A (LUFFY); unit = −A·log π "
-                                "(as if the policy had sampled them)", ("shaped", "unit"))
-    loss_agg: str = arg("constant", "constant = Σ tokens / (N · max_new_tokens) (Dr. GRPO); token-mean",
-                        ("constant", "token-mean"))
+                                "(as if the policy had sampled them)", grpo.OFFPOLICY_CREDITS)
+    loss_agg: str = arg("constant", "constant = Σ tokens / (N · max_new_tokens) (Dr. GRPO); token-mean", grpo.LOSS_AGGS)
     kl_coef: float = arg(0.0, "β of a k3 KL penalty to the initial policy (0 = no reference model)")
     entropy_coef: float = arg(0.0, "entropy bonus coefficient")
 

@@ -359,14 +359,14 @@ def sampler_rows(prompt_ids, response_ids, sampler_logp, length: int) -> dict[st
     return {"sampler_logp": logp, "sampler_mask": known}
 
 
-def check_loss_inputs(logp: Tensor, advantages: Tensor, offpolicy_credit: str, **per_token) -> None:
+def check_loss_inputs(logp: Tensor, advantages: Tensor, offpolicy_credit: str, credits: tuple, **per_token) -> None:
     """`policy_loss`'s one-line errors: every per-token tensor given (not None) has logp's (N, L) shape, the
-    advantages are (N,), the credit is known."""
+    advantages are (N,), the credit is one of the `credits` it is handed."""
     shape = tuple(logp.shape)
     for name, t in per_token.items():
         if t is not None and tuple(t.shape) != shape:
             raise ValueError(f"policy_loss: {name} has shape {tuple(t.shape)}, logp has {shape}")
     if tuple(advantages.shape) != shape[:1]:
         raise ValueError(f"policy_loss: advantages must be ({shape[0]},), got {tuple(advantages.shape)}")
-    if offpolicy_credit not in ("shaped", "unit"):
-        raise ValueError(f"policy_loss: offpolicy_credit must be 'shaped' or 'unit', got {offpolicy_credit!r}")
+    if offpolicy_credit not in credits:
+        raise ValueError(f"policy_loss: offpolicy_credit must be one of {credits}, got {offpolicy_credit!r}")
