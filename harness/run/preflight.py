@@ -33,7 +33,7 @@ import sys
 import urllib.parse
 from dataclasses import asdict
 
-from harness.engines import lora
+from harness.engines import lora, prm_families
 from harness.engines.refiner import MODES_WITH_REFINER   # ("scope", "replace"): the modes that repair
 from harness.run import trackers
 from harness.run.runs import (CONFIG_RECORDS, Done, find_checkpoint, holds_run, lock_holder, read_changes, run_folder,
@@ -587,10 +587,7 @@ def model_config(name: str) -> dict | None:
             if not all(k in config for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                              "intermediate_size", "vocab_size")):
                 return None   # not a Qwen2/Llama-style config: no estimate rather than a wrong one
-            if any("ProcessReward" in a for a in config.get("architectures") or []):
-                config["head"] = "prm"
-            elif any(a.endswith("ForTokenClassification") for a in config.get("architectures") or []):
-                config["head"] = "token-classification"
+            config["head"] = prm_families.head_kind(config.get("architectures") or [])   # prm, token-classification, lm
             return config
         except (OSError, ValueError):
             return None
@@ -725,7 +722,8 @@ def update_extra_bytes(cfg: dict, tokens: int, checkpointing: bool, chunk_tokens
 def prm_scoring_bytes(cfg: dict, tokens: int) -> float:
     """Traced-constant estimate of the PRM's scoring activations for a micro-batch of `tokens` (PRM_FIT)."""
     p_hidden, p_inter = PRM_FIT
-    return tokens * (p_hidden * cfg["hidden_size"] + p_inter * cfg["intermediate_size"])
+    logits = 2 * cfg["vocab_size"] if cfg.get("head") == "lm" else 0   # an LM head: bf16 logits at every position
+    return tokens * (p_hidden * cfg["hidden_size"] + p_inter * cfg["intermediate_size"] + logits)
 
 
 def world_size() -> int:
@@ -792,7 +790,7 @@ def prm_served(args, use_vllm: bool, gpu_gib: float | None = None, world: int | 
     if args.prm == "none" or args.toy or not use_vllm or getattr(args, "backend", "") == "hf":
         return False
     cfg = model_config(args.prm)
-    if cfg is None or cfg.get("head") != "prm":
+    if cfg is None or not prm_families.servable(cfg.get("head")):
         return False
     rows = memory_plan(args, gpu_gib, use_vllm, prm_offload=False, world=world, prm_serve=True)[0]
     return gpu_gib is None or plan_total(rows) <= FIT_SHARE * gpu_gib
