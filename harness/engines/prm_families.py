@@ -1,21 +1,12 @@
 """prm_families.py — the PRM families: how each kind of process reward model reads a solution's steps.
 
 A family is one adapter: the checkpoints it reads (config.json's `architectures`, and the head each carries), its
-input layout (question + steps -> input ids and the positions scored, honouring `max_length`), how P(step correct)
-is read from the model's output at a position, and whether vLLM's pooling runner serves it. `FAMILIES` is the one
-list that `--prm-format` (its choices), the auto detection (`choose`), the loader (harness/engines/prm_checkpoint.py),
-serving and the memory plan (`head_kind`, `servable`) read; a new family is one class here and its test.
-
-- "qwen-math-prm": Qwen2.5-Math-PRM-7B/-72B, or a token classifier whose tokenizer holds `<extra_0>`: the model
-  card's chat layout with one `<extra_0>` after each step, P(correct) = softmax of the 2 classes there, class 1.
-- "trl-token-classification": a `*ForTokenClassification` trained with TRL's PRMTrainer (e.g.
-  HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2): the layout of PRMTrainer's `tokenize_row`, class 1 at each
-  step's last token.
-- "lm-head-judgment": a causal LM that judges each step with its next token (Math-Shepherd,
-  peiyi9979/math-shepherd-mistral-7b-prm): f"{question} {step 1} ки\\n{step 2} ки...", P(correct) =
-  softmax([logit("+"), logit("-")])[0] at each tag.
-Only the first is served on vLLM (a native pooling model); the others score in the trainer's process.
-docs/choices.md, rows "3 PRM", holds why each layout is read where it is.
+input layout (question + steps -> input ids and the positions scored, within `max_length`), how P(step correct) is
+read from the model's output there, and whether vLLM's pooling runner serves it. `FAMILIES` is the one list that
+`--prm-format`'s choices, the auto detection (`choose`), the loader (harness/engines/prm_checkpoint.py), serving
+and the memory plan (`head_kind`, `servable`) read: a new family is one class here and its test. The three:
+Qwen2.5-Math-PRM's `<extra_0>` chat (served), TRL's token classifier, a causal LM's "+"/"-" judgment (Math-Shepherd);
+why each layout is read where it is: docs/choices.md, rows "3 PRM".
 """
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
