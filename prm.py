@@ -3,8 +3,9 @@
 SCOPE (Ren et al., arXiv 2602.24110) keeps a failed rollout's tokens before its *first wrong step* and lets a
 refiner rewrite the rest (paper Fig. 1, 2, 12). In the order of the step: `split_steps` and `step_token_spans`
 (a lossless split and each step's token range), `first_error`, `cut_point` and `keep_ratio` (pure), then
-`locate_first_errors` (step 3 on a batch), `mean_score`, `select_candidate` and `select_failures` (step 4), then
-`ProcessRewardModel` (the scoring call in Qwen2.5-Math-PRM's input format; its engine: harness/engines/prm_engine.py).
+`locate_first_errors` (step 3 on a batch), `ProcessRewardModel` (the scoring call; the input layouts of the PRM
+families it reads: harness/engines/prm_families.py), then `mean_score`, `select_candidate` and `select_failures`
+(step 4).
 k* is the paper's first wrong step, counted from 1; the cut is k* − 1: the 0-based index of that step, which is
 also the number of steps kept. Tests: tests/test_steps.py, tests/test_prm.py. The step unit, the PRM input,
 unscored steps, the cut and the pick are choices the paper leaves open: docs/choices.md, rows "3 PRM", "4 select".
@@ -13,9 +14,9 @@ import codecs
 
 from harness.engines.refiner import MODES_WITH_REFINER   # ("scope", "replace"): the modes that repair
 from harness.engines.prm_engine import PRMEngine
+from harness.engines.prm_families import SEPARATOR   # Qwen2.5-Math-PRM's step tag
 
-SEPARATOR = "<extra_0>"  # the Qwen2.5-Math-PRM step tag
-PRM_SYSTEM = "Please reason step by step, and put your final answer within \\boxed{}."
+TIEBREAKS = ("length", "index")   # select_candidate's last keys: the shorter rollout, or only the earlier index
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -230,6 +231,33 @@ def locate_first_errors(trajs: list, prm, tokenizer, tau: float, mode: str = "sc
 
 
 # ---------------------------------------------------------------------------------------------------
+# 3.5 The process reward model: P(step correct) per step (step 3 calls its score_batch)
+# ---------------------------------------------------------------------------------------------------
+
+
+class ProcessRewardModel(PRMEngine):
+    """The PRM's scoring call: P(step correct) for each step of a solution. How a PRM reads the steps (its input
+    layout and where P(correct) is read: Qwen2.5-Math-PRM's `<extra_0>` chat, TRL's token classifier, an LM head's
+    "+"/"-" judgment) is its family's, harness/engines/prm_families.py; the engine (loading without remote code,
+    `max_length`, micro-batches, the PRM served on vLLM's pooling runner, `name_or_path` and the keyword
+    arguments, `build_input`): harness/engines/prm_engine.py.
+    """
+
+    separator = SEPARATOR   # the step tag whose positions the served PRM (Qwen2.5-Math-PRM) scores
+
+    def score(self, question: str, steps: list[str]) -> list[float | None]:
+        """P(correct) in [0, 1] for each step; None for steps beyond `max_length`."""
+        return self.score_batch([question], [steps])[0]
+
+    def score_batch(self, questions: list[str], list_of_steps: list[list[str]]) -> list[list[float | None]]:
+        """`score` for many solutions, in input order: P(correct) at each step's scored position (`probs_at`)."""
+        if len(questions) != len(list_of_steps):
+            raise ValueError(f"score_batch: {len(questions)} questions but {len(list_of_steps)} step lists")
+        probs = self.probs_at([self.build_input(q, s) for q, s in zip(questions, list_of_steps)])
+        return [p + [None] * (len(s) - len(p)) for p, s in zip(probs, list_of_steps)]
+
+
+# ---------------------------------------------------------------------------------------------------
 # 4. The most promising failure of each group: scope.py's step 4
 # ---------------------------------------------------------------------------------------------------
 
@@ -250,8 +278,8 @@ def select_candidate(keep_ratios: list[float], prefix_means: list[float], length
     if not (len(keep_ratios) == len(prefix_means) == len(lengths)):
         raise ValueError(f"select_candidate: lengths differ ({len(keep_ratios)} keep ratios, "
                          f"{len(prefix_means)} prefix means, {len(lengths)} lengths)")
-    if tiebreak not in ("length", "index"):
-        raise ValueError(f"select_candidate: tiebreak={tiebreak!r} must be 'length' or 'index'")
+    if tiebreak not in TIEBREAKS:
+        raise ValueError(f"select_candidate: tiebreak={tiebreak!r} must be {' or '.join(map(repr, TIEBREAKS))}")
     if not keep_ratios:
         return None
     if tiebreak == "index":
@@ -286,88 +314,6 @@ def select_failures(trajs: list, groups, mode: str = "scope", rectify_groups: st
             picks.append((idx[j], trajs[idx[j]].prefix_len))
     return picks
     # END SOLUTION
-
-
-# ---------------------------------------------------------------------------------------------------
-# 3.5 The process reward model: P(step correct) per step (step 3 calls its score_batch)
-# ---------------------------------------------------------------------------------------------------
-
-
-class ProcessRewardModel(PRMEngine):
-    """The PRM's scoring call: P(step correct) for each step of a solution, from a 2-class token classifier.
-
-    Format (Qwen2.5-Math-PRM-7B model card): chat template with system = PRM_SYSTEM, user = question,
-    assistant = "<extra_0>".join(steps) + "<extra_0>", `add_generation_prompt=False`; the score of step k
-    is softmax(logits at the k-th `<extra_0>`)[1]. Input ids are assembled in token space
-    (template head + step ids + separator id + ... + template tail), so the separator positions are known
-    exactly. A tokenizer without a chat template gets the plain layout
-    `f"{PRM_SYSTEM}\\n\\nQuestion: {question}\\n\\nAnswer:\\n"` followed by the steps and separators.
-    A token classifier trained with TRL's PRMTrainer (HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2) was trained
-    on another layout, and its steps are read where it learnt them (`self.format`, harness/engines/prm_engine.py `trl_input`).
-    The engine (loading without remote code, `max_length`, micro-batches, the PRM served on vLLM's pooling
-    runner, `name_or_path` and the keyword arguments): harness/engines/prm_engine.py.
-    """
-
-    separator = SEPARATOR   # the step tag whose positions are scored
-
-    def __init__(self, name_or_path, **engine):
-        super().__init__(name_or_path, SEPARATOR, **engine)
-
-    def score(self, question: str, steps: list[str]) -> list[float | None]:
-        """P(correct) in [0, 1] for each step; None for steps beyond `max_length`."""
-        return self.score_batch([question], [steps])[0]
-
-    def score_batch(self, questions: list[str], list_of_steps: list[list[str]]) -> list[list[float | None]]:
-        """`score` for many solutions, in input order: P(correct) at each step's separator (`probs_at`)."""
-        if len(questions) != len(list_of_steps):
-            raise ValueError(f"score_batch: {len(questions)} questions but {len(list_of_steps)} step lists")
-        probs = self.probs_at([self.build_input(q, s) for q, s in zip(questions, list_of_steps)])
-        return [p + [None] * (len(s) - len(p)) for p, s in zip(probs, list_of_steps)]
-
-    # -- input assembly ----------------------------------------------------------------------------
-
-    def build_input(self, question: str, steps: list[str]) -> tuple[list[int], list[int]]:
-        """(input ids, separator positions of the steps that fit in max_length).
-
-        Steps are stripped and cleaned of "<extra_0>" text (docs/choices.md, row "PRM input"). When everything
-        fits, the template tail is appended too (it cannot change the scores: the model is causal)."""
-        if self.format == "trl-token-classification":   # a PRM trained with TRL: its own layout
-            return self.trl_input(question, steps)
-        head, tail = self._head_tail(question)
-        ids, positions = list(head), []
-        for step in steps:
-            step_ids = self._encode(step.replace(SEPARATOR, "").strip())
-            if self.sep_id in step_ids:  # cannot happen with split_special_tokens; keep the guard cheap
-                step_ids = [t for t in step_ids if t != self.sep_id]
-            if len(ids) + len(step_ids) + 1 > self.max_length:
-                break  # this step and every later one stay unscored
-            ids += step_ids + [self.sep_id]
-            positions.append(len(ids) - 1)
-        if len(positions) == len(steps) and len(ids) + len(tail) <= self.max_length:
-            ids += tail
-        return ids, positions
-
-    def _encode(self, text: str) -> list[int]:
-        """Plain text -> ids with special-token parsing off (so "<|im_end|>" in a step stays text)."""
-        return self.tokenizer(text, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-
-    def _head_tail(self, question: str) -> tuple[list[int], list[int]]:
-        """Token ids before the first step and after the last separator."""
-        question = question.replace(SEPARATOR, "")
-        if getattr(self.tokenizer, "chat_template", None):
-            messages = [{"role": "system", "content": PRM_SYSTEM}, {"role": "user", "content": question},
-                        {"role": "assistant", "content": SEPARATOR}]
-            rendered = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                          add_generation_prompt=False)
-            if SEPARATOR not in rendered:
-                raise ValueError(f"the chat template of PRM {self.name!r} drops the assistant turn; "
-                                 "cannot place the steps")
-            head, tail = rendered.rsplit(SEPARATOR, 1)  # the question holds no separator any more
-        else:
-            head, tail = f"{PRM_SYSTEM}\n\nQuestion: {question}\n\nAnswer:\n", ""
-        # the template's own special tokens (<|im_start|> ...) must be parsed as such here
-        enc = lambda s: self.tokenizer(s, add_special_tokens=False)["input_ids"]  # noqa: E731
-        return enc(head), enc(tail)
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -21,7 +21,7 @@ from grpo import build_batch, group_advantages, logprobs_and_entropy, update, wa
 from harness.run import config, wiring
 from harness.run.config import arg
 from harness.data.grader import grade
-from prm import locate_first_errors, select_failures
+from prm import TIEBREAKS, locate_first_errors, select_failures
 from refine import rectify, repair_credit_only
 
 MODES = ("scope", "grpo", "replace", "prm-reward")
@@ -110,7 +110,7 @@ class Args(config.EngineArgs):
     select_tiebreak: str = arg("length", "how the pick among equally promising failures is broken: the shorter "
                                "rollout, or the earlier index (favours no phrasing; in the toy world an empty "
                                "prefix's oracle style is then drawn from the warm start's styles)",
-                               ("length", "index"))
+                               TIEBREAKS)
     refine_attempts: int = arg(2, "refiner attempts per selected failure (one batched call); first correct wins")
     refiner_max_tokens: int = arg(640, "most new tokens a refiner suffix may take (and at most --max-new-tokens minus "
                                   "the kept prefix); a suffix cut there is graded like any other: rejected unless "

@@ -657,6 +657,7 @@ def prm_time(shape: dict, device: str, failures: int, tokens: int, steps: int = 
     from transformers import Qwen2Config
 
     import prm
+    from harness.engines import prm_families
     from harness.engines.prm_checkpoint import Qwen2ProcessRewardModel
 
     config = Qwen2Config(**shape)
@@ -670,6 +671,7 @@ def prm_time(shape: dict, device: str, failures: int, tokens: int, steps: int = 
     rows = [torch.randint(0, shape["vocab_size"] - 1000, (tokens,), generator=g).tolist() for _ in range(failures)]
     separators = [tokens * (k + 1) // steps - 1 for k in range(steps)]
     scorer.__dict__.update(name="random PRM", model=module, device=device, micro_batch_size=4, pad_id=0,
+                           family=prm_families.QwenMathPRM(),
                            build_input=lambda question, step_list: (rows[int(question)], separators))
     if device == "cuda":
         torch.cuda.synchronize()

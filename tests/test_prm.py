@@ -10,8 +10,7 @@ import pytest
 import torch
 
 import conftest
-from harness.engines import prm_checkpoint
-import prm
+from harness.engines import prm_checkpoint, prm_families
 import real_layout_prm
 from prm import (ProcessRewardModel, cut_point, first_error, keep_ratio, mean_score, select_candidate)
 
@@ -47,7 +46,7 @@ def test_input_matches_the_model_card_layout(model):
     """Token-space assembly == the card's string pipeline (chat template, then encode) for clean steps."""
     tok = model.tokenizer
     ids, positions = model.build_input(QUESTION, STEPS)
-    messages = [{"role": "system", "content": prm.PRM_SYSTEM}, {"role": "user", "content": QUESTION},
+    messages = [{"role": "system", "content": prm_families.PRM_SYSTEM}, {"role": "user", "content": QUESTION},
                 {"role": "assistant", "content": "<extra_0>".join(s.strip() for s in STEPS) + "<extra_0>"}]
     card = tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=False),
                add_special_tokens=False)["input_ids"]
@@ -101,7 +100,7 @@ def test_plain_layout_without_a_chat_template(tiny_prm_dir):
     m = ProcessRewardModel(tiny_prm_dir)
     m.tokenizer.chat_template = None
     ids, positions = m.build_input(QUESTION, STEPS)
-    assert m.tokenizer.decode(ids).startswith(prm.PRM_SYSTEM + "\n\nQuestion: " + QUESTION)
+    assert m.tokenizer.decode(ids).startswith(prm_families.PRM_SYSTEM + "\n\nQuestion: " + QUESTION)
     assert len(positions) == 3 and len(m.score(QUESTION, STEPS)) == 3
 
 

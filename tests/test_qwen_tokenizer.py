@@ -31,7 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from harness.data.prompt import DEFAULT_SYSTEM, format_prompt  # noqa: E402
-from prm import PRM_SYSTEM, ProcessRewardModel, split_steps, step_token_spans  # noqa: E402
+from harness.engines.prm_families import PRM_SYSTEM  # noqa: E402
+from prm import ProcessRewardModel, split_steps, step_token_spans  # noqa: E402
 from harness.engines.refiner import Refiner  # noqa: E402
 from refine import refiner_prompt, splice  # noqa: E402
 

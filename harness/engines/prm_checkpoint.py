@@ -1,14 +1,14 @@
 """prm_checkpoint.py — loading a process reward model's checkpoint for prm.py (through prm_engine.py), without remote code.
 
-`load_prm(name_or_path, device, dtype)` returns (model, tokenizer, config), chosen by the `architectures` of
-config.json:
-- `Qwen2ForProcessRewardModel` (Qwen2.5-Math-PRM-7B/-72B): `load_qwen2_prm`, our own module
+`load_prm(name_or_path, device, dtype, prm_format=...)` returns (model, tokenizer, config, family): the PRM family
+(harness/engines/prm_families.py) is chosen from config.json's `architectures` and the tokenizer before any weight
+loads, and the head it reads decides how the weights load:
+- "prm", `Qwen2ForProcessRewardModel` (Qwen2.5-Math-PRM-7B/-72B): `load_qwen2_prm`, our own module
   (`Qwen2ProcessRewardModel`: transformers' Qwen2Model + the 2-layer score head, the layout vLLM 0.32 loads as
   `Qwen2ForProcessRewardModel`) from the safetensors files; a hub id is fetched, or read from the cache. Its keys
   are checked from the file headers first (`check_qwen2_prm_checkpoint`, also run by the pre-flight).
-- `*ForTokenClassification` with 2 labels (a tiny `Qwen2ForTokenClassification` in the tests, an HF PRM trained
-  with TRL): `AutoModelForTokenClassification`, refused when a weight is missing from the files.
-`prm_format` says which input layout a loaded checkpoint reads (harness/engines/prm_engine.py).
+- any other head: the family's transformers Auto class (`*ForTokenClassification` with the family's 2 labels, a
+  `*ForCausalLM`), refused when a weight is missing from the files.
 Why the PRM runs in the trainer's process and not through the hub's remote code: harness/engines/prm_engine.py.
 """
 import json
@@ -16,16 +16,20 @@ import os
 
 import torch
 
-QWEN_MATH_PRM, TRL_TOKEN_CLASSIFICATION = "qwen-math-prm", "trl-token-classification"   # --prm-format's values
+from harness.engines import prm_families
+
 PRM_ARCHITECTURE = "Qwen2ForProcessRewardModel"  # config.json `architectures` of Qwen2.5-Math-PRM-7B / -72B
 
 
-def load_prm(name_or_path: str, device="cpu", dtype=None, served=None) -> tuple[torch.nn.Module, object, object]:
-    """(model in eval mode on `device`, tokenizer, config) of a PRM checkpoint: a folder or a hub id. A missing
-    folder, file or network becomes one RuntimeError naming the PRM; an unsupported or damaged checkpoint a
-    ValueError. With `served` (harness/engines/served_prm.PooledStepScores: the PRM on vLLM's pooling runner) no weight
-    is loaded here: the model is `served`, the tokenizer and config are the checkpoint's."""
-    from transformers import AutoConfig, AutoModelForTokenClassification
+def load_prm(name_or_path: str, device="cpu", dtype=None, served=None,
+             prm_format: str = "auto") -> tuple[torch.nn.Module, object, object, prm_families.Family]:
+    """(model in eval mode on `device`, tokenizer, config, family) of a PRM checkpoint: a folder or a hub id, read
+    as `prm_format` ("auto": prm_families.choose decides). A missing folder, file or network becomes one
+    RuntimeError naming the PRM; an unsupported or damaged checkpoint a ValueError. With `served`
+    (harness/engines/served_prm.PooledStepScores: the PRM on vLLM's pooling runner) no weight is loaded here: the
+    model is `served`, the tokenizer and config are the checkpoint's."""
+    import transformers
+    from transformers import AutoConfig
 
     from harness.engines.generate import load_tokenizer
 
@@ -35,57 +39,37 @@ def load_prm(name_or_path: str, device="cpu", dtype=None, served=None) -> tuple[
     try:
         archs = _config_json(name).get("architectures") or []
         tokenizer = load_tokenizer(name)
+        family = prm_families.choose(name, archs, tokenizer, prm_format)
+        head = family.head(archs)
         if served is not None:
-            if PRM_ARCHITECTURE not in archs:
+            if head not in family.served:
                 raise ValueError(f"PRM {name!r}: vLLM's pooling runner serves {PRM_ARCHITECTURE}; config.json "
                                  f"names {archs}")
-            return served, tokenizer, AutoConfig.from_pretrained(name)
-        if PRM_ARCHITECTURE in archs:
+            return served, tokenizer, AutoConfig.from_pretrained(name), family
+        if head == "prm":
             folder = name
             if not os.path.isdir(folder):
                 from huggingface_hub import snapshot_download
 
                 folder = snapshot_download(name, allow_patterns=["*.json", "*.safetensors"])
             model, config = load_qwen2_prm(folder, device, dtype)
-        elif any(a.endswith("ForTokenClassification") for a in archs):
+        else:
             config = AutoConfig.from_pretrained(name)
-            if config.num_labels != 2:
+            if family.labels and config.num_labels != family.labels:
                 raise ValueError(f"PRM {name!r}: a token classifier with {config.num_labels} labels; "
-                                 "a PRM has 2 (incorrect, correct)")
-            model, info = AutoModelForTokenClassification.from_pretrained(name, dtype=dtype,
-                                                                          output_loading_info=True)
+                                 f"a PRM has {family.labels} (incorrect, correct)")
+            model, info = getattr(transformers, family.auto_class).from_pretrained(name, dtype=dtype,
+                                                                                   output_loading_info=True)
             model.config.use_cache = False  # one forward pass per input: no KV cache
             if info["missing_keys"]:
                 raise ValueError(f"PRM {name!r}: weights missing from the checkpoint (they would be "
                                  f"random): {', '.join(sorted(info['missing_keys'])[:6])}")
-        else:
-            raise ValueError(f"PRM {name!r}: config.json names architectures {archs}; supported are "
-                             f"{PRM_ARCHITECTURE} (Qwen2.5-Math-PRM) and *ForTokenClassification with 2 labels")
     except (OSError, ImportError) as e:
         where = "local folder" if os.path.isdir(name) else "no such folder; tried as a Hugging Face id"
         raise RuntimeError(
             f"could not load the PRM {name!r} ({where}): {type(e).__name__}: {e}. Without network "
             "the weights must already be in the Hugging Face cache or a local folder.") from e
-    return model.to(device).eval(), tokenizer, config
-
-
-def prm_format(name: str, architectures: list[str], tokenizer, separator: str, asked: str = "auto") -> str:
-    """The input layout of a PRM checkpoint (prm_engine.QWEN_MATH_PRM or TRL_TOKEN_CLASSIFICATION). auto: the
-    Qwen2.5-Math-PRM layout for `Qwen2ForProcessRewardModel` and for a token classifier whose tokenizer holds
-    `separator` (`<extra_0>`) as one token; TRL's PRMTrainer layout for any other token classifier (TRL's PRMs
-    keep their base model's tokenizer, which has no step tag). `asked` (--prm-format) overrides it where the
-    checkpoint allows: TRL's layout needs a token classifier."""
-    if asked not in ("auto", QWEN_MATH_PRM, TRL_TOKEN_CLASSIFICATION):
-        raise ValueError(f"--prm-format {asked}: use auto, {QWEN_MATH_PRM} or {TRL_TOKEN_CLASSIFICATION}")
-    if asked == TRL_TOKEN_CLASSIFICATION and PRM_ARCHITECTURE in architectures:
-        raise ValueError(f"--prm-format {asked}: PRM {name!r} is a {PRM_ARCHITECTURE} (Qwen2.5-Math-PRM), which "
-                         f"reads {QWEN_MATH_PRM}")
-    if asked != "auto":
-        return asked
-    if PRM_ARCHITECTURE in architectures:
-        return QWEN_MATH_PRM
-    tag = tokenizer.convert_tokens_to_ids(separator)
-    return QWEN_MATH_PRM if tag is not None and tag != tokenizer.unk_token_id else TRL_TOKEN_CLASSIFICATION
+    return model.to(device).eval(), tokenizer, config, family
 
 
 class Qwen2ProcessRewardModel(torch.nn.Module):

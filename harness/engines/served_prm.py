@@ -3,10 +3,11 @@
 Qwen2.5-Math-PRM-7B (`Qwen2ForProcessRewardModel`) is a native vLLM pooling model: `vllm serve PRM --runner pooling`
 loads it in bf16, and `POST /pooling` with `"task": "token_classify"` returns, for each input, the softmax over its
 2 classes at every position holding the step tag (STEP pooling on `step_tag_id`, the `<extra_0>` id of the PRM's
-tokenizer, passed with `--pooler-config`). The trainer builds the inputs exactly as for the in-process PRM
-(prm.ProcessRewardModel.build_input, token ids, so the separators arrive intact) and reads P(correct) = class 1 at
-each separator. What the server adds over HF in the trainer: paged attention without padding, CUDA graphs, and
-the PRM's weights outside the trainer (no offload to CPU memory around the update); docs/vllm.md.
+tokenizer, passed with `--pooler-config`). The trainer builds the inputs exactly as for the in-process PRM (the
+qwen-math-prm family's layout, harness/engines/prm_families.py: token ids, so the separators arrive intact) and reads
+P(correct) = class 1 at each separator. What the server adds over HF in the trainer: paged attention without
+padding, CUDA graphs, and the PRM's weights outside the trainer (no offload to CPU memory around the update);
+docs/vllm.md.
 
     prm = ProcessRewardModel(path, served=serve_prm(path, sep_id=..., log_path=..., gpu_memory_utilization=0.2))
 

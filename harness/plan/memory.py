@@ -5,13 +5,13 @@ run that cannot fit; `--dry-run` prints it per card size).
 rollout engine sized by need, the PRM, the refiner's server share, the update's activations and temporaries, by
 phase of the step, for one process (under torchrun: what FSDP2 shards divided by the world size), from the model
 configs (a local folder, the hub cache, or the known sizes of the aliases below) and constants traced from our own
-code (`python -m tools.bench_memory`). `fixes` lists the flags that would make a plan fit; `format_plan` prints it.
+code (`python -m tools.bench.memory`). `fixes` lists the flags that would make a plan fit; `format_plan` prints it.
 The plan is traced on the CPU's kernels and checked per phase on a GPU by phase_memory.py (docs/memory.md).
 """
 import json
 import os
 
-from harness.engines import lora
+from harness.engines import lora, prm_families
 from harness.engines.refiner import MODES_WITH_REFINER
 
 MODES_WITH_PRM = MODES_WITH_REFINER + ("prm-reward",)   # the modes that load a PRM
@@ -64,10 +64,7 @@ def model_config(name: str) -> dict | None:
             if not all(k in config for k in ("hidden_size", "num_hidden_layers", "num_attention_heads",
                                              "intermediate_size", "vocab_size")):
                 return None   # not a Qwen2/Llama-style config: no estimate rather than a wrong one
-            if any("ProcessReward" in a for a in config.get("architectures") or []):
-                config["head"] = "prm"
-            elif any(a.endswith("ForTokenClassification") for a in config.get("architectures") or []):
-                config["head"] = "token-classification"
+            config["head"] = prm_families.head_kind(config.get("architectures") or [])   # prm, token-classification, lm
             return config
         except (OSError, ValueError):
             return None
@@ -106,7 +103,7 @@ CUDA_CONTEXT_GIB = 1.5    # CUDA context, cuBLAS workspaces, allocator rounding:
 # parameter), per micro-batch of n = micro_batch_size × (PROMPT_TOKENS + max_new_tokens) tokens, C = --logprob-chunk:
 #     bytes = n · (a_h · h · L + a_i · I · L + a_v · V) + a_c · C · V + a_p · P
 # (h hidden size, I MLP width, L layers, V vocabulary, P parameters). Fitted by `fit_constants` in
-# tools/bench_memory.py to the traced peaks of `python -m tools.bench_memory --fit --full` (FakeTensorMode +
+# tools/bench/memory.py to the traced peaks of `python -m tools.bench.memory --fit --full` (FakeTensorMode +
 # MemTracker on our grpo micro-batch step: bf16 autocast, C = 512, two micro-batches, clip, AdamW.step): six
 # small Qwen2 shapes and, with checkpointing, Qwen2.5-1.5B at 4 x 1,280 tokens (traced peak 30.13 GiB, planned
 # 30.13). Largest error over the fitted traces: 1.7 % with checkpointing, 0.2 % without. With checkpointing
@@ -119,10 +116,10 @@ UPDATE_FIT = {   # checkpointing: (a_h, a_i, a_v, a_c, a_p)
 }
 # The PRM's bf16 no-grad scoring forward beyond its weights, per micro-batch of n tokens (prm_checkpoint's
 # Qwen2ProcessRewardModel: decoder in bf16, score head in float32): bytes = n · (p_h · h + p_i · I). Fitted by
-# least squares to `python -m tools.bench_memory --fit --only prm` (the six small shapes above; the vocabulary
+# least squares to `python -m tools.bench.memory --fit --only prm` (the six small shapes above; the vocabulary
 # and the depth do not change the peak, which is one layer's working set: p_i ≈ 6 is three bf16 (n × I) tensors
 # of the SwiGLU MLP, p_h the bf16 residual stream, its norms and the head's float32 input). Checked at full size
-# by `python -m tools.bench_memory --only prm`: Qwen2.5-Math-PRM-7B scoring 4 x 1,280 tokens traced 13.90 GiB
+# by `python -m tools.bench.memory --only prm`: Qwen2.5-Math-PRM-7B scoring 4 x 1,280 tokens traced 13.90 GiB
 # (weights 13.22, activations 0.69), planned 13.93 (activations 0.74).
 PRM_FIT = (9.442, 6.36)
 
@@ -133,8 +130,8 @@ PRM_FIT = (9.442, 6.36)
 # root unit's parameters (embeddings, untied lm_head, final norm). At the traced peak the root is gathered in
 # bf16 (2 R) beside 4 R of fp32 temporaries for its gradient, and every layer's checkpointed bf16 input is held
 # (f_h = 2); f_v is the logits' share (their bf16 gradient, the chunked log-softmax).
-# Fitted to two FSDPMemTracker traces on a fake process group (tools/bench_memory.py trace_fsdp_update;
-# `python -m tools.bench_memory --model Qwen2.5-Math-7B --fsdp --world 8 --only update`): Qwen2.5-Math-7B at
+# Fitted to two FSDPMemTracker traces on a fake process group (tools/bench/memory.py trace_fsdp_update;
+# `python -m tools.bench.memory --model Qwen2.5-Math-7B --fsdp --world 8 --only update`): Qwen2.5-Math-7B at
 # world 8, 4 x 1,280 tokens, 28 layers (traced 23.11 GiB, planned 23.12) and with 4 layers (traced 11.88,
 # planned 11.88). Without checkpointing there is no FSDP2 trace: the one-GPU constants (UPDATE_FIT) stand in.
 FSDP_FIT = (6.0, 2.0, 2.6)   # (r, f_h, f_v)
@@ -143,7 +140,7 @@ FSDP_FIT = (6.0, 2.0, 2.6)   # (r, f_h, f_v)
 # The update's activations and temporaries of a LoRA policy (--lora-rank > 0: bf16 base, frozen; float32 adapters
 # with their gradients and AdamW state, 16 bytes per adapter parameter) beyond 2 bytes per base parameter and those
 # 16 per adapter parameter, per micro-batch of n tokens: the same terms as UPDATE_FIT, P the base's parameters.
-# Fitted by `fit_constants` (tools/bench_memory.py) to `python -m tools.bench_memory --fit --only lora`: the six
+# Fitted by `fit_constants` (tools/bench/memory.py) to `python -m tools.bench.memory --fit --only lora`: the six
 # small shapes above traced with PEFT's get_peft_model (rank 16 on q, k, v, o, gate, up, down) under the same step
 # (largest error 0.6 % with checkpointing, 0.02 % without). With checkpointing a_h ≈ 2 is each layer's saved bf16
 # input (the frozen base keeps the residual stream in bf16, where the full update's float32 weights keep it in
@@ -197,7 +194,8 @@ def update_extra_bytes(cfg: dict, tokens: int, checkpointing: bool, chunk_tokens
 def prm_scoring_bytes(cfg: dict, tokens: int) -> float:
     """Traced-constant estimate of the PRM's scoring activations for a micro-batch of `tokens` (PRM_FIT)."""
     p_hidden, p_inter = PRM_FIT
-    return tokens * (p_hidden * cfg["hidden_size"] + p_inter * cfg["intermediate_size"])
+    logits = 2 * cfg["vocab_size"] if cfg.get("head") == "lm" else 0   # an LM head: bf16 logits at every position
+    return tokens * (p_hidden * cfg["hidden_size"] + p_inter * cfg["intermediate_size"] + logits)
 
 
 def world_size() -> int:
@@ -264,7 +262,7 @@ def prm_served(args, use_vllm: bool, gpu_gib: float | None = None, world: int | 
     if args.prm == "none" or args.toy or not use_vllm or getattr(args, "backend", "") == "hf":
         return False
     cfg = model_config(args.prm)
-    if cfg is None or cfg.get("head") != "prm":
+    if cfg is None or not prm_families.servable(cfg.get("head")):
         return False
     rows = memory_plan(args, gpu_gib, use_vllm, prm_offload=False, world=world, prm_serve=True)[0]
     return gpu_gib is None or plan_total(rows) <= FIT_SHARE * gpu_gib

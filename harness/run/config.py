@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 from tqdm import tqdm
 
-from harness.engines import lora
+from harness.engines import lora, prm_families
 from harness.run import cli, preflight
 from harness.run.runs import (Done, read_changes, refusals_raised, release_lock, resume_hint, run_settings,
                               stop)
@@ -43,11 +43,9 @@ class EngineArgs:
                                 "paper's numerics); fp8 = FP8 decoder layers, the score head as it is (vLLM's online "
                                 "quantization: faster scoring, other step scores)",
                                 ("none", "fp8"))
-    prm_format: str = arg("auto", "the PRM's input layout: qwen-math-prm = Qwen2.5-Math-PRM's chat with an <extra_0> "
-                          "after each step; trl-token-classification = TRL PRMTrainer's (question ids, then each step's "
-                          "ids + \"\\n\\n\", read at its last token: HuggingFaceH4/Qwen2.5-Math-1.5B-Instruct-PRM-0.2); "
-                          "auto = from the checkpoint (harness/engines/prm_checkpoint.py prm_format)",
-                          ("auto", "qwen-math-prm", "trl-token-classification"))
+    prm_format: str = arg("auto", "the PRM's family: its input layout and where P(step correct) is read (one per "
+                          "kind of PRM: harness/engines/prm_families.py; docs/choices.md, rows \"3 PRM\"); auto = "
+                          "from the checkpoint's architecture and tokenizer", ("auto", *prm_families.NAMES))
     refiner_timeout: float = arg(600.0, "seconds one served-refiner request may take (2 retries; then the step "
                                  "goes on without rectification)")
     backend: str = arg("auto", "rollout engine; auto = vLLM when importable and CUDA present", ("auto", "vllm", "hf"))
