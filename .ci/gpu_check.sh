@@ -117,7 +117,7 @@ seconds=$(( $(date +%s) - start ))
 import json, os, sys
 
 sys.path.insert(0, os.getcwd())
-from tools.gpu_check import RUNS, h200_seconds
+from tools.gpu.check import RUNS, h200_seconds
 
 out, seconds, where = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 read = lambda name: [json.loads(line) for line in open(os.path.join(out, name), encoding="utf-8")] \

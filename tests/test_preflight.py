@@ -229,7 +229,7 @@ def test_memory_plan_within_ten_percent_of_a_trace():
     """The plan's update rows (weights, AdamW, gradients, traced-constant activations) against a fresh
     FakeTensorMode + MemTracker trace of our own micro-batch step on a small Qwen2 shape that is not one
     of the fit's shapes, with and without gradient checkpointing."""
-    from tools.bench_memory import SMALL, trace_update
+    from tools.bench.memory import SMALL, trace_update
 
     cfg = {**SMALL, "num_hidden_layers": 6, "vocab_size": 12288}
     for ckpt in (False, True):
@@ -271,7 +271,7 @@ def test_lora_plan_within_ten_percent_of_a_peft_trace():
     """The plan's LoRA update rows (bf16 base, fp32 adapters with gradients and AdamW state, LORA_UPDATE_FIT's
     activations) against a fresh FakeTensorMode + MemTracker trace of our micro-batch step on PEFT's get_peft_model
     of a small Qwen2 shape outside the fit (rank 8 on q and v only), with gradient checkpointing."""
-    from tools.bench_memory import SMALL, trace_update
+    from tools.bench.memory import SMALL, trace_update
 
     cfg = {**SMALL, "num_hidden_layers": 6, "vocab_size": 12288}
     traced = trace_update(cfg, 2, 384, checkpointing=True, lora_rank=8, lora_targets=("q_proj", "v_proj"))["total"]
@@ -285,7 +285,7 @@ def test_prm_plan_within_ten_percent_of_the_full_size_trace():
     FakeTensorMode + MemTracker trace of our own Qwen2ProcessRewardModel (harness/engines/prm_checkpoint.py) at the real run's size:
     Qwen2.5-Math-PRM-7B scoring one micro-batch of 4 x 1,280 tokens (about 10 s of CPU: a forward without
     gradients), and the activations alone within 25 % (they are 5 % of the total)."""
-    from tools.bench_memory import trace_prm
+    from tools.bench.memory import trace_prm
 
     cfg = memory.model_config("Qwen2.5-Math-PRM-7B")
     tokens = 4 * (memory.PROMPT_TOKENS + scope.Args().max_new_tokens)
@@ -297,14 +297,14 @@ def test_prm_plan_within_ten_percent_of_the_full_size_trace():
 
 
 def test_the_memory_table_is_the_plan():
-    """docs/memory.md's per-card table is what `python -m tools.bench_memory --table` prints from the plan (a
+    """docs/memory.md's per-card table is what `python -m tools.bench.memory --table` prints from the plan (a
     change to the plan's constants or rows that leaves the page stale fails here), and its cells are the
     per-card lines of `--dry-run` (memory.format_plan) for the same flags."""
-    from tools.bench_memory import TABLE_RUNS, memory_table
+    from tools.bench.memory import TABLE_RUNS, memory_table
 
     table = memory_table()
     with open(os.path.join(ROOT, "docs", "memory.md"), encoding="utf-8") as f:
-        assert table in f.read(), "docs/memory.md: regenerate the table with python -m tools.bench_memory --table"
+        assert table in f.read(), "docs/memory.md: regenerate the table with python -m tools.bench.memory --table"
     shown, flags = TABLE_RUNS[0]
     lines = memory.format_plan(scope.parse_args(flags.split()), *memory.memory_plan(
         scope.parse_args(flags.split()), None, True), None).splitlines()
@@ -485,7 +485,7 @@ def test_grpo_mode_loads_no_prm_unless_one_is_named(monkeypatch):
 def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
     """Guards the plan fitted to another layout than the run's: the update step wrapped the whole update (every
     micro-batch, backward, clipping, AdamW.step) in one autocast region, so autocast's bf16 copies of the fp32
-    weights lived through the step, while tools/bench_memory.py traces autocast around each micro-batch's
+    weights lived through the step, while tools/bench/memory.py traces autocast around each micro-batch's
     forward and loss. scope.main's step 7 through a Run whose amp() is a real (CPU) bf16 autocast: the model's forwards
     run under autocast, backward and AdamW.step outside it."""
     from types import SimpleNamespace
@@ -534,11 +534,11 @@ def test_the_update_autocasts_each_forward_only_as_the_memory_plan_was_traced():
 @pytest.mark.slow
 def test_fsdp_plan_within_ten_percent_of_an_fsdp_mem_tracker_trace():
     """The plan's FSDP2 update terms (memory.FSDP_FIT) against a fresh FSDPMemTracker trace of one rank of 8
-    on a fake process group (tools/bench_memory.py trace_fsdp_update, in its own process: the fake group cannot
+    on a fake process group (tools/bench/memory.py trace_fsdp_update, in its own process: the fake group cannot
     be left), at a shape outside the fit: Qwen2.5-Math-7B's width with 4 layers, 2 x 640 tokens (traced 9.86
     GiB, planned 10.36 when written)."""
     code = (f"import sys; sys.path.insert(0, {ROOT!r})\n"
-            "from tools.bench_memory import trace_fsdp_update\n"
+            "from tools.bench.memory import trace_fsdp_update\n"
             "from harness.plan import memory\n"
             "cfg = dict(memory.model_config('Qwen2.5-Math-7B'), num_hidden_layers=4)\n"
             "peak = trace_fsdp_update(cfg, 8, 2, 640, checkpointing=True)['total']\n"

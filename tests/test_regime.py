@@ -1,13 +1,13 @@
-"""The regime-map stage of the toy study (tools/regime.py): its plan, its statistics by hand, its records."""
+"""The regime-map stage of the toy study (tools/studies/when_it_helps.py): its plan, its statistics by hand, its records."""
 import json
 import os
 
 import numpy as np
 import pytest
 
-from tools import experiment as ex
-from tools import regime
-from tools import studies
+from tools.studies import where_it_helps as ex
+from tools.studies import when_it_helps as regime
+from tools.studies import common as studies
 
 
 def _run(group, row, seed, *, reward, eval_acc, all_fail=None, acc=0.5, first3=0.5):
@@ -185,10 +185,10 @@ def test_diversity_plan_and_report_by_hand():
     assert "0.50 / 0.25 / 0.25" in text
 
 
-# ---------------------------------------------------------------- the because stage (tools/because.py)
+# ---------------------------------------------------------------- the because stage (tools/studies/why_it_helps.py)
 
 def test_because_plan_is_seed_major_with_the_new_switches():
-    from tools import because
+    from tools.studies import why_it_helps as because
 
     args = ex.parse_args(["--stage", "because", "--seeds", "0,1"])
     args.eval_n_cool, args.train_eval_size = 0, args.regime_eval_size
@@ -216,7 +216,7 @@ def test_because_plan_is_seed_major_with_the_new_switches():
 def test_contrast_by_seed_and_the_interaction_by_hand():
     """(kF − wF) − (kI − wI) per seed: seed 0 (0.3 − 0.1) − (0.2 − 0.2) = 0.2; seed 1 (0.2 − 0.2) − (0.1 − 0.2) = 0.1;
     seed 2 lacks a row and is left out. Mean 0.15, sd 0.1 / √2, t(1) interval."""
-    from tools import because
+    from tools.studies import why_it_helps as because
 
     acc = {("kF", 0): 0.3, ("wF", 0): 0.1, ("kI", 0): 0.2, ("wI", 0): 0.2,
            ("kF", 1): 0.2, ("wF", 1): 0.2, ("kI", 1): 0.1, ("wI", 1): 0.2, ("kF", 2): 0.5}
@@ -252,7 +252,7 @@ def test_t_quantile_and_interval_by_hand():
 def test_seed_problem_bootstrap_by_hand():
     """One seed, two problems with contrasts 0 and 1: a draw of 2 problems gives a mean of 0, 0.5 or 1 with
     chances 1/4, 1/2, 1/4, so the 95 % percentile interval is [0, 1]. A constant matrix gives its constant."""
-    from tools import because
+    from tools.studies import why_it_helps as because
 
     b = because.seed_problem_bootstrap(np.array([[0.0, 1.0]]), draws=4000, seed=1)
     assert b["mean"] == 0.5 and b["lo"] == 0.0 and b["hi"] == 1.0
@@ -266,7 +266,7 @@ def test_seed_problem_bootstrap_by_hand():
 def test_holm_by_hand():
     """p = 0.01, 0.04, 0.03, 0.005 (m = 4): sorted 0.005·4 = 0.02, 0.01·3 = 0.03, 0.03·2 = 0.06, 0.04·1 = 0.04
     → running max 0.06; in the input order 0.03, 0.06, 0.06, 0.02. Capped at 1."""
-    from tools import because
+    from tools.studies import why_it_helps as because
 
     assert because.holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert because.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])
@@ -275,7 +275,7 @@ def test_holm_by_hand():
 
 def test_paired_p_by_hand():
     """diffs 1, 2, 3: mean 2, sd 1, t = 2 / (1 / √3) = 3.464 with 2 df → two-sided p = 0.0742."""
-    from tools import because
+    from tools.studies import why_it_helps as because
 
     assert because.paired_p([1.0, 2.0, 3.0]) == pytest.approx(0.0742, abs=2e-4)
     assert because.paired_p([1.0]) is None and because.paired_p([0.0, 0.0]) == 1.0
@@ -286,7 +286,7 @@ def test_because_report_marks_a_partial_study_and_pairs_the_interaction():
     K1 = (5/16 − 2/16) − (0.2 − 0.2) = 0.1875 on seed 0, (3/16 − 3/16) − (0.1 − 0.2) = 0.1 on seed 1 → mean
     0.14375; every problem alike, so the bootstrap moves with the seed draw only: [0.1, 0.1875]). The report
     names itself partial (8 of the 30 planned runs: 25 pre-registered, 5 added)."""
-    from tools import because
+    from tools.studies import why_it_helps as because
 
     args = ex.parse_args(["--stage", "because"])
     g = "regime-weak-ladder"

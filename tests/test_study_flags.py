@@ -147,7 +147,7 @@ def test_unknown_toy_refiner_is_refused(tmp_path, capsys):
 # ---------------------------------------------------------------- the study's statistics
 
 def test_ci95_hand_numbers():
-    from tools.studies import ci95
+    from tools.studies.common import ci95
 
     c = ci95([0.01, 0.03, 0.02])           # mean 0.02, sd 0.01, t_{0.975,2} = 4.3027
     assert c["mean"] == pytest.approx(0.02)
@@ -156,7 +156,7 @@ def test_ci95_hand_numbers():
 
 
 def test_paired_difference_matches_seeds():
-    from tools.studies import paired
+    from tools.studies.common import paired
 
     def run(row, seed, acc):
         return {"row": row, "seed": seed, "group": "main", "steps": 5, "eval": {"acc_t1": acc}, "train": {}}
@@ -169,8 +169,8 @@ def test_paired_difference_matches_seeds():
 def test_study_plan_has_every_row():
     """Stage 1: 7 grid rows x seeds (+ 2 warm-start evals); stage 2 from the ranking: best + unit credit /
     model refiner / PRM noise 0.2, long runs of grpo and best (4x steps, long seeds), weak start rows."""
-    from tools.experiment import parse_args, plan_grid, plan_stage2
-    from tools.studies import GRID, scope_command
+    from tools.studies.where_it_helps import parse_args, plan_grid, plan_stage2
+    from tools.studies.common import GRID, scope_command
 
     args = parse_args(["--seeds", "0,1,2,3,4", "--steps", "40"])
     grid = plan_grid(args)
@@ -194,7 +194,7 @@ def test_study_plan_has_every_row():
 
 def test_smoothing_keeps_the_measured_ends():
     """The curves start from the step-0 value every row shares: the window shrinks to one point at the ends."""
-    from tools.experiment import smooth
+    from tools.studies.where_it_helps import smooth
 
     y = np.array([0.30, 0.40, 0.20, 0.60, 0.50])
     s = smooth(y, 3)
@@ -206,7 +206,7 @@ def test_smoothing_keeps_the_measured_ends():
 def test_best_cell_is_chosen_on_training_reward_not_on_the_reported_eval():
     """Stage 2's 'best' comes from the policy's own training rollouts (last 5 steps), so the held-out eval that
     the tables report does not also pick the row (no selection bias on it)."""
-    from tools.experiment import rank_cells
+    from tools.studies.where_it_helps import rank_cells
 
     def run(row, seed, acc, reward):
         return {"row": row, "seed": seed, "group": "main", "steps": 5, "eval": {"acc_t1": acc},
@@ -221,7 +221,7 @@ def test_repair_credit_hand_numbers():
     """Group [0, 0, 1, 0] (G = 4), the picked 0 repaired to 1. replace: [1, 0, 1, 0], mean 0.5, A_repair = 0.5;
     append: [0, 0, 1, 0, 1], mean 0.4, A_repair = 0.6, A_fail = -0.4. Shaped weight at π = 0.77, γ = 0.1:
     0.1 * 0.77 / 0.87² = 0.101733...; unit: 1."""
-    from tools.studies import repair_credit
+    from tools.studies.common import repair_credit
 
     trace = {"group_rewards": [0.0, 0.0, 1.0, 0.0], "reward_before": 0.0, "reward_after": 1.0}
     r = repair_credit(trace, "replace", [0.77, 0.97], 0)
@@ -236,8 +236,8 @@ def test_repair_credit_hand_numbers():
 def test_weak_start_policy_is_passed_to_the_weak_runs_only():
     """--weak-start names another toy warm start (an earlier SFT stop): the weak group's runs start from it
     (--model its cache folder), the main group's from the shipped one; a bad JSON stops at parsing."""
-    from tools.experiment import parse_args, plan_grid, plan_stage2
-    from tools.studies import scope_command, start_path
+    from tools.studies.where_it_helps import parse_args, plan_grid, plan_stage2
+    from tools.studies.common import ROOT, scope_command, start_path
 
     args = parse_args(["--weak-start", '{"sft_steps": 300}'])
     weak = next(j for j in plan_stage2(args, ["scope any/replace", "scope any/append"]) if j["group"] == "weak")
@@ -251,7 +251,7 @@ def test_weak_start_policy_is_passed_to_the_weak_runs_only():
 
 
 def test_compare_studies_finds_every_differing_number():
-    from tools.experiment import compare_studies
+    from tools.studies.where_it_helps import compare_studies
 
     def run(row, seed, acc, minutes):
         return {"group": "main", "row": row, "seed": seed, "steps": 20, "eval": {"acc_t1": acc},
@@ -328,8 +328,8 @@ def test_new_switches_default_off_and_leave_the_commands_unchanged():
     """Every new flag defaults to today's behaviour, and the regime records (committed) are still found by
     their commands: a default command is byte-identical to the one recorded."""
     import scope
-    from tools import because
-    from tools import experiment as ex
+    from tools.studies import why_it_helps as because
+    from tools.studies import where_it_helps as ex
 
     a = scope.parse_args(["--toy"])
     assert (a.toy_refiner_style, a.repair_advantage, a.select_tiebreak) == ("prefix", "keep", "length")
@@ -389,7 +389,7 @@ def test_stopping_a_study_stops_its_workers_and_their_runs(tmp_path, sig):
     # shell starts a background job with SIGINT ignored, and Python then installs no KeyboardInterrupt)
     code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler)\n"
             f"import sys, time, argparse; sys.path[:0] = [{root!r}, {str(tmp_path)!r}]\n"
-            "from tools import studies\nimport leakjob\n"
+            "from tools.studies import common as studies\nimport leakjob\n"
             "studies.run_all([{'i': i} for i in range(4)], argparse.Namespace(jobs=2), time.time(),"
             " worker=leakjob.work)\n")
     study = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "LEAK_DIR": str(tmp_path)},

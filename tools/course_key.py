@@ -104,17 +104,17 @@ REDACTIONS = [
     # pointers to the teacher's tools, which the copy does not hold
     ("grpo.py", "choices: docs/choices.md (\"6 advantages\", \"7 update\"). `# BEGIN/END SOLUTION` mark the course's "
      "exercises.", "choices: docs/choices.md (\"6 advantages\", \"7 update\")."),
-    ("tools/__init__.py", "study), `python -m tools.exercises` (the course assignment), `python -m tools.bench_step`",
-     "study), `python -m tools.bench_step`"),
+    ("tools/__init__.py", " course/ (the course assignment, `python -m tools.exercises`; the teacher's key,\n"
+     "course_key.py),", ""),
     # Q2/Q3: the study's findings in the because stage's docstring (patterns: that text is being reworded)
-    ("tools/because.py", re.compile(r"; (?:52 %|about half) of (?:its )?G = 8 groups all-fail"), ""),
-    ("tools/because.py", re.compile(r"(?:The regime map\s+found the strong start's only interval|On this start the\s+"
+    ("tools/studies/why_it_helps.py", re.compile(r"; (?:52 %|about half) of (?:its )?G = 8 groups all-fail"), ""),
+    ("tools/studies/why_it_helps.py", re.compile(r"(?:The regime map\s+found the strong start's only interval|On this start the\s+"
                                     r"regime map's only SCOPE cell).*?sit at GRPO's level.*?\.\s", re.DOTALL), ""),
     # toy-study results in the regime tool's docstring
-    ("tools/regime.py", "whose G = 8 groups are 20 %, 52 % and 59 % all-fail at the start, as measured by choice 2",
+    ("tools/studies/when_it_helps.py", "whose G = 8 groups are 20 %, 52 % and 59 % all-fail at the start, as measured by choice 2",
      "whose all-fail share at the start is measured by choice 2"),
-    ("tools/regime.py", " (two such starts here)", ""),
-    ("tools/experiment.py", "{} = the main warm start, whose 6-operation groups are\n    only ~28 % all-fail;",
+    ("tools/studies/when_it_helps.py", " (two such starts here)", ""),
+    ("tools/studies/where_it_helps.py", "{} = the main warm start, whose 6-operation groups are\n    only ~28 % all-fail;",
      "{} = the main warm start, a stronger\n    one;"),
     # Q1: a finished autograd check of the shaped gradient
     ("tests/test_study_flags.py",

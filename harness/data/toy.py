@@ -80,7 +80,7 @@ Choices and departures (numbered):
    style-2 samples against 20 % of styles 0 and 1; overall 15.1 % on the ladder (the one-style start:
    21.9 %), and its first errors front-loaded (2115 / 848 / 511 /
    383 / 215 failures with the first error in each fifth of the chain; the one-style start: 920 / 643 /
-   819 / 850 / 514), measured as `python -m tools.experiment --describe` measures the starts. The K = 2
+   819 / 850 / 514), measured as `python -m tools.studies --describe` measures the starts. The K = 2
    warm start (styles 0 and 1, also shipped) has no hard style: 29.7 % of either style's samples are
    correct, 29.4 % on the ladder, first errors spread over the chain (556 / 636 /
    777 / 880 / 542); a stronger start than the one-style one (the SFT outcome moves with its settings,

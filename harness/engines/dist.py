@@ -159,7 +159,7 @@ def wrap(model, d: Dist, fsdp: bool):
 
 def shard(model, mesh=None, mp_policy=None):
     """FSDP2 units: each decoder layer, then the root (embeddings, final norm, lm_head); `mesh` None: the world.
-    tools/bench_memory.py traces the same layout on a fake process group."""
+    tools/bench/memory.py traces the same layout on a fake process group."""
     from torch.distributed.fsdp import fully_shard
     options = {k: v for k, v in (("mesh", mesh), ("mp_policy", mp_policy)) if v is not None}
     for layer in model.model.layers:   # HF causal LMs: model.model.layers (Qwen2, Llama, Mistral)

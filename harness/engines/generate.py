@@ -130,7 +130,7 @@ def load_tokenizer(name_or_path: str, **kw):
 
 
 def load_causal_lm(name_or_path: str, device: str, dtype=None):
-    """(model, tokenizer) from an HF id or a local folder, the one loader of scope.py, eval.py and experiment.py.
+    """(model, tokenizer) from an HF id or a local folder, the one loader of scope.py, eval.py and tools/studies/where_it_helps.py.
     dtype defaults to bfloat16 on CUDA and float32 on the CPU (scope.py asks float32 for the trained policy).
     Raises RuntimeError naming the model when it cannot be loaded (nothing at that path and no network)."""
     from transformers import AutoModelForCausalLM

@@ -85,7 +85,7 @@ def repo_files(root: str) -> list[str]:
 RESULTS_HEADING = re.compile(r"^(#{2,3}) Results?\b.*$", re.MULTILINE)
 NO_RESULTS = ("Not part of the course copy: the toy study's tables and their discussion are left out so "
               "that HANDOUT.md's questions are yours to answer; its experiment questions say what to run "
-              "(the whole study is `python -m tools.experiment`, about an hour on 2 CPU cores).\n\n")
+              "(the whole study is `python -m tools.studies`, about an hour on 2 CPU cores).\n\n")
 
 
 COPY_TEACHING = ("This copy is a course assignment: [HANDOUT.md](HANDOUT.md) says what to write, how each problem "

@@ -1,6 +1,6 @@
-"""tools/because3.py — which part of a repair teaches: the policy's own kept prefix or the refiner's suffix?
+"""prefix_or_suffix.py — which part of a repair teaches: the policy's own kept prefix or the refiner's suffix?
 
-Not part of the paper's code. The follow-up of tools/because2.py, pre-registered in
+Not part of the paper's code. The follow-up of tools/studies/content_or_mean_shift.py, pre-registered in
 docs/because3-preregistration.md (cells, seeds, contrasts, margin, reading rules; this module computes exactly
 those). From the weak-ladder start with the regime map's settings, seeds 0-12:
   P  prefix credit only (--repair-credit prefix): the accepted repair keeps its reward and advantage, its
@@ -11,8 +11,8 @@ because2 (read, not rerun). Each run keeps a checkpoint every 25 steps and recor
 repairs followed from one checkpoint onward (`tracking`). Then, exploratory: the SCOPE-in-style runs of
 seeds 5-12 retrained with their recorded commands, for T on the method itself and as a reproduction check.
 
-    python -m tools.because3 --out /path/to/results/toy   # train what is not recorded (2 at a time), report
-    python -m tools.because3 --records-only               # the report from the records (results/toy/because3.md)
+    python -m tools.studies.prefix_or_suffix --out /path/to/results/toy   # train what is not recorded (2 at a time)
+    python -m tools.studies.prefix_or_suffix --records-only               # the report (results/toy/because3.md)
 
 A record is written once (never replaced); a record that holds another command stops the study. Training
 refuses a dirty tree: the records' commit is the code that made them. Every record holds its command, eval
@@ -26,20 +26,20 @@ import time
 
 import numpy as np
 
-from tools import because, because2
-from tools import experiment, studies
-from tools import regime
+from tools.studies import content_or_mean_shift, why_it_helps
+from tools.studies import common, where_it_helps
+from tools.studies import when_it_helps
 
 STAGE = "because3"
 SEEDS = tuple(range(13))
 RETRAIN_SEEDS = tuple(range(5, 13))   # the because2 SCOPE-in-style runs retrained for T
 PREFIX, SUFFIX = "prefix-credit", "suffix-credit"
-KEEP, PHANTOM, GRPO = because2.KEEP, because2.PHANTOM, because2.GRPO
-SCOPE_FLAGS = studies.GRID["scope any/replace"]
+KEEP, PHANTOM, GRPO = content_or_mean_shift.KEEP, content_or_mean_shift.PHANTOM, content_or_mean_shift.GRPO
+SCOPE_FLAGS = common.GRID["scope any/replace"]
 ROWS = {PREFIX: f"{SCOPE_FLAGS} --repair-credit prefix", SUFFIX: f"{SCOPE_FLAGS} --repair-credit suffix"}
 ORIGINS = (0, 25, 50)                 # T: a fixed set of repairs (steps o+1 .. o+5) from the checkpoint of step o
 CHECKPOINTS = (0, 25, 50, 75, 100)
-MARGIN = because2.MARGIN
+MARGIN = content_or_mean_shift.MARGIN
 CONTRASTS = {   # name: ({row: coefficient}, primary); every one paired by seed over seeds 0-12
     "prefix-only − SCOPE in style": ({PREFIX: 1, KEEP: -1}, True),
     "suffix-only − SCOPE in style": ({SUFFIX: 1, KEEP: -1}, True),
@@ -57,14 +57,14 @@ CONTRASTS = {   # name: ({row: coefficient}, primary); every one paired by seed 
 def plan(args) -> list[dict]:
     """Per seed, prefix-only then suffix-only (a study stopped early holds whole pairs), then the retrained
     SCOPE-in-style runs (exactly because2's jobs and commands)."""
-    settings, task = regime.STARTS[because2.WEAK]
+    settings, task = when_it_helps.STARTS[content_or_mean_shift.WEAK]
     jobs = []
     for seed in SEEDS:
         for row, flags in ROWS.items():
-            j = studies.job(row, seed, flags, args, group=because2.GROUP, steps=args.regime_steps, task=task,
+            j = common.job(row, seed, flags, args, group=content_or_mean_shift.GROUP, steps=args.regime_steps, task=task,
                             start=json.dumps(settings), eval_every=args.regime_eval_every)
             jobs.append({**j, "kind": "run", "wrap": "keep-checkpoints"})
-    return jobs + [{**because2.job(KEEP, seed, args), "kind": "retrain"} for seed in RETRAIN_SEEDS]
+    return jobs + [{**content_or_mean_shift.job(KEEP, seed, args), "kind": "retrain"} for seed in RETRAIN_SEEDS]
 
 
 def record_path(j: dict, args) -> str:
@@ -74,12 +74,12 @@ def record_path(j: dict, args) -> str:
 def recorded(j: dict, args) -> dict | None:
     """The job's recorded result, None when there is no record; a record of another command or other eval
     settings is an error (records are never replaced)."""
-    old = studies.read_json(record_path(j, args))
+    old = common.read_json(record_path(j, args))
     if old is None:
         return None
-    cmd, settings = because2.record_key(j, args)
-    if old["command"] != cmd or old["eval_settings"] != settings:
-        raise SystemExit(f"because3: {record_path(j, args)} holds another command or eval settings; "
+    cmd, settings = content_or_mean_shift.record_key(j, args)
+    if common.as_now(old["command"]) != cmd or old["eval_settings"] != settings:
+        raise SystemExit(f"prefix_or_suffix: {record_path(j, args)} holds another command or eval settings; "
                          "records are never replaced (move it away by hand)")
     return old["result"]
 
@@ -88,18 +88,18 @@ def run_one(j: dict, args) -> dict:
     """Train, evaluate and record one job (in a worker); a dirty tree is refused before any training."""
     import torch
 
-    os.chdir(studies.ROOT)
+    os.chdir(common.ROOT)
     torch.set_num_threads(1)
     env = clean_environment()
     t0 = time.time()
-    because2.train(j, args)
+    content_or_mean_shift.train(j, args)
     t1 = time.time()
     run_dir = os.path.join("runs", j["name"])
-    ev = studies.evaluate_policy(os.path.join(run_dir, "checkpoint"), j["task"], args, studies.eval_styles(j, args))
-    r = {**{k: v for k, v in j.items() if k != "kind"}, "eval": ev, "train": studies.training_stats(run_dir),
-         "repairs": regime.repairs_of(run_dir, j["steps"]), "tracking": tracking(run_dir, studies.start_path(j, args)),
+    ev = common.evaluate_policy(os.path.join(run_dir, "checkpoint"), j["task"], args, common.eval_styles(j, args))
+    r = {**{k: v for k, v in j.items() if k != "kind"}, "eval": ev, "train": common.training_stats(run_dir),
+         "repairs": when_it_helps.repairs_of(run_dir, j["steps"]), "tracking": tracking(run_dir, common.start_path(j, args)),
          "wall_s": {"train": round(t1 - t0, 1), "eval": round(time.time() - t1, 1)}}
-    cmd, settings = because2.record_key(j, args)
+    cmd, settings = content_or_mean_shift.record_key(j, args)
     os.makedirs(os.path.dirname(record_path(j, args)), exist_ok=True)
     with open(record_path(j, args), "x") as f:   # "x": an existing record is never overwritten
         json.dump({"command": cmd, "start": j["start"], "eval_settings": settings, "environment": env,
@@ -113,7 +113,7 @@ def clean_environment() -> dict:
 
     env = environment()
     if env["dirty"] is not False:
-        raise RuntimeError(f"because3: the tree at {studies.ROOT} differs from commit {env['commit']} "
+        raise RuntimeError(f"prefix_or_suffix: the tree at {common.ROOT} differs from commit {env['commit']} "
                            f"({', '.join(env['changed']) or 'git status failed'}); commit, or run from a clean worktree")
     return env
 
@@ -127,7 +127,7 @@ def tracking(run_dir: str, start_path: str) -> dict:
     from harness.engines.generate import load_causal_lm
 
     traces = [json.loads(line) for line in open(os.path.join(run_dir, "traces.jsonl"))]
-    sets = {o: [t for t in traces if t["accepted"] and o < t["step"] <= o + because2.TRACK_WINDOW] for o in ORIGINS}
+    sets = {o: [t for t in traces if t["accepted"] and o < t["step"] <= o + content_or_mean_shift.TRACK_WINDOW] for o in ORIGINS}
     out = {str(o): {} for o in ORIGINS}
     for c in CHECKPOINTS:
         path = start_path if c == 0 else os.path.join(run_dir, "checkpoints", f"step-{c}")
@@ -144,20 +144,20 @@ def token_pi(model, tokenizer, repairs: list[dict]) -> dict:
     """Mean π of the repairs' kept tokens, regenerated tokens and corrected tokens under `model`."""
     kept, regen, corrected = [], [], []
     for t in repairs:
-        pi, n_kept, c = studies.repair_token_probs(model, tokenizer, t)
+        pi, n_kept, c = common.repair_token_probs(model, tokenizer, t)
         kept += pi[:n_kept]
         regen += pi[n_kept:]
         if c is not None and c < len(pi) - n_kept:
             corrected.append(pi[n_kept + c])
-    return {"repairs": len(repairs), "corrected_tokens": len(corrected), "kept_pi": studies.mean(kept),
-            "regenerated_pi": studies.mean(regen), "corrected_pi": studies.mean(corrected)}
+    return {"repairs": len(repairs), "corrected_tokens": len(corrected), "kept_pi": common.mean(kept),
+            "regenerated_pi": common.mean(regen), "corrected_pi": common.mean(corrected)}
 
 
 # ---------------------------------------------------------------- statistics (pure) and the report
 
 def leave_one_out(per_seed: dict) -> list[str]:
     """The reading rule's verdict with each seed left out in turn."""
-    return [because2.verdict(because2.t_interval([v for t, v in per_seed.items() if t != s]), len(per_seed) - 1)
+    return [content_or_mean_shift.verdict(content_or_mean_shift.t_interval([v for t, v in per_seed.items() if t != s]), len(per_seed) - 1)
             for s in per_seed]
 
 
@@ -165,13 +165,13 @@ def contrasts(results: list[dict]) -> dict:
     out = {}
     for name, (coefs, primary) in CONTRASTS.items():
         rs = [r for r in results if r["seed"] in SEEDS]
-        by = because.contrast_by_seed(rs, because2.GROUP, coefs)
-        c = because2.t_interval(list(by.values()))
-        row = {"seeds": sorted(by), "per_seed": by, "t": c, "p": because.paired_p(list(by.values())),
-               "verdict": because2.verdict(c, len(SEEDS)), "primary": primary, "leave_one_out": leave_one_out(by)}
+        by = why_it_helps.contrast_by_seed(rs, content_or_mean_shift.GROUP, coefs)
+        c = content_or_mean_shift.t_interval(list(by.values()))
+        row = {"seeds": sorted(by), "per_seed": by, "t": c, "p": why_it_helps.paired_p(list(by.values())),
+               "verdict": content_or_mean_shift.verdict(c, len(SEEDS)), "primary": primary, "leave_one_out": leave_one_out(by)}
         if len(by) >= 2:
-            D = because.per_problem_matrix(rs, because2.GROUP, coefs, sorted(by))
-            row["bootstrap"] = because.seed_problem_bootstrap(D, because2.BOOT_DRAWS) if D is not None else None
+            D = why_it_helps.per_problem_matrix(rs, content_or_mean_shift.GROUP, coefs, sorted(by))
+            row["bootstrap"] = why_it_helps.seed_problem_bootstrap(D, content_or_mean_shift.BOOT_DRAWS) if D is not None else None
         out[name] = row
     primaries = [n for n in out if out[n]["primary"] and out[n]["p"] is not None]
     for n, adjusted in zip(primaries, holm([out[n]["p"] for n in primaries])):
@@ -210,7 +210,7 @@ def reading(con: dict) -> str:
 
 
 def tracking_table(runs: list[dict]) -> list[str]:
-    f = lambda c: studies.fmt_ci(c) if c["lo"] is not None else ("–" if c["mean"] is None else f"{c['mean']:+.3f}")  # noqa: E731
+    f = lambda c: common.fmt_ci(c) if c["lo"] is not None else ("–" if c["mean"] is None else f"{c['mean']:+.3f}")  # noqa: E731
     md = ["| cell | origin | checkpoint | runs | kept π | regenerated π | corrected π (mean [t-interval], SD) | "
           "corrected π − its value at the origin |", "|---" * 8 + "|"]
     for row in (PREFIX, SUFFIX, KEEP):
@@ -225,18 +225,18 @@ def tracking_table(runs: list[dict]) -> list[str]:
                         and o in t[o] and t[o][c]["corrected_pi"] is not None and t[o][o]["corrected_pi"] is not None]
                 sd = f"{np.std(corr, ddof=1):.3f}" if len(corr) > 1 else "–"
                 md.append(f"| {row} | {o} | {c} | {len(xs)} | " + " | ".join(
-                    f(because2.t_interval([x[k] for x in xs])) for k in ("kept_pi", "regenerated_pi")) +
-                    f" | {f(because2.t_interval(corr))}, SD {sd} | {f(because2.t_interval(rise))} |")
+                    f(content_or_mean_shift.t_interval([x[k] for x in xs])) for k in ("kept_pi", "regenerated_pi")) +
+                    f" | {f(content_or_mean_shift.t_interval(corr))}, SD {sd} | {f(content_or_mean_shift.t_interval(rise))} |")
     return md
 
 
 def report(new: list[dict], retrained: list[dict], args, planned: int) -> tuple[str, dict]:
-    results = new + because2.read_references(args) + read_because2(args)
+    results = new + content_or_mean_shift.read_references(args) + read_because2(args)
     con = contrasts(results)
     md = [f"# Which part of a repair teaches? ({len(new)} of {planned} runs recorded, "
           f"{len(retrained)} of {len(RETRAIN_SEEDS)} SCOPE-in-style runs retrained)\n",
-          "Pre-registration: docs/because3-preregistration.md. Command: `python -m tools.because3 --records-only`. "
-          f"Run time of the recorded runs (training + final eval, their own): {regime.run_minutes(new):.0f} min.\n",
+          "Pre-registration: docs/because3-preregistration.md. Command: `python -m tools.studies.prefix_or_suffix --records-only`. "
+          f"Run time of the recorded runs (training + final eval, their own): {when_it_helps.run_minutes(new):.0f} min.\n",
           f"**Reading (pre-registered rule): {reading(con)}.**\n",
           "## Contrasts (acc at T = 1.0, paired by seed; t-interval decides, seed × problem bootstrap checks)\n",
           "| contrast | seeds | mean [95 % t-interval] | p | bootstrap 95 % | reading | verdicts, one seed left out |",
@@ -246,7 +246,7 @@ def report(new: list[dict], retrained: list[dict], args, planned: int) -> tuple[
         boot = f"[{b['lo']:+.3f}, {b['hi']:+.3f}]" if b else "–"
         pval = "–" if p is None else f"{p:.3f}" + ("" if adj is None else f" (Holm {adj:.3f})")
         loo = ", ".join(f"{v} ×{c['leave_one_out'].count(v)}" for v in sorted(set(c["leave_one_out"])))
-        md.append(f"| {'**' + name + '**' if c['primary'] else name} | {len(c['seeds'])} | {studies.fmt_ci(c['t'])} | "
+        md.append(f"| {'**' + name + '**' if c['primary'] else name} | {len(c['seeds'])} | {common.fmt_ci(c['t'])} | "
                   f"{pval} | {boot} | {c['verdict']} | {loo} |")
     md += ["", "## Runs (acc at T = 1.0 per seed)\n", "| row | " + " | ".join(f"s{s}" for s in SEEDS) + " |",
            "|---" * 14 + "|"]
@@ -269,9 +269,9 @@ def read_because2(args) -> list[dict]:
     """because2's recorded GRPO, SCOPE-in-style and phantom runs of seeds 5-12."""
     out = []
     for row in (GRPO, KEEP, PHANTOM):
-        for seed in because2.NEW_SEEDS:
-            rec = studies.read_json(os.path.join(args.out, because2.STAGE, "records",
-                                                 because2.job(row, seed, args)["name"] + ".json"))
+        for seed in content_or_mean_shift.NEW_SEEDS:
+            rec = common.read_json(os.path.join(args.out, content_or_mean_shift.STAGE, "records",
+                                                 content_or_mean_shift.job(row, seed, args)["name"] + ".json"))
             if rec is not None:
                 out.append(rec["result"])
     return out
@@ -286,22 +286,22 @@ def main(argv=None) -> None:
     p.add_argument("--out", default="results/toy", help="the results folder (records are read from and written to it)")
     a = p.parse_args(argv)
     out = os.path.abspath(a.out)
-    args = experiment.parse_args(["--out", out, "--jobs", str(a.jobs)])
+    args = where_it_helps.parse_args(["--out", out, "--jobs", str(a.jobs)])
     args.stage, args.eval_n_cool, args.train_eval_size = STAGE, 0, args.regime_eval_size   # the regime map's settings
-    os.chdir(studies.ROOT)
+    os.chdir(common.ROOT)
     t0 = time.time()
     jobs = plan(args)
     if not a.records_only:
         from harness.data import toy
-        toy.warm_start(os.path.join(studies.ROOT, "cache"), seed=0, **regime.STARTS[because2.WEAK][0])
+        toy.warm_start(os.path.join(common.ROOT, "cache"), seed=0, **when_it_helps.STARTS[content_or_mean_shift.WEAK][0])
         todo = [j for j in jobs if recorded(j, args) is None]
         try:
             env = clean_environment()
         except RuntimeError as e:
             raise SystemExit(str(e)) from None
-        print(f"because3: {len(jobs)} jobs, {len(jobs) - len(todo)} recorded, {len(todo)} to run, commit "
+        print(f"prefix_or_suffix: {len(jobs)} jobs, {len(jobs) - len(todo)} recorded, {len(todo)} to run, commit "
               f"{env['commit']}, CPU {env['cpu']} ({env['cpu_capability']})", flush=True)
-        studies.run_all(todo, args, t0, worker=run_one)
+        common.run_all(todo, args, t0, worker=run_one)
     done = [{**j, "result": r} for j in jobs if (r := recorded(j, args)) is not None]
     new = [d["result"] for d in done if d["kind"] == "run"]
     retrained = [d["result"] for d in done if d["kind"] == "retrain"]
@@ -309,7 +309,7 @@ def main(argv=None) -> None:
     with open(os.path.join(out, f"{STAGE}.md"), "w") as f:
         f.write(text)
     with open(os.path.join(out, f"{STAGE}.json"), "w") as f:
-        json.dump({"command": "python -m tools.because3 --records-only", "summary": summary}, f, indent=1)
+        json.dump({"command": "python -m tools.studies.prefix_or_suffix --records-only", "summary": summary}, f, indent=1)
     print(text, flush=True)
 
 

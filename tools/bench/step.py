@@ -1,4 +1,4 @@
-"""bench_step.py — one toy GRPO training step: ours (scope.py's code path) against TRL's GRPOTrainer.
+"""step.py — one toy GRPO training step: ours (scope.py's code path) against TRL's GRPOTrainer.
 
 Same model (the toy warm start in cache/, trained once by `python -m harness.data.toy` or `python scope.py --toy`),
 same batch shape (8 prompts × 8 rollouts, up to 128 new tokens, temperature 1.0, one optimizer step per
@@ -14,7 +14,7 @@ micro-batches of `--micro-batch-size` (scope.py's toy default 64: one call as we
 does its own logging bookkeeping; ours writes no files. Neither runs a separate old-log-prob forward
 (one optimizer step per batch: ρ = 1 in both).
 
-Run: `python -m tools.bench_step` (needs `pip install trl accelerate`; checked with trl 1.16.0, accelerate 1.15.0,
+Run: `python -m tools.bench.step` (needs `pip install trl accelerate`; checked with trl 1.16.0, accelerate 1.15.0,
 transformers 5.20). Prints one line per timed step and a summary with medians, per phase.
 """
 import argparse
@@ -25,7 +25,7 @@ import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
 
 
 def main(argv=None):

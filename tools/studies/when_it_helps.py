@@ -1,6 +1,6 @@
-"""tools/regime.py — the long toy studies: when does SCOPE help (the regime map), and does it keep diverse solutions?
+"""when_it_helps.py — the long toy studies: when does SCOPE help (the regime map), and does it keep diverse solutions?
 
-Not part of the paper's code; its questions are the paper's. Two named stages of `python -m tools.experiment`:
+Not part of the paper's code; its questions are the paper's. Two named stages of `python -m tools.studies`:
 
   --stage regime     the REGIME MAP. Starting policies from strong to weak (`STARTS`: the shipped warm start on
       the ladder, the weaker SFT of the same recipe on the ladder, and that weaker SFT on 6-operation problems,
@@ -51,7 +51,7 @@ import time
 
 import numpy as np
 
-from tools import studies
+from tools.studies import common
 
 STARTS = {   # name: (toy.warm_start settings of the starting policy, toy.make_problems settings of the task)
     "main-ladder": ({}, ""),                                       # the shipped warm start on the ladder
@@ -65,8 +65,8 @@ BLOCK = 20   # steps per block of the training-reward and all-fail summaries
 
 def rows(best: str) -> dict:
     """The map's rows: {label: scope.py flags}."""
-    out = {"grpo": studies.GRID["grpo"], "scope (paper): any/replace": studies.GRID["scope any/replace"],
-           f"best: {best}": studies.GRID[best], "replace (whole)": studies.GRID["replace (whole)"]}
+    out = {"grpo": common.GRID["grpo"], "scope (paper): any/replace": common.GRID["scope any/replace"],
+           f"best: {best}": common.GRID[best], "replace (whole)": common.GRID["replace (whole)"]}
     if best == "scope any/replace":
         out.pop(f"best: {best}")
     return out
@@ -82,7 +82,7 @@ def plan_regime(args, starts: list[str]) -> list[dict]:
     for seed in args.seed_list:
         for name in starts:
             settings, task = STARTS[name]
-            jobs += [studies.job(row, seed, flags, args, group=f"regime-{name}", steps=args.regime_steps, task=task,
+            jobs += [common.job(row, seed, flags, args, group=f"regime-{name}", steps=args.regime_steps, task=task,
                                  start=json.dumps(settings), eval_every=args.regime_eval_every)
                      for row, flags in rows(args.regime_best).items()
                      if not args.regime_rows or row in args.regime_rows.split(",")]
@@ -96,7 +96,7 @@ def plan_ablations(args, results: list[dict], starts: list[str]) -> list[dict]:
     jobs = []
     for name in sorted(starts, key=lambda s: -(starting_all_fail(results, f"regime-{s}") or 0.0)):
         group = f"regime-{name}"
-        diffs = studies.paired(results, group, ["acc_t1"])
+        diffs = common.paired(results, group, ["acc_t1"])
         up = [row for row, d in diffs.items() if row.startswith(("scope", "best")) and d["acc_t1"]["lo"] is not None
               and d["acc_t1"]["lo"] > 0]
         forced = name in args.regime_ablations.split(",")
@@ -106,7 +106,7 @@ def plan_ablations(args, results: list[dict], starts: list[str]) -> list[dict]:
         base = rows(args.regime_best)[row]
         settings, task = STARTS[name]
         for seed in args.seed_list:
-            jobs += [studies.job(f"{row} + {label}", seed, base + extra, args, group=group, steps=args.regime_steps,
+            jobs += [common.job(f"{row} + {label}", seed, base + extra, args, group=group, steps=args.regime_steps,
                                  task=task, start=json.dumps(settings), eval_every=args.regime_eval_every)
                      for label, extra in ABLATIONS.items()]
     return jobs
@@ -129,18 +129,18 @@ def repairs_of(run_dir: str, steps: int) -> dict:
         blocks[(t["step"] - 1) // BLOCK] += 1
     rel = [t["cut"] / len(t["steps"]) for t in acc if t.get("steps")]
     return {"accepted": len(acc), "per_block": blocks,
-            "in_all_fail_groups": studies.mean([float(t["group_all_fail"]) for t in acc]),
+            "in_all_fail_groups": common.mean([float(t["group_all_fail"]) for t in acc]),
             "cut_relative_hist": np.histogram(rel, bins=5, range=(0.0, 1.0))[0].tolist()}
 
 
 def run_recorded(j: dict, args) -> dict:
     """The job's record if it holds this command and these eval settings, else train + evaluate + record it."""
-    os.chdir(studies.ROOT)
+    os.chdir(common.ROOT)
     done = recorded(j, args)
     if done is not None:
         return done
     command, settings = record_key(j, args)
-    r = studies.run_job(j, args)
+    r = common.run_job(j, args)
     run_dir = os.path.join("runs", j["name"])
     if j["steps"]:
         metrics = [json.loads(line) for line in open(os.path.join(run_dir, "metrics.jsonl"))]
@@ -152,20 +152,20 @@ def run_recorded(j: dict, args) -> dict:
     os.makedirs(os.path.dirname(record_path(j, args)), exist_ok=True)
     with open(record_path(j, args), "w") as f:
         json.dump({"command": command, "start": j.get("start", "{}"), "eval_settings": settings, "result": r,
-                   "environment": studies.environment()}, f)
+                   "environment": common.environment()}, f)
     return r
 
 
 def record_key(j: dict, args) -> tuple[list[str], dict]:
     """What a record must hold to stand in for the job: its scope.py command and the final eval's settings."""
-    command = studies.scope_command(j, args)[1:] if j["steps"] else []
+    command = common.scope_command(j, args)[1:] if j["steps"] else []
     return command, {k: getattr(args, k) for k in ("eval_size", "eval_n", "eval_n_cool", "eval_seed", "max_new_tokens")}
 
 
 def recorded(j: dict, args) -> dict | None:
     """The job's record's result when it holds this command and these eval settings, else None."""
     command, settings = record_key(j, args)
-    old = studies.read_json(record_path(j, args))
+    old = common.read_json(record_path(j, args))
     return old["result"] if old is not None and old["command"] == command and old["eval_settings"] == settings else None
 
 
@@ -176,14 +176,14 @@ def run_all(jobs: list[dict], args, t0: float) -> list[dict]:
         missing = [j["name"] for j in jobs if recorded(j, args) is None]
         print(f"{len(results)} of {len(jobs)} runs recorded; not run yet: {missing}", flush=True)
         return results
-    return studies.run_all(jobs, args, t0, worker=run_recorded)
+    return common.run_all(jobs, args, t0, worker=run_recorded)
 
 
 # ---------------------------------------------------------------- statistics
 
 def starting_all_fail(results: list[dict], group: str) -> float | None:
     """Choice 2: GRPO's all-fail share over its first 3 steps, mean over seeds."""
-    return studies.mean([r["train"]["frac_all_fail_first3"] for r in results
+    return common.mean([r["train"]["frac_all_fail_first3"] for r in results
                          if r["group"] == group and r["row"] == "grpo" and r["steps"]])
 
 
@@ -200,10 +200,10 @@ def paired_curve(results: list[dict], group: str, key: str, block: int = 1) -> d
         n = min(min(len(a[key]), len(b[key])) for a, b in pairs)
         if key == "eval_acc":
             xs = pairs[0][0]["step"][:n]
-            out[row] = [(x, studies.ci95([a[key][i] - b[key][i] for a, b in pairs])) for i, x in enumerate(xs)]
+            out[row] = [(x, common.ci95([a[key][i] - b[key][i] for a, b in pairs])) for i, x in enumerate(xs)]
         else:
-            out[row] = [(min(i + block, n), studies.ci95([_diff(studies.mean(a[key][i:i + block]),
-                                                                studies.mean(b[key][i:i + block])) for a, b in pairs]))
+            out[row] = [(min(i + block, n), common.ci95([_diff(common.mean(a[key][i:i + block]),
+                                                                common.mean(b[key][i:i + block])) for a, b in pairs]))
                         for i in range(0, n, block)]
     return out
 
@@ -229,7 +229,7 @@ def ablation_deltas(results: list[dict], group: str, keys=("acc_t1", "pass@16"))
     for row in dict.fromkeys(row for row, _ in by if " + " in row):
         base = row.split(" + ")[0]
         pairs = [(by[(row, seed)], by[(base, seed)]) for r, seed in by if r == row and (base, seed) in by]
-        out[row] = {k: studies.ci95([studies.value(a, k) - studies.value(b, k) for a, b in pairs]) for k in keys}
+        out[row] = {k: common.ci95([common.value(a, k) - common.value(b, k) for a, b in pairs]) for k in keys}
     return out
 
 
@@ -239,7 +239,7 @@ def block_means(results: list[dict], group: str, key: str) -> dict:
     for row in dict.fromkeys(r["row"] for r in results if r["group"] == group and r["steps"]):
         ys = [r["train"]["curve"][key] for r in results if r["group"] == group and r["row"] == row]
         n = min(len(y) for y in ys)
-        out[row] = [studies.mean([studies.mean(y[i:i + BLOCK]) for y in ys]) for i in range(0, n, BLOCK)]
+        out[row] = [common.mean([common.mean(y[i:i + BLOCK]) for y in ys]) for i in range(0, n, BLOCK)]
     return out
 
 
@@ -259,11 +259,11 @@ def summarize(results: list[dict], groups: list[str]) -> dict:
             rr = [r["repairs"] for r in results if r["group"] == group and r["row"] == row]
             reps[row] = {"per_run": float(np.mean([x["accepted"] for x in rr])),
                          "per_block": np.mean([x["per_block"] for x in rr], 0).tolist(),
-                         "in_all_fail_groups": studies.mean([x["in_all_fail_groups"] for x in rr]),
+                         "in_all_fail_groups": common.mean([x["in_all_fail_groups"] for x in rr]),
                          "cut_relative_hist": np.sum([x["cut_relative_hist"] for x in rr], 0).tolist()}
         out[group] = {"starting_all_fail": starting_all_fail(results, group),
                       "seeds": sorted({r["seed"] for r in results if r["group"] == group and r["steps"]}),
-                      "final": studies.paired(results, group, keys),
+                      "final": common.paired(results, group, keys),
                       "eval_curve": evals, "reward_blocks": rewards,
                       "separates_eval": {row: separates(p) for row, p in evals.items()},
                       "separates_reward": {row: separates(p) for row, p in rewards.items()},
@@ -322,7 +322,7 @@ def plot_curves(results: list[dict], summary: dict, out: str) -> None:
     colors = {row: f"C{i}" for i, row in enumerate(labels)}
     for col, group in enumerate(groups):
         top, bottom = axes[0][col], axes[1][col]
-        for row, (x, m, sd) in studies.curves(results, group, "eval_acc").items():
+        for row, (x, m, sd) in common.curves(results, group, "eval_acc").items():
             top.plot(x, m, color=colors[row], label=row, lw=1.5)
             top.fill_between(x, m - sd, m + sd, color=colors[row], alpha=0.15, lw=0)
         for row, points in summary[group]["reward_blocks"].items():
@@ -366,19 +366,19 @@ def report(results: list[dict], summary: dict, args, wall_minutes: float, comman
     for group, s in summary.items():
         for row, d in s["final"].items():
             md.append(f"| {group.removeprefix('regime-')} | {f3(s['starting_all_fail'])} | {row} | "
-                      f"{d['acc_t1']['n']} | {studies.fmt_ci(d['acc_t1'])} | {studies.fmt_ci(d['pass@16'])} | "
-                      f"{studies.fmt_ci(d['reward_last5'])} | {separation_label(s['eval_curve'].get(row, []))} / "
+                      f"{d['acc_t1']['n']} | {common.fmt_ci(d['acc_t1'])} | {common.fmt_ci(d['pass@16'])} | "
+                      f"{common.fmt_ci(d['reward_last5'])} | {separation_label(s['eval_curve'].get(row, []))} / "
                       f"{separation_label(s['reward_blocks'].get(row, []))} |")
     md.append("")
     abl = [(group, row, d) for group, s in summary.items() for row, d in s.get("ablations", {}).items()]
     if abl:
         md += ["## Ablations: Δ to the row they ablate (paired by seed, mean [95 % interval])\n",
                "| start | ablation | seeds | Δ acc T=1.0 | Δ pass@16 |", "|---" * 5 + "|"]
-        md += [f"| {group.removeprefix('regime-')} | {row} | {d['acc_t1']['n']} | {studies.fmt_ci(d['acc_t1'])} | "
-               f"{studies.fmt_ci(d['pass@16'])} |" for group, row, d in abl]
+        md += [f"| {group.removeprefix('regime-')} | {row} | {d['acc_t1']['n']} | {common.fmt_ci(d['acc_t1'])} | "
+               f"{common.fmt_ci(d['pass@16'])} |" for group, row, d in abl]
         md.append("")
     for group, s in summary.items():
-        md += studies.tables(results, group, f"{group}: every row (mean ± sd over seeds)")
+        md += common.tables(results, group, f"{group}: every row (mean ± sd over seeds)")
         md += [f"All-fail share of the policy's own groups, mean over seeds, per {BLOCK} steps:\n",
                "| row | " + " | ".join(f"{i * BLOCK + 1}-{(i + 1) * BLOCK}" for i in range(math.ceil(args.regime_steps / BLOCK)))
                + " |", "|---" * (1 + math.ceil(args.regime_steps / BLOCK)) + "|"]
@@ -394,11 +394,7 @@ def report(results: list[dict], summary: dict, args, wall_minutes: float, comman
 
 
 def write(results: list[dict], summary: dict, args, wall_minutes: float) -> str:
-    import shlex
-    import sys
-
-    command = shlex.join(["python", "-m", "tools.experiment", *(sys.argv[1:] if sys.argv[0].endswith("experiment.py")
-                                                                 else ["--stage", args.stage])])
+    command = common.typed(["--stage", args.stage])
     text = report(results, summary, args, wall_minutes, command)
     with open(os.path.join(args.out, f"{args.stage}.md"), "w") as f:
         f.write(text)
@@ -407,7 +403,7 @@ def write(results: list[dict], summary: dict, args, wall_minutes: float) -> str:
                    "run_minutes": round(run_minutes(results), 1),
                    "settings": {k: v for k, v in vars(args).items() if k not in ("seed_list", "long_seed_list", "grid_rows")},
                    "starts": {k: {"start": v[0], "task": v[1]} for k, v in STARTS.items()},
-                   "summary": summary, "environment": studies.environment(), "runs": results}, f, indent=1)
+                   "summary": summary, "environment": common.environment(), "runs": results}, f, indent=1)
     plot_map(summary, os.path.join(args.out, "regime.png"))
     plot_curves(results, summary, os.path.join(args.out, "regime_curves.png"))
     return text
@@ -425,8 +421,8 @@ def main(args) -> None:
     if unknown or (args.regime_rows and "grpo" not in args.regime_rows.split(",")):
         raise SystemExit(f"--regime-rows: unknown {unknown} or no grpo; rows: {list(rows(args.regime_best))}")
     for settings, task in (STARTS[s] for s in starts):
-        toy.warm_start(os.path.join(studies.ROOT, "cache"), seed=0, **settings)   # shipped; trained here once if not
-        studies.problem_files(task, args, write=True)
+        toy.warm_start(os.path.join(common.ROOT, "cache"), seed=0, **settings)   # shipped; trained here once if not
+        common.problem_files(task, args, write=True)
     jobs = plan_regime(args, starts)
     args.planned_runs = sum(1 for j in jobs if j["steps"])
     print(f"regime map: {len(jobs) - len(starts)} runs of {args.regime_steps} steps on {starts}; {args.jobs} at a time",
@@ -435,7 +431,7 @@ def main(args) -> None:
     if args.regime_ablations != "none":
         extra = plan_ablations(args, results, starts)
         if extra:
-            toy.refiner_model(os.path.join(studies.ROOT, "cache"), seed=0)
+            toy.refiner_model(os.path.join(common.ROOT, "cache"), seed=0)
             args.planned_runs += len(extra)
             print(f"ablations: {len(extra)} runs", flush=True)
             results += run_all(extra, args, t0)
@@ -446,7 +442,7 @@ def main(args) -> None:
 
 # ---------------------------------------------------------------- the diversity stage
 
-DIVERSITY_ROWS = {"grpo": studies.GRID["grpo"], "scope (paper): any/replace": studies.GRID["scope any/replace"]}
+DIVERSITY_ROWS = {"grpo": common.GRID["grpo"], "scope (paper): any/replace": common.GRID["scope any/replace"]}
 STYLE_KEYS = ["style_entropy", "styles_per_problem", "style_other", "acc_t1", "pass@16", "div_score",
               "distinct_4", "one_minus_self_bleu"]
 
@@ -456,7 +452,7 @@ def plan_diversity(args) -> list[dict]:
     jobs = [{"row": "warm start", "seed": 0, "group": "diversity", "steps": 0, "task": "", "flags": [],
              "start": start, "name": f"{args.tag}-diversity-start"}]
     for seed in args.seed_list:
-        jobs += [studies.job(row, seed, f"{flags} --toy-styles {args.styles}", args, group="diversity",
+        jobs += [common.job(row, seed, f"{flags} --toy-styles {args.styles}", args, group="diversity",
                              steps=args.diversity_steps, start=start, eval_every=args.regime_eval_every)
                  for row, flags in DIVERSITY_ROWS.items()]
     return jobs
@@ -464,7 +460,7 @@ def plan_diversity(args) -> list[dict]:
 
 def diversity_report(results: list[dict], args, wall_minutes: float, command: str) -> tuple[str, dict]:
     f3 = lambda x: "–" if x is None else f"{x:.3f}"   # noqa: E731
-    final = studies.paired(results, "diversity", STYLE_KEYS)
+    final = common.paired(results, "diversity", STYLE_KEYS)
     entropy = paired_curve(results, "diversity", "style_entropy_correct", BLOCK)
     blocks = block_means(results, "diversity", "style_entropy_correct")
     md = ["# Toy world: diverse correct solutions\n", f"Command: `{command}`  \nWall time: {wall_minutes:.1f} min "
@@ -478,17 +474,17 @@ def diversity_report(results: list[dict], args, wall_minutes: float, command: st
         shares = [r["eval"]["style_share"] for r in rs if r["eval"].get("style_share")]
         share = " / ".join(f"{x:.2f}" for x in np.mean(shares, 0)) if shares else "–"
         md.append(f"| {row} | {len(rs)} | "
-                  + " | ".join(studies.mean_sd([studies.value(r, k) for r in rs]) for k in STYLE_KEYS)
+                  + " | ".join(common.mean_sd([common.value(r, k) for r in rs]) for k in STYLE_KEYS)
                   + f" | {share} |")
     md += ["", "Paired difference to grpo (same seed), mean [95 % interval]:\n",
            "| row | " + " | ".join(STYLE_KEYS) + " |", "|---" * (len(STYLE_KEYS) + 1) + "|"]
-    md += [f"| {row} | " + " | ".join(studies.fmt_ci(d[k]) for k in STYLE_KEYS) + " |" for row, d in final.items()]
+    md += [f"| {row} | " + " | ".join(common.fmt_ci(d[k]) for k in STYLE_KEYS) + " |" for row, d in final.items()]
     md += ["", f"Style entropy of the policy's own correct rollouts during training, mean over seeds per {BLOCK} "
            "steps (and the paired Δ of SCOPE to GRPO):\n"]
     for row, vals in blocks.items():
         md.append(f"- {row}: " + " / ".join(f3(v) for v in vals))
     for row, points in entropy.items():
-        md.append(f"- Δ {row}: " + " / ".join(studies.fmt_ci(c) for _, c in points))
+        md.append(f"- Δ {row}: " + " / ".join(common.fmt_ci(c) for _, c in points))
     return "\n".join(md) + "\n", {"final": final, "entropy_blocks": blocks, "entropy_paired": entropy}
 
 
@@ -533,17 +529,17 @@ def diversity_main(args) -> None:
     t0 = time.time()
     args.eval_n_cool = 0
     args.train_eval_size = args.regime_eval_size
-    toy.warm_start(os.path.join(studies.ROOT, "cache"), seed=0, styles=args.styles)   # shipped; trained here if not
+    toy.warm_start(os.path.join(common.ROOT, "cache"), seed=0, styles=args.styles)   # shipped; trained here if not
     jobs = plan_diversity(args)
     print(f"diversity: {len(jobs) - 1} runs of {args.diversity_steps} steps, {args.styles} styles", flush=True)
     results = run_all(jobs, args, t0)
-    command = shlex.join(["python", "-m", "tools.experiment", "--stage", "diversity"])
+    command = shlex.join(["python", "-m", "tools.studies", "--stage", "diversity"])
     text, summary = diversity_report(results, args, (time.time() - t0) / 60, command)
     with open(os.path.join(args.out, "diversity.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "diversity.json"), "w") as f:
         json.dump({"command": command, "wall_minutes": round((time.time() - t0) / 60, 2),
                    "settings": {k: v for k, v in vars(args).items() if k not in ("seed_list", "long_seed_list", "grid_rows")},
-                   "summary": summary, "environment": studies.environment(), "runs": results}, f, indent=1)
+                   "summary": summary, "environment": common.environment(), "runs": results}, f, indent=1)
     plot_diversity(results, os.path.join(args.out, "diversity.png"))
     print(text + f"wrote {args.out}/diversity.md, diversity.json, diversity.png in {(time.time() - t0) / 60:.1f} min")

@@ -1,17 +1,17 @@
-"""tools/because.py — does the toy world test the paper's *because*? The controls of its two causal claims.
+"""why_it_helps.py — does the toy world test the paper's *because*? The controls of its two causal claims.
 
 Not part of the paper's code; its claims are the paper's (Ren et al., arXiv 2602.24110):
  (C1) keeping the policy's own prefix beats whole-trajectory replacement BECAUSE a foreign model's whole
       solution is out of the policy's distribution;
  (C2) SCOPE keeps solutions diverse BECAUSE partially correct explorations are salvaged, not discarded.
-The regime map (tools/regime.py) cannot test either: the oracle refiner writes the policy's own format (its
+The regime map (tools/studies/when_it_helps.py) cannot test either: the oracle refiner writes the policy's own format (its
 tokens are likely under the weak start), any reward-1 trajectory in an all-fail group moves the group
 mean off 0 whatever its content, and two fixed biases (the "shorter" tie-break of prm.select_candidate and the
 oracle's style 0 after an empty prefix) point the three-style runs at style 0. This stage adds the controls:
 
-    python -m tools.experiment --stage because                  # 25 + 5 added runs; resumes from its records
-    python -m tools.experiment --stage because --records-only   # the report from the runs recorded so far
-    python -m tools.because --precheck                          # the zero-training pre-checks (~3 min)
+    python -m tools.studies --stage because                     # 25 + 5 added runs; resumes from its records
+    python -m tools.studies --stage because --records-only      # the report from the runs recorded so far
+    python -m tools.studies.why_it_helps --precheck             # the zero-training pre-checks (~3 min)
 
 THE PRE-REGISTRATION (written and committed before any run of this stage; the report computes exactly this)
 
@@ -35,7 +35,7 @@ held-out problems x 16 samples at T = 1.0, in-training eval every 25 steps on 20
                            the hard one), and a drift to it cannot be style 0's head start.
     read from the diversity stage's records: grpo, SCOPE (paper) (length tie-break).
 
-Contrasts, paired by seed, mean and 95 % t-interval over the 5 seeds (tools/studies.py ci95), on held-out
+Contrasts, paired by seed, mean and 95 % t-interval over the 5 seeds (tools/studies/common.py ci95), on held-out
 accuracy at T = 1.0 (acc) unless named; next to each interval of a new contrast, a seed x problem bootstrap
 interval (`seed_problem_bootstrap`: seeds and problems both resampled, 4000 draws, percentiles; the reference
 records predate per-problem counts, so their runs enter it through the seed draw only).
@@ -100,24 +100,24 @@ import time
 
 import numpy as np
 
-from tools import studies
-from tools import regime
+from tools.studies import common
+from tools.studies import when_it_helps
 
 FOREIGN = "1"   # choice 1
 WEAK = "weak-ladder"
-WEAK_ROWS = {   # label: scope.py flags (tools/studies.py GRID rows + the new switches)
-    "keep-foreign": f"{studies.GRID['scope any/replace']} --toy-refiner-style {FOREIGN}",
-    "whole-foreign": f"{studies.GRID['replace (whole)']} --toy-refiner-style {FOREIGN}",
-    "keep-in-style-phantom": f"{studies.GRID['scope any/replace']} --repair-advantage zero",
+WEAK_ROWS = {   # label: scope.py flags (tools/studies/common.py GRID rows + the new switches)
+    "keep-foreign": f"{common.GRID['scope any/replace']} --toy-refiner-style {FOREIGN}",
+    "whole-foreign": f"{common.GRID['replace (whole)']} --toy-refiner-style {FOREIGN}",
+    "keep-in-style-phantom": f"{common.GRID['scope any/replace']} --repair-advantage zero",
 }
 WEAK_REFS = ("grpo", "scope (paper): any/replace", "replace (whole)")   # regime records of weak-ladder
 STYLE_ROWS = {
-    "scope index tie-break": f"{studies.GRID['scope any/replace']} --select-tiebreak index",
-    "whole one-style teacher": f"{studies.GRID['replace (whole)']} --toy-refiner-style {FOREIGN}",
+    "scope index tie-break": f"{common.GRID['scope any/replace']} --select-tiebreak index",
+    "whole one-style teacher": f"{common.GRID['replace (whole)']} --toy-refiner-style {FOREIGN}",
 }
 STYLE_REFS = ("grpo", "scope (paper): any/replace")   # diversity records
 STRONG = "main-ladder"
-STRONG_ROWS = {"whole-append": f"{studies.GRID['replace (whole)']} --merge append"}   # added after the study (A1)
+STRONG_ROWS = {"whole-append": f"{common.GRID['replace (whole)']} --merge append"}   # added after the study (A1)
 APPEND = "best: scope any/append"   # its regime-map reference row
 KEEP_I, WHOLE_I = "scope (paper): any/replace", "replace (whole)"
 ACC_MARGIN, NATS_MARGIN = 0.02, 0.15   # the "≈ 0" margins of the reading rule
@@ -129,19 +129,19 @@ BOOT_DRAWS = 4000
 
 def plan(args) -> list[dict]:
     """The 25 pre-registered runs, seed-major (every row of seed 0 first), then the 5 added ones (A1)."""
-    weak_settings, weak_task = regime.STARTS[WEAK]
-    strong_settings, strong_task = regime.STARTS[STRONG]
+    weak_settings, weak_task = when_it_helps.STARTS[WEAK]
+    strong_settings, strong_task = when_it_helps.STARTS[STRONG]
     styles_start = json.dumps({"styles": 3})
     jobs = []
     for seed in args.seed_list:
-        jobs += [studies.job(row, seed, flags, args, group=f"regime-{WEAK}", steps=args.regime_steps, task=weak_task,
+        jobs += [common.job(row, seed, flags, args, group=f"regime-{WEAK}", steps=args.regime_steps, task=weak_task,
                              start=json.dumps(weak_settings), eval_every=args.regime_eval_every)
                  for row, flags in WEAK_ROWS.items()]
-        jobs += [studies.job(row, seed, f"{flags} --toy-styles 3", args, group="diversity", steps=args.diversity_steps,
+        jobs += [common.job(row, seed, f"{flags} --toy-styles 3", args, group="diversity", steps=args.diversity_steps,
                              start=styles_start, eval_every=args.regime_eval_every)
                  for row, flags in STYLE_ROWS.items()]
     for seed in args.seed_list:
-        jobs += [studies.job(row, seed, flags, args, group=f"regime-{STRONG}", steps=args.regime_steps,
+        jobs += [common.job(row, seed, flags, args, group=f"regime-{STRONG}", steps=args.regime_steps,
                              task=strong_task, start=json.dumps(strong_settings), eval_every=args.regime_eval_every)
                  for row, flags in STRONG_ROWS.items()]
     return jobs
@@ -150,8 +150,8 @@ def plan(args) -> list[dict]:
 def reference_jobs(args) -> dict:
     """{stage: jobs} of the recorded runs the contrasts pair with: the regime map (all three starts, for K5)
     and the diversity stage's two rows."""
-    regime_jobs = [j for j in regime.plan_regime(args, list(regime.STARTS)) if j["steps"]]
-    diversity_jobs = [j for j in regime.plan_diversity(args) if j["steps"] and j["row"] in STYLE_REFS]
+    regime_jobs = [j for j in when_it_helps.plan_regime(args, list(when_it_helps.STARTS)) if j["steps"]]
+    diversity_jobs = [j for j in when_it_helps.plan_diversity(args) if j["steps"] and j["row"] in STYLE_REFS]
     return {"regime": regime_jobs, "diversity": diversity_jobs}
 
 
@@ -162,7 +162,7 @@ def read_references(args) -> list[dict]:
     try:
         for ref_stage, jobs in reference_jobs(args).items():
             args.stage = ref_stage
-            out += [r for r in (regime.recorded(j, args) for j in jobs) if r is not None]
+            out += [r for r in (when_it_helps.recorded(j, args) for j in jobs) if r is not None]
     finally:
         args.stage = stage
     return out
@@ -170,14 +170,14 @@ def read_references(args) -> list[dict]:
 
 def run_one(j: dict, args) -> dict:
     """A new run's record (trained first if missing), with its mechanism figures (π of the refiner's tokens
-    at step 1, `studies.mechanism`) added to the record once."""
-    os.chdir(studies.ROOT)
-    r = regime.run_recorded(j, args)
+    at step 1, `common.mechanism`) added to the record once."""
+    os.chdir(common.ROOT)
+    r = when_it_helps.run_recorded(j, args)
     if "mechanism" not in r:
-        mech = studies.mechanism([r], args) if os.path.exists(os.path.join("runs", j["name"], "traces.jsonl")) else {}
+        mech = common.mechanism([r], args) if os.path.exists(os.path.join("runs", j["name"], "traces.jsonl")) else {}
         r["mechanism"] = next(iter(mech.values()), None)
-        path = regime.record_path(j, args)
-        record = studies.read_json(path)
+        path = when_it_helps.record_path(j, args)
+        record = common.read_json(path)
         record["result"] = r
         with open(path, "w") as f:
             json.dump(record, f)
@@ -192,7 +192,7 @@ def contrast_by_seed(results: list[dict], group: str, coefs: dict, key: str = "a
     seeds = sorted({s for _, s in by})
     out = {}
     for s in seeds:
-        vals = [studies.value(by[(row, s)], key) if (row, s) in by else None for row in coefs]
+        vals = [common.value(by[(row, s)], key) if (row, s) in by else None for row in coefs]
         if all(v is not None for v in vals):
             out[s] = sum(c * v for c, v in zip(coefs.values(), vals))
     return out
@@ -313,7 +313,7 @@ def contrasts(results: list[dict], n: int = 16) -> dict:
     out = {}
     for name, (group, coefs, key, margin) in CONTRASTS.items():
         by_seed = contrast_by_seed(results, group, coefs, key)
-        c = studies.ci95(list(by_seed.values()))
+        c = common.ci95(list(by_seed.values()))
         row = {"seeds": sorted(by_seed), "per_seed": by_seed, "t": c, "verdict": verdict(c, margin), "key": key}
         if key == "acc_t1" and by_seed:
             D = per_problem_matrix(results, group, coefs, sorted(by_seed), n)
@@ -325,7 +325,7 @@ def contrasts(results: list[dict], n: int = 16) -> dict:
 def multiplicity(refs: list[dict]) -> list[dict]:
     """K5: the nine map comparisons and the pooled weak-start contrast, with Holm-adjusted p-values."""
     tests = []
-    for start in regime.STARTS:
+    for start in when_it_helps.STARTS:
         for row in MAP_ROWS:
             d = list(contrast_by_seed(refs, f"regime-{start}", {row: 1, "grpo": -1}).values())
             tests.append({"name": f"{start}: {row} − grpo", "diffs": d})
@@ -334,7 +334,7 @@ def multiplicity(refs: list[dict]) -> list[dict]:
     tests = [t for t in tests if len(t["diffs"]) >= 2]
     ps = [paired_p(t["diffs"]) for t in tests]
     for t, p, adj in zip(tests, ps, holm(ps)):
-        t.update(ci=studies.ci95(t["diffs"]), p=p, p_holm=adj, survives=adj <= 0.05)
+        t.update(ci=common.ci95(t["diffs"]), p=p, p_holm=adj, survives=adj <= 0.05)
     return tests
 
 
@@ -349,12 +349,12 @@ def style_table(results: list[dict]) -> list[dict]:
             if not any(shares):
                 continue
             rows.append({"group": group, "row": row, "seeds": [r["seed"] for r in rs],
-                         "entropy": studies.mean([r["eval"].get("style_entropy") for r in rs]),
+                         "entropy": common.mean([r["eval"].get("style_entropy") for r in rs]),
                          "share_correct": np.mean([s for s in shares if s], 0).tolist(),
                          "dominant": [dominant_style(s) for s in shares],
                          "share_all": np.mean([r["eval"]["style_share_all"] for r in rs if r["eval"].get("style_share_all")],
                                               0).tolist() if any(r["eval"].get("style_share_all") for r in rs) else None,
-                         "other_all": studies.mean([r["eval"].get("style_other_all") for r in rs])})
+                         "other_all": common.mean([r["eval"].get("style_other_all") for r in rs])})
     return rows
 
 
@@ -363,7 +363,7 @@ def mechanism_table(results: list[dict]) -> dict:
     out = {}
     for row in dict.fromkeys(r["row"] for r in results if r.get("mechanism")):
         ms = [r["mechanism"] for r in results if r["row"] == row and r.get("mechanism")]
-        out[row] = {k: studies.mean([m.get(k) for m in ms]) for k in
+        out[row] = {k: common.mean([m.get(k) for m in ms]) for k in
                     ("per_run", "in_all_fail_groups", "kept", "refiner_tokens", "a_repair",
                      "refiner_pi", "refiner_coef", "corrected_pi")}
         out[row]["runs"] = len(ms)
@@ -377,9 +377,9 @@ def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tupl
     planned = len(plan(args))
     partial = "" if len(new) >= planned else f" — PARTIAL: {len(new)} of {planned} runs"
     md = [f"# Toy world: does it test the paper's *because*?{partial}\n",
-          "Command: `python -m tools.experiment --stage because` (pre-registered contrasts: tools/because.py "
+          "Command: `python -m tools.studies --stage because` (pre-registered contrasts: tools/studies/why_it_helps.py "
           f"docstring).  \nNew runs recorded: {len(new)} of {planned}; their own wall time (training + final eval, "
-          f"as recorded): {regime.run_minutes(new):.0f} min; this report: {wall_minutes:.1f} min.  \n"
+          f"as recorded): {when_it_helps.run_minutes(new):.0f} min; this report: {wall_minutes:.1f} min.  \n"
           "Reference rows read from the regime and diversity records (no per-problem counts: they enter the "
           "bootstrap through the seed draw only).\n",
           "## Pre-registered contrasts (paired by seed; the last two, A1, were added after the study)\n",
@@ -387,15 +387,15 @@ def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tupl
     for name, c in con.items():
         b = c.get("bootstrap")
         boot = f"[{b['lo']:+.3f}, {b['hi']:+.3f}]" if b else "–"
-        md.append(f"| {name} | {len(c['seeds'])} | {studies.fmt_ci(c['t'])} | {boot} | {c['verdict']} |")
+        md.append(f"| {name} | {len(c['seeds'])} | {common.fmt_ci(c['t'])} | {boot} | {c['verdict']} |")
     md += ["", "## Rows (mean ± sd over seeds)\n", "| start | row | seeds | acc T=1.0 | pass@16 | style entropy |",
            "|---" * 6 + "|"]
     for group in (f"regime-{WEAK}", "diversity", f"regime-{STRONG}"):
         for row in dict.fromkeys(r["row"] for r in results if r["group"] == group and r["steps"]):
             rs = [r for r in results if r["group"] == group and r["row"] == row]
-            md.append(f"| {group} | {row} | {len(rs)} | {studies.mean_sd([studies.value(r, 'acc_t1') for r in rs])} | "
-                      f"{studies.mean_sd([studies.value(r, 'pass@16') for r in rs])} | "
-                      f"{studies.mean_sd([r['eval'].get('style_entropy') for r in rs])} |")
+            md.append(f"| {group} | {row} | {len(rs)} | {common.mean_sd([common.value(r, 'acc_t1') for r in rs])} | "
+                      f"{common.mean_sd([common.value(r, 'pass@16') for r in rs])} | "
+                      f"{common.mean_sd([r['eval'].get('style_entropy') for r in rs])} |")
     md += ["", "## Styles of the final policy (T = 1.0)\n",
            "| start | row | seeds | entropy of correct | shares of correct 0 / 1 / 2 | dominant style per seed | "
            "shares of all samples 0 / 1 / 2 | other (mixed or malformed) of all |", "|---" * 8 + "|"]
@@ -403,7 +403,7 @@ def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tupl
         sh = lambda v: "–" if v is None else " / ".join(f"{x:.2f}" for x in v)   # noqa: E731
         md.append(f"| {s['group']} | {s['row']} | {s['seeds']} | {f3(s['entropy'])} | {sh(s['share_correct'])} | "
                   f"{s['dominant']} | {sh(s['share_all'])} | {f3(s['other_all'])} |")
-    md += ["", "## Mechanism of the new rows (step 1, policy = the start; tools/studies.py mechanism)\n",
+    md += ["", "## Mechanism of the new rows (step 1, policy = the start; tools/studies/common.py mechanism)\n",
            "| row | runs | repairs/run | in all-fail groups | kept / refiner tokens | A_repair | "
            "π refiner | coef refiner | π corrected |", "|---" * 9 + "|"]
     for row, m in mech.items():
@@ -413,7 +413,7 @@ def report(new: list[dict], refs: list[dict], args, wall_minutes: float) -> tupl
     md += ["", "## Multiplicity: the nine map comparisons and the pooled weak-start contrast (Holm)\n",
            "| comparison (acc T=1.0) | pairs | mean [95 % t-interval] | p | Holm p | survives at 0.05 |", "|---" * 6 + "|"]
     for t in mult:
-        md.append(f"| {t['name']} | {t['ci']['n']} | {studies.fmt_ci(t['ci'])} | {t['p']:.4f} | {t['p_holm']:.4f} | "
+        md.append(f"| {t['name']} | {t['ci']['n']} | {common.fmt_ci(t['ci'])} | {t['p']:.4f} | {t['p_holm']:.4f} | "
                   f"{'yes' if t['survives'] else 'no'} |")
     summary = {"contrasts": con, "multiplicity": mult, "styles": styles, "mechanism": mech,
                "new_runs": len(new), "planned": planned}
@@ -428,23 +428,23 @@ def main(args) -> None:
     t0 = time.time()
     args.eval_n_cool = 0                          # the regime stage's settings (its choice 1)
     args.train_eval_size = args.regime_eval_size
-    toy.warm_start(os.path.join(studies.ROOT, "cache"), seed=0, **regime.STARTS[WEAK][0])
-    toy.warm_start(os.path.join(studies.ROOT, "cache"), seed=0, styles=3)
+    toy.warm_start(os.path.join(common.ROOT, "cache"), seed=0, **when_it_helps.STARTS[WEAK][0])
+    toy.warm_start(os.path.join(common.ROOT, "cache"), seed=0, styles=3)
     jobs = plan(args)
     refs = read_references(args)
     print(f"because: {len(jobs)} runs, {args.jobs} at a time; {len(refs)} reference runs read from records", flush=True)
     if args.records_only:
-        new = [r for r in (regime.recorded(j, args) for j in jobs) if r is not None]
+        new = [r for r in (when_it_helps.recorded(j, args) for j in jobs) if r is not None]
         print(f"{len(new)} of {len(jobs)} runs recorded; not run yet: "
-              f"{[j['name'] for j in jobs if regime.recorded(j, args) is None]}", flush=True)
+              f"{[j['name'] for j in jobs if when_it_helps.recorded(j, args) is None]}", flush=True)
     else:
-        new = studies.run_all(jobs, args, t0, worker=run_one)
+        new = common.run_all(jobs, args, t0, worker=run_one)
     text, summary = report(new, refs, args, (time.time() - t0) / 60)
     with open(os.path.join(args.out, "because.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, "because.json"), "w") as f:
-        json.dump({"command": "python -m tools.experiment --stage because", "wall_minutes": round((time.time() - t0) / 60, 2),
-                   "run_minutes": round(regime.run_minutes(new), 1), "summary": summary, "runs": new}, f, indent=1)
+        json.dump({"command": "python -m tools.studies --stage because", "wall_minutes": round((time.time() - t0) / 60, 2),
+                   "run_minutes": round(when_it_helps.run_minutes(new), 1), "summary": summary, "runs": new}, f, indent=1)
     print(text + f"wrote {args.out}/because.md, because.json in {(time.time() - t0) / 60:.1f} min")
 
 
@@ -473,7 +473,7 @@ def precheck_pi(start: dict, n_problems: int = 200) -> dict:
     from harness.data import toy
     from harness.engines.generate import load_causal_lm
 
-    model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(studies.ROOT, "cache"), seed=0, **start), "cpu")
+    model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(common.ROOT, "cache"), seed=0, **start), "cpu")
     model.eval()
     problems = toy.make_problems(n_problems, seed=5)
     out = {}
@@ -509,7 +509,7 @@ def precheck_picks(n_problems: int = 300, group_size: int = 8, seed: int = 0) ->
     from prm import cut_point, keep_ratio, mean_score, select_candidate, split_steps
 
     torch.manual_seed(seed)
-    model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(studies.ROOT, "cache"), seed=0, styles=3), "cpu")
+    model, tokenizer = load_causal_lm(toy.cache_path(os.path.join(common.ROOT, "cache"), seed=0, styles=3), "cpu")
     problems = toy.make_problems(n_problems, seed=1)
     gen = HFGenerator(model.eval(), tokenizer, micro_batch_size=128)
     prompts = [format_prompt(tokenizer, p["question"]) for p in problems]
@@ -562,7 +562,7 @@ def precheck_picks(n_problems: int = 300, group_size: int = 8, seed: int = 0) ->
 def precheck(out: str) -> dict:
     t0 = time.time()
     res = {"threshold_foreign_mean_pi": PI_THRESHOLD,
-           "pi_weak_start": precheck_pi(regime.STARTS[WEAK][0]), "pi_three_style_start": precheck_pi({"styles": 3}),
+           "pi_weak_start": precheck_pi(when_it_helps.STARTS[WEAK][0]), "pi_three_style_start": precheck_pi({"styles": 3}),
            "picks_three_style_start": precheck_picks()}
     foreign = res["pi_weak_start"][FOREIGN]["whole_mean_pi"]
     res["foreign_far_below"] = foreign <= PI_THRESHOLD
@@ -578,9 +578,9 @@ if __name__ == "__main__":
     p.add_argument("--precheck", action="store_true", help="π of oracle solutions per style, pick shares per tie-break")
     p.add_argument("--out", default="results/toy/because_precheck.json")
     a = p.parse_args()
-    os.chdir(studies.ROOT)
+    os.chdir(common.ROOT)
     if not a.precheck:
-        p.error("nothing to do: pass --precheck (the study itself: python -m tools.experiment --stage because)")
+        p.error("nothing to do: pass --precheck (the study itself: python -m tools.studies --stage because)")
     import torch
     torch.set_num_threads(1)
     print(json.dumps(precheck(a.out), indent=1))

@@ -1,4 +1,4 @@
-"""tools/experiment.py — the toy-world study: where does step-wise rectification help?
+"""where_it_helps.py — the toy-world study: where does step-wise rectification help?
 
 What it runs, all from the same SFT-warm-started toy policy (harness/data/toy.py:warm_start, shipped under cache/) with the
 same budget (steps, 8 prompts x 8 rollouts, lr) and one `python scope.py --toy` process per (row, seed):
@@ -20,10 +20,10 @@ token entropy (last 5 steps), the refiner's acceptance rate, repairs in all-fail
 kind of token got. Each SCOPE-like row gets its PAIRED difference to GRPO (same seed) with a 95 % t-interval.
 
 Run (one command does both stages; stage 2 starts when the grid is done):
-    python -m tools.experiment                               # the whole study -> results/toy/study.{json,md}, curves.png
-    python -m tools.experiment --describe                    # the starting policies -> results/toy/warm_start.json
-    python -m tools.experiment --seeds 0,1 --long-seeds 0 --steps 20 --tag pilot --out results/toy/pilot   # a pilot
-    python -m tools.experiment --only grid                   # stage 1 only
+    python -m tools.studies                       # the whole study -> results/toy/study.{json,md}, curves.png
+    python -m tools.studies --describe            # the starting policies -> results/toy/warm_start.json
+    python -m tools.studies --seeds 0,1 --long-seeds 0 --steps 20 --tag pilot --out results/toy/pilot   # a pilot
+    python -m tools.studies --only grid           # stage 1 only
 Runs go to runs/<tag>-<group>-<row>-s<seed>/ (gitignored; train.log, metrics.jsonl, traces.jsonl, final_eval.json).
 A run whose metrics.jsonl reaches its steps with the same scope.py command, and whose final_eval.json has the
 same eval settings, is skipped: rerunning resumes an interrupted study (the printed time then covers the rest),
@@ -62,20 +62,19 @@ Choices:
 import argparse
 import json
 import os
-import shlex
 import sys
 import time
 
-# tools.studies first: it sets one thread per process before numpy (and torch) load
-from tools.studies import (COLS, GRID, ROOT, curves, environment, job, mechanism, paired, problem_files, read_json,
-                           run_all, start_path, tables)
+# common first: it sets one thread per process before numpy (and torch) load
+from tools.studies.common import (COLS, GRID, ROOT, curves, environment, job, mechanism, paired, problem_files,  # noqa: E402
+                                  read_json, run_all, start_path, tables, typed)
 import numpy as np  # noqa: E402
 
 SCOPE_CELLS = [row for row in GRID if row.startswith("scope ")]
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], allow_abbrev=False,
+    p = argparse.ArgumentParser(prog="python -m tools.studies", description=__doc__.split("\n\n")[0], allow_abbrev=False,
                                 epilog="Any other --flag VALUE is passed to every scope.py run.")
     p.add_argument("--seeds", default="0,1,2,3,4", help="training seeds of every row (comma-separated)")
     p.add_argument("--long-seeds", default="0,1,2", help="seeds of the long runs")
@@ -96,13 +95,13 @@ def parse_args(argv=None):
     p.add_argument("--only", default="all", choices=("all", "grid"), help="'grid' stops after stage 1")
     p.add_argument("--stage", default="study", choices=("study", "regime", "diversity", "because"),
                    help="study: the grid and stage 2 above; regime: the regime map; diversity: GRPO vs SCOPE on "
-                   "a warm start with several solution styles (both: tools/regime.py); because: the controls "
-                   "of the paper's two causal claims (tools/because.py)")
+                   "a warm start with several solution styles (both: tools/studies/when_it_helps.py); because: the controls "
+                   "of the paper's two causal claims (tools/studies/why_it_helps.py)")
     p.add_argument("--records-only", action="store_true", help="regime / diversity: report from the runs' records "
                    "only (train nothing; the runs not recorded yet are listed)")
     p.add_argument("--styles", type=int, default=3, help="diversity: solution styles of the warm start (toy.STYLES)")
     p.add_argument("--diversity-steps", type=int, default=100, help="diversity: training steps of every run")
-    p.add_argument("--regime-starts", default="main-ladder,weak-ladder,weak-6ops", help="regime: starting policies (tools/regime.py STARTS)")
+    p.add_argument("--regime-starts", default="main-ladder,weak-ladder,weak-6ops", help="regime: starting policies (tools/studies/when_it_helps.py STARTS)")
     p.add_argument("--regime-rows", default="", help="regime: only these rows (comma-separated labels; default all)")
     p.add_argument("--regime-steps", type=int, default=100, help="regime: training steps of every run")
     p.add_argument("--regime-eval-every", type=int, default=25, help="regime: in-training eval every N steps")
@@ -133,7 +132,7 @@ def parse_args(argv=None):
             json.loads(getattr(args, flag))
         except json.JSONDecodeError as e:
             p.error(f"--{flag.replace('_', '-')}: not JSON ({e})")
-    from tools.regime import STARTS
+    from tools.studies.when_it_helps import STARTS
     bad = [x for x in args.regime_starts.split(",") if x.strip() not in STARTS]
     if not 2 <= args.styles <= 3 or args.diversity_steps < 1:
         p.error(f"--styles {args.styles} (2 or 3: harness/data/toy.py STYLES) or --diversity-steps {args.diversity_steps} "
@@ -234,7 +233,7 @@ def plot(results: list[dict], out: str) -> None:
 
 def write_results(results: list[dict], args, ranked: list[str] | None, wall_minutes: float) -> str:
     os.makedirs(args.out, exist_ok=True)
-    command = shlex.join(["python", "-m", "tools.experiment", *(sys.argv[1:] if __name__ == "__main__" else [])])
+    command = typed([])
     keys = [k for k, _ in COLS]
     md = ["# Toy world study: SCOPE vs GRPO\n",
           f"Command: `{command}`  \nWall time: {wall_minutes:.1f} min ({args.jobs} jobs at once).  \n"
@@ -346,11 +345,11 @@ def main(argv=None) -> None:
         print("\n".join(diffs[:50]) + f"\n{matched} runs in both; {len(diffs)} numbers differ")
         sys.exit(1 if diffs or not matched else 0)
     if args.stage in ("regime", "diversity"):
-        from tools import regime
-        return regime.main(args) if args.stage == "regime" else regime.diversity_main(args)
+        from tools.studies import when_it_helps
+        return when_it_helps.main(args) if args.stage == "regime" else when_it_helps.diversity_main(args)
     if args.stage == "because":
-        from tools import because
-        return because.main(args)
+        from tools.studies import why_it_helps
+        return why_it_helps.main(args)
     from harness.data import toy
     toy.warm_start(os.path.join(ROOT, "cache"), seed=0)            # trained here once if not shipped
     toy.warm_start(os.path.join(ROOT, "cache"), seed=0, **json.loads(args.weak_start))
@@ -379,6 +378,3 @@ def main(argv=None) -> None:
     print(write_results(results, args, ranked, (time.time() - t0) / 60))
     print(f"wrote {args.out}/study.md, study.json, curves.png in {(time.time() - t0) / 60:.1f} min")
 
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""Tests of the follow-up study (tools/because2.py): its plan and commands, the same-dose re-crediting, the
+"""Tests of the follow-up study (tools/studies/content_or_mean_shift.py): its plan and commands, the same-dose re-crediting, the
 gradient-split masks, its statistics, and that its scope.py hooks change nothing they should not."""
 import json
 import os
@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from harness.data import toy
-from tools import because2 as b2
-from tools import experiment as ex
-from tools import studies
+from tools.studies import content_or_mean_shift as b2
+from tools.studies import where_it_helps as ex
+from tools.studies import common as studies
 
 
 def args_():
@@ -33,7 +33,7 @@ def test_plan_is_the_preregistered_order_and_commands():
     assert grpo[1] == "scope.py" and "--mode" in grpo and grpo[grpo.index("--seed") + 1] == "5"
     assert "lateness" not in " ".join(grpo) and any("toy_warm" in x for x in grpo)   # the weak start's cache
     keep = cmd[(b2.KEEP, 5)]
-    assert keep[1:4] == ["-m", "tools.because2", "--scope-run"] and "--keep-checkpoints" in keep
+    assert keep[1:4] == ["-m", "tools.studies.content_or_mean_shift", "--scope-run"] and "--keep-checkpoints" in keep
     assert keep[-2:] == ["--save-every", "25"]            # the last --save-every wins
     dose = cmd[(b2.DOSE, 0)]
     assert "--same-dose" in dose and dose[dose.index("--toy-refiner-style") + 1] == "1"

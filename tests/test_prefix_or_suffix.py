@@ -1,4 +1,4 @@
-"""Tests of the credit-split follow-up (tools/because3.py) and what it stands on: --repair-credit's masks, its
+"""Tests of the credit-split follow-up (tools/studies/prefix_or_suffix.py) and what it stands on: --repair-credit's masks, its
 plan and records, the fixed-set π measurement, the reading rule, and the records' environment fields."""
 import json
 import os
@@ -7,10 +7,10 @@ import subprocess
 import pytest
 import torch
 
-from tools import because2 as b2
-from tools import because3 as b3
-from tools import experiment as ex
-from tools import studies
+from tools.studies import content_or_mean_shift as b2
+from tools.studies import prefix_or_suffix as b3
+from tools.studies import where_it_helps as ex
+from tools.studies import common as studies
 
 
 def args_(out="results/toy"):
@@ -85,7 +85,7 @@ def test_plan_pairs_the_cells_by_seed_then_retrains_because2s_scope_runs():
     for j in retrain:   # exactly the command of because2's record of that seed
         rec = studies.read_json(os.path.join("results/toy/because2/records", j["name"] + ".json"))
         if rec is not None:
-            assert rec["command"] == b2.record_key(j, args)[0]
+            assert studies.as_now(rec["command"]) == b2.record_key(j, args)[0]
 
 
 def test_a_record_of_another_command_is_never_replaced(tmp_path):

@@ -1,4 +1,4 @@
-"""gpu_check.py — what .ci/gpu_check.sh runs outside pytest: the part "co-run", the shapes and builders the parts
+"""check.py — what .ci/gpu_check.sh runs outside pytest: the part "co-run", the shapes and builders the parts
 share, and the projection of each run's seconds on an H200 (docs/gpu-check.md).
 
 Part "co-run" (the design measurement, torch only): can one GPU decode and train at once? A 7B-shaped bf16 decoder
@@ -15,9 +15,9 @@ interleaved rounds (medians):  eta = (T_update + T_decode - T_both) / min(T_upda
     stream beside the update on the main thread's: what the hardware overlaps with no MPS and no second process,
     an upper bound for eta (MPS).
 
-    python -m tools.gpu_check corun                  # on a CUDA machine: the real shapes
-    python -m tools.gpu_check corun --tiny           # tiny shapes on the CPU: the orchestration only
-    python -m tools.gpu_check project FIGURES.jsonl  # the H200 seconds of each run from the parts' measured ones
+    python -m tools.gpu.check corun                  # on a CUDA machine: the real shapes
+    python -m tools.gpu.check corun --tiny           # tiny shapes on the CPU: the orchestration only
+    python -m tools.gpu.check project FIGURES.jsonl  # the H200 seconds of each run from the parts' measured ones
 """
 import argparse
 import contextlib
@@ -31,7 +31,7 @@ import time
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 QWEN25_15B = dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                   num_key_value_heads=2, max_position_embeddings=32768, rope_theta=1000000.0, rms_norm_eps=1e-6,
@@ -237,7 +237,7 @@ def corun(device: str, tiny: bool, repeats: int = 3, timeout: float = 300, log_d
     # a file, not a pipe (a full pipe would block), on disk as the worker writes
     errs = {role: open(os.path.join(log_dir, f"corun_{role}.log"), "w+") if log_dir else tempfile.TemporaryFile("w+")
             for role in ("decode", "update")}
-    procs = {role: subprocess.Popen([sys.executable, "-m", "tools.gpu_check", "serve", role, "--device", device]
+    procs = {role: subprocess.Popen([sys.executable, "-m", "tools.gpu.check", "serve", role, "--device", device]
                                     + (["--tiny"] if tiny else []), cwd=ROOT, env=env, text=True,
                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errs[role])
              for role in ("decode", "update")}

@@ -1,16 +1,17 @@
-"""tools/studies.py — what the toy studies share: a run as a job, its training and final evaluation, the workers,
-paired intervals and tables.
+"""common.py — what the toy studies share: a run as a job, its training and final evaluation, the
+workers, paired intervals and tables, and the records' commands under the modules' present names.
 
-tools/experiment.py (the grid study, and the command line of the regime, diversity and because stages),
-regime.py, because.py, because2.py and because3.py plan their runs with `job` and run them with `run_all`: each
-job is one `python scope.py --toy` process (`train`) and the final evaluation of its policy (`evaluate_policy`),
-cached in its run folder (`run_job`). The settings and their reasons (the evaluation temperatures, the
-in-training eval, the 95 % interval, the workers, the budget) are tools/experiment.py's choices 1-5.
+where_it_helps.py (the grid study, and the command line of the regime, diversity and because stages),
+when_it_helps.py, why_it_helps.py, content_or_mean_shift.py and prefix_or_suffix.py plan their runs with `job` and
+run them with `run_all`: each job is one `python scope.py --toy` process (`train`) and the final evaluation of its
+policy (`evaluate_policy`), cached in its run folder (`run_job`). The settings and their reasons (the evaluation
+temperatures, the in-training eval, the 95 % interval, the workers, the budget) are where_it_helps.py's choices 1-5.
 """
 import json
 import math
 import multiprocessing
 import os
+import shlex
 import signal
 import subprocess
 import sys
@@ -24,7 +25,9 @@ import numpy as np  # noqa: E402
 
 from harness.run.progress import StudyClock  # noqa: E402
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))   # the repository root
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))   # the repository root
+# A record keeps the command that made it; the modules renamed since, by the name a record holds -> the name now
+RENAMED = {"tools.because2": "tools.studies.content_or_mean_shift"}
 DIVERSITY = ["distinct_1", "distinct_4", "one_minus_self_bleu", "one_minus_self_rouge", "div_score"]
 GRID = {"grpo": "--mode grpo",
         "scope any/replace": "--mode scope --rectify-groups any --merge replace",
@@ -107,6 +110,18 @@ def read_json(path: str):
         return json.load(f)
 
 
+def as_now(command: list[str]) -> list[str]:
+    """A recorded command with the modules renamed since it was recorded (RENAMED) under their present names."""
+    return [RENAMED.get(word, word) for word in command]
+
+
+def typed(default: list[str]) -> str:
+    """The study's command: `python -m tools.studies` and the arguments it was run with, or `default` when it was
+    called from code."""
+    run = sys.argv[0] == os.path.join(os.path.dirname(os.path.abspath(__file__)), "__main__.py")
+    return shlex.join(["python", "-m", "tools.studies", *(sys.argv[1:] if run else default)])
+
+
 def train(j: dict, args) -> None:
     """Run scope.py unless runs/<name> already holds a finished run of the same command."""
     run_dir, cmd = os.path.join("runs", j["name"]), scope_command(j, args)
@@ -129,7 +144,7 @@ def train(j: dict, args) -> None:
 
 
 def evaluate_policy(path: str, task: str, args, styles: int = 1) -> dict:
-    """The final-eval metrics of the policy saved at `path` (tools/experiment.py's docstring); with `styles` > 1 also
+    """The final-eval metrics of the policy saved at `path` (tools/studies/where_it_helps.py's docstring); with `styles` > 1 also
     the styles of its correct samples at T = 1.0 (toy.style_stats) and the mean number of distinct styles among
     the correct samples of a problem (problems with at least two)."""
     import torch
@@ -302,7 +317,7 @@ def stop_pool(pool) -> None:
 
 
 def ci95(diffs: list[float]) -> dict:
-    """Mean and 95 % t-interval of paired differences (tools/experiment.py choice 3); no interval from one seed."""
+    """Mean and 95 % t-interval of paired differences (tools/studies/where_it_helps.py choice 3); no interval from one seed."""
     d = np.asarray([x for x in diffs if x is not None], dtype=float)
     if len(d) == 0:
         return {"mean": None, "lo": None, "hi": None, "n": 0}

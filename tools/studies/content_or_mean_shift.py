@@ -1,6 +1,6 @@
-"""tools/because2.py — does the repair's content matter, or only the shift of an all-fail group's mean?
+"""content_or_mean_shift.py — does the repair's content matter, or only the shift of an all-fail group's mean?
 
-Not part of the paper's code. The follow-up of the because stage (tools/because.py), pre-registered in
+Not part of the paper's code. The follow-up of the because stage (tools/studies/why_it_helps.py), pre-registered in
 docs/because2-preregistration.md (cells, seeds, contrasts, margins, reading rules; this module computes exactly
 those). From the weak-ladder start with the regime map's settings:
   K2'  GRPO, SCOPE in style (the paper's row) and the phantom repair (--repair-advantage zero), seeds 5-12,
@@ -11,14 +11,14 @@ those). From the weak-ladder start with the regime map's settings:
        rest, each applied alone, and its effect on log pi of correct solutions (no training);
   T    pi of kept vs regenerated tokens through training, from the SCOPE runs' checkpoints every 25 steps.
 
-    python -m tools.because2                    # everything, resumed from its records (2 runs at a time)
-    python -m tools.because2 --records-only     # the report from what is recorded (results/toy/because2.md)
+    python -m tools.studies.content_or_mean_shift                  # everything, resumed from its records (2 at a time)
+    python -m tools.studies.content_or_mean_shift --records-only   # the report from the records (results/toy/because2.md)
 
 Every record (results/toy/because2/records/<run>.json, mechanism.json) holds its command, its eval settings,
 the result and harness.run.runs.environment(). Ctrl-C or SIGTERM stops the workers and their scope.py runs.
 
 The same-dose cells and the checkpoints of T need two things scope.py has no flag for; `scope_run` runs
-scope.py's own main with them added from outside (`python -m tools.because2 --scope-run ...`):
+scope.py's own main with them added from outside (`python -m tools.studies.content_or_mean_shift --scope-run ...`):
   --same-dose         scope.rectify (step 5) is wrapped: each accepted prefix-keeping repair gets offpolicy_mask 1 on
                       every token and source "replaced" (whole-replacement credit), its first kappa steps being
                       the oracle's style-0 text of those steps (the policy's own text where they are equal,
@@ -38,9 +38,9 @@ from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
 import numpy as np
 
-from tools import because
-from tools import experiment, studies
-from tools import regime
+from tools.studies import why_it_helps
+from tools.studies import common, where_it_helps
+from tools.studies import when_it_helps
 
 STAGE = "because2"
 WEAK = "weak-ladder"
@@ -51,10 +51,10 @@ OLD_SEEDS = tuple(range(0, 5))      # the recorded seeds of the regime map and t
 KEEP, PHANTOM, DOSE = "scope (paper): any/replace", "keep-in-style-phantom", "same-dose"
 FOREIGN, WHOLE_FOREIGN, GRPO, WHOLE = "keep-foreign", "whole-foreign", "grpo", "replace (whole)"
 ROWS = {   # label: (scope.py flags, wrapper option or None); labels as in the recorded runs they pair with
-    GRPO: (studies.GRID["grpo"], None),
-    KEEP: (studies.GRID["scope any/replace"], "keep-checkpoints"),
-    PHANTOM: (f"{studies.GRID['scope any/replace']} --repair-advantage zero", None),
-    DOSE: (f"{studies.GRID['scope any/replace']} --toy-refiner-style 1", "same-dose"),
+    GRPO: (common.GRID["grpo"], None),
+    KEEP: (common.GRID["scope any/replace"], "keep-checkpoints"),
+    PHANTOM: (f"{common.GRID['scope any/replace']} --repair-advantage zero", None),
+    DOSE: (f"{common.GRID['scope any/replace']} --toy-refiner-style 1", "same-dose"),
 }
 KEEP_EVERY = 25                      # T: a checkpoint copy every 25 steps
 TRACK_WINDOW = 5                     # T: the repairs of steps t+1 .. t+5 under the checkpoint of step t
@@ -151,9 +151,9 @@ def scope_run(argv: list[str]) -> None:
 # ---------------------------------------------------------------- the plan
 
 def job(row: str, seed: int, args) -> dict:
-    settings, task = regime.STARTS[WEAK]
+    settings, task = when_it_helps.STARTS[WEAK]
     flags, wrap = ROWS[row]
-    j = studies.job(row, seed, flags, args, group=GROUP, steps=args.regime_steps, task=task,
+    j = common.job(row, seed, flags, args, group=GROUP, steps=args.regime_steps, task=task,
                     start=json.dumps(settings), eval_every=args.regime_eval_every)
     return {**j, "kind": "run", "wrap": wrap}
 
@@ -171,11 +171,11 @@ def plan(args) -> list[dict]:
 
 def command(j: dict, args) -> list[str]:
     """The run's command: scope.py's, or through `scope_run` with its hook (keep-checkpoints saves every 25)."""
-    cmd = studies.scope_command(j, args)
+    cmd = common.scope_command(j, args)
     if not j.get("wrap"):
         return cmd
     extra = ["--save-every", str(KEEP_EVERY)] if j["wrap"] == "keep-checkpoints" else []
-    return [cmd[0], "-m", "tools.because2", "--scope-run", f"--{j['wrap']}", *cmd[2:], *extra]
+    return [cmd[0], "-m", "tools.studies.content_or_mean_shift", "--scope-run", f"--{j['wrap']}", *cmd[2:], *extra]
 
 
 def record_path(j: dict, args) -> str:
@@ -190,11 +190,12 @@ def record_key(j: dict, args) -> tuple[list[str], dict]:
 def recorded(j: dict, args) -> dict | None:
     """The job's record's result when it holds this command and these eval settings, else None."""
     if j["kind"] == "mechanism":
-        old = studies.read_json(os.path.join(args.out, STAGE, "mechanism.json"))
+        old = common.read_json(os.path.join(args.out, STAGE, "mechanism.json"))
         return old if old is not None and old.get("settings") == mechanism_settings() else None
     cmd, settings = record_key(j, args)
-    old = studies.read_json(record_path(j, args))
-    return old["result"] if old is not None and old["command"] == cmd and old["eval_settings"] == settings else None
+    old = common.read_json(record_path(j, args))
+    same = old is not None and common.as_now(old["command"]) == cmd and old["eval_settings"] == settings
+    return old["result"] if same else None
 
 
 # ---------------------------------------------------------------- one job (in a worker process)
@@ -204,7 +205,7 @@ def train(j: dict, args) -> None:
     run_dir, cmd = os.path.join("runs", j["name"]), command(j, args)
     metrics = os.path.join(run_dir, "metrics.jsonl")
     done = os.path.exists(metrics) and any(json.loads(line)["step"] == j["steps"] for line in open(metrics))
-    if done and studies.read_json(os.path.join(run_dir, "command.json")) == {"command": cmd[1:]}:
+    if done and common.read_json(os.path.join(run_dir, "command.json")) == {"command": cmd[1:]}:
         return
     os.makedirs(run_dir, exist_ok=True)
     for stale in ("final_eval.json", "command.json", "same_dose.json"):
@@ -225,7 +226,7 @@ def run_one(j: dict, args) -> dict:
 
     from harness.run.runs import environment
 
-    os.chdir(studies.ROOT)
+    os.chdir(common.ROOT)
     torch.set_num_threads(1)
     done = recorded(j, args)
     if done is not None:
@@ -243,14 +244,14 @@ def run_one(j: dict, args) -> dict:
     t1 = time.time()
     run_dir = os.path.join("runs", j["name"])
     path = os.path.join(run_dir, "checkpoint")
-    ev = studies.evaluate_policy(path, j["task"], args, studies.eval_styles(j, args))
-    r = {**{k: v for k, v in j.items() if k not in ("kind",)}, "eval": ev, "train": studies.training_stats(run_dir),
-         "repairs": regime.repairs_of(run_dir, j["steps"]),
+    ev = common.evaluate_policy(path, j["task"], args, common.eval_styles(j, args))
+    r = {**{k: v for k, v in j.items() if k not in ("kind",)}, "eval": ev, "train": common.training_stats(run_dir),
+         "repairs": when_it_helps.repairs_of(run_dir, j["steps"]),
          "wall_s": {"train": round(t1 - t0, 1), "eval": round(time.time() - t1, 1)}}
     if j["wrap"] == "same-dose":
-        r["same_dose"] = studies.read_json(os.path.join(run_dir, "same_dose.json"))
+        r["same_dose"] = common.read_json(os.path.join(run_dir, "same_dose.json"))
     if j["wrap"] == "keep-checkpoints":
-        r["tracking"] = tracking(run_dir, studies.start_path(j, args))
+        r["tracking"] = tracking(run_dir, common.start_path(j, args))
     cmd, settings = record_key(j, args)
     os.makedirs(os.path.dirname(record_path(j, args)), exist_ok=True)
     with open(record_path(j, args), "w") as f:
@@ -292,9 +293,9 @@ def step1_batch(seed: int, style: str, start_path: str):
     from harness.run import wiring
     from harness.data.grader import grade
 
-    argv = ["--toy", "--model", os.path.relpath(start_path, studies.ROOT), "--run-name",
+    argv = ["--toy", "--model", os.path.relpath(start_path, common.ROOT), "--run-name",
             f"because2-mechanism-{style}-s{seed}", "--steps", "1", "--eval-every", "0", "--save-every", "1",
-            "--max-new-tokens", "128", "--overwrite", *studies.GRID["scope any/replace"].split(), "--seed", str(seed)]
+            "--max-new-tokens", "128", "--overwrite", *common.GRID["scope any/replace"].split(), "--seed", str(seed)]
     if style != "prefix":
         argv += ["--toy-refiner-style", style]
     args = scope.parse_args(argv)
@@ -419,10 +420,10 @@ def mechanism() -> dict:
     from harness.data import toy
 
     s = mechanism_settings()
-    start = toy.cache_path(os.path.join(studies.ROOT, "cache"), seed=0, **regime.STARTS[WEAK][0])
+    start = toy.cache_path(os.path.join(common.ROOT, "cache"), seed=0, **when_it_helps.STARTS[WEAK][0])
     problems = toy.make_problems(s["problems"], seed=0)
     results = [split_one(seed, style, start, problems, s["lr"]) for style in s["styles"] for seed in s["seeds"]]
-    return {"settings": s, "command": "python -m tools.because2 (its first job)", "results": results}
+    return {"settings": s, "command": "python -m tools.studies.content_or_mean_shift (its first job)", "results": results}
 
 
 # ---------------------------------------------------------------- T: π of kept vs regenerated tokens
@@ -430,7 +431,7 @@ def mechanism() -> dict:
 def tracking(run_dir: str, start_path: str) -> dict:
     """At the start and at each kept checkpoint t (25, 50, 75): the accepted repairs of steps t+1 .. t+5 of
     traces.jsonl teacher-forced under the policy of step t: mean π of kept, regenerated and corrected tokens.
-    Each checkpoint gets its own repairs, so the rows compare different tokens (tools/because3.py `tracking`
+    Each checkpoint gets its own repairs, so the rows compare different tokens (tools/studies/prefix_or_suffix.py `tracking`
     follows one fixed set from a checkpoint on)."""
     from harness.engines.generate import load_causal_lm
 
@@ -447,14 +448,14 @@ def tracking(run_dir: str, start_path: str) -> dict:
         for t in traces:
             if not step < t["step"] <= step + TRACK_WINDOW:
                 continue
-            pi, n_kept, c = studies.repair_token_probs(model, tok, t)
+            pi, n_kept, c = common.repair_token_probs(model, tok, t)
             kept += pi[:n_kept]
             regen += pi[n_kept:]
             if c is not None and c < len(pi) - n_kept:
                 corrected.append(pi[n_kept + c])
         out[str(step)] = {"repairs": sum(step < t["step"] <= step + TRACK_WINDOW for t in traces),
-                          "kept_pi": studies.mean(kept), "regenerated_pi": studies.mean(regen),
-                          "corrected_pi": studies.mean(corrected)}
+                          "kept_pi": common.mean(kept), "regenerated_pi": common.mean(regen),
+                          "corrected_pi": common.mean(corrected)}
     return out
 
 
@@ -488,7 +489,7 @@ def verdict(c: dict, planned: int) -> str:
     """The pre-registered reading rule; a contrast short of its planned seeds is partial, without a verdict."""
     if c["lo"] is not None and c["n"] < planned:
         return f"partial ({c['n']} of {planned} seeds): no verdict"
-    return because.verdict(c, MARGIN)   # the because study's rule, this study's margin
+    return why_it_helps.verdict(c, MARGIN)   # the because study's rule, this study's margin
 
 
 CONTRASTS = {   # name: ({row: coefficient}, planned seeds, primary)
@@ -502,17 +503,17 @@ CONTRASTS = {   # name: ({row: coefficient}, planned seeds, primary)
 
 
 def contrasts(results: list[dict]) -> dict:
-    from tools import because
+    from tools.studies import why_it_helps
 
     out = {}
     for name, (coefs, seeds, primary) in CONTRASTS.items():
         rs = [r for r in results if r["seed"] in seeds]
-        by = because.contrast_by_seed(rs, GROUP, coefs)
+        by = why_it_helps.contrast_by_seed(rs, GROUP, coefs)
         c = t_interval(list(by.values()))
         row = {"seeds": sorted(by), "per_seed": by, "t": c, "verdict": verdict(c, len(seeds)), "primary": primary}
         if len(by) >= 2:
-            D = because.per_problem_matrix(rs, GROUP, coefs, sorted(by))
-            row["bootstrap"] = because.seed_problem_bootstrap(D, BOOT_DRAWS) if D is not None else None
+            D = why_it_helps.per_problem_matrix(rs, GROUP, coefs, sorted(by))
+            row["bootstrap"] = why_it_helps.seed_problem_bootstrap(D, BOOT_DRAWS) if D is not None else None
         out[name] = row
     accs = {row: {r["seed"]: r["eval"]["acc_t1"] for r in results if r["row"] == row} for row in (GRPO, KEEP, PHANTOM)}
     common = sorted(set(accs[GRPO]) & set(accs[KEEP]) & set(accs[PHANTOM]))
@@ -555,22 +556,22 @@ def read_references(args) -> list[dict]:
     out = []
     for row, (folder, slug) in REFERENCES.items():
         for seed in OLD_SEEDS:
-            rec = studies.read_json(os.path.join(args.out, folder, "records", f"study-{GROUP}-{slug}-s{seed}.json"))
+            rec = common.read_json(os.path.join(args.out, folder, "records", f"study-{GROUP}-{slug}-s{seed}.json"))
             if rec is not None:
                 out.append(rec["result"])
     return out
 
 
 def report(new: list[dict], mech: dict | None, args, planned: int) -> tuple[str, dict]:
-    f = lambda c: studies.fmt_ci(c) if c["lo"] is not None else ("–" if c["mean"] is None else f"{c['mean']:+.3f}")  # noqa: E731
+    f = lambda c: common.fmt_ci(c) if c["lo"] is not None else ("–" if c["mean"] is None else f"{c['mean']:+.3f}")  # noqa: E731
     runs = [r for r in new if r.get("steps")]
     results = runs + read_references(args)
     con = contrasts(results)
     mt = mechanism_table(mech)
     md = [f"# Does the repair's content matter? ({len(runs)} of {planned} runs recorded"
           f"{', mechanism measured' if mech else ', mechanism not measured yet'})\n",
-          "Pre-registration: docs/because2-preregistration.md. Command: `python -m tools.because2`. "
-          f"Run time of the recorded runs (training + final eval, their own): {regime.run_minutes(runs):.0f} min.\n",
+          "Pre-registration: docs/because2-preregistration.md. Command: `python -m tools.studies.content_or_mean_shift`. "
+          f"Run time of the recorded runs (training + final eval, their own): {when_it_helps.run_minutes(runs):.0f} min.\n",
           "## Contrasts (acc at T = 1.0, paired by seed; t-interval first, seed × problem bootstrap second)\n",
           "| contrast | seeds | mean [95 % t-interval] | bootstrap 95 % | reading |", "|---" * 5 + "|"]
     for name, c in con.items():
@@ -621,9 +622,9 @@ def main(argv=None) -> None:
     p.add_argument("--jobs", type=int, default=2, help="processes at once")
     p.add_argument("--out", default="results/toy")
     a = p.parse_args(argv)
-    args = experiment.parse_args(["--out", a.out, "--jobs", str(a.jobs)])
+    args = where_it_helps.parse_args(["--out", a.out, "--jobs", str(a.jobs)])
     args.stage, args.eval_n_cool, args.train_eval_size = STAGE, 0, args.regime_eval_size   # the regime map's settings
-    os.chdir(studies.ROOT)
+    os.chdir(common.ROOT)
     t0 = time.time()
     jobs = plan(args)
     planned = sum(j["kind"] == "run" for j in jobs)
@@ -631,7 +632,7 @@ def main(argv=None) -> None:
         done = [{**j, "result": r} for j in jobs if (r := recorded(j, args)) is not None]
     else:
         from harness.data import toy
-        toy.warm_start(os.path.join(studies.ROOT, "cache"), seed=0, **regime.STARTS[WEAK][0])
+        toy.warm_start(os.path.join(common.ROOT, "cache"), seed=0, **when_it_helps.STARTS[WEAK][0])
         done = run_jobs(jobs, args, t0)
     mech = next((d["result"] for d in done if d["kind"] == "mechanism"), None)
     new = [d["result"] for d in done if d["kind"] == "run"]
@@ -639,7 +640,7 @@ def main(argv=None) -> None:
     with open(os.path.join(args.out, f"{STAGE}.md"), "w") as f:
         f.write(text)
     with open(os.path.join(args.out, f"{STAGE}.json"), "w") as f:
-        json.dump({"command": "python -m tools.because2", "wall_minutes": round((time.time() - t0) / 60, 2),
+        json.dump({"command": "python -m tools.studies.content_or_mean_shift", "wall_minutes": round((time.time() - t0) / 60, 2),
                    "summary": summary}, f, indent=1)
     print(text, flush=True)
 
@@ -651,12 +652,12 @@ def run_jobs(jobs: list[dict], args, t0: float) -> list[dict]:
     import threading
 
     if threading.current_thread() is threading.main_thread():
-        studies._stop_on_sigterm()
+        common._stop_on_sigterm()
     todo = [j for j in jobs if recorded(j, args) is None]
     done = [{**j, "result": recorded(j, args), "fresh": False} for j in jobs if j not in todo]
-    print(f"because2: {len(jobs)} jobs, {len(done)} recorded, {len(todo)} to run, {args.jobs} at a time", flush=True)
+    print(f"content_or_mean_shift: {len(jobs)} jobs, {len(done)} recorded, {len(todo)} to run, {args.jobs} at a time", flush=True)
     pool = ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn"),
-                               initializer=studies._worker_group)
+                               initializer=common._worker_group)
     try:
         pending = {pool.submit(run_one, j, args): j for j in todo}
         walls = []
@@ -676,7 +677,7 @@ def run_jobs(jobs: list[dict], args, t0: float) -> list[dict]:
                 print(f"[{len(done)}/{len(jobs)}] [{(time.time() - t0) / 60:.1f} min] {j['name']}: {what}; "
                       f"ETA {eta:.0f} min for {left} runs", flush=True)
     except BaseException:   # Ctrl-C, SIGTERM, a failed run: stop the workers and their scope.py runs
-        studies.stop_pool(pool)
+        common.stop_pool(pool)
         raise
     pool.shutdown(wait=True)
     order = {j["name"]: i for i, j in enumerate(jobs)}
@@ -685,7 +686,7 @@ def run_jobs(jobs: list[dict], args, t0: float) -> list[dict]:
 
 if __name__ == "__main__":
     if "--scope-run" in sys.argv:
-        os.chdir(studies.ROOT)
+        os.chdir(common.ROOT)
         scope_run([x for x in sys.argv[1:] if x != "--scope-run"])
     else:
         main()

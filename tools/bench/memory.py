@@ -1,16 +1,16 @@
-"""bench_memory.py — the GPU memory of our own update, PRM scoring and refiner, traced on fake tensors.
+"""memory.py — the GPU memory of our own update, PRM scoring and refiner, traced on fake tensors.
 
 Not part of the paper. `harness/run/preflight.py`'s memory plan takes its per-parameter and per-token constants
 from the traces this tool runs; run it to see traced beside planned, per component, for any config:
 
-    python -m tools.bench_memory                                  # Qwen2.5-1.5B policy, 7B PRM and refiner, 16x8
-    python -m tools.bench_memory --model Qwen2.5-0.5B --prm none   # any scope.py flags
-    python -m tools.bench_memory --only prm                       # only the 7B PRM's scoring batch
-    python -m tools.bench_memory --model Qwen2.5-Math-7B --fsdp --world 8 --only update
+    python -m tools.bench.memory                                  # Qwen2.5-1.5B policy, 7B PRM and refiner, 16x8
+    python -m tools.bench.memory --model Qwen2.5-0.5B --prm none   # any scope.py flags
+    python -m tools.bench.memory --only prm                       # only the 7B PRM's scoring batch
+    python -m tools.bench.memory --model Qwen2.5-Math-7B --fsdp --world 8 --only update
                                        # one rank of the 8-GPU FSDP2 update (FSDPMemTracker, fake process group)
-    python -m tools.bench_memory --fit                            # the small traces the plan's constants come from
-    python -m tools.bench_memory --table                          # docs/memory.md's per-card table, from the plan
-    OMP_NUM_THREADS=1 python -m tools.bench_memory --time-update 2x160 --model Qwen2.5-0.5B --micro-batch-size 2
+    python -m tools.bench.memory --fit                            # the small traces the plan's constants come from
+    python -m tools.bench.memory --table                          # docs/memory.md's per-card table, from the plan
+    OMP_NUM_THREADS=1 python -m tools.bench.memory --time-update 2x160 --model Qwen2.5-0.5B --micro-batch-size 2
                                        # grpo.update for real on the CPU, with and without checkpointing
 
 How: PyTorch's FakeTensorMode builds the model from its real config.json (the alias table in preflight when
