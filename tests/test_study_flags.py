@@ -243,7 +243,7 @@ def test_weak_start_policy_is_passed_to_the_weak_runs_only():
     weak = next(j for j in plan_stage2(args, ["scope any/replace", "scope any/append"]) if j["group"] == "weak")
     main = next(j for j in plan_grid(args) if j["row"] == "grpo")
     cmd = scope_command(weak, args)
-    assert cmd[cmd.index("--model") + 1] == os.path.relpath(start_path(weak, args), os.path.dirname(os.path.dirname(os.path.dirname(toy.__file__))))
+    assert cmd[cmd.index("--model") + 1] == os.path.relpath(start_path(weak, args), ROOT)
     assert start_path(weak, args) != start_path(main, args) and "--model" not in scope_command(main, args)
     assert "--model" not in scope_command(weak, parse_args(["--weak-start", "{}"]))
     with pytest.raises(SystemExit):
