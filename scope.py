@@ -148,5 +148,5 @@ parse_args = partial(config.parse_args, Args, description="\n\n".join(__doc__.sp
 
 if __name__ == "__main__":
     cli_args = parse_args()
-    with config.calm_interrupt(cli_args):   # Ctrl-C / SIGTERM: one line with the --resume command, no traceback
+    with config.run_interrupt(cli_args):   # Ctrl-C / SIGTERM: one line with the --resume command, no traceback
         main(cli_args)

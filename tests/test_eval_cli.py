@@ -1,6 +1,6 @@
-"""eval.py section 4: `evaluate` with hand-computed numbers, the CLI end to end on a local JSONL benchmark
-with a tiny random model saved to disk (HF backend), and tools/report.py: `--plot` and the `--trace` viewer, whose
-files go next to the run."""
+"""eval.py's `evaluate` with hand-computed numbers, its CLI (harness/run/eval_cli.py) end to end on a local JSONL
+benchmark with a tiny random model saved to disk (HF backend), and tools/report.py: `--plot` and the `--trace` viewer,
+whose files go next to the run."""
 import json
 import os
 import shutil
@@ -13,6 +13,7 @@ import torch
 import eval as ev
 from conftest import make_bpe_tokenizer, make_tiny_causal_lm
 from harness.engines.generate import Completion
+from harness.run import eval_cli
 from tools import report
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -342,7 +343,7 @@ def test_pass_at_k_picture_has_a_line_per_benchmark(tmp_path, monkeypatch):
     report = {"model": "runs/a/checkpoint", "n": 4, "temperature": 0.6,
               "benchmarks": {"math500": {"pass@k": {"1": 0.25, "2": 0.5, "4": 0.75}}},
               "ood": {"arc-c": {"pass@k": {"1": 0.5, "2": 0.6, "4": 0.7}}}}
-    path = ev.plot_pass_at_k(report, str(tmp_path / "r.png"))
+    path = eval_cli.plot_pass_at_k(report, str(tmp_path / "r.png"))
     assert os.path.getsize(path) > 1000
     assert drawn == [([1, 2, 4], [25.0, 50.0, 75.0], "math500"), ([1, 2, 4], [50.0, 60.0, 70.0], "arc-c")]
 
@@ -357,7 +358,7 @@ def test_an_earlier_report_is_kept_and_the_out_path_is_checked_before_the_work(t
     (tmp_path / "runs" / "r" / "checkpoint").mkdir(parents=True)
     (tmp_path / "runs" / "r" / "checkpoint" / "config.json").write_text("{}")
     loaded = []
-    monkeypatch.setattr(ev, "make_generator", lambda *a, **k: loaded.append(a) or (_ for _ in ()).throw(OSError))
+    monkeypatch.setattr(eval_cli, "make_generator", lambda *a, **k: loaded.append(a) or (_ for _ in ()).throw(OSError))
     argv = ["--model", str(tmp_path / "runs" / "r" / "checkpoint"), "--benchmarks", str(bench), "--out", str(out)]
     assert ev.main(argv) == 2
     assert capsys.readouterr().err == (f"eval.py: {out} already holds a report; pass --overwrite to replace it, or "
@@ -367,17 +368,17 @@ def test_an_earlier_report_is_kept_and_the_out_path_is_checked_before_the_work(t
     assert ev.main(argv[:-1] + [str(tmp_path / "file" / "res.json")]) == 2
     assert "cannot write there" in capsys.readouterr().err and loaded == []
     assert ev.main(argv + ["--overwrite"]) == 2 and len(loaded) == 1   # --overwrite: on to the model
-    assert ev.model_label(str(tmp_path / "runs" / "r" / "checkpoint")) == "r"
-    assert ev.model_label("Qwen/Qwen2.5-Math-1.5B") == "Qwen2.5-Math-1.5B"
+    assert eval_cli.model_label(str(tmp_path / "runs" / "r" / "checkpoint")) == "r"
+    assert eval_cli.model_label("Qwen/Qwen2.5-Math-1.5B") == "Qwen2.5-Math-1.5B"
 
 
 # ---- eval.py refuses in one line what the input alone decides, before any model loads ----
 
 @pytest.fixture
 def no_model_load(monkeypatch):
-    """ev.make_generator replaced by a recorder that fails the test's expectations if it is ever reached."""
+    """eval_cli.make_generator replaced by a recorder that fails the test's expectations if it is ever reached."""
     loaded = []
-    monkeypatch.setattr(ev, "make_generator", lambda *a, **k: loaded.append(a) or (_ for _ in ()).throw(OSError("x")))
+    monkeypatch.setattr(eval_cli, "make_generator", lambda *a, **k: loaded.append(a) or (_ for _ in ()).throw(OSError("x")))
     return loaded
 
 
@@ -446,7 +447,7 @@ def test_the_data_and_prompt_flags_are_scopes_own(tmp_path, monkeypatch):
 
     import scope
     from harness.run import cli
-    parser_flags = {a.dest: (a.default, a.help) for a in ev.make_parser()._actions}
+    parser_flags = {a.dest: (a.default, a.help) for a in eval_cli.make_parser()._actions}
     args_fields = {f.name: (f.default, f.metadata["help"]) for f in fields(scope.Args)}
     for name, (default, text) in cli.DATA_FLAGS.items():
         assert parser_flags[name] == (default, f"{text} (default: {default!r})")
@@ -455,7 +456,7 @@ def test_the_data_and_prompt_flags_are_scopes_own(tmp_path, monkeypatch):
     bench.write_text(json.dumps({"q": "What is 2 + 2?", "a": "4", "question": "not this"}) + "\n")
     seen = {}
     (tmp_path / "config.json").write_text("{}")
-    monkeypatch.setattr(ev, "make_generator", lambda *a, **k: (None, None))
+    monkeypatch.setattr(eval_cli, "make_generator", lambda *a, **k: (None, None))
     monkeypatch.setattr(ev, "evaluate", lambda gen, tok, problems, **kw: seen.update(problems=problems, **kw)
                         or (_ for _ in ()).throw(KeyboardInterrupt))
     assert ev.main(["--model", str(tmp_path), "--benchmarks", str(bench), "--question-field", "q", "--answer-field",
@@ -478,7 +479,7 @@ def test_ctrl_c_keeps_the_finished_benchmarks_in_the_report(tmp_path, monkeypatc
         return dict(done)
 
     (tmp_path / "config.json").write_text("{}")
-    monkeypatch.setattr(ev, "make_generator", lambda *a, **k: (None, None))
+    monkeypatch.setattr(eval_cli, "make_generator", lambda *a, **k: (None, None))
     monkeypatch.setattr(ev, "evaluate", evaluate)
     benches = []
     for name in ("a", "b"):
@@ -612,7 +613,7 @@ def test_trl_names_are_taken_or_hinted(tmp_path, monkeypatch, capsys, no_model_l
     """eval.py had no TRL names: `--num_generations 4` was told "did you mean --max-new-tokens?". TRL's names of the
     same meaning are taken as ours, our own flags with underscores too (as scope.py takes them); the others are one
     line naming ours."""
-    args = ev.parse_args(["--model_name_or_path", "m", "--max_completion_length", "7", "--top_p", "0.5",
+    args = eval_cli.parse_args(["--model_name_or_path", "m", "--max_completion_length", "7", "--top_p", "0.5",
                           "--vllm_gpu_memory_utilization=0.5", "--batch_size", "3"])
     assert (args.model, args.max_new_tokens, args.top_p, args.vllm_mem, args.batch_size) == ("m", 7, 0.5, 0.5, 3)
     assert refusal(["--model", "m", "--num_generations", "4"], capsys) == (
@@ -626,7 +627,7 @@ def test_trl_names_are_taken_or_hinted(tmp_path, monkeypatch, capsys, no_model_l
 def test_help_shows_the_defaults(capsys):
     """`eval.py --help` showed no defaults (--n 8, --temperature 0.6, --max-new-tokens 1024, --batch-size 64)."""
     with pytest.raises(SystemExit):
-        ev.parse_args(["--help"])
+        eval_cli.parse_args(["--help"])
     text = " ".join(capsys.readouterr().out.split())
     for flag, default in (("--n N", "8"), ("--temperature TEMPERATURE", "0.6"), ("--batch-size BATCH_SIZE", "64"),
                           ("--max-new-tokens MAX_NEW_TOKENS", "1024"), ("--seed SEED", "0")):

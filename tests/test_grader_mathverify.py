@@ -90,6 +90,7 @@ def test_missing_package_and_unknown_name_are_one_line(monkeypatch):
 @needs_math_verify
 def test_eval_grades_with_the_grader_it_is_given():
     import eval
+    from harness.run import eval_cli
 
     class Generator:
         def generate(self, prompts, **kw):
@@ -103,4 +104,4 @@ def test_eval_grades_with_the_grader_it_is_given():
         assert eval.evaluate(Generator(), tokenizer, problems, grade_fn=grade)["acc"] == 1.0
     finally:
         grade.close()
-    assert eval.parse_args(["--model", "m", "--grader", "math-verify"]).grader == "math-verify"
+    assert eval_cli.parse_args(["--model", "m", "--grader", "math-verify"]).grader == "math-verify"

@@ -384,7 +384,7 @@ def test_rejected_flag_from_the_command_line_is_fast(tmp_path):
 def test_eval_report_goes_next_to_the_evaluated_run(tmp_path):
     """Regression: `eval.py --model runs/X/checkpoint` wrote eval_checkpoint.json into the working directory, so
     every run's evaluation overwrote the same file."""
-    from eval import report_path
+    from harness.run.eval_cli import report_path
 
     for name in ("a", "b"):
         (tmp_path / "runs" / name / "checkpoint").mkdir(parents=True)

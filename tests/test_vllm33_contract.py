@@ -239,10 +239,10 @@ def test_engine_keywords_are_vllm033s(recorded, qwen_tokenizer, tmp_path, monkey
 def test_eval_engine_keywords_are_vllm033s(recorded, qwen_tokenizer, tmp_path, monkeypatch):
     from vllm.engine.arg_utils import EngineArgs
 
-    import eval as evaluation
+    from harness.run import eval_cli
 
     qwen_tokenizer.save_pretrained(tmp_path)
-    evaluation.make_generator(str(tmp_path), "vllm", seed=3, vllm_mem=0.5)
+    eval_cli.make_generator(str(tmp_path), "vllm", seed=3, vllm_mem=0.5)
     kwargs = recorded[-1].kwargs
     inspect.signature(real_llm().__init__).bind(None, **kwargs)
     EngineArgs(**kwargs)

@@ -1,5 +1,8 @@
-"""cli.py — the command line's conveniences for people coming from TRL: `--config FILE` and TRL's flag names.
+"""cli.py — what scope.py's and eval.py's command lines share, and the conveniences for people coming from TRL.
 
+- `OneLineErrors`, `unknown_argument`, `out_of_range`: a refusal is one line naming the flag (and the closest one),
+  a value out of range is "--flag VALUE: must be ..." from a table of (flag, test, what it must be).
+- `calm_interrupt`: Ctrl-C or SIGTERM ends the command with one line and exit 130, a second Ctrl-C ignored.
 - `config_argv(path, defaults)`: a YAML file of flags (`--config recipe.yaml`, as TRL's recipes are run) turned
   into the command-line words it stands for, so argparse checks its values exactly as typed ones (types,
   choices) and a flag typed on the command line after it wins. Keys are our flag names, with dashes or
@@ -19,12 +22,71 @@
 - `as_keys(message)`: a refusal in the spelling of scope.main's dict (`--run-name x` → `run_name=x`), for a
   Python caller (config.library_call).
 """
+import argparse
+import contextlib
 import difflib
 import os
 import re
 import shlex
+import signal
 
 from harness.data.prompt import DEFAULT_SYSTEM
+from harness.run.runs import stop
+
+
+class OneLineErrors(argparse.ArgumentParser):
+    """argparse whose refusals are one line naming the culprit and `python PROG --help`, not the 40-line usage:
+    runs.stop's line and exit 2 (inside runs.refusals_raised: runs.Refused)."""
+
+    def error(self, message):
+        stop(f"{message} (python {self.prog} --help lists every flag)")
+
+
+def unknown_argument(word: str, flags: list[str]) -> str:
+    """The refusal of a word argparse did not take: the closest flag when one is near ("--step" → "--steps")."""
+    if not word.startswith("-"):
+        near = difflib.get_close_matches("--" + word.replace("_", "-"), flags, n=1, cutoff=0.75)
+        return f"unexpected argument '{word}'" + (f": did you mean {near[0]}?" if near else " (flags start with --)")
+    flag = word.split("=", 1)[0]
+    near = difflib.get_close_matches(flag.replace("_", "-"), flags, n=1, cutoff=0.6)
+    return f"unknown flag {flag}" + (f": did you mean {near[0]}?" if near else "")
+
+
+def out_of_range(args, ranges) -> str | None:
+    """The refusal of the first flag in `ranges`, (flag, test of its value, what it must be), whose value fails its
+    test: "--flag VALUE: must be ..."; None when every value passes."""
+    for flag, ok, valid in ranges:
+        value = getattr(args, flag.replace("-", "_"))
+        if not ok(value):
+            return f"--{flag} {value!r}: must be {valid}"
+    return None
+
+
+@contextlib.contextmanager
+def calm_interrupt(say, python: bool = False):
+    """Ctrl-C, or SIGTERM taken as one, ends the block with one line instead of a traceback: `say(err)` prints it
+    while a second Ctrl-C or SIGTERM is ignored, then SystemExit(130); the signal handlers are put back as the block
+    ends. `python` (a Python caller, as a notebook, whose process lives on): SIGTERM is left as it is and after
+    `say` the KeyboardInterrupt goes on to the caller. scope.py's line: config.run_interrupt; eval.py's: eval_cli."""
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    handlers = None if python else (signal.signal(signal.SIGTERM, on_term), signal.getsignal(signal.SIGINT))
+    try:
+        yield
+    except KeyboardInterrupt as err:
+        if not python:
+            signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut the line short
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        say(err)
+        if python:
+            raise
+        raise SystemExit(130) from None
+    finally:
+        if handlers is not None:
+            signal.signal(signal.SIGTERM, handlers[0])
+            signal.signal(signal.SIGINT, handlers[1])
+
 
 # TRL's names (GRPOConfig / TrainingArguments / ModelConfig / ScriptArguments) that mean what one of our flags means:
 # taken as ours, on the command line, in a --config file and in scope.main's dict (config.json records our name)
@@ -130,7 +192,7 @@ def trl_names(argv: list[str]) -> list[str]:
             if not eq and i < len(argv):
                 value, i = argv[i], i + 1
             if not _zero(value):
-                _fail(f"--lora_dropout {value}: TRL's name; {TRL_NAMES['lora_dropout'][1]}")
+                stop(f"--lora_dropout {value}: TRL's name; {TRL_NAMES['lora_dropout'][1]}")
         elif key in TRL_SAME:
             ours, joining = "--" + TRL_SAME[key].replace("_", "-"), key == "lora_target_modules" and not eq
             out.append(ours + "=" + value if eq or joining else ours)
@@ -198,7 +260,7 @@ def as_keys(message: str, booleans=frozenset()) -> str:
 
 def trl_hint(word: str, names: dict | None = None) -> str | None:
     """The refusal of a TRL flag name ("--num_generations", "num-generations"), naming ours; None otherwise.
-    `names`: the table (TRL_NAMES, scope.py's; eval.py passes its own)."""
+    `names`: the table (TRL_NAMES, scope.py's; eval_cli.py passes its own)."""
     names = TRL_NAMES if names is None else names
     name = word.split("=", 1)[0].lstrip("-").replace("-", "_")
     if name not in names:
@@ -210,30 +272,24 @@ def trl_hint(word: str, names: dict | None = None) -> str | None:
     return f"unknown flag {shown}: TRL's name; did you mean {ours}?" + (f" ({note})" if note else "")
 
 
-def _fail(message: str):
-    from harness.run.runs import stop
-
-    stop(message)   # a usage error, as argparse's: one line, exit 2 (from Python: runs.Refused)
-
-
 def config_argv(path: str, defaults: dict) -> list[str]:
     """The command-line words for the flags in the YAML file `path`; `defaults` (flag name → default value) says
     which flags exist and which are booleans. Every problem is one line naming the file (and the key)."""
     import yaml
 
     if not os.path.isfile(path):
-        _fail(f"--config {path}: no such file")
+        stop(f"--config {path}: no such file")
     try:
         with open(path, encoding="utf-8") as f:
             data = yaml.safe_load(f)
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         where = f" (line {mark.line + 1})" if mark is not None else ""
-        _fail(f"--config {path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}")
+        stop(f"--config {path}: not valid YAML{where}: {getattr(err, 'problem', None) or err}")
     if data is None:
         return []
     if not isinstance(data, dict):
-        _fail(f"--config {path}: expected a mapping of flag: value, got a {type(data).__name__}")
+        stop(f"--config {path}: expected a mapping of flag: value, got a {type(data).__name__}")
     return flags_argv(data, defaults, f"--config {path}")
 
 
@@ -282,7 +338,7 @@ def flags_argv(data: dict, defaults: dict, where: str) -> list[str]:
         argv.append(f"{flag}={value}")   # '=' keeps a negative number a value (--lr=-1e-4)
     if problems:
         unknown = any("no such flag" in p for p in problems)
-        _fail((f"{where}: key " if len(problems) == 1 else f"{where}: {len(problems)} keys: ")
+        stop((f"{where}: key " if len(problems) == 1 else f"{where}: {len(problems)} keys: ")
               + "; ".join(problems) + (" (python scope.py --help lists every flag; keys are its names with dashes "
                                        "or underscores)" if unknown else ""))
     return argv

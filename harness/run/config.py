@@ -7,11 +7,9 @@ torchrun, trackers, offload, evaluation budgets, paths, the toy world). Each fie
 """
 import argparse
 import contextlib
-import difflib
 import functools
 import io
 import os
-import signal
 import sys
 import textwrap
 import weakref
@@ -150,23 +148,6 @@ class NoHyphenBreaks(argparse.HelpFormatter):
                              subsequent_indent=indent, break_on_hyphens=False)
 
 
-class OneLineErrors(argparse.ArgumentParser):
-    """argparse whose refusals are one line naming the culprit and the --help hint, not the 40-line usage."""
-
-    def error(self, message):
-        stop(f"{message} (python scope.py --help lists every flag)")   # from Python: runs.Refused
-
-
-def unknown_argument(word: str, flags: list[str]) -> str:
-    """The refusal of a word argparse did not take: the closest flag when one is near ("--step" → "--steps")."""
-    if not word.startswith("-"):
-        near = difflib.get_close_matches("--" + word.replace("_", "-"), flags, n=1, cutoff=0.75)
-        return f"unexpected argument '{word}'" + (f": did you mean {near[0]}?" if near else " (flags start with --)")
-    flag = word.split("=", 1)[0]
-    near = difflib.get_close_matches(flag.replace("_", "-"), flags, n=1, cutoff=0.6)
-    return f"unknown flag {flag}" + (f": did you mean {near[0]}?" if near else "")
-
-
 def parse_args(args_class, argv=None, description: str = ""):
     """`args_class` (scope.Args) from the command line. Precedence: flags typed > the resumed run's settings
     (config.json with the accepted changes of changes.jsonl) > --toy defaults > the dataclass defaults; a new
@@ -174,13 +155,14 @@ def parse_args(args_class, argv=None, description: str = ""):
     LORA_LR_SCALE × the default --lr unless --lr is typed. On a resume, a typed flag that changes training is refused by
     the pre-flight unless --change-config confirms it. A mistyped flag is one line naming the closest flag."""
     toy_line = " ".join(cli.flag_words(k, v) for k, v in TOY_DEFAULTS.items())
-    parser = OneLineErrors(description=description, allow_abbrev=False, formatter_class=NoHyphenBreaks,
-                           epilog=f"--toy also sets, unless typed: {toy_line}. --lora-rank R (--use_peft) sets --lr "
-                                  f"to {LORA_LR_SCALE:g} × its default unless typed ({lora_lr(args_class().lr):g}; with "
-                                  f"--toy {lora_lr(TOY_DEFAULTS['lr']):g}; TRL keeps learning_rate as given), and the "
-                                  f"run says so. {USE_PEFT_LINE} TRL's names that mean what ours mean are taken as "
-                                  f"ours (--learning_rate, --num_generations, ...); the others are refused naming "
-                                  f"ours (docs/running.md)")
+    parser = cli.OneLineErrors(
+        prog="scope.py", description=description, allow_abbrev=False, formatter_class=NoHyphenBreaks,
+        epilog=f"--toy also sets, unless typed: {toy_line}. --lora-rank R (--use_peft) sets --lr "
+               f"to {LORA_LR_SCALE:g} × its default unless typed ({lora_lr(args_class().lr):g}; with "
+               f"--toy {lora_lr(TOY_DEFAULTS['lr']):g}; TRL keeps learning_rate as given), and the "
+               f"run says so. {USE_PEFT_LINE} TRL's names that mean what ours mean are taken as "
+               f"ours (--learning_rate, --num_generations, ...); the others are refused naming "
+               f"ours (docs/running.md)")
     engine = {f.name for f in fields(EngineArgs)}
     groups = {False: parser.add_argument_group("the method (scope.py Args)"),
               True: parser.add_argument_group("the engine (harness/run/config.py EngineArgs)")}
@@ -196,7 +178,7 @@ def parse_args(args_class, argv=None, description: str = ""):
     argv = cli.normalise(argv, flags, booleans)   # --group_size → --group-size, --lr -1e-4 → --lr=-1e-4, --toy true
     known, unknown = parser.parse_known_args(argv)
     if unknown:   # TRL's name for one of our flags gets ours (harness/run/cli.py)
-        parser.error(cli.trl_hint(unknown[0]) or unknown_argument(unknown[0], flags))
+        parser.error(cli.trl_hint(unknown[0]) or cli.unknown_argument(unknown[0], flags))
     typed = vars(known)   # only the flags on the command line (the rest are SUPPRESSed)
     values = asdict(args_class())
     if typed.get("resume"):   # a checked config: missing folder/file, bad JSON or foreign keys stop in one line
@@ -273,7 +255,7 @@ def library_call(args_class_of):
                 args = as_args(args_class, args)
                 printed = io.StringIO()
                 try:
-                    with calm_interrupt(args, python=True), \
+                    with run_interrupt(args, python=True), \
                             contextlib.redirect_stdout(printed) if args.dry_run else contextlib.nullcontext():
                         return main(args)
                 except Done as done:
@@ -283,40 +265,24 @@ def library_call(args_class_of):
                     notes = done.result["notes"] + [line[len("note: "):] for line in text.splitlines()
                                                     if line.startswith("note: ")]
                     return {**done.result, "notes": list(dict.fromkeys(notes)), "text": text}
+                finally:   # done, refused or failed: the process's next call on this run must not find it locked
+                    with contextlib.suppress(ValueError, SystemExit):   # a run name refused: no folder, no lock
+                        release_lock(os.path.join(preflight.run_dir_of(args), "lock"))
         return call
     return wrap
 
 
-@contextlib.contextmanager
-def calm_interrupt(args, python: bool = False):
-    """Ctrl-C or SIGTERM: one line naming the last complete checkpoint and the exact --resume command (before the
-    first checkpoint: that nothing was saved yet, and the command that starts the run again), exit 130,
-    no traceback; the lock is released (also by the exit handler open_run registered), and a save cut short is
-    recovered by the resume (runs.py rule 4). `python`: scope.main called from Python (a notebook), whose process
-    lives on: the lock is released as the call ends, whatever ends it (done, refused, failed); Ctrl-C prints the
-    line with the main(...) call that resumes, and the KeyboardInterrupt goes on to the caller (SIGTERM is left as
-    it is)."""
-    def on_term(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = None if python else signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield
-    except KeyboardInterrupt:
-        if not python:
-            signal.signal(signal.SIGINT, signal.SIG_IGN)   # a second Ctrl-C must not cut this message short
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+def run_interrupt(args, python: bool = False):
+    """A run's calm interrupt (cli.calm_interrupt): one line naming the last complete checkpoint and the exact
+    --resume command (before the first checkpoint: that nothing was saved yet, and the command that starts the run
+    again), exit 130; the lock is released (also by the exit handler open_run registered), and a save cut short is
+    recovered by the resume (runs.py rule 4). `python`: scope.main called from Python (a notebook): the line gives
+    the main(...) call that resumes, and the KeyboardInterrupt goes on to the caller."""
+    def say(err):
         run_dir = preflight.run_dir_of(args)
         release_lock(os.path.join(run_dir, "lock"))   # only if this process holds it
         if os.environ.get("RANK", "0") == "0":   # under torchrun every rank gets the signal; rank 0 speaks
             hint = resume_hint(run_dir, None if python else sys.argv[1:], min(args.save_every, args.steps))
             tqdm.write(f"\ninterrupted: {hint}", file=sys.stderr)
-        if python:
-            raise
-        raise SystemExit(130) from None
-    finally:
-        if previous is not None:
-            signal.signal(signal.SIGTERM, previous)
-        if python:   # finished, refused or failed: the process's next call on this run must not find it locked
-            with contextlib.suppress(ValueError, SystemExit):   # a run name refused: no folder, no lock
-                release_lock(os.path.join(preflight.run_dir_of(args), "lock"))
+
+    return cli.calm_interrupt(say, python)

@@ -33,7 +33,7 @@ from harness.engines import lora
 from harness.plan.memory import (FIT_SHARE, GIB, MODEL_ALIASES, MODES_WITH_PRM, fixes, format_plan, memory_plan,
                                  plan_total, refiner_fallback_refusal, world_size)
 from harness.engines.refiner import MODES_WITH_REFINER   # ("scope", "replace"): the modes that repair
-from harness.run import trackers
+from harness.run import cli, trackers
 from harness.run.runs import (CONFIG_RECORDS, Done, find_checkpoint, holds_run, lock_holder, read_changes, run_folder,
                               run_of, run_settings, stop, unwritable)
 
@@ -70,39 +70,36 @@ def check_args(args, notes=()) -> list[str]:
         if choices and getattr(args, f.name) not in choices:
             stop(f"--{f.name.replace('_', '-')} {getattr(args, f.name)!r}: choose from {', '.join(choices)}")
 
-    def need(ok: bool, flag: str, valid: str):
-        if not ok:
-            stop(f"--{flag} {getattr(args, flag.replace('-', '_'))!r}: must be {valid}")
-
-    for flag in ("steps", "prompts-per-step", "max-new-tokens", "refine-attempts", "micro-batch-size", "save-every",
-                 "eval-n", "gen-batch-size", "eval-max-new-tokens", "refiner-max-tokens"):
-        need(getattr(args, flag.replace("-", "_")) >= 1, flag, "an integer >= 1")
-    need(args.group_size >= 2, "group-size", ">= 2 (advantages are centred within a group: one rollout per "
-                                             "prompt gives zero loss and zero gradient)")
-    for flag in ("eval-every", "eval-size", "seed"):
-        need(getattr(args, flag.replace("-", "_")) >= 0, flag, "an integer >= 0")
-    need(args.lr > 0 and args.lr < 1, "lr", "> 0 and < 1")
-    need(args.warmup_steps >= 0, "warmup-steps", ">= 0 (0: a constant learning rate)")
-    need(args.max_grad_norm > 0, "max-grad-norm", "> 0 (inf: no clip)")
-    need(0 < args.tau <= 1, "tau", "in (0, 1] (a PRM score is a probability; tau > 1 flags every step)")
-    need(0 <= args.toy_prm_noise <= 1, "toy-prm-noise", "a probability in [0, 1]")
     from harness.data.toy import STYLES   # the toy world's step styles (scope.py has imported it already)
-    need(1 <= args.toy_styles <= len(STYLES), "toy-styles", f"an integer in 1..{len(STYLES)} "
-         f"(the toy world's step styles, harness/data/toy.py choice 10)")
-    need(args.temperature > 0, "temperature", "> 0")
-    need(args.clip_eps > 0, "clip-eps", "> 0 (inf: no clip)")
     groups = args.prompts_per_step // world_size()   # this process's groups (torchrun: each rank's share)
-    need(1 <= args.updates_per_batch <= groups, "updates-per-batch",
-         f"an integer in 1..{groups} (each optimizer step takes whole groups, and each process holds {groups} of "
-         f"--prompts-per-step {args.prompts_per_step})")
-    need(args.shaping_gamma > 0, "shaping-gamma", "> 0")
-    need(args.kl_coef >= 0, "kl-coef", ">= 0")
-    need(args.entropy_coef >= 0, "entropy-coef", ">= 0")
-    need(abs(args.prm_reward_coef) < float("inf"), "prm-reward-coef", "a finite number")
-    need(0 < args.refiner_mem < 1, "refiner-mem", "a share of the GPU's memory in (0, 1)")
-    need(args.refiner_timeout > 0, "refiner-timeout", "> 0 seconds")
-    need(args.tis_cap == 0 or 1 <= args.tis_cap < float("inf"), "tis-cap",
-         "0 (off) or a finite cap >= 1 (a cap below 1 would scale every policy token down)")
+    refusal = cli.out_of_range(args, (   # (flag, test of its value, what it must be), checked in this order
+        *((flag, lambda v: v >= 1, "an integer >= 1") for flag in (
+            "steps", "prompts-per-step", "max-new-tokens", "refine-attempts", "micro-batch-size", "save-every",
+            "eval-n", "gen-batch-size", "eval-max-new-tokens", "refiner-max-tokens")),
+        ("group-size", lambda v: v >= 2, ">= 2 (advantages are centred within a group: one rollout per prompt gives "
+                                         "zero loss and zero gradient)"),
+        *((flag, lambda v: v >= 0, "an integer >= 0") for flag in ("eval-every", "eval-size", "seed")),
+        ("lr", lambda v: v > 0 and v < 1, "> 0 and < 1"),
+        ("warmup-steps", lambda v: v >= 0, ">= 0 (0: a constant learning rate)"),
+        ("max-grad-norm", lambda v: v > 0, "> 0 (inf: no clip)"),
+        ("tau", lambda v: 0 < v <= 1, "in (0, 1] (a PRM score is a probability; tau > 1 flags every step)"),
+        ("toy-prm-noise", lambda v: 0 <= v <= 1, "a probability in [0, 1]"),
+        ("toy-styles", lambda v: 1 <= v <= len(STYLES), f"an integer in 1..{len(STYLES)} (the toy world's step "
+                                                        f"styles, harness/data/toy.py choice 10)"),
+        ("temperature", lambda v: v > 0, "> 0"),
+        ("clip-eps", lambda v: v > 0, "> 0 (inf: no clip)"),
+        ("updates-per-batch", lambda v: 1 <= v <= groups, f"an integer in 1..{groups} (each optimizer step takes "
+         f"whole groups, and each process holds {groups} of --prompts-per-step {args.prompts_per_step})"),
+        ("shaping-gamma", lambda v: v > 0, "> 0"),
+        ("kl-coef", lambda v: v >= 0, ">= 0"),
+        ("entropy-coef", lambda v: v >= 0, ">= 0"),
+        ("prm-reward-coef", lambda v: abs(v) < float("inf"), "a finite number"),
+        ("refiner-mem", lambda v: 0 < v < 1, "a share of the GPU's memory in (0, 1)"),
+        ("refiner-timeout", lambda v: v > 0, "> 0 seconds"),
+        ("tis-cap", lambda v: v == 0 or 1 <= v < float("inf"),
+         "0 (off) or a finite cap >= 1 (a cap below 1 would scale every policy token down)")))
+    if refusal:
+        stop(refusal)
     if not args.toy:
         if args.toy_prm_noise != 0:
             stop(f"--toy-prm-noise {args.toy_prm_noise!r}: only with --toy (the real PRM has no noise knob)")

@@ -10,6 +10,7 @@
   only on a terminal (`bar_disabled`): a bar redraws with carriage returns, which a log file keeps as noise.
 - `StudyClock`: a study's "run k/N, ETA ..." from the runs that trained or evaluated in this invocation (a
   run already finished and cached counts as done but not into the rate).
+- `eval_progress`: where `eval.evaluate` is, a bar on a terminal, one line per generate call in a log.
 - `log_rollouts`: a few of each step's sampled rollouts, whole, in rollouts.jsonl beside traces.jsonl (which
   holds the repairs), so what the policy writes can be read in every mode, `--mode grpo` included.
 - `closing_outputs` and `summary_to_file`: at the end of a run, its curves picture (curves.png), its model
@@ -122,6 +123,31 @@ class StudyClock:
         if not self.fresh:
             return f"run {self.done}/{self.total}, ETA unknown yet"
         return f"run {self.done}/{self.total}, ETA {duration((self.now() - self.t0) / self.fresh * left)}"
+
+
+def eval_progress(total: int, batch_size: int, label: str = ""):
+    """Where an evaluation of `total` problems is: a tqdm bar on a terminal (none for one batch); off a terminal,
+    with a `label`, one line per update: "eval math500: 64/500 problems, 41 s, ETA 4 min 39 s" (a log file gets
+    no carriage returns); without a label, nothing (the training loop's periodic evaluation)."""
+    from tqdm.auto import tqdm
+
+    if not bar_disabled() or not label:
+        return tqdm(total=total, desc="eval", unit="problem", disable=total <= batch_size or bar_disabled())
+
+    class Lines:
+        def __init__(self):
+            self.done, self.t0 = 0, time.time()
+
+        def update(self, k: int) -> None:
+            self.done += k
+            spent = time.time() - self.t0
+            left = "done" if self.done >= total else f"ETA {duration(spent / self.done * (total - self.done))}"
+            print(f"eval {label}: {self.done}/{total} problems, {duration(spent)}, {left}", flush=True)
+
+        def close(self) -> None:
+            pass
+
+    return Lines()
 
 
 def pick_rollouts(n: int, seed: int, k: int = ROLLOUTS_PER_STEP) -> list[int]:

@@ -9,7 +9,7 @@ metrics, eval, log, checkpoint), `finish`; each docstring says what it adds to t
 none (timers, PRM offload, autocast, vLLM sleep). `paper` holds
 the pieces of the five top-level files the engine builds and calls (this package imports none of them). Under
 torchrun (harness/engines/dist.py) every rank runs the loop; rank 0 alone writes and prints. Ctrl-C's one line and the
-lock's release: `config.calm_interrupt`.
+lock's release: `config.run_interrupt`.
 """
 import atexit
 import contextlib

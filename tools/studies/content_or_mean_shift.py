@@ -142,7 +142,7 @@ def scope_run(argv: list[str]) -> None:
                                 os.path.join(self.run_dir, "checkpoints", f"step-{step}"), dirs_exist_ok=True)
         wiring.Run.checkpoint = keep_copy
     try:
-        with config.calm_interrupt(args):
+        with config.run_interrupt(args):
             scope.main(args)
     finally:
         scope.rectify, wiring.Run.checkpoint = rectify, checkpoint
