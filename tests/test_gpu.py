@@ -963,7 +963,7 @@ def small_card(tmp_path, device: str, shape: dict, flags: list[str], timeout: fl
     from transformers import Qwen2Config, Qwen2ForTokenClassification
 
     from harness.plan import phase_memory
-    from harness.plan import memory
+    from harness.plan import memory as plan
 
     if importlib.util.find_spec("peft") is None:
         pytest.skip("needs peft (carry the peft, accelerate and psutil wheels: docs/gpu-check.md)")
@@ -993,7 +993,7 @@ def small_card(tmp_path, device: str, shape: dict, flags: list[str], timeout: fl
     metrics = [json.loads(line) for line in open(tmp_path / "runs" / "small" / "metrics.jsonl")]
     import scope
 
-    plan_rows, _ = memory.memory_plan(scope.parse_args(argv), CARD_24GB_GIB, use_vllm=False)
+    plan_rows, _ = plan.memory_plan(scope.parse_args(argv), CARD_24GB_GIB, use_vllm=False)
     mine = phase_memory.plan_by_phase(plan_rows)   # what this process's allocator holds, by phase
     memory = json.loads(stdout.split("MEMORY", 1)[1].splitlines()[0])
     phases = phase_memory_of(metrics)
@@ -1002,7 +1002,7 @@ def small_card(tmp_path, device: str, shape: dict, flags: list[str], timeout: fl
     return dict(part="small-card", variant=HF_VARIANT, device=memory.get("device_name", "cpu"), tokenizer=which,
                 card_gib=CARD_24GB_GIB, peak_gib=max(peaks) if device == "cuda" else None,
                 device_peak_gib=(memory["peak_used"] - memory["before"]) / 2**30 if "before" in memory else None,
-                planned_gib=round(memory.plan_total(plan_rows), 2),
+                planned_gib=round(plan.plan_total(plan_rows), 2),
                 planned_allocator_gib=round(max(mine.values()), 2),
                 phases={k: (m["allocated"], m["planned"]) for k, m in phases.items()},
                 reward=metrics[0].get("reward"), rectify_tried=metrics[0].get("rectify_tried"),

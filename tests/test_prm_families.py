@@ -12,7 +12,8 @@ import torch
 import conftest
 from harness.data import toy
 from harness.engines import prm_families
-from harness.run import config, preflight
+from harness.plan import memory
+from harness.run import config
 from prm import ProcessRewardModel
 
 TAG, GOOD, BAD = "ки", "+", "-"   # the family's default settings (Math-Shepherd's)
@@ -210,12 +211,12 @@ def test_the_memory_plan_and_serving_read_the_families_heads(judge_dir, tiny_prm
     """The memory plan's head of a causal-LM PRM is "lm": its parameters count the LM head as a policy's do, and its
     scoring micro-batch adds the bf16 logits over the vocabulary at every position (2 bytes x tokens x vocabulary).
     Only Qwen2.5-Math-PRM's head is served."""
-    lm, tc = preflight.model_config(judge_dir), preflight.model_config(tiny_prm_dir)
+    lm, tc = memory.model_config(judge_dir), memory.model_config(tiny_prm_dir)
     assert (lm["head"], tc["head"]) == ("lm", "token-classification")
     tokens = 4 * 1280
-    as_classifier = preflight.prm_scoring_bytes({**lm, "head": "token-classification"}, tokens)
-    assert preflight.prm_scoring_bytes(lm, tokens) - as_classifier == 2 * tokens * lm["vocab_size"]
-    assert preflight.n_params(lm) == preflight.n_params({**lm, "head": None})   # tied: no extra LM-head rows
+    as_classifier = memory.prm_scoring_bytes({**lm, "head": "token-classification"}, tokens)
+    assert memory.prm_scoring_bytes(lm, tokens) - as_classifier == 2 * tokens * lm["vocab_size"]
+    assert memory.n_params(lm) == memory.n_params({**lm, "head": None})   # tied: no extra LM-head rows
     assert prm_families.head_kind(["Qwen2ForProcessRewardModel"]) == "prm"
     served = [prm_families.servable(h) for h in ("prm", "token-classification", "lm", None)]
     assert served == [True, False, False, False]
